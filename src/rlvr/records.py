@@ -1,0 +1,86 @@
+"""Small records passed between the stages of one RL step.
+
+prompts -> engine.generate -> Rollout -> verifier -> Score -> advantages -> trainer -> sync.
+Each record is defined here once; stages import them, never redefine them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+FinishReason = Literal["stop", "length"]
+ScoreStatus = Literal["ok", "no_answer", "timeout", "error"]
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One dataset row: a question whose answer a program can check."""
+
+    id: str
+    question: str  # the problem text, before any prompt template
+    answer: str  # the reference answer the verifier compares with
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the engine samples. `seed` makes a generate call reproducible."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 64
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass
+class Rollout:
+    """One sampled completion of one prompt, as the sampler produced it."""
+
+    prompt_index: int  # index of the prompt in the generate() call
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]  # the sampler's logprob of each completion token
+    finish_reason: FinishReason
+    text: str
+
+
+@dataclass(frozen=True)
+class Score:
+    """A verifier's judgement of one response."""
+
+    reward: float
+    status: ScoreStatus
+    extracted: str | None = None  # the final answer the verifier read, for maj@k
+
+
+@dataclass
+class LoraAdapter:
+    """A LoRA adapter in memory, in PEFT's naming, ready to hand to an engine.
+
+    `tensors` keys are PEFT state-dict names (`...q_proj.lora_A.weight`), `config` is the
+    PEFT `LoraConfig` as a dict, `version` increases with every sync so engines never reuse
+    a stale adapter under the same id.
+    """
+
+    tensors: dict[str, torch.Tensor]
+    config: dict
+    version: int
+
+
+@dataclass
+class TrainBatch:
+    """Scored rollouts of one step, flattened to sequences for the trainer."""
+
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    sampler_logprobs: list[list[float]]
+    advantages: torch.Tensor  # [B], one per sequence
+    group: torch.Tensor  # [B] int64, the prompt each sequence answers
+    extra: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.completion_ids)
