@@ -1,0 +1,145 @@
+"""Policy losses (PPO, GSPO, CISPO) and the reduction of per-token losses to one scalar.
+
+Shapes: logprobs, old_logprobs, mask are [B, T] (B responses, T completion positions, right
+padded); advantages are [B] (one per response, broadcast over its tokens) or [B, T]. `mask`
+is bool or 0/1: 1 marks a token that takes part in the loss. Padded positions may hold any
+value, even inf or nan: they are selected away with `torch.where`, never multiplied by 0.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
+LOSSES = ("ppo", "gspo", "cispo")
+
+# exp(20) ~ 5e8 is far outside any clip range; clamping the log-ratio there keeps a token whose
+# logprob collapsed from overflowing float32 into inf (and nan gradients) in the unclipped branch.
+_MAX_LOG_RATIO = 20.0
+
+
+def aggregate(per_token: Tensor, mask: Tensor, mode: str, max_len: int | None = None) -> Tensor:
+    """Reduce a per-token loss [B, T] to a scalar over the valid tokens.
+
+    With m the mask, |y_i| = sum_t m_it the number of valid tokens of response i, B the number
+    of rows (a row with no valid token counts as a response of loss 0, as in TRL, verl, SkyRL):
+
+    - ``token_mean`` (DAPO, Yu et al. 2025):         sum_it m l / sum_it m
+    - ``seq_mean_token_mean`` (GRPO, Shao et al.):   1/B sum_i (sum_t m l / |y_i|)
+    - ``seq_mean_token_sum``:                        1/B sum_i  sum_t m l
+    - ``seq_mean_token_sum_norm`` (Dr.GRPO, Liu et al. 2025):  1/B sum_i (sum_t m l / max_len),
+      max_len a constant (the generation budget), required, so the loss never depends on padding.
+
+    Micro-batching: these are means over the batch given. To reproduce a full batch from
+    micro-batches, weight each micro-batch's value by its share of the batch's valid tokens
+    (token_mean) or of its rows (seq_* modes).
+    """
+    valid = mask.bool()
+    masked = torch.where(valid, per_token, 0.0)
+    if mode == "token_mean":
+        return masked.sum() / valid.sum().clamp(min=1)
+    if mode == "seq_mean_token_mean":
+        return (masked.sum(-1) / valid.sum(-1).clamp(min=1)).mean()
+    if mode == "seq_mean_token_sum":
+        return masked.sum(-1).mean()
+    if mode == "seq_mean_token_sum_norm":
+        if max_len is None:
+            raise ValueError("agg='seq_mean_token_sum_norm' needs max_len (the max completion length)")
+        return masked.sum(-1).mean() / max_len
+    raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {AGGREGATIONS}")
+
+
+def policy_loss(
+    name: str,
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    dual_clip: float | None = None,
+    agg: str = "token_mean",
+    max_len: int | None = None,
+    is_weights: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Policy-gradient loss to minimise, and detached metrics.
+
+    rho = exp(logprobs - old_logprobs) per token; A the advantage; clip(x) = clamp(x, 1 - clip_low,
+    1 + clip_high). Per-token losses, then `aggregate(.., agg, max_len)`:
+
+    - ``ppo`` (Schulman et al. 2017):  l = -min(rho A, clip(rho) A). ``clip_high > clip_low`` is
+      DAPO's clip-higher (Yu et al. 2025). ``dual_clip=c`` (c > 1; Ye et al. 2020, "Mastering
+      Complex Control in MOBA Games") also bounds the loss of A < 0 tokens: l = min(l, -c A).
+    - ``gspo`` (Zheng et al. 2025):  one ratio per response, s_i = exp(mean over valid t of
+      (logprobs - old_logprobs)), l = -min(s_i A, clip(s_i) A) on each of its tokens. With
+      agg="seq_mean_token_mean" this is exactly the paper's per-sequence mean; the paper's clip
+      ranges are tiny (3e-4 / 4e-4), since s_i is a geometric mean.
+    - ``cispo`` (MiniMax-M1, 2025):  l = -sg(clip(rho)) A logprobs. The clipped weight carries no
+      gradient, so clipped tokens still get a (bounded) gradient. The paper sets no lower bound:
+      use clip_low >= 1 for that; its upper bound is 1 + clip_high.
+
+    ``is_weights`` [B, T] (e.g. `truncated_is_weights`, for the sampler/trainer mismatch) multiply
+    the per-token loss before aggregation.
+
+    Metrics, 0-dim detached tensors (no device sync here; call .item() when logging), token means
+    over valid tokens:
+    ``ratio_mean`` / ``ratio_min`` / ``ratio_max`` (of rho, or of s_i for gspo);
+    ``clip_fraction`` = ``clip_fraction_low`` + ``clip_fraction_high``: tokens whose clipped branch
+    is active (ppo/gspo: rho < 1 - clip_low with A < 0, or rho > 1 + clip_high with A > 0, i.e. no
+    gradient; cispo: weight clamped below / above); ``dual_clip_fraction`` when dual_clip is set;
+    ``approx_kl``: k3 estimate of KL(old || new) = mean((rho - 1) - log rho) per token.
+    """
+    if name not in LOSSES:
+        raise ValueError(f"unknown policy loss {name!r}; choose one of {LOSSES}")
+    if dual_clip is not None and (name != "ppo" or dual_clip <= 1.0):
+        raise ValueError("dual_clip applies to loss 'ppo' only and must be > 1")
+    valid = mask.bool()
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1)
+    advantages = advantages.expand_as(logprobs)
+
+    token_log_ratio = torch.where(valid, logprobs - old_logprobs, 0.0).clamp(max=_MAX_LOG_RATIO)
+    if name == "gspo":
+        seq_log_ratio = token_log_ratio.sum(-1, keepdim=True) / valid.sum(-1, keepdim=True).clamp(min=1)
+        ratio = seq_log_ratio.exp().expand_as(logprobs)
+    else:
+        ratio = token_log_ratio.exp()
+    clipped = ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+
+    if name == "cispo":
+        per_token = -clipped.detach() * advantages * logprobs
+        low, high = ratio < 1.0 - clip_low, ratio > 1.0 + clip_high
+    else:
+        per_token = torch.maximum(-advantages * ratio, -advantages * clipped)
+        low = (ratio < 1.0 - clip_low) & (advantages < 0)
+        high = (ratio > 1.0 + clip_high) & (advantages > 0)
+    if dual_clip is not None:
+        bound = -dual_clip * advantages
+        dual_clipped = (advantages < 0) & (per_token > bound)
+        per_token = torch.where(dual_clipped, bound, per_token)
+    if is_weights is not None:
+        per_token = per_token * is_weights
+
+    loss = aggregate(per_token, valid, agg, max_len)
+
+    with torch.no_grad():
+        def token_mean(x: Tensor) -> Tensor:
+            return aggregate(x.to(logprobs.dtype), valid, "token_mean")
+
+        any_valid = valid.any()
+        metrics = {
+            "ratio_mean": token_mean(ratio),
+            "ratio_min": torch.where(any_valid, torch.where(valid, ratio, math.inf).amin(), 0.0),
+            "ratio_max": torch.where(any_valid, torch.where(valid, ratio, -math.inf).amax(), 0.0),
+            "clip_fraction_low": token_mean(low),
+            "clip_fraction_high": token_mean(high),
+            "clip_fraction": token_mean(low | high),
+            "approx_kl": token_mean(torch.expm1(token_log_ratio) - token_log_ratio),
+        }
+        if dual_clip is not None:
+            metrics["dual_clip_fraction"] = token_mean(dual_clipped)
+    return loss, {k: v.detach() for k, v in metrics.items()}
