@@ -1,0 +1,176 @@
+"""Estimators for sampled evaluation: avg@k, unbiased pass@k, maj@k, with standard errors.
+
+Each problem gets n >= k samples, each with a reward and the answer the verifier extracted.
+Per problem i (c_i = samples with reward >= CORRECT_REWARD, n_i = samples):
+
+    avg@k_i  = mean reward of all n_i samples. The mean reward of k samples has the same
+               expectation for every k, and averaging all n_i samples is its lowest-variance
+               unbiased estimate, so avg@k does not depend on k (k only names the setting).
+    pass@k_i = 1 - C(n_i - c_i, k) / C(n_i, k), the unbiased estimator of the chance that at
+               least one of k samples is correct (Chen et al. 2021, "Evaluating Large Language
+               Models Trained on Code", arXiv:2107.03374, eq. 1). Taking the fraction of
+               problems with c >= 1 among k samples instead is the biased "pass@n" that
+               overstates small-k numbers.
+    maj@k_i  = 1 if the most frequent extracted answer among the first k samples (in sample
+               order; ties go to the answer seen first; samples without an answer do not
+               vote) is correct, else 0.
+
+Each metric is the mean over problems; its standard error is s / sqrt(P), s the sample
+standard deviation of the per-problem values over the P problems: the problems are the
+independent units, the samples of one problem are clustered (Miller 2024, "Adding Error Bars
+to Evals", arXiv:2411.00640, section 2). With one problem the standard error is undefined and
+reported as None.
+
+How maj@k judges the voted answer: only rewards and extracted strings are available here,
+and the verifier (math equivalence, not string equality) already judged every sample, so an
+extracted answer counts as correct iff some sample of the same problem with exactly that
+extracted string got a correct reward. Voting is on the exact strings the verifier extracted
+(the verifier owns normalisation), so "1/2" and "0.5" are two different votes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+# A sample is correct when its reward reaches this. Verifiers give 1 for a correct answer;
+# ">=" keeps a correct answer correct when a shaped reward adds a bonus on top.
+CORRECT_REWARD = 1.0
+
+METRIC_NAMES = ("avg", "pass", "maj")
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one problem: 1 - C(n-c, k) / C(n, k) (Chen et al. 2021).
+
+    Computed as 1 - prod_{i=n-c+1}^{n} (1 - k/i), which equals the binomial ratio but never
+    forms the huge binomials (C(200, 100) ~ 9e58) that overflow floats.
+    """
+    if not (isinstance(n, int) and isinstance(c, int) and isinstance(k, int)):
+        raise TypeError(f"pass_at_k needs integers, got n={n!r}, c={c!r}, k={k!r}")
+    if n < 1:
+        raise ValueError(f"pass@k needs at least one sample, got n={n}")
+    if not 0 <= c <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n, got c={c} correct of n={n} samples")
+    if k < 1:
+        raise ValueError(f"pass@k needs k >= 1, got k={k}")
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least k={k} samples per problem, got n={n}")
+    if n - c < k:  # every draw of k samples contains a correct one
+        return 1.0
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def majority_answer(answers: list[str | None]) -> str | None:
+    """The most frequent non-None answer; ties go to the one that appeared first."""
+    counts = Counter(a for a in answers if a is not None)
+    if not counts:
+        return None
+    # Counter keeps first-insertion order and max() returns the first maximum it meets.
+    return max(counts, key=counts.__getitem__)
+
+
+def _stderr(values: list[float]) -> float | None:
+    """Standard error of the mean, s / sqrt(P) with the (P-1)-normalised s; None if P < 2."""
+    p = len(values)
+    if p < 2:
+        return None
+    mean = sum(values) / p
+    variance = sum((v - mean) ** 2 for v in values) / (p - 1)
+    return math.sqrt(variance / p)
+
+
+def check_ks(ks: list[int]) -> list[int]:
+    """The distinct ks, ascending; a clear error for an empty list or a k that is not a positive int."""
+    if not ks:
+        raise ValueError("need at least one k, e.g. ks=[1, 4, 8]")
+    for k in ks:
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"every k must be a positive integer, got {k!r}")
+    return sorted(set(ks))
+
+
+def summarize(
+    problem_ids: list[str],
+    rewards: list[float],
+    extracted: list[str | None],
+    references: dict[str, str] | None,
+    ks: list[int],
+) -> dict:
+    """avg@k, pass@k and maj@k with standard errors over problems, and a per-problem table.
+
+    The three lists are parallel, one entry per sample; a problem's samples are taken in list
+    order as sample 0, 1, ... (maj@k uses the first k). Every problem needs n >= max(ks)
+    samples; problems may have different n. `references` (problem id -> reference answer) is
+    only shown in the table: correctness comes from the rewards (see the module docstring).
+
+    Returns {"avg@k", "pass@k", "maj@k" for each k, "n_problems", "stderr": {same metric
+    keys}, "problems": [{"id", "n", "c", "mean_reward", "majority", "majority_correct",
+    "reference"}]}, where "majority" is the vote over the first max(ks) samples.
+    """
+    ks = check_ks(ks)
+    if not len(problem_ids) == len(rewards) == len(extracted):
+        raise ValueError(
+            f"problem_ids, rewards and extracted must have one entry per sample, got lengths "
+            f"{len(problem_ids)}, {len(rewards)}, {len(extracted)}"
+        )
+    if not problem_ids:
+        raise ValueError("no samples to evaluate")
+
+    samples: dict[str, list[tuple[float, str | None]]] = {}
+    for pid, reward, answer in zip(problem_ids, rewards, extracted):
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+            raise ValueError(f"problem {pid!r}: reward must be a finite number, got {reward!r}")
+        samples.setdefault(pid, []).append((float(reward), answer))
+
+    too_few = {pid: len(s) for pid, s in samples.items() if len(s) < ks[-1]}
+    if too_few:
+        pid, n = next(iter(too_few.items()))
+        raise ValueError(
+            f"@{ks[-1]} metrics need at least {ks[-1]} samples per problem; {len(too_few)} "
+            f"problem(s) have fewer, e.g. {pid!r} has {n}"
+        )
+
+    per_problem: dict[str, list[float]] = {f"{m}@{k}": [] for m in METRIC_NAMES for k in ks}
+    table = []
+    for pid, rows in samples.items():
+        n = len(rows)
+        c = sum(r >= CORRECT_REWARD for r, _ in rows)
+        correct_answers = {a for r, a in rows if r >= CORRECT_REWARD and a is not None}
+        mean_reward = sum(r for r, _ in rows) / n
+        for k in ks:
+            vote = majority_answer([a for _, a in rows[:k]])
+            per_problem[f"avg@{k}"].append(mean_reward)
+            per_problem[f"pass@{k}"].append(pass_at_k(n, c, k))
+            per_problem[f"maj@{k}"].append(float(vote is not None and vote in correct_answers))
+        table.append(
+            {
+                "id": pid,
+                "n": n,
+                "c": c,
+                "mean_reward": mean_reward,
+                "majority": vote,  # the vote of the last (largest) k
+                "majority_correct": vote is not None and vote in correct_answers,
+                "reference": None if references is None else references.get(pid),
+            }
+        )
+
+    summary: dict = {key: sum(values) / len(values) for key, values in per_problem.items()}
+    summary["n_problems"] = len(samples)
+    summary["stderr"] = {key: _stderr(values) for key, values in per_problem.items()}
+    summary["problems"] = table
+    return summary
+
+
+def flat_eval_metrics(summary: dict, prefix: str) -> dict[str, float]:
+    """A summarize() result as flat scalar metrics for metrics.jsonl, under `prefix`.
+
+    E.g. prefix "eval/aime24" gives "eval/aime24/avg@8", "eval/aime24/stderr/avg@8" and
+    "eval/aime24/n_problems"; the per-problem table stays out (it lives in the sample file).
+    """
+    metrics = {f"{prefix}/{key}": value for key, value in summary.items() if "@" in key}
+    metrics.update(
+        {f"{prefix}/stderr/{key}": value for key, value in summary["stderr"].items() if value is not None}
+    )
+    metrics[f"{prefix}/n_problems"] = summary["n_problems"]
+    return metrics

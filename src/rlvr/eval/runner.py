@@ -1,0 +1,89 @@
+"""One evaluation pass: generate n samples per problem, score them, summarise, save samples.
+
+The same function serves `rlvr eval` and the periodic eval during training, so the numbers
+of both are computed identically. It knows the engine and the scorer only by their methods:
+
+    engine.generate(prompts: list[list[int]], n: int, sampling: Sampling) -> list[Rollout]
+    scorer.score(responses: list[str], answers: list[str]) -> list[Score]
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from rlvr.eval.metrics import check_ks
+from rlvr.eval.rollouts_file import SampleRow, summarize_rows, write_samples
+from rlvr.records import Problem, Rollout, Sampling, Score
+
+
+class Generates(Protocol):
+    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling) -> list[Rollout]: ...
+
+
+class Scores(Protocol):
+    def score(self, responses: list[str], answers: list[str]) -> list[Score]: ...
+
+
+def _group_by_prompt(rollouts: list[Rollout], n_prompts: int, n: int) -> list[list[Rollout]]:
+    """Rollouts per prompt, in the order the engine returned them (= sample index)."""
+    groups: list[list[Rollout]] = [[] for _ in range(n_prompts)]
+    for rollout in rollouts:
+        if not 0 <= rollout.prompt_index < n_prompts:
+            raise ValueError(f"engine returned a rollout for prompt {rollout.prompt_index}, but only {n_prompts} were given")
+        groups[rollout.prompt_index].append(rollout)
+    for index, group in enumerate(groups):
+        if len(group) != n:
+            raise ValueError(f"engine returned {len(group)} samples for prompt {index}, expected n={n}")
+    return groups
+
+
+def evaluate(
+    engine: Generates,
+    scorer: Scores,
+    problems: list[Problem],
+    prompts: list[list[int]],
+    *,
+    n: int,
+    ks: list[int],
+    sampling: Sampling,
+    samples_path: str | None = None,
+) -> dict:
+    """Sample `n` completions of each prompt, score them against each problem's answer.
+
+    `prompts[i]` is the tokenised prompt of `problems[i]`. Returns the summarize() dict
+    (avg@k, pass@k, maj@k, n_problems, stderr, problems); with `samples_path`, every scored
+    sample is also written there as one JSONL row (see rollouts_file).
+    """
+    if len(problems) != len(prompts):
+        raise ValueError(f"need one prompt per problem, got {len(problems)} problems and {len(prompts)} prompts")
+    if not problems:
+        raise ValueError("no problems to evaluate")
+    ids = [p.id for p in problems]
+    if len(set(ids)) != len(ids):
+        duplicate = next(i for i in ids if ids.count(i) > 1)
+        raise ValueError(f"problem ids must be unique, {duplicate!r} appears more than once")
+    ks = check_ks(ks)  # fail before the expensive generate call, not after it
+    if n < ks[-1]:
+        raise ValueError(f"n={n} samples per problem cannot give @{ks[-1]} metrics; use n >= {ks[-1]}")
+
+    groups = _group_by_prompt(engine.generate(prompts, n, sampling), len(prompts), n)
+    ordered = [(problems[i], sample, rollout) for i, group in enumerate(groups) for sample, rollout in enumerate(group)]
+    scores = scorer.score([r.text for _, _, r in ordered], [p.answer for p, _, _ in ordered])
+    if len(scores) != len(ordered):
+        raise ValueError(f"scorer returned {len(scores)} scores for {len(ordered)} responses")
+
+    rows = [
+        SampleRow(
+            problem_id=problem.id,
+            sample=sample,
+            response=rollout.text,
+            extracted=score.extracted,
+            reward=score.reward,
+            status=score.status,
+            answer=problem.answer,
+        )
+        for (problem, sample, rollout), score in zip(ordered, scores)
+    ]
+    if samples_path is not None:
+        write_samples(samples_path, rows)
+    return summarize_rows(rows, ks)
