@@ -1,0 +1,83 @@
+"""What `rlvr demo` builds before it trains, from the `demo:` section of its config.
+
+1. the task: synthetic arithmetic split by seed into the train and test files the config names;
+2. the model: a tiny random causal LM with a character tokenizer (rlvr.models.tiny);
+3. the warm start: a short supervised phase on boxed answers, so RL starts from rewards that
+   are neither zero nor saturated.
+Each is skipped when its output already exists, so a second `make demo` goes straight to RL.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from rlvr.config import RunConfig
+
+
+def ensure_demo_assets(cfg: RunConfig, console) -> None:
+    spec = cfg.demo
+    train_file, test_file = Path(cfg.data.train), Path(cfg.data.test or "")
+    if not train_file.is_file() or not test_file.is_file():
+        from rlvr.data.synthetic import arithmetic_problems, write_jsonl
+
+        train, test = arithmetic_problems(seed=cfg.seed, **spec.task.model_dump())
+        write_jsonl(train, train_file)
+        write_jsonl(test, test_file)
+        console.print(f"task: {len(train)} train / {len(test)} test problems -> {train_file.parent}")
+
+    model_dir = Path(cfg.model.path)
+    if not (model_dir / "config.json").is_file():
+        _build_model(cfg, model_dir, console)
+
+
+def _build_model(cfg: RunConfig, model_dir: Path, console) -> None:
+    from rich.progress import Progress
+    from transformers import AutoTokenizer
+
+    from rlvr.data.datasets import load_problems
+    from rlvr.data.synthetic import solution_text
+    from rlvr.data.templates import prompt_ids
+    from rlvr.models.tiny import build_tiny_model
+    from rlvr.training.sft import warm_start
+
+    spec = cfg.demo
+    staging = model_dir.with_name(model_dir.name + ".building")
+    shutil.rmtree(staging, ignore_errors=True)
+    m = spec.model
+    build_tiny_model(
+        staging,
+        m.arch,
+        seed=cfg.seed,
+        hidden_size=m.hidden_size,
+        num_layers=m.num_layers,
+        num_heads=m.num_heads,
+        num_kv_heads=m.num_kv_heads,
+        intermediate_size=m.intermediate_size,
+        max_position_embeddings=m.max_position_embeddings,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(staging)
+    problems = load_problems(str(cfg.data.train), limit=spec.warm_start.examples)
+    pairs = [
+        (
+            prompt_ids(p, tokenizer, template=cfg.data.template, chat=cfg.data.chat_template),
+            tokenizer(solution_text(p.answer), add_special_tokens=False).input_ids + [tokenizer.eos_token_id],
+        )
+        for p in problems
+    ]
+    w = spec.warm_start
+    with Progress(console=console) as bar:
+        task = bar.add_task(f"warm start ({len(pairs)} examples)", total=w.steps)
+        losses = warm_start(
+            staging,
+            pairs,
+            steps=w.steps,
+            batch_size=w.batch_size,
+            lr=w.lr,
+            seed=cfg.seed,
+            pad_id=tokenizer.pad_token_id,
+            progress=lambda loss: bar.update(task, advance=1, description=f"warm start, loss {loss:.3f}"),
+        )
+    shutil.rmtree(model_dir, ignore_errors=True)  # a half-built folder without config.json
+    staging.replace(model_dir)
+    console.print(f"model: {m.arch} tiny, warm-started {w.steps} steps (final loss {losses[-1]:.3f}) -> {model_dir}")

@@ -1,0 +1,268 @@
+"""The controller: one process that runs the RL loop over the stage interfaces.
+
+    prompts -> engine.generate -> pool.score -> advantages -> trainer.train_step -> sync
+
+`train(cfg)` is the whole loop; it knows the engine, the scoring pool, the trainer and the
+tracker only by their methods, so each can be swapped (vLLM or HF, local or remote ranks)
+without touching it.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rlvr.config import RunConfig, dump_config
+from rlvr.records import Problem, Sampling, TrainBatch
+
+
+@dataclass
+class PromptSet:
+    """Problems and their tokenised prompts, index-aligned."""
+
+    problems: list[Problem]
+    prompts: list[list[int]]
+
+
+class EpochSampler:
+    """Prompts in a seeded random order, epoch after epoch; `position` is all the state."""
+
+    def __init__(self, size: int, seed: int, position: int = 0):
+        self.size, self.seed, self.position = size, seed, position
+
+    def take(self, count: int) -> list[int]:
+        out = []
+        for _ in range(count):
+            epoch, offset = divmod(self.position, self.size)
+            order = list(range(self.size))
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            out.append(order[offset])
+            self.position += 1
+        return out
+
+
+def train(cfg: RunConfig, progress=None) -> dict:
+    """Run cfg.steps RL steps; write metrics.jsonl and summary.json under cfg.run_dir."""
+    from transformers import AutoTokenizer
+
+    from rlvr.algorithms import advantages
+    from rlvr.engines import make_engine
+    from rlvr.engines.sync_check import SyncCheck
+    from rlvr.rewards import ScoringPool
+    from rlvr.tracking.metrics_log import MetricsLogger
+    from rlvr.tracking.timing import StepTimer
+
+    started = time.time()
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    torch.manual_seed(cfg.seed)
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    train_set = _prompt_set(cfg, cfg.data.train, tokenizer)
+    test_set = _prompt_set(cfg, cfg.data.test, tokenizer, limit=cfg.eval.max_problems) if cfg.data.test else None
+    sampler = EpochSampler(len(train_set.problems), cfg.seed)
+    sampling = Sampling(
+        temperature=cfg.rollout.sampling.temperature,
+        top_p=cfg.rollout.sampling.top_p,
+        max_tokens=cfg.rollout.sampling.max_tokens,
+        stop=tuple(cfg.rollout.sampling.stop),
+    )
+    timer = StepTimer()
+    summary: dict = {"model": cfg.model.path, "steps": cfg.steps, "seed": cfg.seed}
+
+    with ExitStack() as stack:
+        trainer = stack.enter_context(_make_trainer(cfg))
+        engine = stack.enter_context(_make_engine(cfg, make_engine))
+        pool = stack.enter_context(
+            ScoringPool(
+                cfg.reward.verifier,
+                workers=cfg.reward.workers,
+                timeout_s=cfg.reward.timeout_s,
+                memory_limit_mb=cfg.reward.memory_limit_mb,
+            )
+        )
+        logger = stack.enter_context(MetricsLogger(run_dir, cfg.tracking.backends, config=cfg.model_dump(mode="json")))
+        probe = _sync_probe(train_set, cfg)
+        sync_check = SyncCheck(cfg.engine.sync_check_threshold)
+
+        def sync(step: int) -> dict[str, float]:
+            with timer("sync"):
+                if cfg.trainer.lora:
+                    engine.update_lora(trainer.adapter())
+                else:
+                    engine.update_weights(trainer.weights().items())
+                gap = sync_check(engine, trainer.logprobs, probe, step=step)
+            return {"sync/logprob_gap": gap}
+
+        def run_eval(step: int, tag: str) -> dict:
+            if test_set is None:
+                return {}
+            with timer("eval"):
+                result = _evaluate(cfg, engine, pool, test_set, run_dir / "eval" / f"{tag}.jsonl")
+            (run_dir / "eval" / f"{tag}.json").write_text(json.dumps(result, indent=2))
+            return result
+
+        sync(step=0)
+        summary["engine"] = type(engine).backend_name
+        summary["trainer_ranks"] = cfg.trainer.ranks
+        summary["lora_rank"] = cfg.trainer.lora.rank if cfg.trainer.lora else None
+        summary["eval_before"] = _headline(run_eval(0, "before"), cfg)
+        logger.log(0, {f"eval/{k}": v for k, v in summary["eval_before"].items()} | timer.pop_metrics())
+
+        for step in range(1, cfg.steps + 1):
+            step_start = time.perf_counter()
+            chosen = sampler.take(cfg.rollout.prompts_per_step)
+            with timer("generate"):
+                rollouts = engine.generate(
+                    [train_set.prompts[i] for i in chosen],
+                    cfg.rollout.samples_per_prompt,
+                    _seeded(sampling, cfg.seed * 100_003 + step),
+                )
+            with timer("score"):
+                answers = [train_set.problems[chosen[r.prompt_index]].answer for r in rollouts]
+                scores = pool.score([r.text for r in rollouts], answers)
+            rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32)
+            group = torch.tensor([r.prompt_index for r in rollouts], dtype=torch.long)
+            adv = advantages(
+                cfg.algorithm.advantage, rewards, group, std_normalize=cfg.algorithm.std_normalize
+            )
+            batch = TrainBatch(
+                prompt_ids=[r.prompt_ids for r in rollouts],
+                completion_ids=[r.completion_ids for r in rollouts],
+                sampler_logprobs=[r.logprobs for r in rollouts],
+                advantages=adv,
+                group=group,
+            )
+            with timer("train"):
+                metrics = trainer.train_step(batch, temperature=sampling.temperature)
+            metrics |= sync(step)
+            lengths = [len(r.completion_ids) for r in rollouts]
+            generated = sum(lengths)
+            metrics |= {
+                "reward/mean": rewards.mean().item(),
+                "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
+                "response/length_mean": generated / len(lengths),
+                "response/length_max": max(lengths),
+                "response/truncated_fraction": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
+                "score/no_answer_fraction": sum(s.status == "no_answer" for s in scores) / len(scores),
+                "data/position": sampler.position,
+            }
+            if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.steps:
+                metrics |= {f"eval/{k}": v for k, v in _headline(run_eval(step, f"step{step}"), cfg).items()}
+            step_seconds = time.perf_counter() - step_start
+            metrics |= timer.pop_metrics() | {"time/step": step_seconds, "throughput/tokens_per_s": generated / step_seconds}
+            logger.log(step, metrics)
+            if progress is not None:
+                progress(step, metrics)
+
+        summary["eval_after"] = _headline(run_eval(cfg.steps, "after"), cfg)
+        logger.log(cfg.steps, {f"eval_after/{k}": v for k, v in summary["eval_after"].items()} | timer.pop_metrics())
+
+    summary["wall_seconds"] = round(time.time() - started, 1)
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+# ---------------------------------------------------------------------- pieces
+
+
+def _prompt_set(cfg: RunConfig, source: str, tokenizer, limit: int | None = None) -> PromptSet:
+    from rlvr.data.datasets import load_problems
+    from rlvr.data.templates import prompt_ids
+
+    problems = load_problems(
+        source, problem_field=cfg.data.problem_field, answer_field=cfg.data.answer_field, limit=limit
+    )
+    prompts = [prompt_ids(p, tokenizer, template=cfg.data.template, chat=cfg.data.chat_template) for p in problems]
+    too_long = next((p.id for p, ids in zip(problems, prompts) if len(ids) > cfg.data.max_prompt_tokens), None)
+    if too_long is not None:
+        raise ValueError(f"{source}: problem {too_long} is longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens}")
+    return PromptSet(problems, prompts)
+
+
+def _make_trainer(cfg: RunConfig):
+    from rlvr.training.trainer import Trainer
+    from rlvr.training.worker import RankSpec
+
+    t = cfg.trainer
+    spec = RankSpec(
+        model_path=cfg.model.path,
+        dtype=cfg.model.dtype,
+        seed=cfg.seed,
+        lr=t.lr,
+        betas=tuple(t.betas),
+        weight_decay=t.weight_decay,
+        warmup_steps=t.warmup_steps,
+        schedule=t.schedule,
+        total_steps=cfg.steps,
+        grad_clip=t.grad_clip,
+        gradient_checkpointing=t.gradient_checkpointing,
+        lora=t.lora.model_dump() if t.lora else None,
+        threads=0,
+        algorithm=cfg.algorithm.model_dump(),
+    )
+    return Trainer(spec, ranks=t.ranks, micro_batch_tokens=t.micro_batch_tokens)
+
+
+def _make_engine(cfg: RunConfig, make_engine):
+    e = cfg.engine
+    return make_engine(
+        e.backend,
+        cfg.model.path,
+        dtype=cfg.model.dtype,
+        max_model_len=e.max_model_len,
+        enable_lora=cfg.trainer.lora is not None,
+        max_lora_rank=cfg.trainer.lora.rank if cfg.trainer.lora else 16,
+        tensor_parallel_size=e.tensor_parallel_size,
+        kv_cache_gb=e.kv_cache_gb,
+        enable_prefix_caching=e.enable_prefix_caching,
+        enforce_eager=e.enforce_eager,
+        seed=cfg.seed,
+    )
+
+
+def _sync_probe(train_set: PromptSet, cfg: RunConfig) -> list[tuple[list[int], list[int]]]:
+    """A fixed probe: the first prompts with a fixed completion (their reference answers)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    probe = []
+    for problem, prompt in list(zip(train_set.problems, train_set.prompts))[:4]:
+        completion = tokenizer(f"\\boxed{{{problem.answer}}}", add_special_tokens=False).input_ids
+        probe.append((prompt, completion))
+    return probe
+
+
+def _evaluate(cfg: RunConfig, engine, pool, test_set: PromptSet, samples_path: Path) -> dict:
+    from rlvr.eval.runner import evaluate
+
+    sampling = Sampling(
+        temperature=cfg.eval.temperature,
+        top_p=1.0,
+        max_tokens=cfg.rollout.sampling.max_tokens,
+        stop=tuple(cfg.rollout.sampling.stop),
+        seed=cfg.seed,
+    )
+    samples_path.parent.mkdir(parents=True, exist_ok=True)
+    return evaluate(
+        engine, pool, test_set.problems, test_set.prompts, n=cfg.eval.n, ks=cfg.eval.k, sampling=sampling,
+        samples_path=str(samples_path),
+    )
+
+
+def _headline(result: dict, cfg: RunConfig) -> dict[str, float]:
+    keys = [f"{m}@{k}" for k in cfg.eval.k for m in ("avg", "pass", "maj")]
+    return {k: round(float(result[k]), 4) for k in keys if k in result}
+
+
+def _seeded(sampling: Sampling, seed: int) -> Sampling:
+    from dataclasses import replace
+
+    return replace(sampling, seed=seed)

@@ -1,0 +1,90 @@
+"""The trained policy: any HF causal LM (optionally LoRA via peft), sharded with FSDP2.
+
+No model-specific code: decoder blocks are found from the model's own `_no_split_modules`
+(what HF already lists as the unit not to split), with the largest ModuleList as fallback.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from rlvr.algorithms import entropy_from_logits, token_logprobs
+
+
+class TokenLogprobs(nn.Module):
+    """Wraps a causal LM so that forward returns, per position, the logprob of the next token.
+
+    The LM head runs over `chunk_tokens` positions at a time under activation checkpointing,
+    so the `[tokens, vocab]` logits exist for one chunk at a time, in forward and backward.
+    Logits are divided by the sampling temperature so the trainer scores tokens under the
+    distribution the sampler drew them from.
+    """
+
+    def __init__(self, lm: nn.Module, chunk_tokens: int = 1024):
+        super().__init__()
+        self.lm = lm
+        self.chunk_tokens = chunk_tokens
+        self.softcap = getattr(lm.config, "final_logit_softcapping", None)
+
+    def forward(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Returns (logprobs [L], entropy [L]) for a packed row; IGNORE targets give 0."""
+        hidden = self.lm.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+        hidden = hidden.last_hidden_state[0]
+        head = self.lm.get_output_embeddings()
+        logprobs, entropies = [], []
+        for h, t in zip(hidden.split(self.chunk_tokens), targets[0].split(self.chunk_tokens)):
+            lp, ent = checkpoint(self._score_chunk, head, h, t, temperature, use_reentrant=False)
+            logprobs.append(lp)
+            entropies.append(ent)
+        return torch.cat(logprobs), torch.cat(entropies)
+
+    def _score_chunk(self, head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float):
+        logits = head(hidden)
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        picked = token_logprobs(logits, targets.clamp(min=0), temperature=temperature, chunk_size=self.chunk_tokens)
+        picked = torch.where(targets >= 0, picked, torch.zeros_like(picked))
+        with torch.no_grad():
+            entropy = entropy_from_logits(logits, temperature=temperature, chunk_size=self.chunk_tokens)
+        return picked, entropy
+
+
+def decoder_blocks(model: nn.Module) -> list[nn.Module]:
+    """The repeated transformer blocks of any HF model, found without model-specific code."""
+    names = {name for m in model.modules() for name in (getattr(m, "_no_split_modules", None) or [])}
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if blocks:
+        return blocks
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
+    if not lists:
+        raise ValueError(f"{type(model).__name__}: found no decoder blocks to shard")
+    return list(max(lists, key=len))
+
+
+def apply_lora(model: nn.Module, rank: int, alpha: float, dropout: float, target_modules) -> nn.Module:
+    """peft LoRA on the frozen base; only the adapter trains."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha,
+        lora_dropout=dropout,
+        target_modules=target_modules,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def shard(module: nn.Module, mesh, param_dtype: torch.dtype, reduce_dtype: torch.dtype) -> None:
+    """FSDP2: each decoder block is its own unit, the rest (embeddings, norm, head) the root."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    for block in decoder_blocks(module):
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(module, mesh=mesh, mp_policy=policy)

@@ -1,0 +1,63 @@
+"""Supervised warm start: a few steps of next-token loss on (prompt, target) pairs.
+
+RL needs a policy whose rewards are neither all zero nor all one (a group with one reward
+value has zero advantage everywhere). A short supervised phase on worked answers gets a
+random model there. Single process, in place: it runs once, before the RL run starts.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM
+
+
+def warm_start(
+    model_dir: str | Path,
+    pairs: list[tuple[list[int], list[int]]],
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    seed: int,
+    pad_id: int,
+    out_dir: str | Path | None = None,
+    progress=None,
+) -> list[float]:
+    """Train on `pairs` of (prompt ids, target ids), loss on targets only; save to out_dir."""
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20) * (1 - s / steps))
+    losses = []
+    for _ in range(steps):
+        batch = rng.sample(pairs, min(batch_size, len(pairs)))
+        input_ids, labels = _collate(batch, pad_id)
+        logits = model(input_ids=input_ids, attention_mask=(input_ids != pad_id).long()).logits
+        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+        optimizer.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        losses.append(loss.item())
+        if progress is not None:
+            progress(loss.item())
+    model.save_pretrained(out_dir or model_dir)
+    return losses
+
+
+def _collate(batch: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) + len(t) for p, t in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    for row, (prompt, target) in enumerate(batch):
+        seq = prompt + target
+        ids[row, : len(seq)] = torch.tensor(seq)
+        labels[row, len(prompt) : len(seq)] = torch.tensor(target)
+    return ids, labels

@@ -1,0 +1,241 @@
+"""One trainer rank: a process that owns a shard of the policy and answers the controller.
+
+The controller (rlvr.training.trainer.Trainer) starts N of these itself; each joins a
+torch.distributed group (gloo on CPU, NCCL on GPU), builds the same model, shards it with
+FSDP2 and then serves commands from its pipe until told to close. Every rank receives every
+command (with its own micro-batches) because FSDP2's collectives need all ranks in step.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from rlvr.training.packing import MicroBatch, unpack
+from rlvr.training.policy import TokenLogprobs, apply_lora, shard
+
+
+@dataclass
+class RankSpec:
+    """Everything a rank needs to build its policy; plain data, sent once at start."""
+
+    model_path: str
+    dtype: str = "float32"
+    seed: int = 0
+    lr: float = 1e-5
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = 0.0
+    warmup_steps: int = 0
+    schedule: str = "constant"
+    total_steps: int = 1
+    grad_clip: float = 1.0
+    gradient_checkpointing: bool = False
+    lora: dict | None = None  # rank, alpha, dropout, target_modules
+    threads: int = 1
+    algorithm: dict = field(default_factory=dict)
+
+
+@dataclass
+class StepInput:
+    """One rank's share of a training step."""
+
+    micro_batches: list[MicroBatch]
+    advantages: dict[int, float]  # sequence index -> advantage
+    sampler_logprobs: dict[int, list[float]]
+    num_tokens: int  # over the whole step, all ranks: the token_mean denominator
+    num_sequences: int  # likewise, the seq_mean denominator
+    max_len: int
+    temperature: float
+
+
+def run_rank(rank: int, world_size: int, port: int, spec: RankSpec, conn) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(spec.threads)
+    use_cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world_size)
+    try:
+        worker = _Rank(rank, world_size, spec, use_cuda)
+        conn.send(("ok", {"trainable_params": worker.trainable_params, "total_params": worker.total_params}))
+        while True:
+            command, payload = conn.recv()
+            if command == "close":
+                conn.send(("ok", None))
+                break
+            try:
+                conn.send(("ok", getattr(worker, command)(payload)))
+            except Exception:  # the controller raises it with the rank's traceback
+                conn.send(("error", traceback.format_exc()))
+    except Exception:
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class _Rank:
+    def __init__(self, rank: int, world_size: int, spec: RankSpec, use_cuda: bool):
+        from torch.distributed.device_mesh import init_device_mesh
+        from transformers import AutoModelForCausalLM
+
+        self.rank, self.world_size, self.spec = rank, world_size, spec
+        self.device = torch.device("cuda", rank % torch.cuda.device_count()) if use_cuda else torch.device("cpu")
+        dtype = getattr(torch, spec.dtype)
+        torch.manual_seed(spec.seed)
+        lm = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=dtype)
+        if spec.gradient_checkpointing:
+            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if spec.lora:
+            lm = apply_lora(lm, **spec.lora)
+        self.lm = lm
+        self.policy = TokenLogprobs(lm).to(self.device)
+        mesh = init_device_mesh(self.device.type, (world_size,))
+        shard(self.policy, mesh, param_dtype=dtype, reduce_dtype=torch.float32)
+        self.trainable = [(n, p) for n, p in self.policy.named_parameters() if p.requires_grad]
+        self.trainable_params = sum(_numel(p) for _, p in self.trainable)
+        self.total_params = sum(_numel(p) for p in self.policy.parameters())
+        self.optimizer = torch.optim.AdamW(
+            [p for _, p in self.trainable], lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+
+    def _lr_factor(self, step: int) -> float:
+        spec = self.spec
+        if step < spec.warmup_steps:
+            return (step + 1) / spec.warmup_steps
+        progress = min(1.0, (step - spec.warmup_steps) / max(1, spec.total_steps - spec.warmup_steps))
+        if spec.schedule == "cosine":
+            return 0.5 * (1 + math.cos(math.pi * progress))
+        if spec.schedule == "linear":
+            return 1.0 - progress
+        return 1.0
+
+    # ------------------------------------------------------------------ commands
+
+    def logprobs(self, payload: tuple[list[MicroBatch], float]) -> dict[int, list[float]]:
+        micro_batches, temperature = payload
+        out: dict[int, list[float]] = {}
+        with torch.no_grad():
+            for mb in micro_batches:
+                lp, _ = self._forward(mb, temperature)
+                for i, values in zip(mb.sequences, unpack(lp, mb)):
+                    out[i] = values.tolist()
+        return out
+
+    def train(self, step: StepInput) -> dict[str, float]:
+        from rlvr.algorithms import kl_penalty, policy_loss
+
+        algo = self.spec.algorithm
+        per_token = algo.get("agg", "token_mean") == "token_mean"
+        denominator = step.num_tokens if per_token else step.num_sequences
+        sums: dict[str, float] = {}
+        for mb in step.micro_batches:
+            logprobs, entropy = self._forward(mb, step.temperature)
+            if mb.is_empty:  # keeps this rank in step with the others' collectives
+                (logprobs.sum() * 0.0).backward()
+                continue
+            lp = _padded(unpack(logprobs, mb))
+            mask = _padded([torch.ones(c) for _, c in mb.spans]).bool()
+            old = lp.detach()  # one optimizer step per batch: the trainer's own logprobs are π_old
+            adv = torch.tensor([step.advantages[i] for i in mb.sequences], dtype=lp.dtype)
+            loss, metrics = policy_loss(
+                algo.get("loss", "ppo"),
+                lp,
+                old,
+                adv,
+                mask,
+                clip_low=algo.get("clip_low", 0.2),
+                clip_high=algo.get("clip_high", 0.2),
+                dual_clip=algo.get("dual_clip"),
+                agg=algo.get("agg", "token_mean"),
+                max_len=step.max_len,
+            )
+            if algo.get("kl") and algo.get("kl_coef", 0.0) > 0:
+                from rlvr.algorithms import aggregate
+
+                ref = self._reference_logprobs(mb, step.temperature)
+                kl = aggregate(kl_penalty(algo["kl"], lp, ref), mask, algo.get("agg", "token_mean"), step.max_len)
+                loss = loss + algo["kl_coef"] * kl
+                metrics = {**metrics, "kl": float(kl)}
+            weight = mask.sum().item() if per_token else len(mb.sequences)
+            # FSDP averages gradients over ranks; the world_size factor turns that into a sum,
+            # so the step's loss is normalised once, by the global denominator.
+            (loss * (weight / denominator) * self.world_size).backward()
+            tokens = mask.sum().item()
+            sampler = _padded([torch.tensor(step.sampler_logprobs[i]) for i in mb.sequences])
+            gap = ((lp.detach() - sampler).abs() * mask).sum().item()
+            self._accumulate(sums, "loss", float(loss) * weight / denominator)
+            self._accumulate(sums, "tokens", tokens)
+            self._accumulate(sums, "entropy_sum", float((_padded(unpack(entropy, mb)) * mask).sum()))
+            self._accumulate(sums, "sampler_gap_sum", gap)
+            for key in ("clip_fraction", "approx_kl", "ratio_mean", "kl"):
+                if key in metrics:
+                    self._accumulate(sums, f"{key}_sum", float(metrics[key]) * tokens)
+        grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in self.trainable], self.spec.grad_clip)
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        skipped = not math.isfinite(grad_norm)
+        if not skipped:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        sums.update(grad_norm=grad_norm, skipped=float(skipped), lr=self.scheduler.get_last_lr()[0])
+        return sums
+
+    def adapter(self, _=None) -> dict[str, torch.Tensor]:
+        """The full (unsharded) trainable tensors, in PEFT/HF naming; only rank 0 keeps them."""
+        out = {}
+        for name, p in self.trainable:
+            full = p.full_tensor() if hasattr(p, "full_tensor") else p
+            if self.rank == 0:
+                out[_public_name(name)] = full.detach().cpu().clone()
+        return out
+
+    def weights(self, _=None) -> dict[str, torch.Tensor]:
+        """All parameters, unsharded, in HF naming (full fine-tuning sync)."""
+        out = {}
+        for name, p in self.policy.named_parameters():
+            full = p.full_tensor() if hasattr(p, "full_tensor") else p
+            if self.rank == 0:
+                out[_public_name(name)] = full.detach().cpu().clone()
+        return out
+
+    def lora_config(self, _=None) -> dict:
+        config = self.lm.peft_config["default"].to_dict()
+        config["target_modules"] = sorted(config["target_modules"]) if config.get("target_modules") else []
+        return {k: (sorted(v) if isinstance(v, set) else v) for k, v in config.items()}
+
+    # ------------------------------------------------------------------ internals
+
+    def _forward(self, mb: MicroBatch, temperature: float):
+        return self.policy(
+            mb.input_ids.to(self.device), mb.position_ids.to(self.device), mb.targets.to(self.device), temperature
+        )
+
+    def _reference_logprobs(self, mb: MicroBatch, temperature: float) -> torch.Tensor:
+        if not self.spec.lora:
+            raise ValueError("algorithm.kl needs a reference model: it is supported with trainer.lora (the frozen base)")
+        with torch.no_grad(), self.lm.disable_adapter():
+            ref, _ = self._forward(mb, temperature)
+        return _padded(unpack(ref, mb))
+
+    @staticmethod
+    def _accumulate(sums: dict, key: str, value: float) -> None:
+        sums[key] = sums.get(key, 0.0) + value
+
+
+def _padded(rows: list[torch.Tensor]) -> torch.Tensor:
+    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+
+
+def _numel(p: torch.Tensor) -> int:
+    return p.numel()  # a DTensor reports its global size
+
+
+def _public_name(name: str) -> str:
+    """`lm.base_model.model.x.lora_A.default.weight` → PEFT's `base_model.model.x.lora_A.weight`."""
+    name = name.removeprefix("lm.")
+    return name.replace(".default.", ".")

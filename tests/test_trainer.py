@@ -1,0 +1,77 @@
+"""The trainer ranks are real processes running FSDP2 over gloo on a tiny model."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from rlvr.models.tiny import build_tiny_model
+from rlvr.records import TrainBatch
+from rlvr.training.packing import IGNORE, plan
+from rlvr.training.trainer import Trainer, TrainerError
+from rlvr.training.worker import RankSpec
+
+LORA = dict(rank=4, alpha=8.0, dropout=0.0, target_modules="all-linear")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return str(build_tiny_model(tmp_path_factory.mktemp("m") / "tiny", "qwen2", hidden_size=64, num_layers=2,
+                                intermediate_size=128))
+
+
+def _batch():
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(4, 200, (n,), generator=g).tolist() for n in (5, 7, 3, 6)]
+    completions = [torch.randint(4, 200, (n,), generator=g).tolist() for n in (4, 2, 6, 3)]
+    return TrainBatch(
+        prompt_ids=prompts,
+        completion_ids=completions,
+        sampler_logprobs=[[-1.0] * len(c) for c in completions],
+        advantages=torch.tensor([1.0, -0.5, 0.25, -0.75]),
+        group=torch.tensor([0, 0, 1, 1]),
+    )
+
+
+def test_packing_scores_each_completion_token_once_and_balances_ranks():
+    seqs = [[1] * 5 + [2] * 3, [1] * 2 + [3] * 6, [1] * 4 + [4]]
+    per_rank = plan(seqs, [5, 2, 4], world_size=2, token_budget=9)
+    assert len(per_rank[0]) == len(per_rank[1])  # same number of forwards on every rank
+    scored = sorted(t for rank in per_rank for mb in rank for t in mb.targets[0].tolist() if t != IGNORE)
+    assert scored == sorted([2] * 3 + [3] * 6 + [4])
+    assert all(mb.num_tokens <= 9 for rank in per_rank for mb in rank)
+
+
+def _hf_logprobs(path, batch):
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    out = []
+    for p, c in zip(batch.prompt_ids, batch.completion_ids):
+        logp = torch.log_softmax(model(torch.tensor([p + c])).logits[0], -1)
+        out.append([logp[len(p) - 1 + j, t].item() for j, t in enumerate(c)])
+    return out
+
+
+@pytest.mark.slow
+def test_two_ranks_match_one_rank_and_transformers(tiny):
+    batch = _batch()
+    expected = _hf_logprobs(tiny, batch)
+    results = {}
+    for ranks in (1, 2):
+        spec = RankSpec(model_path=tiny, lr=1e-2, lora=LORA, seed=0)
+        with Trainer(spec, ranks=ranks, micro_batch_tokens=12) as trainer:
+            lp = trainer.logprobs(batch.prompt_ids, batch.completion_ids)
+            metrics = trainer.train_step(batch)
+            results[ranks] = (lp, metrics, trainer.adapter().tensors)
+    for lp in (results[1][0], results[2][0]):
+        assert max(abs(a - b) for x, y in zip(lp, expected) for a, b in zip(x, y)) < 1e-5
+    (_, m1, a1), (_, m2, a2) = results[1], results[2]
+    assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-5)
+    assert m1["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
+    assert a1.keys() == a2.keys()
+    for name in a1:  # the updated adapters agree, so the gradients did
+        torch.testing.assert_close(a1[name], a2[name], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_a_rank_error_reaches_the_controller_with_its_traceback(tmp_path):
+    with pytest.raises(TrainerError, match=r"trainer rank 0 failed:(.|\n)*does not appear to have a file named config.json|trainer rank 0 failed"):
+        Trainer(RankSpec(model_path=str(tmp_path / "missing")), ranks=1)
