@@ -1,0 +1,1 @@
+"""Datasets (`datasets.py`), prompt and chat templates (`templates.py`), synthetic tasks."""

@@ -1,0 +1,264 @@
+"""The sandboxed scoring pool: verifiers run in worker processes, each item under a time limit.
+
+Rules:
+- Workers are started once per pool with the `spawn` context (safe when the parent holds torch
+  or CUDA; workers import `rlvr.rewards`, and torch only because `rlvr.records` imports it). Each caps its address space (RLIMIT_AS) at its
+  size after imports plus `memory_limit_mb`, so a runaway allocation raises MemoryError there.
+- Items travel in chunks (few pipe round-trips); a worker answers item by item, so the parent
+  always knows which item is running.
+- Time: a worker arms SIGALRM for `timeout_s` per item and reports status "timeout" itself when
+  Python code runs long. Code that never returns to the interpreter (a huge integer power, a
+  regex) is caught by the parent: a worker silent for `timeout_s + KILL_GRACE_S` is killed and
+  replaced, its item gets "timeout", the rest of its chunk is handed out again.
+- A worker that dies (segfault, abort) costs its item status "error"; an exception inside a
+  verifier is status "error" too. Every failure scores 0 and the batch goes on.
+- Rows may name their own verifier; `options` apply to the pool's default verifier only.
+  Loading a verifier (importing a custom module) gets `STARTUP_TIMEOUT_S`. A verifier with
+  `.score_batch` (a batched custom reward) gets a chunk's items in one call, with `timeout_s`
+  per item in the call.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import resource
+import signal
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+
+from rlvr.records import Score
+
+KILL_GRACE_S = 0.5
+STARTUP_TIMEOUT_S = 120.0
+_TIMEOUT = Score(0.0, "timeout", None)
+_ERROR = Score(0.0, "error", None)
+
+
+class _ItemTimeout(BaseException):
+    """Raised by SIGALRM; a BaseException so library `except Exception` blocks cannot eat it."""
+
+
+def _on_alarm(signum, frame):
+    raise _ItemTimeout
+
+
+def _limit_memory(extra_mb: int) -> None:
+    with open("/proc/self/statm") as f:
+        size_bytes = int(f.read().split()[0]) * resource.getpagesize()
+    limit = size_bytes + extra_mb * 1024 * 1024
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _run_timed(fn, seconds: float):
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        return fn()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _worker_main(conn: Connection, default: str, options: dict, timeout_s: float, memory_limit_mb: int) -> None:
+    # Imported here so the module itself stays cheap for the parent.
+    from rlvr.rewards.equivalence import warm_up
+    from rlvr.rewards.verifiers import get_verifier
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    signal.signal(signal.SIGALRM, _on_alarm)
+    warm_up()
+    _limit_memory(memory_limit_mb)
+    verifiers: dict[str, object] = {}
+
+    def verifier_for(name: str):
+        if name not in verifiers:
+            conn.send(("budget", STARTUP_TIMEOUT_S))  # importing a custom module may take a while
+            try:
+                verifiers[name] = get_verifier(name, **(options if name == default else {}))
+            finally:
+                conn.send(("budget", timeout_s))  # loaded: the item clock starts now
+        return verifiers[name]
+
+    conn.send("ready")
+    while (chunk := conn.recv()) is not None:
+        for name, group in _group_by_verifier(chunk):
+            try:
+                fn = verifier_for(name)
+            except Exception:
+                for _ in group:
+                    conn.send(_ERROR)
+                continue
+            if hasattr(fn, "score_batch"):
+                conn.send(("budget", timeout_s * len(group)))
+                scores = _safe(lambda: fn.score_batch([r for r, _ in group], [a for _, a in group]), timeout_s * len(group))
+                for s in scores if isinstance(scores, list) else [scores] * len(group):
+                    conn.send(s)
+                continue
+            for response, answer in group:
+                conn.send(_safe(lambda: fn(response, answer), timeout_s))
+
+
+def _safe(fn, seconds: float):
+    try:
+        return _run_timed(fn, seconds)
+    except _ItemTimeout:
+        return _TIMEOUT
+    except Exception:  # includes MemoryError from RLIMIT_AS
+        return _ERROR
+
+
+def _group_by_verifier(chunk: list[tuple[str, str, str]]):
+    """Consecutive runs of items sharing a verifier, as (name, [(response, answer), ...])."""
+    run: list[tuple[str, str]] = []
+    name = None
+    for item_name, response, answer in chunk:
+        if item_name != name and run:
+            yield name, run
+            run = []
+        name = item_name
+        run.append((response, answer))
+    if run:
+        yield name, run
+
+
+@dataclass
+class _Worker:
+    process: mp.process.BaseProcess
+    conn: Connection
+    ready: bool = False
+    chunk: list[int] = field(default_factory=list)  # item indices not yet answered
+    deadline: float = 0.0
+
+
+class ScoringPool:
+    """Scores responses against references in sandboxed workers (rules in the module doc).
+
+    >>> with ScoringPool("math", workers=2) as pool:
+    ...     pool.score(["so \\\\boxed{1/2}"], ["\\\\frac{1}{2}"])[0].reward
+    1.0
+    """
+
+    def __init__(
+        self,
+        verifier: str = "math",
+        *,
+        workers: int = 2,
+        timeout_s: float = 2.0,
+        memory_limit_mb: int = 1024,
+        options: dict | None = None,
+    ) -> None:
+        if workers < 1 or timeout_s <= 0 or memory_limit_mb <= 0:
+            raise ValueError("ScoringPool needs workers >= 1, timeout_s > 0 and memory_limit_mb > 0")
+        self.verifier = verifier
+        self.timeout_s = timeout_s
+        self._args = (verifier, dict(options or {}), timeout_s, memory_limit_mb)
+        self._ctx = mp.get_context("spawn")
+        self._workers = [self._start_worker() for _ in range(workers)]
+        self._closed = False
+
+    def _start_worker(self) -> _Worker:
+        parent_conn, child_conn = self._ctx.Pipe()
+        process = self._ctx.Process(target=_worker_main, args=(child_conn, *self._args), daemon=True)
+        process.start()
+        child_conn.close()
+        return _Worker(process, parent_conn, deadline=time.monotonic() + STARTUP_TIMEOUT_S)
+
+    def _replace(self, worker: _Worker) -> _Worker:
+        worker.process.kill()
+        worker.process.join()
+        worker.conn.close()
+        fresh = self._start_worker()
+        self._workers[self._workers.index(worker)] = fresh
+        return fresh
+
+    def wait_ready(self) -> None:
+        """Block until every worker has started (score() also waits when it must)."""
+        while starting := [w for w in self._workers if not w.ready]:
+            for conn in wait([w.conn for w in starting], timeout=max(0.0, min(w.deadline for w in starting) - time.monotonic())):
+                worker = next(w for w in starting if w.conn is conn)
+                self._receive(worker, [], deque())
+            if any(not w.ready and time.monotonic() > w.deadline for w in starting):
+                raise RuntimeError("scoring worker failed to start in time")
+
+    def score(self, responses: list[str], answers: list[str], verifiers: list[str] | None = None) -> list[Score]:
+        """One Score per response, in order; `verifiers` overrides the verifier per row."""
+        if self._closed:
+            raise RuntimeError("ScoringPool is closed")
+        if len(responses) != len(answers) or (verifiers is not None and len(verifiers) != len(responses)):
+            raise ValueError("responses, answers and verifiers must have the same length")
+        names = verifiers or [self.verifier] * len(responses)
+        items = [(names[i], str(responses[i]), str(answers[i])) for i in range(len(responses))]
+        results: list[Score | None] = [None] * len(items)
+        # Several chunks per worker keep both busy when item costs differ.
+        size = max(1, min(64, -(-len(items) // (4 * len(self._workers)))))
+        pending = deque(list(range(i, min(i + size, len(items)))) for i in range(0, len(items), size))
+        remaining = len(items)
+        while remaining:
+            for worker in self._workers:
+                if worker.ready and not worker.chunk and pending:
+                    worker.chunk = pending.popleft()
+                    worker.deadline = time.monotonic() + self.timeout_s + KILL_GRACE_S
+                    worker.conn.send([items[i] for i in worker.chunk])
+            busy = [w for w in self._workers if w.chunk or not w.ready]
+            now = time.monotonic()
+            readable = wait([w.conn for w in busy], timeout=max(0.0, min(w.deadline for w in busy) - now))
+            for worker in busy:
+                if worker.conn in readable:
+                    remaining -= self._receive(worker, results, pending)
+            now = time.monotonic()
+            for worker in list(self._workers):
+                if (worker.chunk or not worker.ready) and now > worker.deadline and worker.conn not in readable:
+                    remaining -= self._fail(worker, results, pending, _TIMEOUT)
+        return results
+
+    def _receive(self, worker: _Worker, results: list, pending: deque) -> int:
+        """Read one message from `worker`; returns how many items it settled."""
+        try:
+            message = worker.conn.recv()
+        except (EOFError, OSError):
+            return self._fail(worker, results, pending, _ERROR)
+        if message == "ready":
+            worker.ready = True
+            return 0
+        if isinstance(message, tuple) and message[0] == "budget":
+            worker.deadline = time.monotonic() + message[1] + KILL_GRACE_S
+            return 0
+        results[worker.chunk.pop(0)] = message
+        worker.deadline = time.monotonic() + self.timeout_s + KILL_GRACE_S
+        return 1
+
+    def _fail(self, worker: _Worker, results: list, pending: deque, outcome: Score) -> int:
+        """Kill and replace `worker`; its running item gets `outcome`, the rest go back."""
+        if not worker.ready:
+            raise RuntimeError(f"scoring worker failed to start (exit code {worker.process.exitcode})")
+        settled = 0
+        if worker.chunk:
+            results[worker.chunk.pop(0)] = outcome
+            settled = 1
+        if worker.chunk:
+            pending.appendleft(worker.chunk)
+        self._replace(worker)
+        return settled
+
+    def close(self) -> None:
+        """Stop the workers; the pool cannot score afterwards."""
+        if self._closed:
+            return
+        self._closed = True
+        for worker in self._workers:
+            try:
+                worker.conn.send(None)
+            except OSError:
+                pass
+        for worker in self._workers:
+            worker.process.join(timeout=2.0)
+            if worker.process.is_alive():
+                worker.process.kill()
+                worker.process.join()
+            worker.conn.close()
+
+    def __enter__(self) -> ScoringPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

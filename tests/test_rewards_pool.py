@@ -1,0 +1,117 @@
+"""The sandboxed pool: order, per-row verifiers, timeouts, crashes, memory, adversarial text.
+
+One pool serves the module: worker start-up (sympy imports and warm-up) is the slow part.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rlvr.rewards import ScoringPool, batched_reward
+
+TIMEOUT_S = 1.0
+MARKER = Path("/tmp/rlvr_pwned_marker")
+
+
+def hang_in_c(response, answer):
+    """Sleep with SIGALRM blocked: only the parent's kill can stop this."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    time.sleep(60)
+
+
+def spin(response, answer):
+    while True:
+        pass
+
+
+def crash(response, answer):
+    os._exit(3)
+
+
+def hog_memory(response, answer):
+    return len(bytearray(8 * 1024**3))
+
+
+@batched_reward
+def batch_len(responses, answers):
+    return [float(len(r)) for r in responses]
+
+
+def custom(name):
+    return f"{__file__}:{name}"
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with ScoringPool("math", workers=2, timeout_s=TIMEOUT_S) as p:
+        p.wait_ready()
+        yield p
+
+
+def test_order_and_per_row_verifiers(pool):
+    responses = [f"\\boxed{{{i}}}" for i in range(50)] + ["#### 7", "\\boxed{Paris}"]
+    answers = [str(i if i % 3 else i + 1) for i in range(50)] + ["7", "Paris"]
+    verifiers = ["math"] * 50 + ["gsm8k", "exact"]
+    scores = pool.score(responses, answers, verifiers)
+    assert [s.reward for s in scores[:50]] == [float(i % 3 != 0) for i in range(50)]
+    assert [s.extracted for s in scores[:50]] == [str(i) for i in range(50)]
+    assert [s.reward for s in scores[50:]] == [1.0, 1.0]
+
+
+def test_empty_batch_and_length_mismatch(pool):
+    assert pool.score([], []) == []
+    with pytest.raises(ValueError, match="same length"):
+        pool.score(["a"], [])
+
+
+@pytest.mark.parametrize("name, status", [("hang_in_c", "timeout"), ("spin", "timeout"), ("crash", "error"), ("hog_memory", "error")])
+def test_bad_item_is_contained_and_the_rest_go_on(pool, name, status):
+    pool.wait_ready()  # replacing the last test's killed worker takes a start-up
+    started = time.monotonic()
+    scores = pool.score(["\\boxed{2}", "x", "\\boxed{3}"], ["2", "x", "3"], ["math", custom(name), "math"])
+    assert time.monotonic() - started < TIMEOUT_S + 3
+    assert [(s.reward, s.status) for s in scores] == [(1.0, "ok"), (0.0, status), (1.0, "ok")]
+
+
+def test_batched_custom_reward(pool):
+    scores = pool.score(["ab", "abc"], ["", ""], [custom("batch_len")] * 2)
+    assert [s.reward for s in scores] == [2.0, 3.0]
+
+
+ADVERSARIAL = {
+    "nested_braces": "\\boxed{" + "{" * 10_000 + "1" + "}" * 10_000 + "}",
+    "unclosed_braces": "\\boxed{" + "{" * 10_000,
+    "one_megabyte": ("Let us think. " * 75_000)[:1_000_000] + "\\boxed{5}",
+    "megabyte_of_boxes": "\\boxed{1}" * 110_000,
+    "power_tower": "\\boxed{10^{10^{10^{10}}}}",
+    "power_tower_bare": "so $10^{10^{10^{10}}}$ is the answer \\boxed{10^{10}^{10}^{10}}",
+    "huge_factorial": "\\boxed{99999999!}",
+    "python_injection": f"\\boxed{{__import__('os').system('touch {MARKER}')}}",
+    "sympify_injection": f"\\boxed{{eval(\"open('{MARKER}','w')\")}}",
+    "latex_input": "\\boxed{\\input{/etc/passwd}}",
+}
+
+
+def test_adversarial_inputs_return_in_time_without_side_effects(pool):
+    MARKER.unlink(missing_ok=True)
+    for name, text in ADVERSARIAL.items():
+        pool.wait_ready()
+        started = time.monotonic()
+        (score,) = pool.score([text], ["5"])
+        assert time.monotonic() - started < TIMEOUT_S + 2, name
+        assert score.status in ("ok", "no_answer", "timeout"), (name, score)
+    assert not MARKER.exists()
+    assert pool.score(["\\boxed{5}"], ["5"])[0].reward == 1.0  # the pool still works
+
+
+def test_workers_do_not_import_torch():
+    probe = "import sys, rlvr.records; print('torch' in sys.modules)"
+    if subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "True":
+        pytest.skip("rlvr.records imports torch at module level; workers inherit it until that import is lazy")
+    probe = "import sys, rlvr.rewards.verifiers; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "False"

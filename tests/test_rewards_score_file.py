@@ -1,0 +1,44 @@
+"""`score_file`: rows in, rows plus reward/status out; bad rows named by file and line."""
+
+import json
+
+import pytest
+
+from rlvr.rewards.score_file import score_file
+
+
+def write_lines(path, lines):
+    path.write_text("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("{not json", "in.jsonl:2: not valid JSON"),
+        ('{"response": "x"}', 'in.jsonl:2: missing field "answer"'),
+        ('{"answer": "1"}', 'in.jsonl:2: missing field "response"'),
+        ('{"response": "x", "answer": 1}', 'in.jsonl:2: field "answer" must be a string'),
+        ("[1, 2]", "in.jsonl:2: expected a JSON object"),
+    ],
+)
+def test_bad_rows_name_file_and_line(tmp_path, line, message):
+    src = tmp_path / "in.jsonl"
+    write_lines(src, ['{"response": "\\\\boxed{1}", "answer": "1"}', line])
+    with pytest.raises(ValueError, match=message):
+        score_file(src, tmp_path / "out.jsonl")
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_scores_rows_with_per_row_verifier_and_skips_bad(tmp_path):
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    rows = [
+        {"response": "so \\boxed{0.5}", "answer": "\\frac12", "id": 7},
+        {"response": "no answer here", "answer": "3"},
+        {"response": "#### 1,234", "answer": "1234", "verifier": "gsm8k"},
+    ]
+    write_lines(src, [json.dumps(rows[0]), "oops", json.dumps(rows[1]), "", json.dumps(rows[2])])
+    counts = score_file(src, out, skip_bad=True, workers=1)
+    assert counts == {"ok": 2, "no_answer": 1, "timeout": 0, "error": 0, "skipped": 1}
+    scored = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["reward"], r["status"]) for r in scored] == [(1.0, "ok"), (0.0, "no_answer"), (1.0, "ok")]
+    assert scored[0]["id"] == 7 and scored[0]["extracted"] == "0.5"
