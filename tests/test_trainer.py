@@ -58,7 +58,8 @@ def test_two_ranks_match_one_rank_and_transformers(tiny):
     for ranks in (1, 2):
         spec = RankSpec(model_path=tiny, lr=1e-2, lora=LORA, seed=0)
         with Trainer(spec, ranks=ranks, micro_batch_tokens=12) as trainer:
-            lp = trainer.logprobs(batch.prompt_ids, batch.completion_ids)
+            lp = trainer.logprobs([p + c for p, c in zip(batch.prompt_ids, batch.completion_ids)],
+                                      [len(p) for p in batch.prompt_ids])
             metrics = trainer.train_step(batch)
             results[ranks] = (lp, metrics, trainer.adapter().tensors)
     for lp in (results[1][0], results[2][0]):

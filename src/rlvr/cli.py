@@ -30,13 +30,17 @@ def train(
     config: Path = typer.Argument(..., help="YAML config"),
     overrides: Optional[list[str]] = typer.Argument(None, help="dotted overrides, e.g. trainer.lr=1e-5"),
     dry_run: bool = typer.Option(False, "--dry-run", help="validate and print the resolved config, run nothing"),
+    resume: Optional[str] = typer.Option(
+        None, "--resume", help="'latest' (the config's run_dir) or a RUN_DIR: continue from its last good checkpoint"
+    ),
 ):
     """Run RL training as the config says."""
-    cfg = _load(config, overrides or [])
+    extra = [] if resume in (None, "latest") else [f"run_dir={resume}"]
+    cfg = _load(config, [*(overrides or []), *extra])
     if dry_run:
         console.print(dump_config(cfg), highlight=False, end="")
         return
-    _run(cfg)
+    _run(cfg, resume=resume is not None)
 
 
 @app.command()
@@ -55,7 +59,85 @@ def demo(
     _run(cfg)
 
 
-def _run(cfg) -> None:
+@app.command()
+def score(
+    input_path: Path = typer.Argument(..., metavar="IN.jsonl", help='rows with "response" and "answer"'),
+    output: Path = typer.Option(..., "-o", "--output", help="OUT.jsonl: each row plus reward and status"),
+    verifier: str = typer.Option("math", "--verifier", help="math | aime | gsm8k | exact | regex | module:function"),
+    skip_bad: bool = typer.Option(False, "--skip-bad", help="report and skip bad rows instead of stopping"),
+    workers: int = typer.Option(2, "--workers"),
+    timeout_s: float = typer.Option(2.0, "--timeout", help="seconds per item"),
+):
+    """Score a JSONL file of responses with a verifier, in the sandboxed pool."""
+    from rlvr.rewards.score_file import score_file
+
+    try:
+        score_file(input_path, output, verifier=verifier, skip_bad=skip_bad, workers=workers, timeout_s=timeout_s)
+    except (ValueError, FileNotFoundError) as err:
+        console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+
+
+@app.command("eval")
+def eval_command(
+    model: Optional[str] = typer.Argument(None, help="HF model folder to sample from"),
+    dataset: Optional[str] = typer.Option(None, "--dataset", help="built-in set name or a .jsonl/.json/.parquet file"),
+    adapter: Optional[Path] = typer.Option(None, "--adapter", help="a PEFT LoRA adapter folder to serve on top"),
+    n: int = typer.Option(8, "--n", help="samples per problem"),
+    k: str = typer.Option("1,8", "--k", help="comma-separated k values"),
+    temperature: float = typer.Option(1.0, "--temperature"),
+    max_tokens: int = typer.Option(1024, "--max-tokens"),
+    template: str = typer.Option("boxed", "--template", help="prompt template name"),
+    verifier: Optional[str] = typer.Option(None, "--verifier", help="default: the set's own (aime, gsm8k, math)"),
+    limit: Optional[int] = typer.Option(None, "--limit", help="only the first N problems"),
+    backend: str = typer.Option("vllm", "--backend", help="vllm | hf"),
+    seed: int = typer.Option(0, "--seed"),
+    from_rollouts: Optional[Path] = typer.Option(None, "--from-rollouts", help="recompute metrics from saved samples"),
+    out: Optional[Path] = typer.Option(None, "--out", help="write the metrics JSON here"),
+):
+    """avg@k, unbiased pass@k and maj@k with standard errors, sampled now or from saved rows."""
+    ks = [int(x) for x in k.split(",") if x.strip()]
+    try:
+        if from_rollouts is not None:
+            from rlvr.eval.rollouts_file import metrics_from_rollouts
+
+            result = metrics_from_rollouts(from_rollouts, ks)
+        else:
+            if model is None or dataset is None:
+                raise ValueError("give MODEL and --dataset (or --from-rollouts FILE)")
+            from rlvr.eval.sample import evaluate_model
+
+            samples = (out.with_suffix(".samples.jsonl") if out else Path("eval_samples.jsonl"))
+            result = evaluate_model(
+                model, dataset, adapter=adapter, n=n, ks=ks, temperature=temperature, max_tokens=max_tokens,
+                template=template, verifier=verifier, limit=limit, backend=backend, seed=seed, samples_path=samples,
+            )
+            console.print(f"samples: {samples}")
+    except ValueError as err:
+        console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    headline = {key: value for key, value in result.items() if key != "problems"}
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(headline | {"problems": result.get("problems", [])}, indent=2, allow_nan=False))
+        console.print(f"wrote {out}")
+    console.print_json(json.dumps(headline, allow_nan=False))
+
+
+@app.command()
+def report(run_dir: Path = typer.Argument(..., help="a run folder with metrics.jsonl")):
+    """Write RUN_DIR/report.html (plots, config, eval tables, sample rollouts)."""
+    from rlvr.tracking.report import write_report
+
+    try:
+        path = write_report(run_dir)
+    except (ValueError, FileNotFoundError) as err:
+        console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    console.print(f"report: {path}")
+
+
+def _run(cfg, resume: bool = False) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from rlvr.orchestration.controller import train as run_training
@@ -67,9 +149,17 @@ def _run(cfg) -> None:
         def on_step(step: int, metrics: dict) -> None:
             bar.update(task, completed=step, info=f"reward {metrics['reward/mean']:.3f}  {metrics['time/step']:.1f}s/step")
 
-        summary = run_training(cfg, progress=on_step)
+        try:
+            summary = run_training(cfg, progress=on_step, resume=resume, log=bar.console.print)
+        except ValueError as err:  # bad data or a missing checkpoint: one line, no traceback
+            bar.stop()
+            console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+    from rlvr.tracking.report import write_report
+
     console.print_json(json.dumps(summary))
     console.print(f"wrote {Path(cfg.run_dir) / 'summary.json'} and metrics.jsonl")
+    console.print(f"report: {write_report(cfg.run_dir)}")
 
 
 def main() -> None:

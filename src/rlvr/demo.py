@@ -37,7 +37,7 @@ def _build_model(cfg: RunConfig, model_dir: Path, console) -> None:
 
     from rlvr.data.datasets import load_problems
     from rlvr.data.synthetic import solution_text
-    from rlvr.data.templates import prompt_ids
+    from rlvr.orchestration.controller import encode_prompt
     from rlvr.models.tiny import build_tiny_model
     from rlvr.training.sft import warm_start
 
@@ -60,8 +60,8 @@ def _build_model(cfg: RunConfig, model_dir: Path, console) -> None:
     problems = load_problems(str(cfg.data.train), limit=spec.warm_start.examples)
     pairs = [
         (
-            prompt_ids(p, tokenizer, template=cfg.data.template, chat=cfg.data.chat_template),
-            tokenizer(solution_text(p.answer), add_special_tokens=False).input_ids + [tokenizer.eos_token_id],
+            encode_prompt(p, tokenizer, cfg.data),
+            tokenizer(solution_text(p.question, p.answer), add_special_tokens=False).input_ids + [tokenizer.eos_token_id],
         )
         for p in problems
     ]

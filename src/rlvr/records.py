@@ -7,9 +7,10 @@ Each record is defined here once; stages import them, never redefine them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
+if TYPE_CHECKING:  # scoring workers import these records and must not pay for torch
+    import torch
 
 FinishReason = Literal["stop", "length"]
 ScoreStatus = Literal["ok", "no_answer", "timeout", "error"]

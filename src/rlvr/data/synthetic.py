@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 from rlvr.records import Problem
@@ -19,9 +20,27 @@ def question_text(a: int, op: str, b: int) -> str:
     return f"What is {a}{op}{b}? Answer in \\boxed{{}}."
 
 
-def solution_text(answer: str) -> str:
-    """The completion the warm start teaches: the final answer, boxed."""
-    return f"\\boxed{{{answer}}}"
+_QUESTION = re.compile(r"What is (\d+)([-+*])(\d+)\?")
+
+
+def solution_text(question: str, answer: str) -> str:
+    """The completion the warm start teaches: a digit-by-digit working, then the boxed answer.
+
+    Addition is worked column by column from the right, carrying, e.g. 47+85:
+    `7+5=12,4+8+1=13. \\boxed{132}`; a tiny model learns the hundred one-digit sums and
+    the carry far faster than the whole sum at once. Other operations get the answer alone.
+    """
+    match = _QUESTION.fullmatch(question.split(" Answer")[0])
+    if match is None or match.group(2) != "+":
+        return f"\\boxed{{{answer}}}"
+    a, b = match.group(1)[::-1], match.group(3)[::-1]
+    steps, carry = [], 0
+    for i in range(max(len(a), len(b))):
+        x, y = int(a[i]) if i < len(a) else 0, int(b[i]) if i < len(b) else 0
+        total = x + y + carry
+        steps.append(f"{x}+{y}+{carry}={total}" if carry else f"{x}+{y}={total}")
+        carry = total // 10
+    return ",".join(steps) + f". \\boxed{{{answer}}}"
 
 
 def arithmetic_problems(

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from rlvr.config import RunConfig, dump_config
+from rlvr.config import DataConfig, RunConfig, dump_config
 from rlvr.records import Problem, Sampling, TrainBatch
 
 
@@ -47,11 +47,15 @@ class EpochSampler:
         return out
 
 
-def train(cfg: RunConfig, progress=None) -> dict:
-    """Run cfg.steps RL steps; write metrics.jsonl and summary.json under cfg.run_dir."""
+def train(cfg: RunConfig, progress=None, resume: bool = False, log=print) -> dict:
+    """Run cfg.steps RL steps; write metrics.jsonl and summary.json under cfg.run_dir.
+
+    With `resume`, continue from the newest intact checkpoint in cfg.run_dir."""
     from transformers import AutoTokenizer
 
     from rlvr.algorithms import advantages
+    from rlvr.checkpoint.peft_files import save_adapter
+    from rlvr.checkpoint.store import CheckpointStore, read_state
     from rlvr.engines import make_engine
     from rlvr.engines.sync_check import SyncCheck
     from rlvr.rewards import ScoringPool
@@ -76,6 +80,10 @@ def train(cfg: RunConfig, progress=None) -> dict:
     )
     timer = StepTimer()
     summary: dict = {"model": cfg.model.path, "steps": cfg.steps, "seed": cfg.seed}
+    store = CheckpointStore(run_dir, keep=cfg.checkpoint.keep, log=log)
+    resume_from = store.latest() if resume else None
+    if resume and resume_from is None:
+        raise ValueError(f"{run_dir}: no intact checkpoint to resume from")
 
     with ExitStack() as stack:
         trainer = stack.enter_context(_make_trainer(cfg))
@@ -92,13 +100,17 @@ def train(cfg: RunConfig, progress=None) -> dict:
         probe = _sync_probe(train_set, cfg)
         sync_check = SyncCheck(cfg.engine.sync_check_threshold)
 
+        last_adapter = None
+
         def sync(step: int) -> dict[str, float]:
+            nonlocal last_adapter
             with timer("sync"):
                 if cfg.trainer.lora:
-                    engine.update_lora(trainer.adapter())
+                    last_adapter = trainer.adapter()
+                    engine.update_lora(last_adapter)
                 else:
                     engine.update_weights(trainer.weights().items())
-                gap = sync_check(engine, trainer.logprobs, probe, step=step)
+                gap = sync_check.measure(engine, trainer.logprobs, probe, step=step)
             return {"sync/logprob_gap": gap}
 
         def run_eval(step: int, tag: str) -> dict:
@@ -109,14 +121,34 @@ def train(cfg: RunConfig, progress=None) -> dict:
             (run_dir / "eval" / f"{tag}.json").write_text(json.dumps(result, indent=2))
             return result
 
-        sync(step=0)
-        summary["engine"] = type(engine).backend_name
-        summary["trainer_ranks"] = cfg.trainer.ranks
-        summary["lora_rank"] = cfg.trainer.lora.rank if cfg.trainer.lora else None
-        summary["eval_before"] = _headline(run_eval(0, "before"), cfg)
-        logger.log(0, {f"eval/{k}": v for k, v in summary["eval_before"].items()} | timer.pop_metrics())
+        def checkpoint(step: int) -> None:
+            def write_parts(folder: Path) -> None:
+                (folder / "trainer").mkdir()
+                trainer.save(folder / "trainer")
+                if last_adapter is not None:
+                    save_adapter(last_adapter, folder / "adapter")
 
-        for step in range(1, cfg.steps + 1):
+            with timer("checkpoint"):
+                state = {"step": step, "data_position": sampler.position, "eval_before": summary["eval_before"]}
+                store.save(step, state, write_parts)
+
+        start = 0
+        if resume_from is not None:
+            state = read_state(resume_from)
+            trainer.load(resume_from / "trainer")
+            start, sampler.position = state["step"], state["data_position"]
+            summary["eval_before"] = state["eval_before"]
+            logger.truncate_after(start)
+            log(f"resuming from {resume_from} (step {start})")
+        sync(step=start)
+        summary["engine"] = engine.name
+        summary["trainer_ranks"] = trainer.world_size
+        summary["lora_rank"] = int(last_adapter.config["r"]) if last_adapter is not None else None
+        if resume_from is None:
+            summary["eval_before"] = _headline(run_eval(0, "before"), cfg)
+            logger.log(0, {f"eval/{k}": v for k, v in summary["eval_before"].items()} | timer.pop_metrics())
+
+        for step in range(start + 1, cfg.steps + 1):
             step_start = time.perf_counter()
             chosen = sampler.take(cfg.rollout.prompts_per_step)
             with timer("generate"):
@@ -156,6 +188,8 @@ def train(cfg: RunConfig, progress=None) -> dict:
             }
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.steps:
                 metrics |= {f"eval/{k}": v for k, v in _headline(run_eval(step, f"step{step}"), cfg).items()}
+            if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or step == cfg.steps:
+                checkpoint(step)
             step_seconds = time.perf_counter() - step_start
             metrics |= timer.pop_metrics() | {"time/step": step_seconds, "throughput/tokens_per_s": generated / step_seconds}
             logger.log(step, metrics)
@@ -173,14 +207,21 @@ def train(cfg: RunConfig, progress=None) -> dict:
 # ---------------------------------------------------------------------- pieces
 
 
+def encode_prompt(problem: Problem, tokenizer, data: DataConfig) -> list[int]:
+    """The prompt's token ids: the template, in the tokenizer's chat template if asked."""
+    from rlvr.data.templates import build_prompt
+
+    text = build_prompt(problem, tokenizer if data.chat_template else None, data.template)
+    return tokenizer(text, add_special_tokens=False).input_ids
+
+
 def _prompt_set(cfg: RunConfig, source: str, tokenizer, limit: int | None = None) -> PromptSet:
     from rlvr.data.datasets import load_problems
-    from rlvr.data.templates import prompt_ids
 
     problems = load_problems(
         source, problem_field=cfg.data.problem_field, answer_field=cfg.data.answer_field, limit=limit
     )
-    prompts = [prompt_ids(p, tokenizer, template=cfg.data.template, chat=cfg.data.chat_template) for p in problems]
+    prompts = [encode_prompt(p, tokenizer, cfg.data) for p in problems]
     too_long = next((p.id for p, ids in zip(problems, prompts) if len(ids) > cfg.data.max_prompt_tokens), None)
     if too_long is not None:
         raise ValueError(f"{source}: problem {too_long} is longer than data.max_prompt_tokens={cfg.data.max_prompt_tokens}")

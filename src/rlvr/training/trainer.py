@@ -84,12 +84,9 @@ class Trainer:
                 metrics[f"policy/{key}"] = total[f"{key}_sum"] / tokens
         return metrics
 
-    def logprobs(
-        self, prompt_ids: list[list[int]], completion_ids: list[list[int]], temperature: float = 1.0
-    ) -> list[list[float]]:
-        """The trainer's logprob of every completion token (no gradient)."""
-        sequences = [p + c for p, c in zip(prompt_ids, completion_ids)]
-        per_rank = plan(sequences, [len(p) for p in prompt_ids], self.world_size, self.micro_batch_tokens)
+    def logprobs(self, sequences: list[list[int]], prompt_lens: list[int], temperature: float = 1.0) -> list[list[float]]:
+        """The trainer's logprob of every token after each prompt (no gradient)."""
+        per_rank = plan(sequences, prompt_lens, self.world_size, self.micro_batch_tokens)
         merged: dict[int, list[float]] = {}
         for part in self._call_each("logprobs", [(mbs, temperature) for mbs in per_rank]):
             merged.update(part)
@@ -105,6 +102,13 @@ class Trainer:
 
     def weights(self) -> dict[str, torch.Tensor]:
         return self._call_all("weights")[0]
+
+    def save(self, folder: str) -> None:
+        """Every rank writes its shard of the trainable state into `folder` (which must exist)."""
+        self._call_all("save", str(folder))
+
+    def load(self, folder: str) -> None:
+        self._call_all("load", str(folder))
 
     def close(self) -> None:
         for conn, proc in zip(self._conns, self._procs):

@@ -203,6 +203,43 @@ class _Rank:
                 out[_public_name(name)] = full.detach().cpu().clone()
         return out
 
+    def save(self, folder: str) -> None:
+        """Sharded trainable weights + optimizer via torch.distributed.checkpoint, plus the
+        schedule and this rank's RNG; every rank writes its own shard into `folder`."""
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(self._state(), checkpoint_id=os.path.join(folder, "dcp"))
+        torch.save(
+            {"scheduler": self.scheduler.state_dict(), "rng": torch.get_rng_state()},
+            os.path.join(folder, f"rank{self.rank}.pt"),
+        )
+
+    def load(self, folder: str) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        state = self._state()
+        dcp.load(state, checkpoint_id=os.path.join(folder, "dcp"))
+        set_state_dict(
+            self.policy, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+            options=self._state_options(),
+        )
+        extra = torch.load(os.path.join(folder, f"rank{self.rank}.pt"), weights_only=False)
+        self.scheduler.load_state_dict(extra["scheduler"])
+        torch.set_rng_state(extra["rng"])
+
+    def _state(self) -> dict:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model, optim = get_state_dict(self.policy, self.optimizer, options=self._state_options())
+        return {"model": model, "optim": optim}
+
+    @staticmethod
+    def _state_options():
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        return StateDictOptions(ignore_frozen_params=True)
+
     def lora_config(self, _=None) -> dict:
         config = self.lm.peft_config["default"].to_dict()
         config["target_modules"] = sorted(config["target_modules"]) if config.get("target_modules") else []
