@@ -1,0 +1,161 @@
+"""Trainer memory: a bf16 base vs an NVFP4-packed base, same ~20M-parameter model, LoRA on top.
+
+    .venv/bin/python benchmarks/trainer_memory.py --out trainer_memory.json
+
+Writes `{"bf16_weight_bytes", "nvfp4_weight_bytes", "ratio", "peak_rss_bf16", "peak_rss_nvfp4",
+"tokens_per_s"}` plus a few keys that say what was measured.
+
+- weight bytes: the bytes of every tensor in the model's checkpoint, each stored tensor once:
+  the tied embedding / lm_head counts once on both sides (bf16 on both: it is not quantized),
+  so do norms and biases; the NVFP4 side counts packed values, FP8 group scales and FP32
+  global scales.
+- peak RSS: the peak resident set (VmHWM) of a fresh subprocess per variant that imports the
+  stack, loads the model, wraps it in LoRA (r=16, all linear layers) and runs a few AdamW steps forward and
+  backward, with `MALLOC_MMAP_THRESHOLD_=65536` so that freed large blocks go back to the OS.
+  It includes the interpreter and libraries (`rss_after_imports` says how much).
+- tokens_per_s: LoRA training tokens per second on the NVFP4 base (after one warm-up step).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# ~20.5M parameters: 7 blocks of 512 wide, 8 heads (2 KV heads), MLP 1536, tied embedding
+MODEL_SIZES = dict(hidden_size=512, num_layers=7, num_heads=8, num_kv_heads=2, intermediate_size=1536)
+
+
+def checkpoint_bytes(model_dir: Path) -> int:
+    """Bytes of all tensors stored in the folder's safetensors files (a tied tensor is stored once)."""
+    from safetensors.torch import load_file
+
+    return sum(t.numel() * t.element_size() for path in model_dir.glob("*.safetensors") for t in load_file(path).values())
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set (VmHWM, Linux).
+
+    Not `ru_maxrss`: Linux carries that across fork + exec, so a child would report its
+    parent's peak.
+    """
+    status = Path("/proc/self/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1]) * 1024
+
+
+def train_in_this_process(variant: str, model_dir: str, dtype_name: str, steps: int, batch: int, seq_len: int) -> dict:
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.quant import load_quantized_model, prepare_lora_config
+
+    rss_after_imports = peak_rss_bytes()
+    dtype = getattr(torch, dtype_name)
+    torch.manual_seed(0)
+    if variant == "nvfp4":
+        model = load_quantized_model(model_dir, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    config = prepare_lora_config(LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"), model)
+    model = get_peft_model(model, config)
+    model.train()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    ids = torch.randint(4, model.config.vocab_size, (batch, seq_len))
+
+    def step():
+        loss = model(input_ids=ids, labels=ids).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    step()  # warm-up: first-call allocations and kernel selection
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    elapsed = time.perf_counter() - start
+    return {
+        "peak_rss": peak_rss_bytes(),
+        "rss_after_imports": rss_after_imports,
+        "tokens_per_s": steps * batch * seq_len / elapsed,
+    }
+
+
+def run_variant(variant: str, model_dir: Path, args) -> dict:
+    command = [
+        sys.executable, __file__, "--child", variant, str(model_dir), "--dtype", args.dtype,
+        "--steps", str(args.steps), "--batch", str(args.batch), "--seq-len", str(args.seq_len),
+    ]  # fmt: skip
+    # glibc otherwise keeps freed large blocks (the per-layer dequantized weights, activations)
+    # in its heap once its adaptive mmap threshold has grown, and RSS then measures the
+    # allocator's history, not live memory; the same fixed threshold applies to both variants
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    result = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+    if result.returncode != 0:
+        raise RuntimeError(f"{variant} run failed:\n{result.stderr[-4000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, help="JSON file to write")
+    parser.add_argument("--dtype", default="bfloat16", help="compute dtype of both variants")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--seq-len", type=int, default=64)
+    parser.add_argument("--child", nargs=2, metavar=("VARIANT", "MODEL_DIR"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(train_in_this_process(*args.child, args.dtype, args.steps, args.batch, args.seq_len)))
+        return
+    if args.out is None:
+        parser.error("--out is required")
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.models.tiny import build_tiny_model
+    from rlvr.quant import quantize_checkpoint
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        float_dir = build_tiny_model(tmp / "fp32", "qwen2", **MODEL_SIZES)
+        # the bf16 baseline is stored in bf16, so that loading it touches bf16 bytes only
+        model = AutoModelForCausalLM.from_pretrained(float_dir, dtype=torch.bfloat16)
+        parameters = sum(p.numel() for p in model.parameters())
+        bf16_dir = tmp / "bf16"
+        model.save_pretrained(bf16_dir)
+        for path in float_dir.iterdir():
+            if path.name.startswith(("tokenizer", "chat_template", "special_tokens")):
+                (bf16_dir / path.name).write_bytes(path.read_bytes())
+        del model
+        nvfp4_dir = quantize_checkpoint(bf16_dir, tmp / "nvfp4")
+
+        bf16_bytes, nvfp4_bytes = checkpoint_bytes(bf16_dir), checkpoint_bytes(nvfp4_dir)
+        bf16_run, nvfp4_run = run_variant("bf16", bf16_dir, args), run_variant("nvfp4", nvfp4_dir, args)
+
+    report = {
+        "bf16_weight_bytes": bf16_bytes,
+        "nvfp4_weight_bytes": nvfp4_bytes,
+        "ratio": nvfp4_bytes / bf16_bytes,
+        "peak_rss_bf16": bf16_run["peak_rss"],
+        "peak_rss_nvfp4": nvfp4_run["peak_rss"],
+        "tokens_per_s": nvfp4_run["tokens_per_s"],
+        "tokens_per_s_bf16": bf16_run["tokens_per_s"],
+        "rss_after_imports": min(bf16_run["rss_after_imports"], nvfp4_run["rss_after_imports"]),
+        "parameters": parameters,
+        "compute_dtype": args.dtype,
+        "train_shape": {"steps": args.steps, "batch": args.batch, "seq_len": args.seq_len, "lora_rank": 16},
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
