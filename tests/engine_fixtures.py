@@ -1,0 +1,62 @@
+"""Models and reference computations shared by the engine tests (imported, not a conftest)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from rlvr.models.tiny import build_tiny_model
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# Random tiny models give near-uniform next-token distributions, where greedy decoding flips
+# on rounding noise. Scaling the (tied) embedding scales the logits: peaked distributions
+# with wide margins between the first and second choice.
+LOGIT_SCALE = 3.0
+
+
+def build_peaked_model(out_dir: Path, seed: int = 0) -> Path:
+    path = build_tiny_model(out_dir, "qwen2", seed=seed, hidden_size=128, num_layers=2, intermediate_size=256)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(LOGIT_SCALE)
+    model.save_pretrained(path)
+    return path
+
+
+def random_lora(model, seed: int, rank: int = 8):
+    """A PEFT model around `model` whose adapter visibly changes the output (B is not zero)."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=LORA_TARGETS)
+    peft_model = get_peft_model(model, config)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.2)
+    return peft_model.eval(), config
+
+
+@torch.no_grad()
+def reference_logprobs(model, sequences: list[list[int]], prompt_lens: list[int], temperature: float = 1.0):
+    """transformers' logprobs of each sequence's completion tokens, at `temperature`."""
+    out = []
+    for seq, start in zip(sequences, prompt_lens, strict=True):
+        logits = model(torch.tensor([seq])).logits[0, start - 1 : len(seq) - 1] / temperature
+        lp = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(seq[start:]).unsqueeze(-1))
+        out.append(lp.squeeze(-1).tolist())
+    return out
+
+
+@torch.no_grad()
+def reference_greedy(model, prompt: list[int], max_tokens: int, eos: int) -> list[int]:
+    ids = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False, eos_token_id=eos,
+                         pad_token_id=0)
+    return ids[0, len(prompt):].tolist()
+
+
+def mean_abs_gap(a: list[list[float]], b: list[list[float]]) -> float:
+    pairs = [(x, y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)]
+    return sum(abs(x - y) for x, y in pairs) / len(pairs)

@@ -1,0 +1,102 @@
+"""The transformers engine: same interface and logprob convention as vLLM, fast to run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from peft import get_peft_model_state_dict
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from engine_fixtures import build_peaked_model, mean_abs_gap, random_lora, reference_greedy, reference_logprobs
+from rlvr.engines import make_engine
+from rlvr.engines.sync_check import SyncCheck
+from rlvr.records import LoraAdapter, Sampling
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_peaked_model(tmp_path_factory.mktemp("hf-engine") / "model")
+
+
+@pytest.fixture
+def engine(model_dir):
+    # vLLM-only options are accepted and dropped, so one config drives both backends
+    with make_engine("hf", str(model_dir), batch_size=4, enable_lora=True, kv_cache_gb=1) as e:
+        yield e
+
+
+@pytest.fixture(scope="module")
+def prompts(model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return [tokenizer.encode(text) for text in ("abc", "hello world", "12+7=")]
+
+
+def hf_model(model_dir):
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def test_rollouts_ordered_and_sized(engine, prompts):
+    rollouts = engine.generate(prompts, 3, Sampling(temperature=1.0, max_tokens=6, seed=0))
+    assert [r.prompt_index for r in rollouts] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    for r in rollouts:
+        assert len(r.completion_ids) == len(r.logprobs) <= 6
+        assert r.finish_reason == ("length" if len(r.completion_ids) == 6 else "stop")
+
+
+def test_seed_reproduces(engine, prompts):
+    sampling = Sampling(temperature=1.0, max_tokens=8, seed=5)
+    assert [r.completion_ids for r in engine.generate(prompts, 2, sampling)] == [
+        r.completion_ids for r in engine.generate(prompts, 2, sampling)
+    ]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampler_logprobs_match_a_forward_pass(engine, prompts, model_dir, temperature):
+    rollouts = engine.generate(prompts, 2, Sampling(temperature=temperature, max_tokens=10, seed=1))
+    sequences = [r.prompt_ids + r.completion_ids for r in rollouts]
+    lens = [len(r.prompt_ids) for r in rollouts]
+    assert mean_abs_gap([r.logprobs for r in rollouts], reference_logprobs(hf_model(model_dir), sequences, lens, temperature)) <= 1e-3
+    assert mean_abs_gap(engine.score(sequences, lens), reference_logprobs(hf_model(model_dir), sequences, lens)) <= 1e-4
+
+
+def test_per_prompt_max_tokens(engine, prompts):
+    samplings = [Sampling(temperature=1.0, max_tokens=m, seed=2) for m in (2, 5, 9)]
+    rollouts = engine.generate(prompts, 1, samplings, ignore_eos=True)
+    assert [len(r.completion_ids) for r in rollouts] == [2, 5, 9]
+
+
+def test_stop_string_kept_in_text(engine, prompts):
+    sampled = engine.generate(prompts, 4, Sampling(temperature=1.0, max_tokens=20, seed=3))
+    stop = next(r.text[2] for r in sampled if len(r.text) > 2)
+    stopped = [r for r in engine.generate(prompts, 4, Sampling(temperature=1.0, max_tokens=20, seed=3, stop=(stop,)))
+               if stop in r.text]
+    assert stopped and all(r.text.endswith(stop) and r.finish_reason == "stop" for r in stopped)
+
+
+def test_update_lora_matches_peft_and_sync_check_catches_a_stale_engine(engine, prompts, model_dir):
+    peft_model, config = random_lora(hf_model(model_dir), seed=21)
+    eos = AutoTokenizer.from_pretrained(model_dir).eos_token_id
+    engine.update_lora(LoraAdapter(get_peft_model_state_dict(peft_model), config.to_dict(), 0))
+    greedy = [r.completion_ids for r in engine.generate(prompts, 1, Sampling(temperature=0.0, max_tokens=12))]
+    assert greedy == [reference_greedy(peft_model, p, 12, eos) for p in prompts]
+    probe = list(zip(prompts, greedy))
+    check = SyncCheck(0.05)
+    assert check.measure(engine, lambda s, n: reference_logprobs(peft_model, s, n), probe, step=1) <= 1e-4
+    with pytest.raises(RuntimeError, match=r"sync/logprob_gap=.* > 0.05 after step 2: the engine did not receive"):
+        check.measure(engine, lambda s, n: reference_logprobs(hf_model(model_dir), s, n), probe, step=2)
+
+
+def test_update_weights(prompts, model_dir, tmp_path):
+    other = hf_model(build_peaked_model(tmp_path / "other", seed=1))
+    eos = AutoTokenizer.from_pretrained(model_dir).eos_token_id
+    with make_engine("hf", str(model_dir)) as engine:
+        engine.update_weights(other.state_dict().items())
+        greedy = [r.completion_ids for r in engine.generate(prompts, 1, Sampling(temperature=0.0, max_tokens=12))]
+    assert greedy == [reference_greedy(other, p, 12, eos) for p in prompts]
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.generate(prompts, 1, Sampling())
+
+
+def test_unknown_backend():
+    with pytest.raises(ValueError, match="unknown engine backend 'sglang'"):
+        make_engine("sglang", "model")
