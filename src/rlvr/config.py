@@ -59,6 +59,7 @@ class WarmStartSpec(Section):
 class DemoSpec(Section):
     """What `rlvr demo` builds when missing: the tiny model, the task, the warm start."""
 
+    base_format: Literal["hf", "nvfp4"] = Field("nvfp4", description="nvfp4: quantize the warm-started model")
     model: TinyModelSpec = TinyModelSpec()
     task: SyntheticTaskSpec = SyntheticTaskSpec()
     warm_start: WarmStartSpec = WarmStartSpec()

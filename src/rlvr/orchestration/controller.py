@@ -143,6 +143,7 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print) -> dic
         sync(step=start)
         summary["engine"] = engine.name
         summary["trainer_ranks"] = trainer.world_size
+        summary["base_format"] = trainer.base_format
         summary["lora_rank"] = int(last_adapter.config["r"]) if last_adapter is not None else None
         if resume_from is None:
             summary["eval_before"] = _headline(run_eval(0, "before"), cfg)
@@ -252,11 +253,27 @@ def _make_trainer(cfg: RunConfig):
     return Trainer(spec, ranks=t.ranks, micro_batch_tokens=t.micro_batch_tokens)
 
 
+def engine_model_path(model_path: str) -> str:
+    """What the engine loads. An NVFP4 checkpoint runs natively where vLLM has NVFP4 kernels
+    (CUDA); elsewhere the engine gets the dequantized values, written once beside it, which
+    are exactly the numbers the trainer's packed layers compute with."""
+    import torch
+
+    from rlvr.quant.checkpoint import is_quantized_checkpoint, write_dequantized_checkpoint
+
+    if not is_quantized_checkpoint(model_path) or torch.cuda.is_available():
+        return model_path
+    view = Path(str(model_path).rstrip("/") + ".dequantized")
+    if not (view / "model.safetensors").is_file():  # written last
+        write_dequantized_checkpoint(model_path, view)
+    return str(view)
+
+
 def _make_engine(cfg: RunConfig, make_engine):
     e = cfg.engine
     return make_engine(
         e.backend,
-        cfg.model.path,
+        engine_model_path(cfg.model.path),
         dtype=cfg.model.dtype,
         max_model_len=e.max_model_len,
         enable_lora=cfg.trainer.lora is not None,

@@ -206,6 +206,12 @@ def quantize_checkpoint(
 # --------------------------------------------------------------------------- reading
 
 
+def is_quantized_checkpoint(model_dir: str | Path) -> bool:
+    """Whether config.json declares a quantization_config (then read_quantization_config checks it)."""
+    config_path = Path(model_dir) / "config.json"
+    return config_path.is_file() and bool(json.loads(config_path.read_text()).get("quantization_config"))
+
+
 def read_quantization_config(model_dir: str | Path) -> dict:
     """The checkpoint's `quantization_config`, checked to be NVFP4 as this module reads it."""
     config_path = Path(model_dir) / "config.json"

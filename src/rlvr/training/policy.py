@@ -65,9 +65,22 @@ def decoder_blocks(model: nn.Module) -> list[nn.Module]:
     return list(max(lists, key=len))
 
 
+def load_base(model_path: str, dtype: torch.dtype) -> tuple[nn.Module, str]:
+    """The base model and its format: an NVFP4 checkpoint stays packed ("nvfp4"), else "hf"."""
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.quant.checkpoint import is_quantized_checkpoint, load_quantized_model
+
+    if is_quantized_checkpoint(model_path):
+        return load_quantized_model(model_path, dtype=dtype), "nvfp4"
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype), "hf"
+
+
 def apply_lora(model: nn.Module, rank: int, alpha: float, dropout: float, target_modules) -> nn.Module:
-    """peft LoRA on the frozen base; only the adapter trains."""
+    """peft LoRA on the frozen base (packed NVFP4 layers included); only the adapter trains."""
     from peft import LoraConfig, get_peft_model
+
+    from rlvr.quant import prepare_lora_config, quantized_linear_names
 
     config = LoraConfig(
         r=rank,
@@ -77,6 +90,8 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, dropout: float, target
         bias="none",
         task_type="CAUSAL_LM",
     )
+    if quantized_linear_names(model):
+        prepare_lora_config(config, model)
     return get_peft_model(model, config)
 
 

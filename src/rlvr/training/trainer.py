@@ -45,6 +45,7 @@ class Trainer:
         info = self._gather(timeout_s=start_timeout_s)
         self.trainable_params = info[0]["trainable_params"]
         self.total_params = info[0]["total_params"]
+        self.base_format = info[0]["base_format"]  # what the ranks loaded: "nvfp4" or "hf"
 
     # ------------------------------------------------------------------ commands
 

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from rlvr.training.packing import MicroBatch, unpack
-from rlvr.training.policy import TokenLogprobs, apply_lora, shard
+from rlvr.training.policy import TokenLogprobs, apply_lora, load_base, shard
 
 
 @dataclass
@@ -60,7 +60,8 @@ def run_rank(rank: int, world_size: int, port: int, spec: RankSpec, conn) -> Non
     dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world_size)
     try:
         worker = _Rank(rank, world_size, spec, use_cuda)
-        conn.send(("ok", {"trainable_params": worker.trainable_params, "total_params": worker.total_params}))
+        info = {"trainable_params": worker.trainable_params, "total_params": worker.total_params}
+        conn.send(("ok", info | {"base_format": worker.base_format}))
         while True:
             command, payload = conn.recv()
             if command == "close":
@@ -80,13 +81,12 @@ def run_rank(rank: int, world_size: int, port: int, spec: RankSpec, conn) -> Non
 class _Rank:
     def __init__(self, rank: int, world_size: int, spec: RankSpec, use_cuda: bool):
         from torch.distributed.device_mesh import init_device_mesh
-        from transformers import AutoModelForCausalLM
 
         self.rank, self.world_size, self.spec = rank, world_size, spec
         self.device = torch.device("cuda", rank % torch.cuda.device_count()) if use_cuda else torch.device("cpu")
         dtype = getattr(torch, spec.dtype)
         torch.manual_seed(spec.seed)
-        lm = AutoModelForCausalLM.from_pretrained(spec.model_path, dtype=dtype)
+        lm, self.base_format = load_base(spec.model_path, dtype)
         if spec.gradient_checkpointing:
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if spec.lora:
@@ -168,7 +168,7 @@ class _Rank:
             tokens = mask.sum().item()
             sampler = _padded([torch.tensor(step.sampler_logprobs[i]) for i in mb.sequences])
             gap = ((lp.detach() - sampler).abs() * mask).sum().item()
-            self._accumulate(sums, "loss", float(loss) * weight / denominator)
+            self._accumulate(sums, "loss", loss.item() * weight / denominator)
             self._accumulate(sums, "tokens", tokens)
             self._accumulate(sums, "entropy_sum", float((_padded(unpack(entropy, mb)) * mask).sum()))
             self._accumulate(sums, "sampler_gap_sum", gap)
