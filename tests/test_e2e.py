@@ -43,3 +43,30 @@ def test_demo_pipeline_runs_two_steps_and_writes_its_records(tmp_path):
     assert (run / "report.html").is_file()
     samples = (run / "eval" / "after.jsonl").read_text().splitlines()
     assert len(samples) == 4 * 8
+
+
+@pytest.mark.slow
+def test_rlvr_eval_on_a_builtin_set_through_the_real_engine(tmp_path):
+    from rlvr.models.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "m", "qwen2", hidden_size=64, num_layers=2, intermediate_size=128)
+    out = tmp_path / "gsm8k.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", "eval", str(model), "--dataset", "gsm8k", "--limit", "3", "--n", "4",
+         "--k", "1,4", "--max-tokens", "16", "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["n_problems"] == 3
+    for key in ("avg@1", "pass@1", "maj@1", "avg@4", "pass@4", "maj@4"):
+        assert 0.0 <= result[key] <= 1.0 and key in result["stderr"]
+    rows = [json.loads(line) for line in out.with_suffix(".samples.jsonl").read_text().splitlines()]
+    assert len(rows) == 12 and {"problem_id", "sample", "response", "extracted", "reward", "status"} <= set(rows[0])
+    # the saved rows re-score to the same numbers
+    again = subprocess.run([sys.executable, "-m", "rlvr.cli", "eval", "--from-rollouts",
+                            str(out.with_suffix(".samples.jsonl")), "--k", "1,4", "--out", str(tmp_path / "re.json")],
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    rescored = json.loads((tmp_path / "re.json").read_text())
+    assert {k: rescored[k] for k in ("avg@4", "pass@4", "maj@4")} == {k: result[k] for k in ("avg@4", "pass@4", "maj@4")}

@@ -94,6 +94,7 @@ class EngineConfig(Section):
     max_model_len: int = Field(512, gt=0)
     enable_prefix_caching: bool = True
     enforce_eager: bool = True
+    num_threads: int | None = Field(None, gt=0, description="CPU threads for generation (default: the engine's)")
     sync_check_threshold: float = Field(0.05, gt=0, description="max sync/logprob_gap before the run stops")
 
 

@@ -282,6 +282,7 @@ def _make_engine(cfg: RunConfig, make_engine):
         kv_cache_gb=e.kv_cache_gb,
         enable_prefix_caching=e.enable_prefix_caching,
         enforce_eager=e.enforce_eager,
+        num_threads=e.num_threads,
         seed=cfg.seed,
     )
 
