@@ -13,7 +13,7 @@ import json
 import random
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -97,7 +97,7 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print) -> dic
             )
         )
         logger = stack.enter_context(MetricsLogger(run_dir, cfg.tracking.backends, config=cfg.model_dump(mode="json")))
-        probe = _sync_probe(train_set, cfg)
+        probe = _sync_probe(train_set, tokenizer)
         sync_check = SyncCheck(cfg.engine.sync_check_threshold)
 
         last_adapter = None
@@ -156,7 +156,7 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print) -> dic
                 rollouts = engine.generate(
                     [train_set.prompts[i] for i in chosen],
                     cfg.rollout.samples_per_prompt,
-                    _seeded(sampling, cfg.seed * 100_003 + step),
+                    replace(sampling, seed=cfg.seed * 100_003 + step),
                 )
             with timer("score"):
                 answers = [train_set.problems[chosen[r.prompt_index]].answer for r in rollouts]
@@ -287,11 +287,8 @@ def _make_engine(cfg: RunConfig, make_engine):
     )
 
 
-def _sync_probe(train_set: PromptSet, cfg: RunConfig) -> list[tuple[list[int], list[int]]]:
+def _sync_probe(train_set: PromptSet, tokenizer) -> list[tuple[list[int], list[int]]]:
     """A fixed probe: the first prompts with a fixed completion (their reference answers)."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     probe = []
     for problem, prompt in list(zip(train_set.problems, train_set.prompts))[:4]:
         completion = tokenizer(f"\\boxed{{{problem.answer}}}", add_special_tokens=False).input_ids
@@ -320,8 +317,3 @@ def _headline(result: dict, cfg: RunConfig) -> dict[str, float]:
     keys = [f"{m}@{k}" for k in cfg.eval.k for m in ("avg", "pass", "maj")]
     return {k: round(float(result[k]), 4) for k in keys if k in result}
 
-
-def _seeded(sampling: Sampling, seed: int) -> Sampling:
-    from dataclasses import replace
-
-    return replace(sampling, seed=seed)

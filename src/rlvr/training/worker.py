@@ -127,7 +127,7 @@ class _Rank:
         return out
 
     def train(self, step: StepInput) -> dict[str, float]:
-        from rlvr.algorithms import kl_penalty, policy_loss
+        from rlvr.algorithms import aggregate, kl_penalty, policy_loss
 
         algo = self.spec.algorithm
         per_token = algo.get("agg", "token_mean") == "token_mean"
@@ -155,8 +155,6 @@ class _Rank:
                 max_len=step.max_len,
             )
             if algo.get("kl") and algo.get("kl_coef", 0.0) > 0:
-                from rlvr.algorithms import aggregate
-
                 ref = self._reference_logprobs(mb, step.temperature)
                 kl = aggregate(kl_penalty(algo["kl"], lp, ref), mask, algo.get("agg", "token_mean"), step.max_len)
                 loss = loss + algo["kl_coef"] * kl
