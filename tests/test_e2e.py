@@ -44,6 +44,15 @@ def test_demo_pipeline_runs_two_steps_and_writes_its_records(tmp_path):
     samples = (run / "eval" / "after.jsonl").read_text().splitlines()
     assert len(samples) == 4 * 8
 
+    # `rlvr eval --run` serves the run's last adapter on its base, with the run's test set and
+    # sampling settings: seeded, it reproduces the run's own final evaluation
+    again = subprocess.run([sys.executable, "-m", "rlvr.cli", "eval", "--run", str(run), "--limit", "4", "--n", "8",
+                            "--k", "1,8", "--kv-cache-gb", "1", "--out", str(tmp_path / "again.json")],
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    result = json.loads((tmp_path / "again.json").read_text())
+    assert {k: round(result[k], 4) for k in summary["eval_after"]} == summary["eval_after"]
+
 
 @pytest.mark.slow
 def test_rlvr_eval_on_a_builtin_set_through_the_real_engine(tmp_path):

@@ -1,4 +1,4 @@
-"""`rlvr` command line: train, demo, eval, score (and, as they land, quantize, export, report)."""
+"""`rlvr` command line: train, demo, eval, score, quantize, export, report."""
 
 from __future__ import annotations
 
@@ -83,11 +83,14 @@ def eval_command(
     model: Optional[str] = typer.Argument(None, help="HF model folder to sample from"),
     dataset: Optional[str] = typer.Option(None, "--dataset", help="built-in set name or a .jsonl/.json/.parquet file"),
     adapter: Optional[Path] = typer.Option(None, "--adapter", help="a PEFT LoRA adapter folder to serve on top"),
+    run: Optional[Path] = typer.Option(
+        None, "--run", help="a run folder: its base model and its newest intact checkpoint's adapter"
+    ),
     n: int = typer.Option(8, "--n", help="samples per problem"),
     k: str = typer.Option("1,8", "--k", help="comma-separated k values"),
     temperature: float = typer.Option(1.0, "--temperature"),
-    max_tokens: int = typer.Option(1024, "--max-tokens"),
-    template: str = typer.Option("boxed", "--template", help="prompt template name"),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="default 1024, or the run's rollout length"),
+    template: Optional[str] = typer.Option(None, "--template", help="prompt template name (default boxed, or the run's)"),
     verifier: Optional[str] = typer.Option(None, "--verifier", help="default: the set's own (aime, gsm8k, math)"),
     limit: Optional[int] = typer.Option(None, "--limit", help="only the first N problems"),
     backend: str = typer.Option("vllm", "--backend", help="vllm | hf"),
@@ -104,14 +107,28 @@ def eval_command(
 
             result = metrics_from_rollouts(from_rollouts, ks)
         else:
+            if run is not None:  # the run's model, adapter, test set, template and length unless given
+                from rlvr.checkpoint.export import export_run, run_config_and_adapter
+                from rlvr.orchestration.controller import engine_model_path
+
+                if model is not None or adapter is not None:
+                    raise ValueError("give either --run RUN_DIR or MODEL [--adapter DIR], not both")
+                run_cfg, adapter = run_config_and_adapter(run)
+                # full fine-tuning has no adapter: evaluate its trained weights, exported
+                model = engine_model_path(run_cfg.model.path) if adapter else str(export_run(run, run / "exported"))
+                dataset = dataset or run_cfg.data.test
+                template = template or run_cfg.data.template
+                max_tokens = max_tokens or run_cfg.rollout.sampling.max_tokens
+                verifier = verifier or run_cfg.reward.verifier
+                console.print(f"run {run}: model {model}, adapter {adapter or '(none: full fine-tuning)'}")
             if model is None or dataset is None:
-                raise ValueError("give MODEL and --dataset (or --from-rollouts FILE)")
+                raise ValueError("give MODEL (or --run RUN_DIR) and --dataset (or --from-rollouts FILE)")
             from rlvr.eval.sample import evaluate_model
 
             samples = (out.with_suffix(".samples.jsonl") if out else Path("eval_samples.jsonl"))
             result = evaluate_model(
-                model, dataset, adapter=adapter, n=n, ks=ks, temperature=temperature, max_tokens=max_tokens,
-                template=template, verifier=verifier, limit=limit, backend=backend, kv_cache_gb=kv_cache_gb, seed=seed,
+                model, dataset, adapter=adapter, n=n, ks=ks, temperature=temperature, max_tokens=max_tokens or 1024,
+                template=template or "boxed", verifier=verifier, limit=limit, backend=backend, kv_cache_gb=kv_cache_gb, seed=seed,
                 samples_path=samples,
             )
             console.print(f"samples: {samples}")
@@ -124,6 +141,41 @@ def eval_command(
         out.write_text(json.dumps(headline | {"problems": result.get("problems", [])}, indent=2, allow_nan=False))
         console.print(f"wrote {out}")
     console.print_json(json.dumps(headline, allow_nan=False))
+
+
+@app.command()
+def quantize(
+    model: Path = typer.Argument(..., help="HF causal LM folder"),
+    out: Path = typer.Argument(..., help="output folder"),
+    format: str = typer.Option("nvfp4", "--format", help="nvfp4 (compressed-tensors nvfp4-pack-quantized)"),
+    ignore: str = typer.Option("lm_head", "--ignore", help="comma-separated Linear names kept in float"),
+):
+    """Write MODEL as a 4-bit checkpoint that vLLM and rlvr's trainer load."""
+    from rlvr.quant.checkpoint import quantize_checkpoint
+
+    try:
+        path = quantize_checkpoint(model, out, format=format, ignore=[x for x in ignore.split(",") if x])
+    except (ValueError, OSError) as err:
+        console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    console.print(f"wrote {path} ({format})")
+
+
+@app.command()
+def export(
+    run_dir: Path = typer.Argument(..., help="a run folder"),
+    out: Path = typer.Argument(..., help="output folder: a plain HF model"),
+    checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="step_N or a folder; default the newest intact"),
+):
+    """Merge the run's adapter into its (dequantized) base and write an HF model folder."""
+    from rlvr.checkpoint.export import export_run
+
+    try:
+        path = export_run(run_dir, out, checkpoint)
+    except (ValueError, OSError) as err:
+        console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    console.print(f"wrote {path}")
 
 
 @app.command()
