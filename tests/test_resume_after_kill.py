@@ -1,0 +1,95 @@
+"""kill -9 at a random moment, `rlvr train --resume latest`, and the run's metrics are the same
+line for line as those of a run never interrupted (real vLLM, 2 FSDP2 ranks, LoRA on NVFP4).
+
+The kill goes to the whole process group (controller, trainer ranks, scoring workers), as
+when a node dies. Conditions for bit-identity: the same machine and thread count, seeded
+sampling (each step's seed is derived from the run seed and the step), float32.
+"""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+from rich.console import Console
+
+from rlvr.config import load_config
+from rlvr.demo import ensure_demo_assets
+
+STEPS = 4
+TIMING = ("time/", "throughput/")
+
+
+def _comparable(path):
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return [{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in rows]
+
+
+def _train(config, *extra, **popen):
+    cmd = [sys.executable, "-m", "rlvr.cli", "train", str(config), *extra]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            **popen)
+
+
+@pytest.fixture(scope="module")
+def setting(tmp_path_factory):
+    root = tmp_path_factory.mktemp("resume")
+    cfg = yaml.safe_load(open("configs/demo.yaml"))
+    cfg.update(steps=STEPS)
+    cfg["model"]["path"] = str(root / "assets" / "model")
+    cfg["data"].update(train=str(root / "assets/task/train.jsonl"), test=str(root / "assets/task/test.jsonl"))
+    cfg["rollout"]["prompts_per_step"] = 4
+    cfg["eval"].update(every=2, n=2, k=[1, 2], max_problems=4)
+    cfg["checkpoint"] = {"every": 1, "keep": 2}
+    cfg["demo"]["warm_start"].update(steps=20)
+    cfg["demo"]["task"].update(train_size=64, test_size=8)
+    cfg["tracking"] = {"progress": False}
+
+    def config(run_dir):
+        path = root / f"{run_dir.name}.yaml"
+        path.write_text(yaml.safe_dump(cfg | {"run_dir": str(run_dir)}))
+        return path
+
+    reference = root / "reference"
+    ensure_demo_assets(load_config(config(reference)), Console(quiet=True))
+    done = _train(config(reference))
+    out, _ = done.communicate(timeout=900)
+    assert done.returncode == 0, out[-3000:]
+    return config, _comparable(reference / "metrics.jsonl"), root
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_sigkill_then_resume_gives_the_uninterrupted_metrics(setting, seed):
+    config, expected, root = setting
+    rng = random.Random(seed)
+    run_dir = root / f"killed{seed}"
+    path = config(run_dir)
+    # kill after the first checkpoint exists, at a random step and a random moment within it
+    kill_after = rng.randint(1, STEPS - 1)
+    victim = _train(path)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + 600
+    while time.time() < deadline and victim.poll() is None:
+        steps_done = sum('"reward/mean"' in line for line in metrics.read_text().splitlines()) if metrics.exists() else 0
+        if steps_done >= kill_after:
+            break
+        time.sleep(0.2)
+    time.sleep(rng.uniform(0.0, 4.0))
+    assert victim.poll() is None, "the run ended before it could be killed"
+    os.killpg(victim.pid, signal.SIGKILL)
+    victim.communicate(timeout=60)
+
+    resumed = _train(path, "--resume", "latest")
+    out, _ = resumed.communicate(timeout=900)
+    assert resumed.returncode == 0, out[-3000:]
+    assert "resuming from" in out
+    assert _comparable(metrics) == expected
+    summary = json.loads((run_dir / "summary.json").read_text())
+    reference = json.loads((root / "reference" / "summary.json").read_text())
+    assert summary["eval_before"] == reference["eval_before"] and summary["eval_after"] == reference["eval_after"]
