@@ -1,4 +1,4 @@
-"""kill -9 at a random moment, `rlvr train --resume latest`, and the run's metrics are the same
+"""kill -9 (or SIGTERM) at a random moment, `rlvr train --resume latest`, and the run's metrics are the same
 line for line as those of a run never interrupted (real vLLM, 2 FSDP2 ranks, LoRA on NVFP4).
 
 The kill goes to the whole process group (controller, trainer ranks, scoring workers), as
@@ -93,3 +93,29 @@ def test_sigkill_then_resume_gives_the_uninterrupted_metrics(setting, seed):
     summary = json.loads((run_dir / "summary.json").read_text())
     reference = json.loads((root / "reference" / "summary.json").read_text())
     assert summary["eval_before"] == reference["eval_before"] and summary["eval_after"] == reference["eval_after"]
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_the_step_checkpoints_exits_0_and_resumes_to_the_same_metrics(setting):
+    config, expected, root = setting
+    run_dir = root / "terminated"
+    path = config(run_dir)
+    victim = _train(path)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.time() + 600
+    while time.time() < deadline and victim.poll() is None:
+        if metrics.exists() and '"reward/mean"' in metrics.read_text():
+            break
+        time.sleep(0.2)
+    os.kill(victim.pid, signal.SIGTERM)  # the controller only, as a scheduler's preemption notice
+    out, _ = victim.communicate(timeout=300)
+    assert victim.returncode == 0, out[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    stopped = summary["stopped_after_step"]
+    assert 1 <= stopped < STEPS and f"SIGTERM: stopped after step {stopped}" in out
+    assert (run_dir / "checkpoints" / f"step_{stopped:06d}" / "manifest.json").is_file()
+
+    resumed = _train(path, "--resume", "latest")
+    out, _ = resumed.communicate(timeout=900)
+    assert resumed.returncode == 0, out[-3000:]
+    assert _comparable(metrics) == expected

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -149,6 +150,7 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print) -> dic
             summary["eval_before"] = _headline(run_eval(0, "before"), cfg)
             logger.log(0, {f"eval/{k}": v for k, v in summary["eval_before"].items()} | timer.pop_metrics())
 
+        stop_signal = stack.enter_context(_stop_requests())
         for step in range(start + 1, cfg.steps + 1):
             step_start = time.perf_counter()
             chosen = sampler.take(cfg.rollout.prompts_per_step)
@@ -189,16 +191,21 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print) -> dic
             }
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.steps:
                 metrics |= {f"eval/{k}": v for k, v in _headline(run_eval(step, f"step{step}"), cfg).items()}
-            if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or step == cfg.steps:
+            stopping = bool(stop_signal) and step < cfg.steps
+            if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or step == cfg.steps or stopping:
                 checkpoint(step)
             step_seconds = time.perf_counter() - step_start
             metrics |= timer.pop_metrics() | {"time/step": step_seconds, "throughput/tokens_per_s": generated / step_seconds}
             logger.log(step, metrics)
             if progress is not None:
                 progress(step, metrics)
-
-        summary["eval_after"] = _headline(run_eval(cfg.steps, "after"), cfg)
-        logger.log(cfg.steps, {f"eval_after/{k}": v for k, v in summary["eval_after"].items()} | timer.pop_metrics())
+            if stopping:
+                log(f"{stop_signal[0]}: stopped after step {step}, checkpoint written; continue with --resume")
+                summary["stopped_after_step"] = step
+                break
+        else:
+            summary["eval_after"] = _headline(run_eval(cfg.steps, "after"), cfg)
+            logger.log(cfg.steps, {f"eval_after/{k}": v for k, v in summary["eval_after"].items()} | timer.pop_metrics())
 
     summary["wall_seconds"] = round(time.time() - started, 1)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -206,6 +213,25 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print) -> dic
 
 
 # ---------------------------------------------------------------------- pieces
+
+
+@contextmanager
+def _stop_requests():
+    """SIGTERM and SIGINT ask the loop to finish the current step, checkpoint and return; the
+    list yielded holds the signal's name once one came. A second Ctrl-C interrupts at once."""
+    requested: list[str] = []
+
+    def on_signal(signum, _frame):
+        if requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        requested.append(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield requested
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def encode_prompt(problem: Problem, tokenizer, data: DataConfig) -> list[int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import traceback
 from dataclasses import dataclass, field
 
@@ -54,6 +55,7 @@ class StepInput:
 
 
 def run_rank(rank: int, world_size: int, port: int, spec: RankSpec, conn) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's: it stops between steps
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(spec.threads)
     use_cuda = torch.cuda.is_available()
