@@ -45,14 +45,14 @@ def setting(tmp_path_factory):
     cfg["data"].update(train=str(root / "assets/task/train.jsonl"), test=str(root / "assets/task/test.jsonl"))
     cfg["rollout"]["prompts_per_step"] = 4
     cfg["eval"].update(every=2, n=2, k=[1, 2], max_problems=4)
-    cfg["checkpoint"] = {"every": 1, "keep": 2}
     cfg["demo"]["warm_start"].update(steps=20)
     cfg["demo"]["task"].update(train_size=64, test_size=8)
     cfg["tracking"] = {"progress": False}
 
-    def config(run_dir):
+    def config(run_dir, checkpoint_every=1):
         path = root / f"{run_dir.name}.yaml"
-        path.write_text(yaml.safe_dump(cfg | {"run_dir": str(run_dir)}))
+        checkpoint = {"every": checkpoint_every, "keep": 2}
+        path.write_text(yaml.safe_dump(cfg | {"run_dir": str(run_dir), "checkpoint": checkpoint}))
         return path
 
     reference = root / "reference"
@@ -99,7 +99,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_metrics(setting, seed):
 def test_sigterm_finishes_the_step_checkpoints_exits_0_and_resumes_to_the_same_metrics(setting):
     config, expected, root = setting
     run_dir = root / "terminated"
-    path = config(run_dir)
+    path = config(run_dir, checkpoint_every=STEPS)  # the stop must write its own checkpoint
     victim = _train(path)
     metrics = run_dir / "metrics.jsonl"
     deadline = time.time() + 600
