@@ -1,4 +1,4 @@
-"""Models and reference computations shared by the engine tests (imported, not a conftest)."""
+"""Models, batches and reference computations shared by the engine and trainer tests (imported, not a conftest)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlvr.models.tiny import build_tiny_model
+from rlvr.records import TrainBatch
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # Random tiny models give near-uniform next-token distributions, where greedy decoding flips
@@ -60,3 +61,17 @@ def reference_greedy(model, prompt: list[int], max_tokens: int, eos: int) -> lis
 def mean_abs_gap(a: list[list[float]], b: list[list[float]]) -> float:
     pairs = [(x, y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)]
     return sum(abs(x - y) for x, y in pairs) / len(pairs)
+
+
+def random_train_batch() -> TrainBatch:
+    """Four fixed random prompt/completion pairs of uneven lengths, two groups, mixed-sign advantages."""
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(4, 200, (n,), generator=g).tolist() for n in (5, 7, 3, 6)]
+    completions = [torch.randint(4, 200, (n,), generator=g).tolist() for n in (4, 2, 6, 3)]
+    return TrainBatch(
+        prompt_ids=prompts,
+        completion_ids=completions,
+        sampler_logprobs=[[-1.0] * len(c) for c in completions],
+        advantages=torch.tensor([1.0, -0.5, 0.25, -0.75]),
+        group=torch.tensor([0, 0, 1, 1]),
+    )

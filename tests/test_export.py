@@ -11,13 +11,13 @@ import sys
 import pytest
 import torch
 import yaml
+from engine_fixtures import random_train_batch, reference_logprobs
 from transformers import AutoModelForCausalLM
 
 from rlvr.checkpoint.peft_files import save_adapter
 from rlvr.checkpoint.store import CheckpointStore
 from rlvr.models.tiny import build_tiny_model
 from rlvr.quant.checkpoint import is_quantized_checkpoint, load_quantized_model
-from rlvr.records import TrainBatch
 from rlvr.training.trainer import Trainer
 from rlvr.training.worker import RankSpec
 
@@ -29,31 +29,13 @@ def _rlvr(*args, timeout=600):
                           timeout=timeout)
 
 
-def _batch():
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(4, 200, (n,), generator=g).tolist() for n in (5, 7, 3, 6)]
-    completions = [torch.randint(4, 200, (n,), generator=g).tolist() for n in (4, 2, 6, 3)]
-    return TrainBatch(prompt_ids=prompts, completion_ids=completions,
-                      sampler_logprobs=[[-1.0] * len(c) for c in completions],
-                      advantages=torch.tensor([1.0, -0.5, 0.25, -0.75]), group=torch.tensor([0, 0, 1, 1]))
-
-
-def _model_logprobs(model, sequences, prompt_lens):
-    out = []
-    with torch.no_grad():
-        for seq, n in zip(sequences, prompt_lens):
-            logp = torch.log_softmax(model(torch.tensor([seq])).logits[0].float(), -1)
-            out.append([logp[n - 1 + j, t].item() for j, t in enumerate(seq[n:])])
-    return out
-
-
 def _train_and_checkpoint(base: str, run_dir, lora):
     """Two trainer steps on 2 ranks, a checkpoint as the controller writes it, and the trainer's logprobs."""
     (run_dir).mkdir(parents=True)
     cfg = {"run_dir": str(run_dir), "model": {"path": base}, "data": {"train": "gsm8k"},
            "trainer": {"lora": None if lora is None else {k: v for k, v in lora.items()}}}
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
-    batch = _batch()
+    batch = random_train_batch()
     sequences = [p + c for p, c in zip(batch.prompt_ids, batch.completion_ids)]
     prompt_lens = [len(p) for p in batch.prompt_ids]
     spec = RankSpec(model_path=base, lr=5e-2, lora=lora, seed=0)
@@ -94,11 +76,11 @@ def test_lora_run_on_an_nvfp4_base_exports_to_a_plain_model_that_computes_what_t
     assert "quantization_config" not in config
     assert not (tmp_path / "exported" / "adapter_config.json").exists()
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "exported", dtype=torch.float32)
-    got = _model_logprobs(exported, sequences, prompt_lens)
+    got = reference_logprobs(exported, sequences, prompt_lens)
     for row_got, row_trained in zip(got, trained):
         assert row_got == pytest.approx(row_trained, abs=1e-5)
     # training moved the policy: the export is not just the base
-    base = _model_logprobs(AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32), sequences, prompt_lens)
+    base = reference_logprobs(AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32), sequences, prompt_lens)
     assert max(abs(a - b) for ra, rb in zip(base, got) for a, b in zip(ra, rb)) > 1e-3
 
 
@@ -109,7 +91,7 @@ def test_full_fine_tuning_run_exports_its_sharded_weights(tiny, tmp_path):
     done = _rlvr("export", run, tmp_path / "exported", "--checkpoint", "step_000002")
     assert done.returncode == 0, done.stdout + done.stderr
     exported = AutoModelForCausalLM.from_pretrained(tmp_path / "exported", dtype=torch.float32)
-    for row_got, row_trained in zip(_model_logprobs(exported, sequences, prompt_lens), trained):
+    for row_got, row_trained in zip(reference_logprobs(exported, sequences, prompt_lens), trained):
         assert row_got == pytest.approx(row_trained, abs=1e-5)
 
 

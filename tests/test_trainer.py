@@ -2,10 +2,10 @@
 
 import pytest
 import torch
+from engine_fixtures import random_train_batch, reference_logprobs
 from transformers import AutoModelForCausalLM
 
 from rlvr.models.tiny import build_tiny_model
-from rlvr.records import TrainBatch
 from rlvr.training.packing import IGNORE, plan
 from rlvr.training.trainer import Trainer, TrainerError
 from rlvr.training.worker import RankSpec
@@ -19,19 +19,6 @@ def tiny(tmp_path_factory):
                                 intermediate_size=128))
 
 
-def _batch():
-    g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(4, 200, (n,), generator=g).tolist() for n in (5, 7, 3, 6)]
-    completions = [torch.randint(4, 200, (n,), generator=g).tolist() for n in (4, 2, 6, 3)]
-    return TrainBatch(
-        prompt_ids=prompts,
-        completion_ids=completions,
-        sampler_logprobs=[[-1.0] * len(c) for c in completions],
-        advantages=torch.tensor([1.0, -0.5, 0.25, -0.75]),
-        group=torch.tensor([0, 0, 1, 1]),
-    )
-
-
 def test_packing_scores_each_completion_token_once_and_balances_ranks():
     seqs = [[1] * 5 + [2] * 3, [1] * 2 + [3] * 6, [1] * 4 + [4]]
     per_rank = plan(seqs, [5, 2, 4], world_size=2, token_budget=9)
@@ -41,25 +28,17 @@ def test_packing_scores_each_completion_token_once_and_balances_ranks():
     assert all(mb.num_tokens <= 9 for rank in per_rank for mb in rank)
 
 
-def _hf_logprobs(path, batch):
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    out = []
-    for p, c in zip(batch.prompt_ids, batch.completion_ids):
-        logp = torch.log_softmax(model(torch.tensor([p + c])).logits[0], -1)
-        out.append([logp[len(p) - 1 + j, t].item() for j, t in enumerate(c)])
-    return out
-
-
 @pytest.mark.slow
 def test_two_ranks_match_one_rank_and_transformers(tiny):
-    batch = _batch()
-    expected = _hf_logprobs(tiny, batch)
+    batch = random_train_batch()
+    sequences = [p + c for p, c in zip(batch.prompt_ids, batch.completion_ids)]
+    prompt_lens = [len(p) for p in batch.prompt_ids]
+    expected = reference_logprobs(AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32), sequences, prompt_lens)
     results = {}
     for ranks in (1, 2):
         spec = RankSpec(model_path=tiny, lr=1e-2, lora=LORA, seed=0)
         with Trainer(spec, ranks=ranks, micro_batch_tokens=12) as trainer:
-            lp = trainer.logprobs([p + c for p, c in zip(batch.prompt_ids, batch.completion_ids)],
-                                      [len(p) for p in batch.prompt_ids])
+            lp = trainer.logprobs(sequences, prompt_lens)
             metrics = trainer.train_step(batch)
             results[ranks] = (lp, metrics, trainer.adapter().tensors)
     for lp in (results[1][0], results[2][0]):

@@ -108,14 +108,14 @@ def eval_command(
             result = metrics_from_rollouts(from_rollouts, ks)
         else:
             if run is not None:  # the run's model, adapter, test set, template and length unless given
-                from rlvr.checkpoint.export import export_run, run_config_and_adapter
+                from rlvr.checkpoint.export import export_run, open_run
                 from rlvr.orchestration.controller import engine_model_path
 
                 if model is not None or adapter is not None:
                     raise ValueError("give either --run RUN_DIR or MODEL [--adapter DIR], not both")
-                run_cfg, adapter = run_config_and_adapter(run)
+                run_cfg, checkpoint, adapter = open_run(run)
                 # full fine-tuning has no adapter: evaluate its trained weights, exported
-                model = engine_model_path(run_cfg.model.path) if adapter else str(export_run(run, run / "exported"))
+                model = engine_model_path(run_cfg.model.path) if adapter else str(export_run(run, run / "exported", checkpoint))
                 dataset = dataset or run_cfg.data.test
                 template = template or run_cfg.data.template
                 max_tokens = max_tokens or run_cfg.rollout.sampling.max_tokens

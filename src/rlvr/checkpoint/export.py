@@ -35,35 +35,33 @@ def resolve_checkpoint(run_dir: str | Path, checkpoint: str | Path | None = None
     return folder
 
 
-def run_config_and_adapter(run_dir: str | Path, checkpoint: str | Path | None = None):
-    """The run's config and its checkpoint's adapter folder (None for full fine-tuning)."""
+def open_run(run_dir: str | Path, checkpoint: str | Path | None = None):
+    """The run's config, its checkpoint folder, and that checkpoint's adapter (None: full fine-tuning)."""
     from rlvr.config import load_config
 
     folder = resolve_checkpoint(run_dir, checkpoint)
     adapter = folder / "adapter"
-    return load_config(Path(run_dir) / "config.yaml"), adapter if adapter.is_dir() else None
+    return load_config(Path(run_dir) / "config.yaml"), folder, adapter if adapter.is_dir() else None
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path, checkpoint: str | Path | None = None) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rlvr.config import load_config
     from rlvr.quant.checkpoint import is_quantized_checkpoint, write_dequantized_checkpoint
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
-    folder = resolve_checkpoint(run_dir, checkpoint)
-    cfg = load_config(run_dir / "config.yaml")
+    cfg, folder, adapter = open_run(run_dir, checkpoint)
     dtype = getattr(torch, cfg.model.dtype)
     with tempfile.TemporaryDirectory(prefix="rlvr-export-") as scratch:
         base = cfg.model.path
         if is_quantized_checkpoint(base):
             base = str(write_dequantized_checkpoint(base, Path(scratch) / "base", dtype))
         model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
-        if (folder / "adapter").is_dir():
+        if adapter is not None:
             from peft import PeftModel
 
-            model = PeftModel.from_pretrained(model, folder / "adapter").merge_and_unload()
+            model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
         else:
             _load_full_weights(model, folder / "trainer" / "dcp", Path(scratch) / "state.pt")
         staging = out_dir.with_name(f".{out_dir.name}.tmp")

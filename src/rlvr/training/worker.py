@@ -220,11 +220,9 @@ class _Rank:
 
         state = self._state()
         dcp.load(state, checkpoint_id=os.path.join(folder, "dcp"))
-        # dcp.load has already failed on any tensor the checkpoint lacks; the frozen base is
-        # not in it by design, so the model's own strict key check would reject every load
         set_state_dict(
             self.policy, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-            options=self._state_options(strict=False),
+            options=self._state_options(),
         )
         extra = torch.load(os.path.join(folder, f"rank{self.rank}.pt"), weights_only=False)
         self.scheduler.load_state_dict(extra["scheduler"])
@@ -237,10 +235,12 @@ class _Rank:
         return {"model": model, "optim": optim}
 
     @staticmethod
-    def _state_options(strict: bool = True):
+    def _state_options():
         from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-        return StateDictOptions(ignore_frozen_params=True, strict=strict)
+        # The frozen base is left out of checkpoints; `strict` (read only when setting) would
+        # reject every load for lacking it, and dcp.load already fails on any saved tensor missing.
+        return StateDictOptions(ignore_frozen_params=True, strict=False)
 
     def lora_config(self, _=None) -> dict:
         config = self.lm.peft_config["default"].to_dict()
