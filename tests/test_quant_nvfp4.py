@@ -211,6 +211,13 @@ def test_bad_checkpoints_fail_with_the_file_and_tensor_named(nvfp4_dir, tmp_path
         dequantized_state_dict(broken)
 
 
+def test_a_model_whose_experts_transformers_fuses_is_refused_before_anything_is_written(tmp_path):
+    moe = build_tiny_model(tmp_path / "moe", "mixtral", hidden_size=64, num_heads=2, num_layers=1, intermediate_size=64)
+    with pytest.raises(ValueError, match=r"moe: transformers converts model\.layers\.0\..*experts.*fused MoE experts"):
+        quantize_checkpoint(moe, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 def test_vllm_reads_the_config_as_nvfp4_and_has_no_cpu_kernel_for_it(nvfp4_dir):
     """vLLM maps every Linear to its W4A4 NVFP4 scheme; on CPU no NVFP4 GEMM kernel exists
     (they are CUDA only), so the CPU engine is given the dequantized weights instead."""

@@ -88,7 +88,5 @@ def _build_model(cfg: RunConfig, model_dir: Path, console) -> None:
         staging.replace(float_dir)
         quantize_checkpoint(float_dir, staging)
     staging.replace(model_dir)
-    console.print(
-        f"model: {m.arch} tiny, warm-started {w.steps} steps (final loss {losses[-1]:.3f}), "
-        f"{spec.base_format} -> {model_dir}"
-    )
+    warm = f"warm-started {w.steps} steps (final loss {losses[-1]:.3f})" if losses else "random weights"
+    console.print(f"model: {m.arch} tiny, {warm}, {spec.base_format} -> {model_dir}")

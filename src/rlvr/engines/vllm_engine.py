@@ -195,12 +195,21 @@ class VLLMEngine(Engine):
         from vllm import SamplingParams
 
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
-        outputs = self._call(
-            "score",
-            lambda: self._llm.generate(
-                [{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False, lora_request=self._lora_request
-            ),
-        )
+        # vLLM applies an adapter's logits to prompt tokens with the per-request LoRA mapping
+        # (vllm-project/vllm#16668): with several requests in a batch the shapes clash in
+        # models whose logits processor takes LoRA (Llama, Qwen3, Phi-3 ...); one request at a
+        # time, the mapping broadcasts over its tokens, which is right, as they share the adapter.
+        batches = [[s] for s in sequences] if self._lora_request is not None else [sequences]
+        outputs = [
+            output
+            for batch in batches
+            for output in self._call(
+                "score",
+                lambda batch=batch: self._llm.generate(
+                    [{"prompt_token_ids": s} for s in batch], params, use_tqdm=False, lora_request=self._lora_request
+                ),
+            )
+        ]
         return [
             [output.prompt_logprobs[t][seq[t]].logprob for t in range(start, len(seq))]
             for seq, start, output in zip(sequences, prompt_lens, outputs, strict=True)

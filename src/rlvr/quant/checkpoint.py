@@ -164,6 +164,7 @@ def quantize_checkpoint(
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
     source_dtype = model.dtype
+    _require_module_names_on_disk(model, model_dir)
     model.float().eval()
     linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear) and not is_ignored(name, ignore)}
     embedding_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
@@ -201,6 +202,23 @@ def quantize_checkpoint(
     model.save_pretrained(out_dir)
     _write_quantization_config(out_dir, nvfp4_quantization_config(ignore))
     return out_dir
+
+
+def _require_module_names_on_disk(model: nn.Module, model_dir: Path) -> None:
+    """The packed loader matches file tensors to modules by name; transformers 5 renames and
+    fuses some tensors between disk and memory (MoE experts, stored one Linear per expert,
+    become one 3-D parameter), and such a model cannot be rebuilt from its files that way."""
+    on_disk = set()
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(path, framework="pt") as handle:
+            on_disk.update(handle.keys())
+    converted = sorted(on_disk - set(model.state_dict()))
+    if converted:
+        raise ValueError(
+            f"{model_dir}: transformers converts {converted[0]} (and {len(converted) - 1} more tensors) when it "
+            f"loads {type(model).__name__} (fused MoE experts); rlvr's NVFP4 bases need every tensor stored under "
+            f"its module's name, so train this model on its float weights (demo.base_format: hf)"
+        )
 
 
 # --------------------------------------------------------------------------- reading

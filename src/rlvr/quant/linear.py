@@ -109,8 +109,9 @@ def prepare_lora_config(config: LoraConfig, model: nn.Module) -> LoraConfig:
     """Make `config` able to target the packed layers of `model`; returns the same object.
 
     Registers `NVFP4LoraLinear` for `NVFP4Linear`, and resolves `target_modules="all-linear"`
-    to the leaf names of every `nn.Linear` and `NVFP4Linear` except the output head (peft's own
-    rule for "all-linear", which would otherwise miss the packed layers).
+    to the leaf names of every `nn.Linear` and `NVFP4Linear` except the output head: peft's own
+    rule for "all-linear" would miss the packed layers, and on transformers-5 MoE models it also
+    targets the fused 3-D expert and router parameters, an adapter vLLM cannot serve.
     """
     config._register_custom_module({NVFP4Linear: NVFP4LoraLinear})
     if isinstance(config.target_modules, str) and config.target_modules.lower() == "all-linear":

@@ -80,7 +80,7 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, dropout: float, target
     """peft LoRA on the frozen base (packed NVFP4 layers included); only the adapter trains."""
     from peft import LoraConfig, get_peft_model
 
-    from rlvr.quant import prepare_lora_config, quantized_linear_names
+    from rlvr.quant import prepare_lora_config
 
     config = LoraConfig(
         r=rank,
@@ -90,9 +90,7 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, dropout: float, target
         bias="none",
         task_type="CAUSAL_LM",
     )
-    if quantized_linear_names(model):
-        prepare_lora_config(config, model)
-    return get_peft_model(model, config)
+    return get_peft_model(model, prepare_lora_config(config, model))
 
 
 def shard(module: nn.Module, mesh, param_dtype: torch.dtype, reduce_dtype: torch.dtype) -> None:
