@@ -96,12 +96,17 @@ class EngineConfig(Section):
     enforce_eager: bool = True
     num_threads: int | None = Field(None, gt=0, description="CPU threads for generation (default: the engine's)")
     sync_check_threshold: float = Field(0.05, gt=0, description="max sync/logprob_gap before the run stops")
+    max_restarts: int = Field(2, ge=0, description="times a dead engine is restarted (and its step retried) per run")
 
 
 class RolloutConfig(Section):
     prompts_per_step: int = Field(16, gt=0)
     samples_per_prompt: int = Field(8, gt=0)
     sampling: SamplingConfig = SamplingConfig()
+    max_staleness: int = Field(
+        0, ge=0, le=1,
+        description="0: synchronous; 1: one-step-off-policy (generate step t+1 while step t trains)",
+    )
 
 
 class RewardConfig(Section):
@@ -142,6 +147,9 @@ class TrainerConfig(Section):
     micro_batch_tokens: int = Field(4096, gt=0, description="token budget of one packed micro-batch")
     gradient_checkpointing: bool = False
     lora: LoraConfig | None = None
+    max_consecutive_skips: int = Field(
+        3, ge=1, description="stop the run after this many steps in a row skipped for a non-finite loss or gradient"
+    )
 
 
 class EvalConfig(Section):
@@ -169,6 +177,17 @@ class TrackingConfig(Section):
     progress: bool = True
 
 
+class PlacementConfig(Section):
+    """Where the engine and the trainer ranks run."""
+
+    backend: Literal["local", "ray"] = Field("local", description="local: plain processes; ray: Ray actors")
+    ray_address: str | None = Field(None, description="Ray cluster to join ('auto', 'ray://host:port'); None starts one")
+    colocate: bool = Field(True, description="engine and trainer share devices (the engine sleeps while training)")
+    nodes: int = Field(1, ge=1)
+    gpus_per_node: int = Field(0, ge=0, description="0: CPU only")
+    engine_gpus: int = Field(0, ge=0, description="split placement: GPUs given to the engine(s)")
+
+
 class RunConfig(Section):
     run_dir: str = "runs/default"
     seed: int = 0
@@ -183,6 +202,7 @@ class RunConfig(Section):
     eval: EvalConfig = EvalConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     tracking: TrackingConfig = TrackingConfig()
+    placement: PlacementConfig = PlacementConfig()
     demo: DemoSpec | None = None
 
 
