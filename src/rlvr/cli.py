@@ -29,7 +29,9 @@ def _load(config: Path, overrides: list[str]):
 def train(
     config: Path = typer.Argument(..., help="YAML config"),
     overrides: Optional[list[str]] = typer.Argument(None, help="dotted overrides, e.g. trainer.lr=1e-5"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="validate and print the resolved config, run nothing"),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="validate; print the resolved config, the placement plan and a memory estimate per device; run nothing"
+    ),
     resume: Optional[str] = typer.Option(
         None, "--resume", help="'latest' (the config's run_dir) or a RUN_DIR: continue from its last good checkpoint"
     ),
@@ -38,7 +40,16 @@ def train(
     extra = [] if resume in (None, "latest") else [f"run_dir={resume}"]
     cfg = _load(config, [*(overrides or []), *extra])
     if dry_run:
+        from rlvr.orchestration.plan import PlanError, make_plan, print_plan
+
         console.print(dump_config(cfg), highlight=False, end="")
+        try:
+            plan = make_plan(cfg)
+        except PlanError as err:
+            console.print(f"[red]plan error:[/red] {config}: {err}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        console.print()
+        print_plan(plan, cfg, console)
         return
     _run(cfg, resume=resume is not None)
 
