@@ -74,10 +74,11 @@ def test_qwen2_5_0_5b_weights_by_hand():
     assert round(arch.weight_bytes(2) / GB, 2) == 0.99
 
 
-def test_qwen2_5_7b_weights_match_the_published_checkpoint_size():
+def test_qwen2_5_7b_weights_match_the_published_sizes():
     arch = read_architecture(load_config(MEDIUM))
-    # Qwen/Qwen2.5-7B's four bf16 safetensors shards hold 15.23 GB (7.62B parameters with biases)
-    assert round(arch.weight_bytes(2) / GB, 2) == 15.23
+    # Qwen reports 7.61B parameters; per layer 29,360,128 in attention and 203,685,888 in the MLP
+    assert arch.block_linear_params == 29_360_128 + 203_685_888
+    assert round(arch.weight_bytes(2) / GB, 2) == 15.23  # "a 7B model is ~15 GB in bf16"
     plan = plan_of(MEDIUM)
     assert plan.devices[0].memory["engine weights"] == arch.weight_bytes(2) / 4  # TP 4 splits it
 

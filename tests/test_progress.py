@@ -86,6 +86,7 @@ def test_off_when_not_a_terminal_or_disabled(is_terminal, enabled):
         progress(1, {"reward/mean": 0.5, "time/step": 1.0})
     assert console.export_text() == ""
     assert phase(None, "score", 3) is None
+    assert phase(lambda step, metrics: None, "score", 3) is None  # a plain step callback has no phase bars
 
 
 def test_hf_engine_and_eval_drive_the_eval_bars(model_dir, prompts, pool):

@@ -72,8 +72,9 @@ class RunProgress:
         self._bars.stop()
 
 
-def phase(progress: RunProgress | None, description: str, total: int) -> Advance | None:
-    """Start a phase's bar and return its advance callable; None without bars (no progress, or off)."""
-    if progress is None or not progress.enabled:
+def phase(progress, description: str, total: int) -> Advance | None:
+    """Start a phase's bar and return its advance callable; None without bars: bars off, or
+    `progress` None or a plain step callback rather than a RunProgress."""
+    if not isinstance(progress, RunProgress) or not progress.enabled:
         return None
     return progress.start_phase(description, total)
