@@ -7,9 +7,10 @@ vLLM can never serve a cached older adapter, and the previous one is removed.
 
 from __future__ import annotations
 
+import io
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
@@ -29,6 +30,24 @@ def _on_gpu() -> bool:
     from vllm.platforms import current_platform
 
     return current_platform.is_cuda_alike()
+
+
+def _silent_tqdm_calling(progress: Callable[[int], None]):
+    """A tqdm class for `LLM.generate(use_tqdm=...)`: it draws nothing and hands each
+    update (the sample count of a finished request) to `progress`. A real tqdm subclass, so
+    that vLLM may use any tqdm attribute; vLLM also wraps prompt rendering in it, which
+    iterates without calling update and so reports nothing."""
+    from tqdm import tqdm
+
+    class SilentTqdm(tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs | {"file": io.StringIO()})
+
+        def update(self, n=1):
+            super().update(n)
+            progress(n)
+
+    return SilentTqdm
 
 
 class VLLMEngine(Engine):
@@ -147,6 +166,7 @@ class VLLMEngine(Engine):
         sampling: Sampling | Sequence[Sampling],
         *,
         ignore_eos: bool = False,
+        progress: Callable[[int], None] | None = None,
     ) -> list[Rollout]:
         """Sample `n` completions per prompt (see `Engine` for the logprob convention).
 
@@ -154,7 +174,8 @@ class VLLMEngine(Engine):
         call reproducible: prompt i, sample j draws with seed `seed + i * n + j`, so equal
         prompts still get different samples. Completion text keeps a matched stop string, so
         that `text` is exactly the decoded `completion_ids`. `ignore_eos` (benchmarks) makes
-        every sample run to its max_tokens.
+        every sample run to its max_tokens. `progress` is called with `n` as each prompt's
+        samples finish.
         """
         samplings = [sampling] * len(prompts) if isinstance(sampling, Sampling) else list(sampling)
         if len(samplings) != len(prompts):
@@ -163,7 +184,10 @@ class VLLMEngine(Engine):
         outputs = self._call(
             "generate",
             lambda: self._llm.generate(
-                [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False, lora_request=self._lora_request
+                [{"prompt_token_ids": p} for p in prompts],
+                params,
+                use_tqdm=False if progress is None else _silent_tqdm_calling(progress),
+                lora_request=self._lora_request,
             ),
         )
         rollouts = []
