@@ -266,6 +266,21 @@ class _Rank:
         # reject every load for lacking it, and dcp.load already fails on any saved tensor missing.
         return StateDictOptions(ignore_frozen_params=True, strict=False)
 
+    def packed_base_bytes(self, _=None) -> int:
+        """Bytes of storage this rank holds for the packed NVFP4 layers between steps (its own
+        shards, FSDP2's padding included, plus the replicated global scales)."""
+        from torch.distributed.tensor import DTensor
+
+        from rlvr.quant import NVFP4Linear
+
+        storages = {}
+        for module in self.policy.modules():
+            if isinstance(module, NVFP4Linear):
+                for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+                    storage = (tensor.to_local() if isinstance(tensor, DTensor) else tensor).untyped_storage()
+                    storages[storage.data_ptr()] = storage.nbytes()
+        return sum(storages.values())
+
     def lora_config(self, _=None) -> dict:
         config = self.lm.peft_config["default"].to_dict()
         config["target_modules"] = sorted(config["target_modules"]) if config.get("target_modules") else []
