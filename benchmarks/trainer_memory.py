@@ -113,7 +113,7 @@ def packed_base_bytes_per_rank(model_dir: Path, ranks: int, dtype_name: str, bat
     lora = dict(rank=16, alpha=32.0, dropout=0.0, target_modules="all-linear")
     with Trainer(RankSpec(model_path=str(model_dir), dtype=dtype_name, lora=lora), ranks=ranks) as trainer:
         trainer.train_step(train_batch)
-        return trainer._call_all("packed_base_bytes")
+        return trainer.packed_base_bytes()
 
 
 def run_variant(variant: str, model_dir: Path, args) -> dict:

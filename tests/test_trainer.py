@@ -43,7 +43,7 @@ def _one_and_two_ranks(model_path: str, reference_model) -> dict[int, tuple]:
         with Trainer(spec, ranks=ranks, micro_batch_tokens=12) as trainer:
             lp = trainer.logprobs(sequences, prompt_lens)
             metrics = trainer.train_step(batch)
-            held = trainer._call_all("packed_base_bytes")
+            held = trainer.packed_base_bytes()
             results[ranks] = (lp, metrics, trainer.adapter().tensors, held)
         assert max(abs(a - b) for x, y in zip(lp, expected) for a, b in zip(x, y)) < 1e-5
     (_, m1, a1, _), (_, m2, a2, _) = results[1], results[2]

@@ -131,6 +131,10 @@ class Trainer:
     def weights(self) -> dict[str, torch.Tensor]:
         return self._call_all("weights")[0]
 
+    def packed_base_bytes(self) -> list[int]:
+        """Bytes of packed (quantized) base weights each rank holds between steps: its shards."""
+        return self._call_all("packed_base_bytes")
+
     def save(self, folder: str) -> None:
         """Every rank writes its shard of the trainable state into `folder` (which must exist)."""
         self._call_all("save", str(folder))
