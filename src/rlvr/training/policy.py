@@ -66,13 +66,13 @@ def decoder_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def load_base(model_path: str, dtype: torch.dtype) -> tuple[nn.Module, str]:
-    """The base model and its format: an NVFP4 checkpoint stays packed ("nvfp4"), else "hf"."""
+    """The base model and its format: a 4-bit checkpoint stays packed ("nvfp4" or "nf4"), else "hf"."""
     from transformers import AutoModelForCausalLM
 
-    from rlvr.quant.checkpoint import is_quantized_checkpoint, load_quantized_model
+    from rlvr.quant.checkpoint import is_quantized_checkpoint, load_quantized_model, quantized_format
 
     if is_quantized_checkpoint(model_path):
-        return load_quantized_model(model_path, dtype=dtype), "nvfp4"
+        return load_quantized_model(model_path, dtype=dtype), quantized_format(model_path)
     return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype), "hf"
 
 
