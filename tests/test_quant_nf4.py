@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -91,6 +93,14 @@ def test_config_is_the_one_transformers_writes(nf4_dir):
     assert quantized_format(nf4_dir) == "nf4"
 
 
+def test_rlvr_quantize_format_nf4_writes_the_same_checkpoint(base_dir, nf4_dir, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "rlvr.cli", "quantize", "--format", "nf4", str(base_dir), str(tmp_path / "q")],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert quantized_format(tmp_path / "q") == "nf4"
+    assert (tmp_path / "q" / "model.safetensors").read_bytes() == (nf4_dir / "model.safetensors").read_bytes()
+
+
 def test_packed_model_computes_like_its_dequantized_float_model_and_lora_trains_on_it(nf4_dir, tmp_path):
     torch.manual_seed(0)
     packed = load_quantized_model(nf4_dir)
@@ -147,6 +157,18 @@ def test_a_linear_with_a_partial_block_per_row_is_refused_with_its_name(tmp_path
     with pytest.raises(ValueError, match=r"narrow: model\.layers\.0\.self_attn\.q_proj has 96 input features, not a multiple of 64; add"):
         quantize_checkpoint(narrow, tmp_path / "out", format="nf4")
     assert not (tmp_path / "out").exists()
+
+
+def test_vllm_has_no_bitsandbytes_method_so_every_engine_gets_the_dequantized_view(nf4_dir):
+    from vllm.config import ModelConfig
+
+    from rlvr.orchestration.controller import engine_model_path
+
+    with pytest.raises(ValueError, match="Unknown quantization method: bitsandbytes"):
+        ModelConfig(model=str(nf4_dir))
+    view = engine_model_path(str(nf4_dir))
+    assert view == f"{nf4_dir}.dequantized"
+    assert "quantization_config" not in json.loads((nf4_dir.parent / f"{nf4_dir.name}.dequantized" / "config.json").read_text())
 
 
 # --------------------------------------------------------------------------- bitsandbytes itself

@@ -219,7 +219,7 @@ def quantize_checkpoint(
 
 def _write_nf4(model: nn.Module, linears: dict[str, nn.Linear], source_dtype, model_dir: Path, out_dir: Path, ignore) -> Path:
     """Save `model` with each of `linears` NF4-quantized, under bitsandbytes' key names."""
-    state = {key: value.to(source_dtype) for key, value in model.state_dict().items()}
+    state = {key: value.to(source_dtype) if value.is_floating_point() else value for key, value in model.state_dict().items()}
     for name, module in linears.items():
         del state[f"{name}.weight"]
         stored = nf4.to_checkpoint(nf4.quantize(module.weight.detach()), source_dtype)
@@ -287,7 +287,7 @@ def read_quantization_config(model_dir: str | Path) -> dict:
 
 
 def quantized_format(model_dir: str | Path) -> str:
-    """"nvfp4" or "nf4": the format of a quantized checkpoint (its config checked)."""
+    """The format of a quantized checkpoint, "nvfp4" or "nf4" (its config checked)."""
     method = read_quantization_config(model_dir)["quant_method"]
     return "nf4" if method == BITSANDBYTES_METHOD else "nvfp4"
 
@@ -326,7 +326,7 @@ def _quantized_prefixes(tensors: dict) -> list[str]:
 def _pop_nf4(tensors: dict, source: dict, prefix: str, model_dir: Path) -> nf4.NF4Weight:
     """Remove and return one layer's NF4 tensors (bitsandbytes' keys), checked."""
     where = f"{model_dir / source[f'{prefix}.weight.{nf4.QUANT_STATE_KEY}']}: {prefix}"
-    stored = {suffix: tensors.pop(f"{prefix}.{suffix}") for suffix in nf4.checkpoint_suffixes() if f"{prefix}.{suffix}" in tensors}
+    stored = {suffix: tensors.pop(f"{prefix}.{suffix}") for suffix in nf4.CHECKPOINT_SUFFIXES if f"{prefix}.{suffix}" in tensors}
     nested = [key for key in tensors if key.startswith(f"{prefix}.weight.nested_")]
     stored.update({key.removeprefix(f"{prefix}."): tensors[key] for key in nested})
     return nf4.from_checkpoint(stored, where)
@@ -388,9 +388,10 @@ def dequantized_state_dict(model_dir: str | Path, dtype: torch.dtype = torch.flo
     model_dir = Path(model_dir)
     format = quantized_format(model_dir)
     tensors, source = _read_tensors(model_dir)
-    for prefix in _nf4_prefixes(tensors) if format == "nf4" else []:
-        weight = _pop_nf4(tensors, source, prefix, model_dir)
-        tensors[f"{prefix}.weight"] = nf4.dequantize(weight.weight_packed, weight.weight_absmax, dtype)
+    if format == "nf4":
+        for prefix in _nf4_prefixes(tensors):
+            weight = _pop_nf4(tensors, source, prefix, model_dir)
+            tensors[f"{prefix}.weight"] = nf4.dequantize(weight.weight_packed, weight.weight_absmax, dtype)
     for prefix in _quantized_prefixes(tensors):
         weight, _input_global_scale = _pop_quantized(tensors, source, prefix, model_dir)
         tensors[f"{prefix}.weight"] = nvfp4.dequantize(

@@ -35,6 +35,8 @@ import torch
 BLOCK_SIZE = 64
 QUANT_TYPE = "nf4"
 QUANT_STATE_KEY = f"quant_state.bitsandbytes__{QUANT_TYPE}"
+# one layer's tensors after `P.` (bitsandbytes' Linear4bit state dict, no double quantization)
+CHECKPOINT_SUFFIXES = ("weight", "weight.absmax", "weight.quant_map", f"weight.{QUANT_STATE_KEY}")
 NF4_CODE = torch.tensor(
     [
         -1.0,
@@ -112,23 +114,22 @@ def to_checkpoint(weight: NF4Weight, dtype: torch.dtype) -> dict[str, torch.Tens
     }
 
 
-def checkpoint_suffixes() -> tuple[str, ...]:
-    return ("weight", "weight.absmax", "weight.quant_map", f"weight.{QUANT_STATE_KEY}")
-
-
 def from_checkpoint(stored: dict[str, torch.Tensor], where: str) -> NF4Weight:
     """The `NF4Weight` of one layer's stored tensors (keys as in `to_checkpoint`), checked.
 
     Raises a one-line error naming `where` for a missing tensor, another codebook or block size,
     double quantization, or a shape rlvr's row layout cannot hold.
     """
-    missing = [suffix for suffix in checkpoint_suffixes() if suffix not in stored]
+    missing = [suffix for suffix in CHECKPOINT_SUFFIXES if suffix not in stored]
     if missing:
         raise ValueError(f"{where}: has weight.{QUANT_STATE_KEY} but no {' or '.join(missing)}")
-    extra = sorted(set(stored) - set(checkpoint_suffixes()))
+    extra = sorted(set(stored) - set(CHECKPOINT_SUFFIXES))
     if extra:
         raise ValueError(f"{where}: has {extra[0]}: double-quantized NF4 (nested absmax) is not supported")
-    state = json.loads(bytes(stored[f"weight.{QUANT_STATE_KEY}"].tolist()).decode())
+    try:
+        state = json.loads(bytes(stored[f"weight.{QUANT_STATE_KEY}"].tolist()).decode())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{where}: weight.{QUANT_STATE_KEY} is not JSON ({err})") from None
     shape = state.get("shape") or []
     problems = []
     if state.get("quant_type") != QUANT_TYPE or state.get("blocksize") != BLOCK_SIZE:
