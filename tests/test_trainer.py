@@ -60,15 +60,25 @@ def test_two_ranks_match_one_rank_and_transformers(tiny):
     _one_and_two_ranks(tiny, AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32))
 
 
+def _packed_layer_bytes(stored: dict[str, torch.Tensor], base_format: str) -> int:
+    """Bytes of what the packed layers hold, read from the checkpoint: NVFP4's compressed-tensors
+    keys, or NF4's bitsandbytes keys (whose quant_map and quant_state the layers do not keep)."""
+    if base_format == "nvfp4":
+        layers = {key.removesuffix(".weight_packed") for key in stored if key.endswith(".weight_packed")}
+        return sum(t.nbytes for key, t in stored.items() if key.rsplit(".", 1)[0] in layers)
+    layers = {key.removesuffix(".weight.absmax") for key in stored if key.endswith(".weight.absmax")}
+    return sum(stored[f"{layer}.{part}"].nbytes for layer in layers for part in ("weight", "weight.absmax", "bias")
+               if f"{layer}.{part}" in stored)
+
+
 @pytest.mark.slow
-def test_two_ranks_each_hold_half_the_packed_base_and_train_like_one(tiny, tmp_path):
-    nvfp4_dir = quantize_checkpoint(tiny, tmp_path / "nvfp4")
+@pytest.mark.parametrize("base_format", ["nvfp4", "nf4"])
+def test_two_ranks_each_hold_half_the_packed_base_and_train_like_one(tiny, tmp_path, base_format):
+    packed_dir = quantize_checkpoint(tiny, tmp_path / base_format, format=base_format)
     # transformers on the dequantized weights computes what the packed layers do
-    reference = AutoModelForCausalLM.from_pretrained(write_dequantized_checkpoint(nvfp4_dir, tmp_path / "float"))
-    results = _one_and_two_ranks(str(nvfp4_dir), reference)
-    stored = load_file(nvfp4_dir / "model.safetensors")
-    packed = {key.removesuffix(".weight_packed") for key in stored if key.endswith(".weight_packed")}
-    packed_bytes = sum(t.nbytes for key, t in stored.items() if key.rsplit(".", 1)[0] in packed)
+    reference = AutoModelForCausalLM.from_pretrained(write_dequantized_checkpoint(packed_dir, tmp_path / "float"))
+    results = _one_and_two_ranks(str(packed_dir), reference)
+    packed_bytes = _packed_layer_bytes(load_file(packed_dir / "model.safetensors"), base_format)
     (one_rank,), two_ranks = results[1][3], results[2][3]
     assert one_rank == packed_bytes  # one rank holds every packed tensor, each once
     for held in two_ranks:  # half each; the few bytes over are FSDP2's padding and the replicated global scales

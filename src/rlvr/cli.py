@@ -161,7 +161,9 @@ def eval_command(
 def quantize(
     model: Path = typer.Argument(..., help="HF causal LM folder"),
     out: Path = typer.Argument(..., help="output folder"),
-    format: str = typer.Option("nvfp4", "--format", help="nvfp4 (compressed-tensors nvfp4-pack-quantized)"),
+    format: str = typer.Option(
+        "nvfp4", "--format", help="nvfp4 (compressed-tensors nvfp4-pack-quantized) or nf4 (bitsandbytes 4-bit NF4)"
+    ),
     ignore: str = typer.Option("lm_head", "--ignore", help="comma-separated Linear names kept in float"),
 ):
     """Write MODEL as a 4-bit checkpoint that vLLM and rlvr's trainer load."""

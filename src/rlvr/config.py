@@ -59,7 +59,9 @@ class WarmStartSpec(Section):
 class DemoSpec(Section):
     """What `rlvr demo` builds when missing: the tiny model, the task, the warm start."""
 
-    base_format: Literal["hf", "nvfp4"] = Field("nvfp4", description="nvfp4: quantize the warm-started model")
+    base_format: Literal["hf", "nvfp4", "nf4"] = Field(
+        "nvfp4", description="nvfp4 / nf4: quantize the warm-started model to that 4-bit format"
+    )
     model: TinyModelSpec = TinyModelSpec()
     task: SyntheticTaskSpec = SyntheticTaskSpec()
     warm_start: WarmStartSpec = WarmStartSpec()

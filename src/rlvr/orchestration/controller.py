@@ -286,13 +286,16 @@ def _make_trainer(cfg: RunConfig):
 
 def engine_model_path(model_path: str) -> str:
     """What the engine loads. An NVFP4 checkpoint runs natively where vLLM has NVFP4 kernels
-    (CUDA); elsewhere the engine gets the dequantized values, written once beside it, which
-    are exactly the numbers the trainer's packed layers compute with."""
+    (CUDA); elsewhere, and for NF4 always (vLLM 0.32 has no bitsandbytes method), the engine
+    gets the dequantized values, written once beside it, which are exactly the numbers the
+    trainer's packed layers compute with."""
     import torch
 
-    from rlvr.quant.checkpoint import is_quantized_checkpoint, write_dequantized_checkpoint
+    from rlvr.quant.checkpoint import is_quantized_checkpoint, quantized_format, write_dequantized_checkpoint
 
-    if not is_quantized_checkpoint(model_path) or torch.cuda.is_available():
+    if not is_quantized_checkpoint(model_path):
+        return model_path
+    if torch.cuda.is_available() and quantized_format(model_path) == "nvfp4":
         return model_path
     view = Path(str(model_path).rstrip("/") + ".dequantized")
     if not (view / "model.safetensors").is_file():  # written last
