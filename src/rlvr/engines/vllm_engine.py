@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from rlvr.engines.base import Engine
+from rlvr.engines.base import Engine, EngineDied
 from rlvr.records import LoraAdapter, Rollout, Sampling
 
 # Sampler logprobs of the distribution the token was drawn from (after temperature and
@@ -284,7 +284,7 @@ class VLLMEngine(Engine):
         try:
             return fn()
         except EngineDeadError as error:
-            raise RuntimeError(
+            raise EngineDied(
                 f"vLLM engine process died ({self._engine_exit()}) during {operation}; see its log above"
             ) from error
 

@@ -1,0 +1,51 @@
+"""Faults on the real stack: steps whose loss goes non-finite, and an engine process killed mid-run."""
+
+import time
+
+import psutil
+import pytest
+
+from rlvr.checkpoint.store import verify
+from run_fixtures import DIGIT_SHARE, small_config, start_training, step_rows
+
+# A user's reward that returns NaN (say, a mean over an empty list of parsed numbers, in numpy).
+# The scoring pool passes the number on; the advantages, the loss and the gradient norm of
+# every step are then NaN, and the ranks skip the optimizer step.
+NAN_REWARD = '''
+def mean_of_nothing(response, answer):
+    return float("nan")
+'''
+
+
+@pytest.mark.slow
+def test_non_finite_steps_are_skipped_logged_and_stop_the_run_after_max_consecutive_skips(tmp_path):
+    path = small_config(tmp_path, "run", steps=4, reward=NAN_REWARD, trainer={"max_consecutive_skips": 2},
+                        checkpoint={"every": 1, "keep": 3})
+    run = start_training(path)
+    out, _ = run.communicate(timeout=900)
+    assert run.returncode != 0
+    assert "trainer.max_consecutive_skips=2: steps 1-2 had a non-finite loss or gradient" in out, out[-3000:]
+    rows = step_rows(tmp_path / "run")
+    assert [(row["step"], row["skipped"]) for row in rows] == [(1, 1.0), (2, 1.0)]
+    # step 1 checkpointed as usual; the stop at step 2 writes nothing and leaves it intact
+    checkpoints = sorted((tmp_path / "run" / "checkpoints").glob("step_*"))
+    assert [c.name for c in checkpoints] == ["step_000001"] and verify(checkpoints[0]) is None
+
+
+@pytest.mark.slow
+def test_an_engine_core_killed_mid_run_is_restarted_and_the_run_completes(tmp_path):
+    path = small_config(tmp_path, "run", steps=3, reward=DIGIT_SHARE, engine={"in_process": False, "max_restarts": 1})
+    run = start_training(path)
+    deadline = time.time() + 600
+    while time.time() < deadline and run.poll() is None and not step_rows(tmp_path / "run"):
+        time.sleep(0.2)
+    children = psutil.Process(run.pid).children(recursive=True)
+    cores = [p for p in children if "EngineCore" in p.name() + " ".join(p.cmdline())]
+    assert len(cores) == 1, [p.cmdline() for p in children]
+    cores[0].kill()  # SIGKILL, between step 1 and step 2's generation
+    out, _ = run.communicate(timeout=900)
+    assert run.returncode == 0, out[-3000:]
+    assert "restarting the engine (1/1) and retrying" in out
+    rows = step_rows(tmp_path / "run")
+    assert [(row["step"], row["engine/restarts"]) for row in rows] == [(1, 0), (2, 1), (3, 1)]
+    assert all(row["sync/logprob_gap"] <= 1e-3 for row in rows)  # the new engine serves the trained adapter
