@@ -194,6 +194,7 @@ def report(run_dir: Path = typer.Argument(..., help="a run folder with metrics.j
 def _run(cfg, resume: bool = False) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from rlvr.orchestration import RunStopped
     from rlvr.orchestration.controller import train as run_training
 
     columns = [TextColumn("RL steps"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[info]}")]
@@ -205,7 +206,7 @@ def _run(cfg, resume: bool = False) -> None:
 
         try:
             summary = run_training(cfg, progress=on_step, resume=resume, log=bar.console.print)
-        except ValueError as err:  # bad data or a missing checkpoint: one line, no traceback
+        except (ValueError, RunStopped) as err:  # bad data, a missing checkpoint, a run that cannot go on: one line
             bar.stop()
             console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None

@@ -14,6 +14,7 @@ trainer corrects for the lag with truncated importance sampling (`algorithm.tis_
 from __future__ import annotations
 
 import json
+import math
 import random
 import signal
 import time
@@ -253,6 +254,11 @@ def _collect_rollouts(
     with timer("score"):
         answers = [train_set.problems[chosen[r.prompt_index]].answer for r in rollouts]
         scores = pool.score([r.text for r in rollouts], answers)
+    bad = next((i for i, s in enumerate(scores) if not math.isfinite(s.reward)), None)
+    if bad is not None:  # as in eval: a NaN would silently turn the whole group's advantages to NaN
+        problem = train_set.problems[chosen[rollouts[bad].prompt_index]].id
+        raise ValueError(f"reward.verifier={cfg.reward.verifier}: reward must be a finite number, got "
+                         f"{scores[bad].reward!r} (problem {problem!r})")
     rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32)
     group = torch.tensor([r.prompt_index for r in rollouts], dtype=torch.long)
     batch = TrainBatch(
