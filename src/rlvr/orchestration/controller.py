@@ -348,7 +348,12 @@ def _make_trainer(cfg: RunConfig):
         threads=0,
         algorithm=cfg.algorithm.model_dump(),
     )
-    return Trainer(spec, ranks=t.ranks, micro_batch_tokens=t.micro_batch_tokens)
+    launch = None
+    if cfg.placement.backend == "ray":
+        from rlvr.orchestration.ray_placement import RayCluster
+
+        launch = RayCluster.shared(cfg.placement, t.ranks).launch_ranks
+    return Trainer(spec, ranks=t.ranks, micro_batch_tokens=t.micro_batch_tokens, launch=launch)
 
 
 def engine_model_path(model_path: str) -> str:
@@ -369,6 +374,11 @@ def engine_model_path(model_path: str) -> str:
 
 def _make_engine(cfg: RunConfig, make_engine):
     e = cfg.engine
+    placement = None
+    if cfg.placement.backend == "ray":
+        from rlvr.orchestration.ray_placement import RayCluster
+
+        placement = RayCluster.shared(cfg.placement, cfg.trainer.ranks)
     return make_engine(
         e.backend,
         engine_model_path(cfg.model.path),
@@ -382,6 +392,7 @@ def _make_engine(cfg: RunConfig, make_engine):
         enforce_eager=e.enforce_eager,
         num_threads=e.num_threads,
         seed=cfg.seed,
+        placement=placement,
     )
 
 

@@ -36,8 +36,8 @@ class EngineSupervisor:
     def name(self) -> str:
         return self._engine.name
 
-    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling) -> list[Rollout]:
-        return self._retrying("generate", lambda engine: engine.generate(prompts, n, sampling))
+    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling, **options) -> list[Rollout]:
+        return self._retrying("generate", lambda engine: engine.generate(prompts, n, sampling, **options))
 
     def score(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
         return self._retrying("score", lambda engine: engine.score(sequences, prompt_lens))

@@ -194,8 +194,10 @@ def quantize_checkpoint(
             compute_dtype=source_dtype,
         )
         model.set_submodule(name, packed)
-    for parameter in model.parameters():
-        parameter.data = parameter.data.to(source_dtype)
+    for module in model.modules():
+        if not isinstance(module, NVFP4Linear):  # packed tensors keep their uint8 / FP8 dtypes
+            for parameter in module.parameters(recurse=False):
+                parameter.data = parameter.data.to(source_dtype)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     _copy_non_weight_files(model_dir, out_dir)

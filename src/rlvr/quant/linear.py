@@ -1,11 +1,13 @@
 """A frozen Linear whose weight stays NVFP4-packed, and the peft LoRA layer that wraps it.
 
-`NVFP4Linear` keeps `weight_packed` / `weight_scale` / `weight_global_scale` (and
-`input_global_scale`, kept only so a re-saved checkpoint stays complete) as buffers, named as
-in the checkpoint, so `state_dict()` is the compressed-tensors layout. The float weight exists
-only while one layer computes: the autograd function below dequantizes in forward and again in
-backward instead of saving it, so training memory holds the packed bytes (~0.56 byte per
-weight), not a float copy per layer.
+`NVFP4Linear` keeps `weight_packed` (uint8), `weight_scale` (FP8) and `bias` as frozen
+parameters, which FSDP2 shards across the trainer ranks (it shards parameters, never buffers),
+and the one-float `weight_global_scale` and `input_global_scale` (the latter kept only so a
+re-saved checkpoint stays complete) as buffers. All are named as in the checkpoint, so
+`state_dict()` is the compressed-tensors layout; the trainer's checkpoints, which skip frozen
+parameters, skip the packed base. The float weight exists only while one layer computes: the
+autograd function below dequantizes in forward and again in backward instead of saving it, so
+training memory holds the packed bytes (~0.56 byte per weight), not a float copy per layer.
 
 LoRA: `NVFP4LoraLinear` is a peft `lora.Linear` whose base layer is an `NVFP4Linear`; peft
 picks it through `LoraConfig._register_custom_module`, which `prepare_lora_config` does (and
@@ -35,7 +37,11 @@ class _DequantizedLinear(torch.autograd.Function):
     def forward(ctx, x, weight_packed, weight_scale, weight_global_scale, bias):
         ctx.save_for_backward(weight_packed, weight_scale, weight_global_scale)
         weight = nvfp4.dequantize(weight_packed, weight_scale, weight_global_scale, x.dtype)
-        return F.linear(x, weight, bias)
+        output = F.linear(x, weight, bias)
+        # With a bias, F.linear returns a view (of its 2-D addmm result). The layer is an FSDP2
+        # unit, whose output must not be a view: an in-place op on it would drop the hook that
+        # all-gathers the packed weight again for backward.
+        return output.clone() if output._is_view() else output
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -59,11 +65,13 @@ class NVFP4Linear(nn.Module):
         self.out_features, packed_columns = weight.weight_packed.shape
         self.in_features = 2 * packed_columns
         self.compute_dtype = compute_dtype
-        self.register_buffer("weight_packed", weight.weight_packed)
-        self.register_buffer("weight_scale", weight.weight_scale)
+        # Frozen parameters, not buffers: FSDP2 shards parameters only (see rlvr.training.policy.shard).
+        self.weight_packed = nn.Parameter(weight.weight_packed, requires_grad=False)
+        self.weight_scale = nn.Parameter(weight.weight_scale, requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias.to(compute_dtype), requires_grad=False)
+        # one float each: replicated, since sharding them would save nothing
         self.register_buffer("weight_global_scale", weight.weight_global_scale.float())
         self.register_buffer("input_global_scale", input_global_scale)
-        self.register_buffer("bias", None if bias is None else bias.to(compute_dtype))
 
     @property
     def qweight(self) -> torch.Tensor:

@@ -94,9 +94,20 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, dropout: float, target
 
 
 def shard(module: nn.Module, mesh, param_dtype: torch.dtype, reduce_dtype: torch.dtype) -> None:
-    """FSDP2: each decoder block is its own unit, the rest (embeddings, norm, head) the root."""
+    """FSDP2: each decoder block is its own unit, the rest (embeddings, norm, head) the root.
+
+    Each packed NVFP4 layer is a unit of its own, under a policy that casts nothing: the block's
+    policy would turn its FP8 group scales into `param_dtype` (FSDP2 casts every floating-point
+    parameter, FP8 included; it leaves only integer ones alone). Its uint8 and FP8 tensors are
+    then all-gathered as bytes, one collective per layer, and freed again after the layer ran.
+    """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    from rlvr.quant import NVFP4Linear
+
+    for layer in module.modules():
+        if isinstance(layer, NVFP4Linear):
+            fully_shard(layer, mesh=mesh, mp_policy=MixedPrecisionPolicy())
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for block in decoder_blocks(module):
         fully_shard(block, mesh=mesh, mp_policy=policy)
