@@ -64,6 +64,7 @@ def main() -> None:
     parser.add_argument("--warm-start-steps", type=int, default=400, help="the demo's warm start (its default: 400)")
     args = parser.parse_args()
 
+    args.work.mkdir(parents=True, exist_ok=True)
     settings = [tuple(int(x) for x in item.split(":")) for item in args.settings.split(",")]
     per_setting: dict[str, dict[str, list[float]]] = {f"staleness{s}_threads{t}": {k: [] for k in FIGURES} for s, t in settings}
     for round_index in range(args.rounds):
