@@ -54,3 +54,11 @@ def test_one_step_off_policy_rollouts_lag_one_version_and_resume_reproduces_them
     out, _ = resumed.communicate(timeout=900)
     assert resumed.returncode == 0, out[-3000:]
     assert _comparable(tmp_path / "stopped") == _comparable(tmp_path / "reference")
+
+
+def test_stale_rollouts_turn_truncated_importance_sampling_on_unless_set():
+    from rlvr.config import load_config
+
+    assert load_config("configs/demo.yaml").algorithm.tis_cap is None
+    assert load_config("configs/demo.yaml", ["rollout.max_staleness=1"]).algorithm.tis_cap == 2.0
+    assert load_config("configs/demo.yaml", ["rollout.max_staleness=1", "algorithm.tis_cap=5"]).algorithm.tis_cap == 5.0

@@ -59,3 +59,15 @@ def _engine_cores(pid: int) -> list[psutil.Process]:
         except psutil.NoSuchProcess:  # a short-lived helper process that is already gone
             pass
     return found
+
+
+def test_tensors_packed_for_a_separate_engine_process_come_back_exact():
+    import torch
+
+    from rlvr.engines.vllm_worker import as_tensor, packed
+
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        tensor = torch.randn(3, 5, generator=torch.Generator().manual_seed(0)).to(dtype)
+        back = as_tensor(packed(tensor.t()))  # a non-contiguous view too
+        assert back.dtype == dtype and torch.equal(back, tensor.t())
+    assert as_tensor(tensor) is tensor  # in-process tensors pass through
