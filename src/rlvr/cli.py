@@ -208,13 +208,14 @@ def report(run_dir: Path = typer.Argument(..., help="a run folder with metrics.j
 
 
 def _run(cfg, resume: bool = False) -> None:
+    from rlvr.orchestration import RunStopped
     from rlvr.orchestration.controller import train as run_training
     from rlvr.tracking.progress import RunProgress
 
     try:
         with RunProgress(console, enabled=cfg.tracking.progress, steps=cfg.steps) as progress:
             summary = run_training(cfg, progress=progress, resume=resume, log=progress.console.print)
-    except ValueError as err:  # bad data or a missing checkpoint: one line, below the stopped bars, no traceback
+    except (ValueError, RunStopped) as err:  # bad data, a missing checkpoint, a run that cannot go on: one line, no traceback
         console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     from rlvr.tracking.report import write_report

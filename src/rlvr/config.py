@@ -115,6 +115,10 @@ class EngineConfig(Section):
     num_threads: int | None = Field(None, gt=0, description="CPU threads for generation (default: the engine's)")
     sync_check_threshold: float = Field(0.05, gt=0, description="max sync/logprob_gap before the run stops")
     max_restarts: int = Field(2, ge=0, description="times a dead engine is restarted (and its step retried) per run")
+    in_process: bool | None = Field(
+        None, description="vLLM's engine core inside the controller (null: yes on CPU, a separate process on GPU); "
+        "only a separate process can die alone and be restarted"
+    )
 
 
 class RolloutConfig(Section):
@@ -145,6 +149,12 @@ class AlgorithmConfig(Section):
     kl: Literal["k1", "k2", "k3"] | None = None
     kl_coef: float = Field(0.0, ge=0)
     epochs_per_batch: int = Field(1, ge=1, description="optimizer passes over each batch of rollouts")
+    tis_cap: float | None = Field(
+        None, gt=0,
+        description="truncated importance sampling, weights min(pi_old / pi_sampler, cap); "
+        "null: 2.0 when rollout.max_staleness > 0, else off",
+    )
+    tis_level: Literal["token", "sequence", "geometric"] = "token"
 
 
 class LoraConfig(Section):
@@ -225,6 +235,14 @@ class RunConfig(Section):
     tracking: TrackingConfig = TrackingConfig()
     placement: PlacementConfig = PlacementConfig()
     demo: DemoSpec | None = None
+
+    @model_validator(mode="after")
+    def _correct_stale_rollouts(self) -> RunConfig:
+        # Rollouts one policy version behind need the off-policy correction; written into the
+        # config itself so that the run's config.yaml says what ran (Yao et al. use cap 2).
+        if self.rollout.max_staleness and self.algorithm.tis_cap is None:
+            self.algorithm.tis_cap = 2.0
+        return self
 
 
 # --------------------------------------------------------------------------- loading

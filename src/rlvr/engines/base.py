@@ -15,6 +15,10 @@ import torch
 from rlvr.records import LoraAdapter, Rollout, Sampling
 
 
+class EngineDied(RuntimeError):
+    """The engine's own process died; a new engine can take over (see EngineSupervisor)."""
+
+
 class Engine(Protocol):
     """A generator of rollouts whose weights the trainer can replace between steps.
 

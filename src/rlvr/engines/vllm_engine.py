@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
-from rlvr.engines.base import Engine
+from rlvr.engines.base import Engine, EngineDied
 from rlvr.records import LoraAdapter, Rollout, Sampling
 
 # Sampler logprobs of the distribution the token was drawn from (after temperature and
@@ -149,6 +149,8 @@ class VLLMEngine(Engine):
                 "or generate with engine.backend: hf"
             )
         self.tokenizer = self._llm.get_tokenizer()
+        if not self.in_process:
+            self._watch_engine_core()
 
     @staticmethod
     def _configure_cpu_threads(num_threads: int) -> None:
@@ -262,6 +264,10 @@ class VLLMEngine(Engine):
         # Copies: vLLM scales lora_B in place when it loads an adapter, and in-process it
         # would otherwise do so on the trainer's own parameters.
         tensors = {name: t.detach().to("cpu", copy=True).contiguous() for name, t in adapter.tensors.items()}
+        if not self.in_process:
+            from rlvr.engines.vllm_worker import packed
+
+            tensors = {name: packed(t) for name, t in tensors.items()}
         # JSON round trip: PEFT's dict holds sets and enums, which cannot cross to the worker.
         config = json.loads(json.dumps(adapter.config, default=lambda v: sorted(v) if isinstance(v, set) else str(v)))
         self._call("update_lora", lambda: self._llm.collective_rpc("rlvr_add_lora", args=(lora_id, tensors, config)))
@@ -314,6 +320,33 @@ class VLLMEngine(Engine):
 
             cleanup_dist_env_and_memory()
 
+    def _watch_engine_core(self) -> None:
+        """Wake calls that wait on an engine core that died.
+
+        vLLM 0.32's client notices the death and fails calls made after it, but a generate
+        call already waiting for outputs (or an RPC for its answer) waits forever: the output
+        thread exits without a word. This thread hands those waiters vLLM's own EngineDeadError.
+        """
+        from multiprocessing.connection import wait
+        from threading import Thread
+
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        client = self._llm.llm_engine.engine_core
+        manager = getattr(client.resources, "engine_manager", None)
+        if manager is None or not hasattr(client, "outputs_queue"):
+            return
+
+        def watch(sentinels=tuple(p.sentinel for p in manager.processes)):
+            wait(sentinels)  # returns once any engine-core process has exited (or was closed)
+            client.resources.engine_dead = True  # calls from now on fail at once (vLLM's ensure_alive)
+            client.outputs_queue.put_nowait(EngineDeadError())
+            for future in list(client.utility_results.values()):
+                if not future.done():
+                    future.set_exception(EngineDeadError())
+
+        Thread(target=watch, daemon=True, name="rlvr-engine-core-watch").start()
+
     def _call(self, operation: str, fn):
         """Run a call into vLLM, turning a dead engine into an error that says so."""
         if self._llm is None:
@@ -323,7 +356,7 @@ class VLLMEngine(Engine):
         try:
             return fn()
         except EngineDeadError as error:
-            raise RuntimeError(
+            raise EngineDied(
                 f"vLLM engine process died ({self._engine_exit()}) during {operation}; see its log above"
             ) from error
 

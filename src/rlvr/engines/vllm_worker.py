@@ -1,8 +1,10 @@
 """Code that runs inside vLLM's worker, next to the model: LoRA adapters loaded from memory.
 
 vLLM mixes this class into its worker (`worker_extension_cls`), so the engine reaches these
-methods by name with `collective_rpc`; tensors travel as arguments (in memory: zero-copy
-msgpack buffers when the engine core is a separate process, plain references in-process).
+methods by name with `collective_rpc`; tensors travel as arguments: plain references
+in-process; to a separate engine-core process as `packed` (dtype, shape, bytes) triples, since
+vLLM decodes the arguments of such calls without their types and a tensor would arrive as a
+list that has lost its data buffer.
 No file is written. Method names carry an `rlvr_` prefix because vLLM refuses an extension
 whose attributes collide with the worker's.
 """
@@ -26,6 +28,7 @@ class WeightSyncExtension:
         A request naming `lora_id` then finds it already loaded, so vLLM never looks at the
         request's (placeholder) path.
         """
+        tensors = {name: as_tensor(t) for name, t in tensors.items()}
         manager = self.model_runner.lora_manager
         helper = PEFTHelper.from_dict({**config, "vllm_max_position_embeddings": manager.max_position_embeddings})
         helper.validate_legal(manager.lora_config)
@@ -42,3 +45,17 @@ class WeightSyncExtension:
             skip_prefixes=getattr(model, "lora_skip_prefixes", None),
         )
         manager._adapter_manager.add_adapter(adapter)
+
+
+def packed(tensor: torch.Tensor) -> tuple[str, list[int], bytes]:
+    """A tensor as plain msgpack types, for a call into a separate engine-core process."""
+    tensor = tensor.detach().to("cpu").contiguous()
+    return str(tensor.dtype).removeprefix("torch."), list(tensor.shape), tensor.view(torch.uint8).numpy().tobytes()
+
+
+def as_tensor(value) -> torch.Tensor:
+    """Undo `packed`; a tensor passed in-process is returned as it is."""
+    if isinstance(value, torch.Tensor):
+        return value
+    dtype, shape, data = value
+    return torch.frombuffer(bytearray(data), dtype=getattr(torch, dtype)).reshape(shape)

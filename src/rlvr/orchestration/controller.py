@@ -5,21 +5,28 @@
 `train(cfg)` is the whole loop; it knows the engine, the scoring pool, the trainer and the
 tracker only by their methods, so each can be swapped (vLLM or HF, local or remote ranks)
 without touching it.
+
+With `rollout.max_staleness: 1` the loop is one step off-policy: the ranks train step t while
+the engine, still serving the policy of step t-1, generates the rollouts of step t+1; the
+trainer corrects for the lag with truncated importance sampling (`algorithm.tis_cap`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 import signal
 import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from rlvr.config import DataConfig, RunConfig, dump_config
+from rlvr.orchestration import RunStopped
 from rlvr.records import Problem, Sampling, TrainBatch
 
 
@@ -29,6 +36,15 @@ class PromptSet:
 
     problems: list[Problem]
     prompts: list[list[int]]
+
+
+@dataclass
+class StepRollouts:
+    """One step's scored rollouts, ready for the trainer."""
+
+    batch: TrainBatch
+    metrics: dict[str, float]  # reward/*, response/*, score/*
+    data_position: int  # the prompt sampler's position before this step's prompts were taken
 
 
 class EpochSampler:
@@ -54,11 +70,11 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print) -> dic
     With `resume`, continue from the newest intact checkpoint in cfg.run_dir."""
     from transformers import AutoTokenizer
 
-    from rlvr.algorithms import advantages
-    from rlvr.checkpoint.peft_files import save_adapter
+    from rlvr.checkpoint.peft_files import load_adapter, save_adapter
     from rlvr.checkpoint.store import CheckpointStore, read_state
     from rlvr.engines import make_engine
     from rlvr.engines.sync_check import SyncCheck
+    from rlvr.orchestration.engine_supervisor import EngineSupervisor
     from rlvr.rewards import ScoringPool
     from rlvr.tracking.metrics_log import MetricsLogger
     from rlvr.tracking.timing import StepTimer
@@ -88,7 +104,13 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print) -> dic
 
     with ExitStack() as stack:
         trainer = stack.enter_context(_make_trainer(cfg))
-        engine = stack.enter_context(_make_engine(cfg, make_engine))
+        engine = stack.enter_context(
+            EngineSupervisor(
+                lambda: _make_engine(cfg, partial(make_engine, in_process=cfg.engine.in_process)),
+                cfg.engine.max_restarts,
+                log=log,
+            )
+        )
         pool = stack.enter_context(
             ScoringPool(
                 cfg.reward.verifier,
@@ -102,12 +124,13 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print) -> dic
         sync_check = SyncCheck(cfg.engine.sync_check_threshold)
 
         last_adapter = None
+        rollout_adapter = None  # the one before last_adapter: what generated the in-flight rollouts
 
         def sync(step: int) -> dict[str, float]:
-            nonlocal last_adapter
+            nonlocal last_adapter, rollout_adapter
             with timer("sync"):
                 if cfg.trainer.lora:
-                    last_adapter = trainer.adapter()
+                    rollout_adapter, last_adapter = last_adapter, trainer.adapter()
                     engine.update_lora(last_adapter)
                 else:
                     engine.update_weights(trainer.weights().items())
@@ -122,18 +145,27 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print) -> dic
             (run_dir / "eval" / f"{tag}.json").write_text(json.dumps(result, indent=2))
             return result
 
-        def checkpoint(step: int) -> None:
+        def checkpoint(step: int, in_flight: StepRollouts | None) -> None:
             def write_parts(folder: Path) -> None:
                 (folder / "trainer").mkdir()
                 trainer.save(folder / "trainer")
                 if last_adapter is not None:
                     save_adapter(last_adapter, folder / "adapter")
+                if cfg.rollout.max_staleness and rollout_adapter is not None:
+                    save_adapter(rollout_adapter, folder / "rollout_adapter")
 
+            # Rollouts generated ahead are not saved: a resumed run generates them again, from
+            # the same prompts (the position before them), seed and adapter (rollout_adapter).
+            position = in_flight.data_position if in_flight is not None else sampler.position
             with timer("checkpoint"):
-                state = {"step": step, "data_position": sampler.position, "eval_before": summary["eval_before"]}
+                state = {"step": step, "data_position": position, "eval_before": summary["eval_before"]}
                 store.save(step, state, write_parts)
 
+        def rollout(step: int) -> StepRollouts:
+            return _collect_rollouts(cfg, step, engine, pool, train_set, sampler, sampling, timer)
+
         start = 0
+        pending = None  # the next step's rollouts, generated while this step trained
         if resume_from is not None:
             state = read_state(resume_from)
             trainer.load(resume_from / "trainer")
@@ -141,6 +173,10 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print) -> dic
             summary["eval_before"] = state["eval_before"]
             logger.truncate_after(start)
             log(f"resuming from {resume_from} (step {start})")
+            if cfg.rollout.max_staleness and (resume_from / "rollout_adapter").is_dir() and start < cfg.steps:
+                last_adapter = load_adapter(resume_from / "rollout_adapter", version=0)
+                engine.update_lora(last_adapter)
+                pending = rollout(start + 1)  # exactly the rollouts the interrupted run had in flight
         sync(step=start)
         summary["engine"] = engine.name
         summary["trainer_ranks"] = trainer.world_size
@@ -151,50 +187,35 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print) -> dic
             logger.log(0, {f"eval/{k}": v for k, v in summary["eval_before"].items()} | timer.pop_metrics())
 
         stop_signal = stack.enter_context(_stop_requests())
+        consecutive_skips = 0
         for step in range(start + 1, cfg.steps + 1):
             step_start = time.perf_counter()
-            chosen = sampler.take(cfg.rollout.prompts_per_step)
-            with timer("generate"):
-                rollouts = engine.generate(
-                    [train_set.prompts[i] for i in chosen],
-                    cfg.rollout.samples_per_prompt,
-                    replace(sampling, seed=cfg.seed * 100_003 + step),
-                )
-            with timer("score"):
-                answers = [train_set.problems[chosen[r.prompt_index]].answer for r in rollouts]
-                scores = pool.score([r.text for r in rollouts], answers)
-            rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32)
-            group = torch.tensor([r.prompt_index for r in rollouts], dtype=torch.long)
-            adv = advantages(
-                cfg.algorithm.advantage, rewards, group, std_normalize=cfg.algorithm.std_normalize
-            )
-            batch = TrainBatch(
-                prompt_ids=[r.prompt_ids for r in rollouts],
-                completion_ids=[r.completion_ids for r in rollouts],
-                sampler_logprobs=[r.logprobs for r in rollouts],
-                advantages=adv,
-                group=group,
-            )
-            with timer("train"):
-                metrics = trainer.train_step(batch, temperature=sampling.temperature)
+            current = pending or rollout(step)
+            trainer.start_train_step(current.batch, temperature=sampling.temperature)
+            training_start = time.perf_counter()
+            ahead = cfg.rollout.max_staleness and step < cfg.steps and not stop_signal
+            pending = rollout(step + 1) if ahead else None  # the engine works while the ranks train
+            generated_ahead = time.perf_counter() - training_start
+            metrics = trainer.finish_train_step()
+            metrics |= _overlap(generated_ahead, metrics["time/train"], time.perf_counter() - training_start)
             metrics |= sync(step)
-            lengths = [len(r.completion_ids) for r in rollouts]
-            generated = sum(lengths)
-            metrics |= {
-                "reward/mean": rewards.mean().item(),
-                "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
-                "response/length_mean": generated / len(lengths),
-                "response/length_max": max(lengths),
-                "response/truncated_fraction": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
-                "score/no_answer_fraction": sum(s.status == "no_answer" for s in scores) / len(scores),
-                "data/position": sampler.position,
-            }
+            metrics |= current.metrics | {"engine/restarts": engine.restarts}
+            consecutive_skips = consecutive_skips + 1 if metrics["skipped"] else 0
+            if consecutive_skips:
+                log(f"step {step}: grad_norm={metrics['grad_norm']}, optimizer step skipped ({consecutive_skips} in a row)")
+            if consecutive_skips >= cfg.trainer.max_consecutive_skips:
+                logger.log(step, metrics | timer.pop_metrics())
+                raise RunStopped(
+                    f"trainer.max_consecutive_skips={cfg.trainer.max_consecutive_skips}: steps {step - consecutive_skips + 1}"
+                    f"-{step} had a non-finite loss or gradient; stopped, last checkpoint {store.latest(verbose=False)}"
+                )
             if cfg.eval.every and step % cfg.eval.every == 0 and step < cfg.steps:
                 metrics |= {f"eval/{k}": v for k, v in _headline(run_eval(step, f"step{step}"), cfg).items()}
             stopping = bool(stop_signal) and step < cfg.steps
             if (cfg.checkpoint.every and step % cfg.checkpoint.every == 0) or step == cfg.steps or stopping:
-                checkpoint(step)
+                checkpoint(step, pending)
             step_seconds = time.perf_counter() - step_start
+            generated = sum(len(c) for c in current.batch.completion_ids)
             metrics |= timer.pop_metrics() | {"time/step": step_seconds, "throughput/tokens_per_s": generated / step_seconds}
             logger.log(step, metrics)
             if progress is not None:
@@ -213,6 +234,57 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print) -> dic
 
 
 # ---------------------------------------------------------------------- pieces
+
+
+def _collect_rollouts(
+    cfg: RunConfig, step: int, engine, pool, train_set: PromptSet, sampler: EpochSampler, sampling: Sampling, timer
+) -> StepRollouts:
+    """Generate, score and weigh (advantages) the rollouts of `step`: its seed is the step's, so
+    the same prompts under the same weights give the same rollouts whenever they are generated."""
+    from rlvr.algorithms import advantages
+
+    position = sampler.position
+    chosen = sampler.take(cfg.rollout.prompts_per_step)
+    with timer("generate"):
+        rollouts = engine.generate(
+            [train_set.prompts[i] for i in chosen],
+            cfg.rollout.samples_per_prompt,
+            replace(sampling, seed=cfg.seed * 100_003 + step),
+        )
+    with timer("score"):
+        answers = [train_set.problems[chosen[r.prompt_index]].answer for r in rollouts]
+        scores = pool.score([r.text for r in rollouts], answers)
+    bad = next((i for i, s in enumerate(scores) if not math.isfinite(s.reward)), None)
+    if bad is not None:  # as in eval: a NaN would silently turn the whole group's advantages to NaN
+        problem = train_set.problems[chosen[rollouts[bad].prompt_index]].id
+        raise ValueError(f"reward.verifier={cfg.reward.verifier}: reward must be a finite number, got "
+                         f"{scores[bad].reward!r} (problem {problem!r})")
+    rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32)
+    group = torch.tensor([r.prompt_index for r in rollouts], dtype=torch.long)
+    batch = TrainBatch(
+        prompt_ids=[r.prompt_ids for r in rollouts],
+        completion_ids=[r.completion_ids for r in rollouts],
+        sampler_logprobs=[r.logprobs for r in rollouts],
+        advantages=advantages(cfg.algorithm.advantage, rewards, group, std_normalize=cfg.algorithm.std_normalize),
+        group=group,
+    )
+    lengths = [len(r.completion_ids) for r in rollouts]
+    metrics = {
+        "reward/mean": rewards.mean().item(),
+        "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
+        "response/length_mean": sum(lengths) / len(lengths),
+        "response/length_max": max(lengths),
+        "response/truncated_fraction": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
+        "score/no_answer_fraction": sum(s.status == "no_answer" for s in scores) / len(scores),
+        "data/position": sampler.position,
+    }
+    return StepRollouts(batch, metrics, position)
+
+
+def _overlap(generated_ahead: float, train_seconds: float, training_wall: float) -> dict[str, float]:
+    """time/overlap: seconds in which the engine (generating ahead) and the ranks (training) both
+    worked; generate + train - overlap is the wall time the two took together."""
+    return {"time/overlap": max(0.0, generated_ahead + train_seconds - training_wall)}
 
 
 @contextmanager

@@ -67,6 +67,7 @@ class Trainer:
     ):
         self.spec, self.world_size, self.micro_batch_tokens = spec, ranks, micro_batch_tokens
         self._adapter_version = 0
+        self._training = False
         threads = spec.threads or max(1, (os.cpu_count() or 1) // ranks)
         self._ranks: list[RankHandle] = (launch or spawn_ranks)(ranks, replace(spec, threads=threads))
         info = self._gather(timeout_s=start_timeout_s)
@@ -77,6 +78,13 @@ class Trainer:
     # ------------------------------------------------------------------ commands
 
     def train_step(self, batch: TrainBatch, temperature: float = 1.0) -> dict[str, float]:
+        self.start_train_step(batch, temperature)
+        return self.finish_train_step()
+
+    def start_train_step(self, batch: TrainBatch, temperature: float = 1.0) -> None:
+        """Hand the step to the ranks and return while they compute (the controller generates
+        the next batch meanwhile); finish_train_step() waits for them. No other command may
+        come in between: the ranks answer in order."""
         sequences = [p + c for p, c in zip(batch.prompt_ids, batch.completion_ids)]
         prompt_lens = [len(p) for p in batch.prompt_ids]
         per_rank = plan(sequences, prompt_lens, self.world_size, self.micro_batch_tokens)
@@ -96,7 +104,14 @@ class Trainer:
                     temperature=temperature,
                 )
             )
-        results = self._call_each("train", inputs)
+        self._send_each("train", inputs)
+        self._training = True
+
+    def finish_train_step(self) -> dict[str, float]:
+        """The step's metrics, once every rank has finished it; `time/train` is the slowest
+        rank's own compute time."""
+        self._training = False
+        results = self._gather()
         total = {k: sum(r.get(k, 0.0) for r in results) for k in results[0]}
         tokens = max(total.pop("tokens", 0.0), 1.0)
         metrics = {
@@ -106,8 +121,9 @@ class Trainer:
             "skipped": results[0]["skipped"],
             "policy/entropy": total["entropy_sum"] / tokens,
             "sync/sampler_trainer_gap": total["sampler_gap_sum"] / tokens,
+            "time/train": max(r["seconds"] for r in results),
         }
-        for key in ("clip_fraction", "approx_kl", "ratio_mean", "kl"):
+        for key in ("clip_fraction", "approx_kl", "ratio_mean", "kl", "is_weight"):
             if f"{key}_sum" in total:
                 metrics[f"policy/{key}"] = total[f"{key}_sum"] / tokens
         return metrics
@@ -161,9 +177,14 @@ class Trainer:
         return self._call_each(command, [payload] * self.world_size)
 
     def _call_each(self, command: str, payloads: list) -> list:
+        self._send_each(command, payloads)
+        return self._gather()
+
+    def _send_each(self, command: str, payloads: list) -> None:
+        if self._training:
+            raise TrainerError(f"{command}: a train step is in flight; call finish_train_step() first")
         for rank, payload in zip(self._ranks, payloads):
             rank.send(command, payload)
-        return self._gather()
 
     def _gather(self, timeout_s: float | None = None) -> list:
         """Every rank's answer to the last command, or a TrainerError naming the rank at fault.

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import time
 import traceback
 from dataclasses import dataclass, field
 
@@ -153,8 +154,9 @@ class _Rank:
         return out
 
     def train(self, step: StepInput) -> dict[str, float]:
-        from rlvr.algorithms import aggregate, kl_penalty, policy_loss
+        from rlvr.algorithms import aggregate, kl_penalty, policy_loss, truncated_is_weights
 
+        started = time.perf_counter()
         algo = self.spec.algorithm
         per_token = algo.get("agg", "token_mean") == "token_mean"
         denominator = step.num_tokens if per_token else step.num_sequences
@@ -168,6 +170,13 @@ class _Rank:
             mask = _padded([torch.ones(c) for _, c in mb.spans]).bool()
             old = lp.detach()  # one optimizer step per batch: the trainer's own logprobs are π_old
             adv = torch.tensor([step.advantages[i] for i in mb.sequences], dtype=lp.dtype)
+            sampler = _padded([torch.tensor(step.sampler_logprobs[i], dtype=lp.dtype) for i in mb.sequences])
+            # The tokens were drawn by the sampler (a policy version behind, with max_staleness 1),
+            # not by π_old: truncated IS reweights them, min(π_old / π_sampler, cap) (Yao et al. 2025;
+            # AReaL's decoupled PPO: the clip stays around π_old, the behaviour policy only weights).
+            is_weights = None
+            if algo.get("tis_cap"):
+                is_weights = truncated_is_weights(old, sampler, mask, cap=algo["tis_cap"], level=algo.get("tis_level", "token"))
             loss, metrics = policy_loss(
                 algo.get("loss", "ppo"),
                 lp,
@@ -179,6 +188,7 @@ class _Rank:
                 dual_clip=algo.get("dual_clip"),
                 agg=algo.get("agg", "token_mean"),
                 max_len=step.max_len,
+                is_weights=is_weights,
             )
             if algo.get("kl") and algo.get("kl_coef", 0.0) > 0:
                 ref = self._reference_logprobs(mb, step.temperature)
@@ -190,8 +200,7 @@ class _Rank:
             # so the step's loss is normalised once, by the global denominator.
             (loss * (weight / denominator) * self.world_size).backward()
             tokens = mask.sum().item()
-            sampler = _padded([torch.tensor(step.sampler_logprobs[i]) for i in mb.sequences])
-            gap = ((lp.detach() - sampler).abs() * mask).sum().item()
+            gap = ((old - sampler).abs() * mask).sum().item()
             self._accumulate(sums, "loss", loss.item() * weight / denominator)
             self._accumulate(sums, "tokens", tokens)
             self._accumulate(sums, "entropy_sum", float((_padded(unpack(entropy, mb)) * mask).sum()))
@@ -199,6 +208,8 @@ class _Rank:
             for key in ("clip_fraction", "approx_kl", "ratio_mean", "kl"):
                 if key in metrics:
                     self._accumulate(sums, f"{key}_sum", float(metrics[key]) * tokens)
+            if is_weights is not None:
+                self._accumulate(sums, "is_weight_sum", float(torch.where(mask, is_weights, 0.0).sum()))
         grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in self.trainable], self.spec.grad_clip)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         skipped = not math.isfinite(grad_norm)
@@ -207,6 +218,7 @@ class _Rank:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         sums.update(grad_norm=grad_norm, skipped=float(skipped), lr=self.scheduler.get_last_lr()[0])
+        sums["seconds"] = time.perf_counter() - started  # this rank's compute, for the overlap figures
         return sums
 
     def adapter(self, _=None) -> dict[str, torch.Tensor]:

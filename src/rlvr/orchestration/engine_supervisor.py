@@ -1,0 +1,86 @@
+"""An engine that outlives its process: a dead engine is rebuilt, re-synced, and the call retried.
+
+    engine = EngineSupervisor(lambda: make_engine("vllm", path, in_process=False), max_restarts=2, log=print)
+    engine.update_lora(adapter)
+    rollouts = engine.generate(prompts, n, sampling)   # survives a killed vLLM engine core
+
+Only an engine in its own process can die alone (vLLM's engine core, `engine.in_process: false`,
+the default on GPU); it then raises `EngineDied`. The supervisor remembers the last weights it
+pushed, so the new engine serves exactly the policy the old one did, and a seeded generate call
+retried on it gives the same rollouts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+
+from rlvr.engines.base import Engine, EngineDied
+from rlvr.orchestration import RunStopped
+from rlvr.records import LoraAdapter, Rollout, Sampling
+
+
+class EngineRestartsExhausted(RunStopped):
+    """The engine died once more after `max_restarts` restarts; the run stops."""
+
+
+class EngineSupervisor:
+    def __init__(self, build: Callable[[], Engine], max_restarts: int, log=print):
+        self._build, self.max_restarts, self._log = build, max_restarts, log
+        self.restarts = 0
+        self._engine = build()
+        self._restore: Callable[[Engine], None] | None = None  # pushes the last weights again
+
+    @property
+    def name(self) -> str:
+        return self._engine.name
+
+    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling, **options) -> list[Rollout]:
+        return self._retrying("generate", lambda engine: engine.generate(prompts, n, sampling, **options))
+
+    def score(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
+        return self._retrying("score", lambda engine: engine.score(sequences, prompt_lens))
+
+    def update_lora(self, adapter: LoraAdapter) -> None:
+        self._retrying("update_lora", lambda engine: engine.update_lora(adapter))
+        self._restore = lambda engine: engine.update_lora(adapter)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        tensors = list(named_tensors)  # kept: a new engine starts from the base weights
+        self._retrying("update_weights", lambda engine: engine.update_weights(tensors))
+        self._restore = lambda engine: engine.update_weights(tensors)
+
+    def sleep(self) -> None:
+        self._retrying("sleep", lambda engine: engine.sleep())
+
+    def wake(self) -> None:
+        self._retrying("wake", lambda engine: engine.wake())
+
+    def close(self) -> None:
+        self._engine.close()
+
+    def __enter__(self) -> EngineSupervisor:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _retrying(self, operation: str, call: Callable[[Engine], object]):
+        while True:
+            try:
+                return call(self._engine)
+            except EngineDied as died:
+                if self.restarts >= self.max_restarts:
+                    raise EngineRestartsExhausted(
+                        f"{died}; engine.max_restarts={self.max_restarts} restarts used up, the run stops"
+                    ) from died
+                self.restarts += 1
+                self._log(f"{died}; restarting the engine ({self.restarts}/{self.max_restarts}) and retrying {operation}")
+                self._restart()
+
+    def _restart(self) -> None:
+        self._engine.close()  # the dead engine's client side: sockets, monitor thread
+        self._engine = self._build()
+        if self._restore is not None:
+            self._restore(self._engine)
