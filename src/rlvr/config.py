@@ -148,7 +148,6 @@ class AlgorithmConfig(Section):
     dual_clip: float | None = None
     kl: Literal["k1", "k2", "k3"] | None = None
     kl_coef: float = Field(0.0, ge=0)
-    epochs_per_batch: int = Field(1, ge=1, description="optimizer passes over each batch of rollouts")
     tis_cap: float | None = Field(
         None, gt=0,
         description="truncated importance sampling, weights min(pi_old / pi_sampler, cap); "

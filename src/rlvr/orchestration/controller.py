@@ -141,7 +141,7 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print) -> dic
             if test_set is None:
                 return {}
             with timer("eval"):
-                result = _evaluate(cfg, engine, pool, test_set, run_dir / "eval" / f"{tag}.jsonl")
+                result = _evaluate(cfg, engine, pool, test_set, run_dir / "eval" / f"{tag}.jsonl", progress)
             (run_dir / "eval" / f"{tag}.json").write_text(json.dumps(result, indent=2))
             return result
 
@@ -162,7 +162,7 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print) -> dic
                 store.save(step, state, write_parts)
 
         def rollout(step: int) -> StepRollouts:
-            return _collect_rollouts(cfg, step, engine, pool, train_set, sampler, sampling, timer)
+            return _collect_rollouts(cfg, step, engine, pool, train_set, sampler, sampling, timer, progress)
 
         start = 0
         pending = None  # the next step's rollouts, generated while this step trained
@@ -237,11 +237,13 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print) -> dic
 
 
 def _collect_rollouts(
-    cfg: RunConfig, step: int, engine, pool, train_set: PromptSet, sampler: EpochSampler, sampling: Sampling, timer
+    cfg: RunConfig, step: int, engine, pool, train_set: PromptSet, sampler: EpochSampler, sampling: Sampling, timer,
+    progress=None,
 ) -> StepRollouts:
     """Generate, score and weigh (advantages) the rollouts of `step`: its seed is the step's, so
     the same prompts under the same weights give the same rollouts whenever they are generated."""
     from rlvr.algorithms import advantages
+    from rlvr.tracking.progress import phase
 
     position = sampler.position
     chosen = sampler.take(cfg.rollout.prompts_per_step)
@@ -250,10 +252,11 @@ def _collect_rollouts(
             [train_set.prompts[i] for i in chosen],
             cfg.rollout.samples_per_prompt,
             replace(sampling, seed=cfg.seed * 100_003 + step),
+            progress=phase(progress, "generate", len(chosen) * cfg.rollout.samples_per_prompt),
         )
     with timer("score"):
         answers = [train_set.problems[chosen[r.prompt_index]].answer for r in rollouts]
-        scores = pool.score([r.text for r in rollouts], answers)
+        scores = pool.score([r.text for r in rollouts], answers, progress=phase(progress, "score", len(rollouts)))
     bad = next((i for i, s in enumerate(scores) if not math.isfinite(s.reward)), None)
     if bad is not None:  # as in eval: a NaN would silently turn the whole group's advantages to NaN
         problem = train_set.problems[chosen[rollouts[bad].prompt_index]].id
@@ -408,7 +411,7 @@ def _sync_probe(train_set: PromptSet, tokenizer) -> list[tuple[list[int], list[i
     return probe
 
 
-def _evaluate(cfg: RunConfig, engine, pool, test_set: PromptSet, samples_path: Path) -> dict:
+def _evaluate(cfg: RunConfig, engine, pool, test_set: PromptSet, samples_path: Path, progress=None) -> dict:
     from rlvr.eval.runner import evaluate
 
     sampling = Sampling(
@@ -421,7 +424,7 @@ def _evaluate(cfg: RunConfig, engine, pool, test_set: PromptSet, samples_path: P
     samples_path.parent.mkdir(parents=True, exist_ok=True)
     return evaluate(
         engine, pool, test_set.problems, test_set.prompts, n=cfg.eval.n, ks=cfg.eval.k, sampling=sampling,
-        samples_path=str(samples_path),
+        samples_path=str(samples_path), progress=progress,
     )
 
 

@@ -312,8 +312,12 @@ class RayEngine(Engine):
             self.close()
             raise
 
-    def generate(self, prompts, n, sampling, **kwargs):
-        return self._call("generate", prompts, n, sampling, **kwargs)
+    def generate(self, prompts, n, sampling, *, progress=None, **kwargs):
+        # a progress callback draws on this process's console: it cannot travel to the actor
+        rollouts = self._call("generate", prompts, n, sampling, **kwargs)
+        if progress is not None:
+            progress(len(rollouts))
+        return rollouts
 
     def score(self, sequences, prompt_lens):
         return self._call("score", sequences, prompt_lens)
