@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/trainer_memory.py --out trainer_memory.json
 
 Writes `{"bf16_weight_bytes", "nvfp4_weight_bytes", "ratio", "peak_rss_bf16", "peak_rss_nvfp4",
-"tokens_per_s"}` plus a few keys that say what was measured.
+"tokens_per_s", "nvfp4_local_bytes_1rank", "nvfp4_local_bytes_per_rank_2ranks",
+"nvfp4_local_bytes_ratio_2ranks"}` plus a few keys that say what was measured.
 
 - weight bytes: the bytes of every tensor in the model's checkpoint, each stored tensor once:
   the tied embedding / lm_head counts once on both sides (bf16 on both: it is not quantized),
@@ -14,6 +15,11 @@ Writes `{"bf16_weight_bytes", "nvfp4_weight_bytes", "ratio", "peak_rss_bf16", "p
   backward, with `MALLOC_MMAP_THRESHOLD_=65536` so that freed large blocks go back to the OS.
   It includes the interpreter and libraries (`rss_after_imports` says how much).
 - tokens_per_s: LoRA training tokens per second on the NVFP4 base (after one warm-up step).
+- nvfp4_local_bytes_1rank / nvfp4_local_bytes_per_rank_2ranks / nvfp4_local_bytes_ratio_2ranks:
+  the bytes of packed base (packed values, FP8 group scales, biases and global scales of the
+  quantized layers) each real trainer rank (rlvr.training.trainer.Trainer, FSDP2 over gloo)
+  holds after one LoRA train step, with 1 rank and with 2 (the larger of the two); FSDP2 shards
+  it, so 2 ranks hold about half each (plus FSDP2's padding and the replicated global scales).
 """
 
 from __future__ import annotations
@@ -86,6 +92,30 @@ def train_in_this_process(variant: str, model_dir: str, dtype_name: str, steps: 
     }
 
 
+def packed_base_bytes_per_rank(model_dir: Path, ranks: int, dtype_name: str, batch: int, seq_len: int) -> list[int]:
+    """Bytes of packed base each trainer rank holds after one LoRA train step."""
+    import torch
+
+    from rlvr.records import TrainBatch
+    from rlvr.training.trainer import Trainer
+    from rlvr.training.worker import RankSpec
+
+    generator = torch.Generator().manual_seed(0)
+    half = seq_len // 2
+    sequences = [torch.randint(4, 200, (seq_len,), generator=generator).tolist() for _ in range(batch)]
+    train_batch = TrainBatch(
+        prompt_ids=[s[:half] for s in sequences],
+        completion_ids=[s[half:] for s in sequences],
+        sampler_logprobs=[[-1.0] * (seq_len - half) for _ in sequences],
+        advantages=torch.linspace(-1.0, 1.0, batch),
+        group=torch.zeros(batch, dtype=torch.long),
+    )
+    lora = dict(rank=16, alpha=32.0, dropout=0.0, target_modules="all-linear")
+    with Trainer(RankSpec(model_path=str(model_dir), dtype=dtype_name, lora=lora), ranks=ranks) as trainer:
+        trainer.train_step(train_batch)
+        return trainer.packed_base_bytes()
+
+
 def run_variant(variant: str, model_dir: Path, args) -> dict:
     command = [
         sys.executable, __file__, "--child", variant, str(model_dir), "--dtype", args.dtype,
@@ -138,6 +168,8 @@ def main() -> None:
 
         bf16_bytes, nvfp4_bytes = checkpoint_bytes(bf16_dir), checkpoint_bytes(nvfp4_dir)
         bf16_run, nvfp4_run = run_variant("bf16", bf16_dir, args), run_variant("nvfp4", nvfp4_dir, args)
+        (local_1rank,) = packed_base_bytes_per_rank(nvfp4_dir, 1, args.dtype, args.batch, args.seq_len)
+        local_2ranks = max(packed_base_bytes_per_rank(nvfp4_dir, 2, args.dtype, args.batch, args.seq_len))
 
     report = {
         "bf16_weight_bytes": bf16_bytes,
@@ -147,6 +179,9 @@ def main() -> None:
         "peak_rss_nvfp4": nvfp4_run["peak_rss"],
         "tokens_per_s": nvfp4_run["tokens_per_s"],
         "tokens_per_s_bf16": bf16_run["tokens_per_s"],
+        "nvfp4_local_bytes_1rank": local_1rank,
+        "nvfp4_local_bytes_per_rank_2ranks": local_2ranks,
+        "nvfp4_local_bytes_ratio_2ranks": local_2ranks / local_1rank,
         "rss_after_imports": min(bf16_run["rss_after_imports"], nvfp4_run["rss_after_imports"]),
         "parameters": parameters,
         "compute_dtype": args.dtype,

@@ -170,7 +170,11 @@ def test_lora_on_packed_base_trains_like_lora_on_the_dequantized_float_model(nvf
 
     trainable = {name for name, p in peft_packed.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in name for name in trainable)
-    buffers_before = {name: b.clone() for name, b in peft_packed.named_buffers()}
+    # the packed tensors are frozen parameters (FSDP2 shards parameters only) in their own dtypes
+    frozen = dict(peft_packed.named_buffers()) | {n: p for n, p in peft_packed.named_parameters() if not p.requires_grad}
+    assert {frozen[f"{name}.weight_packed"].dtype for name in quantized_linear_names(peft_packed)} == {torch.uint8}
+    assert {frozen[f"{name}.weight_scale"].dtype for name in quantized_linear_names(peft_packed)} == {torch.float8_e4m3fn}
+    frozen_before = {name: t.clone() for name, t in frozen.items()}
     optimizer = torch.optim.AdamW([p for p in peft_packed.parameters() if p.requires_grad], lr=1e-2)
     losses = []
     for _ in range(3):
@@ -181,7 +185,7 @@ def test_lora_on_packed_base_trains_like_lora_on_the_dequantized_float_model(nvf
         losses.append(loss.item())
     assert losses[-1] < losses[0]
     assert {name for name, p in peft_packed.named_parameters() if p.grad is not None} == trainable
-    assert all(torch.equal(b, buffers_before[name]) for name, b in peft_packed.named_buffers())
+    assert all(torch.equal(t, frozen_before[name]) for name, t in frozen.items())
 
 
 def test_backward_does_not_keep_float_weights(nvfp4_dir):

@@ -3,9 +3,11 @@
 import pytest
 import torch
 from engine_fixtures import random_train_batch, reference_logprobs
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from rlvr.models.tiny import build_tiny_model
+from rlvr.quant import quantize_checkpoint, write_dequantized_checkpoint
 from rlvr.training.packing import IGNORE, plan
 from rlvr.training.trainer import Trainer, TrainerError
 from rlvr.training.worker import RankSpec
@@ -28,27 +30,59 @@ def test_packing_scores_each_completion_token_once_and_balances_ranks():
     assert all(mb.num_tokens <= 9 for rank in per_rank for mb in rank)
 
 
-@pytest.mark.slow
-def test_two_ranks_match_one_rank_and_transformers(tiny):
+def _one_and_two_ranks(model_path: str, reference_model) -> dict[int, tuple]:
+    """For 1 and 2 ranks: (logprobs, train-step metrics, updated adapter, packed-base bytes per rank),
+    after checking the logprobs against `reference_model`'s."""
     batch = random_train_batch()
     sequences = [p + c for p, c in zip(batch.prompt_ids, batch.completion_ids)]
     prompt_lens = [len(p) for p in batch.prompt_ids]
-    expected = reference_logprobs(AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32), sequences, prompt_lens)
+    expected = reference_logprobs(reference_model, sequences, prompt_lens)
     results = {}
     for ranks in (1, 2):
-        spec = RankSpec(model_path=tiny, lr=1e-2, lora=LORA, seed=0)
+        spec = RankSpec(model_path=model_path, lr=1e-2, lora=LORA, seed=0)
         with Trainer(spec, ranks=ranks, micro_batch_tokens=12) as trainer:
             lp = trainer.logprobs(sequences, prompt_lens)
             metrics = trainer.train_step(batch)
-            results[ranks] = (lp, metrics, trainer.adapter().tensors)
-    for lp in (results[1][0], results[2][0]):
+            held = trainer.packed_base_bytes()
+            results[ranks] = (lp, metrics, trainer.adapter().tensors, held)
         assert max(abs(a - b) for x, y in zip(lp, expected) for a, b in zip(x, y)) < 1e-5
-    (_, m1, a1), (_, m2, a2) = results[1], results[2]
+    (_, m1, a1, _), (_, m2, a2, _) = results[1], results[2]
     assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-5)
     assert m1["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
     assert a1.keys() == a2.keys()
     for name in a1:  # the updated adapters agree, so the gradients did
         torch.testing.assert_close(a1[name], a2[name], atol=1e-5, rtol=1e-5)
+    return results
+
+
+@pytest.mark.slow
+def test_two_ranks_match_one_rank_and_transformers(tiny):
+    _one_and_two_ranks(tiny, AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32))
+
+
+def _packed_layer_bytes(stored: dict[str, torch.Tensor], base_format: str) -> int:
+    """Bytes of what the packed layers hold, read from the checkpoint: NVFP4's compressed-tensors
+    keys, or NF4's bitsandbytes keys (whose quant_map and quant_state the layers do not keep)."""
+    if base_format == "nvfp4":
+        layers = {key.removesuffix(".weight_packed") for key in stored if key.endswith(".weight_packed")}
+        return sum(t.nbytes for key, t in stored.items() if key.rsplit(".", 1)[0] in layers)
+    layers = {key.removesuffix(".weight.absmax") for key in stored if key.endswith(".weight.absmax")}
+    return sum(stored[f"{layer}.{part}"].nbytes for layer in layers for part in ("weight", "weight.absmax", "bias")
+               if f"{layer}.{part}" in stored)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("base_format", ["nvfp4", "nf4"])
+def test_two_ranks_each_hold_half_the_packed_base_and_train_like_one(tiny, tmp_path, base_format):
+    packed_dir = quantize_checkpoint(tiny, tmp_path / base_format, format=base_format)
+    # transformers on the dequantized weights computes what the packed layers do
+    reference = AutoModelForCausalLM.from_pretrained(write_dequantized_checkpoint(packed_dir, tmp_path / "float"))
+    results = _one_and_two_ranks(str(packed_dir), reference)
+    packed_bytes = _packed_layer_bytes(load_file(packed_dir / "model.safetensors"), base_format)
+    (one_rank,), two_ranks = results[1][3], results[2][3]
+    assert one_rank == packed_bytes  # one rank holds every packed tensor, each once
+    for held in two_ranks:  # half each; the few bytes over are FSDP2's padding and the replicated global scales
+        assert packed_bytes / 2 <= held < 0.52 * packed_bytes
 
 
 @pytest.mark.slow

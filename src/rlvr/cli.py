@@ -29,7 +29,9 @@ def _load(config: Path, overrides: list[str]):
 def train(
     config: Path = typer.Argument(..., help="YAML config"),
     overrides: Optional[list[str]] = typer.Argument(None, help="dotted overrides, e.g. trainer.lr=1e-5"),
-    dry_run: bool = typer.Option(False, "--dry-run", help="validate and print the resolved config, run nothing"),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="validate; print the resolved config, the placement plan and a memory estimate per device; run nothing"
+    ),
     resume: Optional[str] = typer.Option(
         None, "--resume", help="'latest' (the config's run_dir) or a RUN_DIR: continue from its last good checkpoint"
     ),
@@ -38,7 +40,16 @@ def train(
     extra = [] if resume in (None, "latest") else [f"run_dir={resume}"]
     cfg = _load(config, [*(overrides or []), *extra])
     if dry_run:
+        from rlvr.orchestration.plan import PlanError, make_plan, print_plan
+
         console.print(dump_config(cfg), highlight=False, end="")
+        try:
+            plan = make_plan(cfg)
+        except PlanError as err:
+            console.print(f"[red]plan error:[/red] {config}: {err}", highlight=False, soft_wrap=True)
+            raise typer.Exit(2) from None
+        console.print()
+        print_plan(plan, cfg, console)
         return
     _run(cfg, resume=resume is not None)
 
@@ -98,6 +109,7 @@ def eval_command(
     seed: int = typer.Option(0, "--seed"),
     from_rollouts: Optional[Path] = typer.Option(None, "--from-rollouts", help="recompute metrics from saved samples"),
     out: Optional[Path] = typer.Option(None, "--out", help="write the metrics JSON here"),
+    no_progress: bool = typer.Option(False, "--no-progress", help="no progress bars (off anyway when not a terminal)"),
 ):
     """avg@k, unbiased pass@k and maj@k with standard errors, sampled now or from saved rows."""
     ks = [int(x) for x in k.split(",") if x.strip()]
@@ -124,13 +136,15 @@ def eval_command(
             if model is None or dataset is None:
                 raise ValueError("give MODEL (or --run RUN_DIR) and --dataset (or --from-rollouts FILE)")
             from rlvr.eval.sample import evaluate_model
+            from rlvr.tracking.progress import RunProgress
 
             samples = (out.with_suffix(".samples.jsonl") if out else Path("eval_samples.jsonl"))
-            result = evaluate_model(
-                model, dataset, adapter=adapter, n=n, ks=ks, temperature=temperature, max_tokens=max_tokens or 1024,
-                template=template or "boxed", verifier=verifier, limit=limit, backend=backend, kv_cache_gb=kv_cache_gb, seed=seed,
-                samples_path=samples,
-            )
+            with RunProgress(console, enabled=not no_progress) as progress:
+                result = evaluate_model(
+                    model, dataset, adapter=adapter, n=n, ks=ks, temperature=temperature, max_tokens=max_tokens or 1024,
+                    template=template or "boxed", verifier=verifier, limit=limit, backend=backend, kv_cache_gb=kv_cache_gb,
+                    seed=seed, samples_path=samples, progress=progress,
+                )
             console.print(f"samples: {samples}")
     except ValueError as err:
         console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
@@ -147,7 +161,9 @@ def eval_command(
 def quantize(
     model: Path = typer.Argument(..., help="HF causal LM folder"),
     out: Path = typer.Argument(..., help="output folder"),
-    format: str = typer.Option("nvfp4", "--format", help="nvfp4 (compressed-tensors nvfp4-pack-quantized)"),
+    format: str = typer.Option(
+        "nvfp4", "--format", help="nvfp4 (compressed-tensors nvfp4-pack-quantized) or nf4 (bitsandbytes 4-bit NF4)"
+    ),
     ignore: str = typer.Option("lm_head", "--ignore", help="comma-separated Linear names kept in float"),
 ):
     """Write MODEL as a 4-bit checkpoint that vLLM and rlvr's trainer load."""
@@ -192,23 +208,15 @@ def report(run_dir: Path = typer.Argument(..., help="a run folder with metrics.j
 
 
 def _run(cfg, resume: bool = False) -> None:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
     from rlvr.orchestration.controller import train as run_training
+    from rlvr.tracking.progress import RunProgress
 
-    columns = [TextColumn("RL steps"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[info]}")]
-    with Progress(*columns, console=console, disable=not cfg.tracking.progress) as bar:
-        task = bar.add_task("steps", total=cfg.steps, info="starting engine and trainer")
-
-        def on_step(step: int, metrics: dict) -> None:
-            bar.update(task, completed=step, info=f"reward {metrics['reward/mean']:.3f}  {metrics['time/step']:.1f}s/step")
-
-        try:
-            summary = run_training(cfg, progress=on_step, resume=resume, log=bar.console.print)
-        except ValueError as err:  # bad data or a missing checkpoint: one line, no traceback
-            bar.stop()
-            console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from None
+    try:
+        with RunProgress(console, enabled=cfg.tracking.progress, steps=cfg.steps) as progress:
+            summary = run_training(cfg, progress=progress, resume=resume, log=progress.console.print)
+    except ValueError as err:  # bad data or a missing checkpoint: one line, below the stopped bars, no traceback
+        console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
     from rlvr.tracking.report import write_report
 
     console.print_json(json.dumps(summary))

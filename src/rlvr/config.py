@@ -59,15 +59,33 @@ class WarmStartSpec(Section):
 class DemoSpec(Section):
     """What `rlvr demo` builds when missing: the tiny model, the task, the warm start."""
 
-    base_format: Literal["hf", "nvfp4"] = Field("nvfp4", description="nvfp4: quantize the warm-started model")
+    base_format: Literal["hf", "nvfp4", "nf4"] = Field(
+        "nvfp4", description="nvfp4 / nf4: quantize the warm-started model to that 4-bit format"
+    )
     model: TinyModelSpec = TinyModelSpec()
     task: SyntheticTaskSpec = SyntheticTaskSpec()
     warm_start: WarmStartSpec = WarmStartSpec()
 
 
+class ArchitectureEstimate(Section):
+    """The numbers `rlvr train --dry-run` estimates memory from when model.path has no
+    config.json yet (a dense decoder: Llama, Qwen, Mistral ...); config.json wins when present."""
+
+    hidden_size: int = Field(..., gt=0)
+    num_layers: int = Field(..., gt=0)
+    num_heads: int = Field(..., gt=0)
+    num_kv_heads: int = Field(..., gt=0)
+    head_dim: int | None = Field(None, gt=0, description="default hidden_size / num_heads")
+    intermediate_size: int = Field(..., gt=0)
+    vocab_size: int = Field(..., gt=0)
+    tie_word_embeddings: bool = False
+    weight_format: Literal["float", "nvfp4"] = Field("float", description="nvfp4: the checkpoint's Linear layers are NVFP4")
+
+
 class ModelConfig(Section):
     path: str = Field(..., description="HF model folder (or the tiny model the demo builds there)")
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    estimate: ArchitectureEstimate | None = None
 
 
 class DataConfig(Section):
@@ -186,6 +204,9 @@ class PlacementConfig(Section):
     nodes: int = Field(1, ge=1)
     gpus_per_node: int = Field(0, ge=0, description="0: CPU only")
     engine_gpus: int = Field(0, ge=0, description="split placement: GPUs given to the engine(s)")
+    gpu_memory_gb: float | None = Field(
+        None, gt=0, description="usable memory of one GPU in GB (1e9 bytes); --dry-run checks the estimate against it"
+    )
 
 
 class RunConfig(Section):

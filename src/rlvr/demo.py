@@ -3,8 +3,9 @@
 1. the task: synthetic arithmetic split by seed into the train and test files the config names;
 2. the model: a tiny random causal LM with a character tokenizer (rlvr.models.tiny);
 3. the warm start: a short supervised phase on boxed answers, so RL starts from rewards that
-   are neither zero nor saturated; with `base_format: nvfp4` the result is then quantized to
-   an NVFP4 (compressed-tensors) checkpoint, the frozen base LoRA trains on.
+   are neither zero nor saturated; with `base_format: nvfp4` (or `nf4`) the result is then
+   quantized to an NVFP4 compressed-tensors (or NF4 bitsandbytes) checkpoint, the frozen base
+   LoRA trains on.
 Each is skipped when its output already exists, so a second `make demo` goes straight to RL.
 """
 
@@ -80,13 +81,13 @@ def _build_model(cfg: RunConfig, model_dir: Path, console) -> None:
             progress=lambda loss: bar.update(task, advance=1, description=f"warm start, loss {loss:.3f}"),
         )
     shutil.rmtree(model_dir, ignore_errors=True)  # a half-built folder without config.json
-    if spec.base_format == "nvfp4":
+    if spec.base_format != "hf":
         from rlvr.quant import quantize_checkpoint
 
         float_dir = model_dir.with_name(model_dir.name + ".float")
         shutil.rmtree(float_dir, ignore_errors=True)
         staging.replace(float_dir)
-        quantize_checkpoint(float_dir, staging)
+        quantize_checkpoint(float_dir, staging, format=spec.base_format)
     staging.replace(model_dir)
     warm = f"warm-started {w.steps} steps (final loss {losses[-1]:.3f})" if losses else "random weights"
     console.print(f"model: {m.arch} tiny, {warm}, {spec.base_format} -> {model_dir}")

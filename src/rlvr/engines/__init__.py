@@ -1,4 +1,5 @@
-"""Rollout engines: `make_engine("vllm" | "hf", model_path, **options)` returns an `Engine`."""
+"""Rollout engines: `make_engine("vllm" | "hf", model_path, **options)` returns an `Engine`,
+in this process or, given a `placement`, as a Ray actor behind the same interface."""
 
 from __future__ import annotations
 
@@ -26,17 +27,22 @@ _VLLM_ONLY_OPTIONS = {
 }
 
 
-def make_engine(backend: str, model_path: str, **options) -> Engine:
-    """Start the engine for `backend` on the model at `model_path` (a local HF folder)."""
+def make_engine(backend: str, model_path: str, *, placement=None, **options) -> Engine:
+    """Start the engine for `backend` on the model at `model_path` (a local HF folder).
+
+    `placement`: None runs it here; a `rlvr.orchestration.ray_placement.RayCluster` runs it
+    in an actor in the cluster's placement group."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown engine backend {backend!r}; known: {', '.join(BACKENDS)}")
+    if placement is not None:
+        return placement.engine(backend, model_path, **options)
     if backend == "vllm":
         from rlvr.engines.vllm_engine import VLLMEngine
 
         return VLLMEngine(model_path, **options)
-    if backend == "hf":
-        from rlvr.engines.hf_engine import HFEngine
+    from rlvr.engines.hf_engine import HFEngine
 
-        return HFEngine(model_path, **{k: v for k, v in options.items() if k not in _VLLM_ONLY_OPTIONS})
-    raise ValueError(f"unknown engine backend {backend!r}; known: {', '.join(BACKENDS)}")
+    return HFEngine(model_path, **{k: v for k, v in options.items() if k not in _VLLM_ONLY_OPTIONS})
 
 
 __all__ = ["BACKENDS", "Engine", "make_engine"]

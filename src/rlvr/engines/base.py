@@ -7,7 +7,7 @@ own modules and subclass this protocol so that they inherit the context-manager 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 import torch
@@ -25,8 +25,12 @@ class Engine(Protocol):
     always returns raw (temperature 1) logprobs.
     """
 
-    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling) -> list[Rollout]:
-        """Sample `n` completions per prompt; `len(prompts) * n` rollouts, by prompt then sample."""
+    def generate(
+        self, prompts: list[list[int]], n: int, sampling: Sampling, *, progress: Callable[[int], None] | None = None
+    ) -> list[Rollout]:
+        """Sample `n` completions per prompt; `len(prompts) * n` rollouts, by prompt then sample.
+
+        `progress`, if given, is called with the number of samples finished, as they finish."""
         ...
 
     def score(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:

@@ -8,7 +8,7 @@ are the logits after temperature and top-p, i.e. the distribution each token was
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
@@ -57,12 +57,14 @@ class HFEngine(Engine):
         sampling: Sampling | Sequence[Sampling],
         *,
         ignore_eos: bool = False,
+        progress: Callable[[int], None] | None = None,
     ) -> list[Rollout]:
         """Sample `n` completions per prompt; `sampling` may be one per prompt.
 
         One `generate` call serves rows that share temperature, top_p, stop and seed; only
         max_tokens may differ between prompts (each row is cut at its own). A matched stop
-        string is kept in the text, as the vLLM engine does.
+        string is kept in the text, as the vLLM engine does. `progress` is called with each
+        finished batch's row count.
         """
         samplings = [sampling] * len(prompts) if isinstance(sampling, Sampling) else list(sampling)
         if len(samplings) != len(prompts):
@@ -75,6 +77,8 @@ class HFEngine(Engine):
         for start in range(0, len(rows), self.batch_size):
             batch = rows[start : start + self.batch_size]
             rollouts += self._generate_batch(batch, samplings[0], start // self.batch_size, ignore_eos)
+            if progress is not None:
+                progress(len(batch))
         return rollouts
 
     @torch.no_grad()

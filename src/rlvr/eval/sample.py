@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rlvr.tracking.progress import RunProgress
+
 
 def evaluate_model(
     model: str,
@@ -25,6 +27,7 @@ def evaluate_model(
     kv_cache_gb: float,
     seed: int,
     samples_path: Path,
+    progress: RunProgress | None = None,
 ) -> dict:
     from transformers import AutoTokenizer
 
@@ -51,4 +54,6 @@ def evaluate_model(
         if lora is not None:
             engine.update_lora(lora)
         samples_path.parent.mkdir(parents=True, exist_ok=True)
-        return evaluate(engine, pool, problems, prompts, n=n, ks=ks, sampling=sampling, samples_path=str(samples_path))
+        return evaluate(
+            engine, pool, problems, prompts, n=n, ks=ks, sampling=sampling, samples_path=str(samples_path), progress=progress
+        )

@@ -276,18 +276,26 @@ def _make_trainer(cfg: RunConfig):
         threads=0,
         algorithm=cfg.algorithm.model_dump(),
     )
-    return Trainer(spec, ranks=t.ranks, micro_batch_tokens=t.micro_batch_tokens)
+    launch = None
+    if cfg.placement.backend == "ray":
+        from rlvr.orchestration.ray_placement import RayCluster
+
+        launch = RayCluster.shared(cfg.placement, t.ranks).launch_ranks
+    return Trainer(spec, ranks=t.ranks, micro_batch_tokens=t.micro_batch_tokens, launch=launch)
 
 
 def engine_model_path(model_path: str) -> str:
     """What the engine loads. An NVFP4 checkpoint runs natively where vLLM has NVFP4 kernels
-    (CUDA); elsewhere the engine gets the dequantized values, written once beside it, which
-    are exactly the numbers the trainer's packed layers compute with."""
+    (CUDA); elsewhere, and for NF4 always (vLLM 0.32 has no bitsandbytes method), the engine
+    gets the dequantized values, written once beside it, which are exactly the numbers the
+    trainer's packed layers compute with."""
     import torch
 
-    from rlvr.quant.checkpoint import is_quantized_checkpoint, write_dequantized_checkpoint
+    from rlvr.quant.checkpoint import is_quantized_checkpoint, quantized_format, write_dequantized_checkpoint
 
-    if not is_quantized_checkpoint(model_path) or torch.cuda.is_available():
+    if not is_quantized_checkpoint(model_path):
+        return model_path
+    if torch.cuda.is_available() and quantized_format(model_path) == "nvfp4":
         return model_path
     view = Path(str(model_path).rstrip("/") + ".dequantized")
     if not (view / "model.safetensors").is_file():  # written last
@@ -297,6 +305,11 @@ def engine_model_path(model_path: str) -> str:
 
 def _make_engine(cfg: RunConfig, make_engine):
     e = cfg.engine
+    placement = None
+    if cfg.placement.backend == "ray":
+        from rlvr.orchestration.ray_placement import RayCluster
+
+        placement = RayCluster.shared(cfg.placement, cfg.trainer.ranks)
     return make_engine(
         e.backend,
         engine_model_path(cfg.model.path),
@@ -310,6 +323,7 @@ def _make_engine(cfg: RunConfig, make_engine):
         enforce_eager=e.enforce_eager,
         num_threads=e.num_threads,
         seed=cfg.seed,
+        placement=placement,
     )
 
 

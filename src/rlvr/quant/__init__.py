@@ -1,20 +1,31 @@
-"""Quantized frozen bases: NVFP4 in compressed-tensors' format, the packed Linear, checkpoint I/O."""
+"""Quantized frozen bases: NVFP4 (compressed-tensors) or NF4 (bitsandbytes), the packed Linears, checkpoint I/O."""
 
 from rlvr.quant.checkpoint import (
     dequantized_state_dict,
     load_quantized_model,
     quantize_checkpoint,
+    quantized_format,
     write_dequantized_checkpoint,
 )
-from rlvr.quant.linear import NVFP4Linear, NVFP4LoraLinear, prepare_lora_config, quantized_linear_names
+from rlvr.quant.linear import (
+    NF4Linear,
+    NVFP4Linear,
+    QuantizedLinear,
+    QuantizedLoraLinear,
+    prepare_lora_config,
+    quantized_linear_names,
+)
 
 __all__ = [
+    "NF4Linear",
     "NVFP4Linear",
-    "NVFP4LoraLinear",
+    "QuantizedLinear",
+    "QuantizedLoraLinear",
     "dequantized_state_dict",
     "load_quantized_model",
     "prepare_lora_config",
     "quantize_checkpoint",
+    "quantized_format",
     "quantized_linear_names",
     "write_dequantized_checkpoint",
 ]

@@ -1,4 +1,5 @@
-"""NVFP4 checkpoints in compressed-tensors' format: write one, load it packed, or get its float weights.
+"""4-bit checkpoints, NVFP4 in compressed-tensors' format or NF4 in bitsandbytes': write one, load it
+packed, or get its float weights.
 
 A checkpoint folder is an HF model folder where every quantized Linear `P` stores, instead of
 `P.weight`, the tensors `P.weight_packed`, `P.weight_scale`, `P.weight_global_scale` and
@@ -7,14 +8,20 @@ the `quantization_config` that llm-compressor writes for its NVFP4 scheme (W4A4:
 FP4 activations quantized dynamically per group of 16 with a calibrated global scale), so vLLM
 serves it with its NVFP4 kernels where the GPU has them.
 
+An NF4 folder (`format="nf4"`) is the one transformers saves for a bitsandbytes 4-bit model:
+each quantized Linear `P` stores `P.weight` (packed uint8) with `P.weight.absmax`,
+`P.weight.quant_map` and `P.weight.quant_state.bitsandbytes__nf4` (see `rlvr.quant.nf4`), and
+`quantization_config` is `BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4")`'s.
+NF4 needs no calibration: each block of 64 weights carries its own absmax.
+
 - `quantize_checkpoint(model_dir, out_dir)`: every `nn.Linear` outside `ignore` is quantized.
   Layers that read the very same input tensor (q/k/v, gate/up) share one weight global scale,
   found by watching a calibration forward, not from names: vLLM fuses them into one GEMM with
   one global scale. The same forward calibrates `input_global_scale`.
 - `load_quantized_model(model_dir)`: the HF model with those Linears replaced by frozen
-  `NVFP4Linear` modules; no float copy of their weights is ever built.
+  `NVFP4Linear` / `NF4Linear` modules; no float copy of their weights is ever built.
 - `dequantized_state_dict(model_dir)` / `write_dequantized_checkpoint(model_dir, out_dir)`: the
-  float weights, for an engine with no NVFP4 kernel (vLLM on CPU), so that sampler and trainer
+  float weights, for an engine with no 4-bit kernel (vLLM on CPU), so that sampler and trainer
   compute with the same numbers.
 """
 
@@ -33,14 +40,17 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from rlvr.quant import nvfp4
-from rlvr.quant.linear import NVFP4Linear
+from rlvr.quant import nf4, nvfp4
+from rlvr.quant.linear import NF4Linear, NVFP4Linear, QuantizedLinear
 
 FORMAT_NAME = "nvfp4-pack-quantized"
 QUANT_METHOD = "compressed-tensors"
 # The compressed-tensors release whose on-disk format and config this module writes.
 COMPRESSED_TENSORS_VERSION = "0.17.0"
 QUANTIZED_TENSOR_SUFFIXES = ("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale")
+# what `quantize_checkpoint(format=...)` writes, and the columns each needs a multiple of
+FORMATS = {"nvfp4": nvfp4.GROUP_SIZE, "nf4": nf4.BLOCK_SIZE}
+BITSANDBYTES_METHOD = "bitsandbytes"
 
 # Short, varied text for the activation ranges; they only set per-layer input global scales.
 DEFAULT_CALIBRATION_TEXTS = (
@@ -158,9 +168,10 @@ def quantize_checkpoint(
     ignore: Sequence[str] = ("lm_head",),
     calibration_texts: Sequence[str] = DEFAULT_CALIBRATION_TEXTS,
 ) -> Path:
-    """Write `model_dir` (an HF causal LM folder) to `out_dir` in the `nvfp4-pack-quantized` format."""
-    if format != "nvfp4":
-        raise ValueError(f"unknown quantization format {format!r}; known: nvfp4")
+    """Write `model_dir` (an HF causal LM folder) to `out_dir` as `format`: "nvfp4"
+    (compressed-tensors `nvfp4-pack-quantized`) or "nf4" (bitsandbytes 4-bit NF4)."""
+    if format not in FORMATS:
+        raise ValueError(f"unknown quantization format {format!r}; known: {', '.join(FORMATS)}")
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
     source_dtype = model.dtype
@@ -171,11 +182,13 @@ def quantize_checkpoint(
     for name, module in linears.items():
         if id(module.weight) in embedding_weights:
             raise ValueError(f"{model_dir}: {name}.weight is tied to an embedding; add {name!r} to ignore")
-        if module.in_features % nvfp4.GROUP_SIZE:
+        if module.in_features % FORMATS[format]:
             raise ValueError(
                 f"{model_dir}: {name} has {module.in_features} input features, not a multiple of "
-                f"{nvfp4.GROUP_SIZE}; add {name!r} to ignore"
+                f"{FORMATS[format]}; add {name!r} to ignore"
             )
+    if format == "nf4":
+        return _write_nf4(model, linears, source_dtype, model_dir, out_dir, ignore)
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     input_amax, shared_groups = _calibrate(model, linears, tokenizer, calibration_texts)
@@ -194,13 +207,29 @@ def quantize_checkpoint(
             compute_dtype=source_dtype,
         )
         model.set_submodule(name, packed)
-    for parameter in model.parameters():
-        parameter.data = parameter.data.to(source_dtype)
+    for module in model.modules():
+        if not isinstance(module, QuantizedLinear):  # packed tensors keep their own dtypes
+            for parameter in module.parameters(recurse=False):
+                parameter.data = parameter.data.to(source_dtype)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     _copy_non_weight_files(model_dir, out_dir)
     model.save_pretrained(out_dir)
     _write_quantization_config(out_dir, nvfp4_quantization_config(ignore))
+    return out_dir
+
+
+def _write_nf4(model: nn.Module, linears: dict[str, nn.Linear], source_dtype, model_dir: Path, out_dir: Path, ignore) -> Path:
+    """Save `model` with each of `linears` NF4-quantized, under bitsandbytes' key names."""
+    state = {key: value.to(source_dtype) if value.is_floating_point() else value for key, value in model.state_dict().items()}
+    for name, module in linears.items():
+        del state[f"{name}.weight"]
+        stored = nf4.to_checkpoint(nf4.quantize(module.weight.detach()), source_dtype)
+        state.update({f"{name}.{suffix}": tensor for suffix, tensor in stored.items()})
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _copy_non_weight_files(model_dir, out_dir)
+    model.save_pretrained(out_dir, state_dict=state)
+    _write_quantization_config(out_dir, nf4.quantization_config(list(ignore), source_dtype))
     return out_dir
 
 
@@ -231,15 +260,21 @@ def is_quantized_checkpoint(model_dir: str | Path) -> bool:
 
 
 def read_quantization_config(model_dir: str | Path) -> dict:
-    """The checkpoint's `quantization_config`, checked to be NVFP4 as this module reads it."""
+    """The checkpoint's `quantization_config`, checked to be NVFP4 or NF4 as this module reads them."""
     config_path = Path(model_dir) / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"{config_path}: no config.json")
     quantization_config = json.loads(config_path.read_text()).get("quantization_config")
     if not quantization_config:
         raise ValueError(f"{config_path}: no quantization_config (not a quantized checkpoint)")
+    if quantization_config.get("quant_method") == BITSANDBYTES_METHOD:
+        nf4.check_quantization_config(quantization_config, str(config_path))
+        return quantization_config
     if quantization_config.get("quant_method") != QUANT_METHOD:
-        raise ValueError(f"{config_path}: quant_method is {quantization_config.get('quant_method')!r}, not {QUANT_METHOD!r}")
+        raise ValueError(
+            f"{config_path}: quant_method is {quantization_config.get('quant_method')!r}, "
+            f"not {QUANT_METHOD!r} or {BITSANDBYTES_METHOD!r}"
+        )
     for group_name, group in quantization_config.get("config_groups", {}).items():
         group_format = group.get("format") or quantization_config.get("format")
         weights = group.get("weights") or {}
@@ -251,6 +286,12 @@ def read_quantization_config(model_dir: str | Path) -> dict:
                 f"(format {group_format!r}, weights {wrong or 'asymmetric'}); only {FORMAT_NAME} is supported"
             )
     return quantization_config
+
+
+def quantized_format(model_dir: str | Path) -> str:
+    """The format of a quantized checkpoint, "nvfp4" or "nf4" (its config checked)."""
+    method = read_quantization_config(model_dir)["quant_method"]
+    return "nf4" if method == BITSANDBYTES_METHOD else "nvfp4"
 
 
 def _read_tensors(model_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
@@ -284,14 +325,30 @@ def _quantized_prefixes(tensors: dict) -> list[str]:
     return [key.removesuffix(".weight_packed") for key in tensors if key.endswith(".weight_packed")]
 
 
-def load_quantized_model(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:
-    """The HF causal LM of an NVFP4 checkpoint, each quantized Linear an `NVFP4Linear` computing in `dtype`.
+def _pop_nf4(tensors: dict, source: dict, prefix: str, model_dir: Path) -> nf4.NF4Weight:
+    """Remove and return one layer's NF4 tensors (bitsandbytes' keys), checked."""
+    where = f"{model_dir / source[f'{prefix}.weight.{nf4.QUANT_STATE_KEY}']}: {prefix}"
+    stored = {suffix: tensors.pop(f"{prefix}.{suffix}") for suffix in nf4.CHECKPOINT_SUFFIXES if f"{prefix}.{suffix}" in tensors}
+    nested = [key for key in tensors if key.startswith(f"{prefix}.weight.nested_")]
+    stored.update({key.removeprefix(f"{prefix}."): tensors[key] for key in nested})
+    return nf4.from_checkpoint(stored, where)
 
-    Linears are found by type, not by name: each one with `P.weight_packed` in the files becomes
-    packed. A parameter no file provides, or a tensor no module takes, is an error naming it.
+
+def _nf4_prefixes(tensors: dict) -> list[str]:
+    suffix = f".weight.{nf4.QUANT_STATE_KEY}"
+    return [key.removesuffix(suffix) for key in tensors if key.endswith(suffix)]
+
+
+def load_quantized_model(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:
+    """The HF causal LM of a 4-bit checkpoint, each quantized Linear an `NVFP4Linear` (or
+    `NF4Linear`) computing in `dtype`.
+
+    Linears are found by type, not by name: each one with `P.weight_packed` (NF4:
+    `P.weight.quant_state.bitsandbytes__nf4`) in the files becomes packed. A parameter no file
+    provides, or a tensor no module takes, is an error naming it.
     """
     model_dir = Path(model_dir)
-    read_quantization_config(model_dir)
+    format = quantized_format(model_dir)
     tensors, source = _read_tensors(model_dir)
     config = AutoConfig.from_pretrained(model_dir)
     # the model is built plain; the packed layers are put in below
@@ -301,6 +358,10 @@ def load_quantized_model(model_dir: str | Path, dtype: torch.dtype = torch.float
 
     for name, module in list(model.named_modules()):
         if not isinstance(module, nn.Linear):
+            continue
+        if format == "nf4" and f"{name}.weight.{nf4.QUANT_STATE_KEY}" in tensors:
+            weight = _pop_nf4(tensors, source, name, model_dir)
+            model.set_submodule(name, NF4Linear(weight, tensors.pop(f"{name}.bias", None), compute_dtype=dtype))
             continue
         if f"{name}.weight_packed" not in tensors:
             continue  # a float Linear (ignored, or tied to the embedding): loaded below
@@ -324,11 +385,15 @@ def dequantized_state_dict(model_dir: str | Path, dtype: torch.dtype = torch.flo
     """The checkpoint's tensors with every packed weight replaced by `P.weight` in `dtype`.
 
     These are the values `load_quantized_model` computes with, under the checkpoint's own key
-    names, which is what an engine without NVFP4 kernels (vLLM on CPU) loads.
+    names, which is what an engine without 4-bit kernels (vLLM on CPU) loads.
     """
     model_dir = Path(model_dir)
-    read_quantization_config(model_dir)
+    format = quantized_format(model_dir)
     tensors, source = _read_tensors(model_dir)
+    if format == "nf4":
+        for prefix in _nf4_prefixes(tensors):
+            weight = _pop_nf4(tensors, source, prefix, model_dir)
+            tensors[f"{prefix}.weight"] = nf4.dequantize(weight.weight_packed, weight.weight_absmax, dtype)
     for prefix in _quantized_prefixes(tensors):
         weight, _input_global_scale = _pop_quantized(tensors, source, prefix, model_dir)
         tensors[f"{prefix}.weight"] = nvfp4.dequantize(

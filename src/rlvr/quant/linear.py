@@ -1,13 +1,24 @@
-"""A frozen Linear whose weight stays NVFP4-packed, and the peft LoRA layer that wraps it.
+"""Frozen Linears whose weight stays 4-bit packed (NVFP4 or NF4), and the peft LoRA layer on them.
 
-`NVFP4Linear` keeps `weight_packed` / `weight_scale` / `weight_global_scale` (and
-`input_global_scale`, kept only so a re-saved checkpoint stays complete) as buffers, named as
-in the checkpoint, so `state_dict()` is the compressed-tensors layout. The float weight exists
-only while one layer computes: the autograd function below dequantizes in forward and again in
-backward instead of saving it, so training memory holds the packed bytes (~0.56 byte per
-weight), not a float copy per layer.
+`QuantizedLinear` is the shared part: a subclass names its packed tensors (`packed_names`, in
+the order its `quant_format` module's `dequantize` takes them) and stores them; forward,
+backward and LoRA are the same for every format.
 
-LoRA: `NVFP4LoraLinear` is a peft `lora.Linear` whose base layer is an `NVFP4Linear`; peft
+Packed tensors and the bias are frozen parameters, which FSDP2 shards across the trainer
+ranks (it shards parameters, never buffers); one-float scales stay buffers, replicated, since
+sharding them would save nothing. The float weight exists only while one layer computes: the
+autograd function below dequantizes in forward and again in backward instead of saving it, so
+training memory holds the packed bytes (~0.56 byte per weight), not a float copy per layer.
+
+`NVFP4Linear` keeps `weight_packed` (uint8), `weight_scale` (FP8), `weight_global_scale` (and
+`input_global_scale`, kept only so a re-saved checkpoint stays complete), named as in the
+checkpoint, so `state_dict()` is the compressed-tensors layout; the trainer's checkpoints, which
+skip frozen parameters, skip the packed base.
+
+`NF4Linear` keeps `weight_packed` (uint8) and `weight_absmax` (float32), see `rlvr.quant.nf4`;
+the checkpoint I/O maps them to bitsandbytes' keys.
+
+LoRA: `QuantizedLoraLinear` is a peft `lora.Linear` whose base layer is a `QuantizedLinear`; peft
 picks it through `LoraConfig._register_custom_module`, which `prepare_lora_config` does (and
 expands `target_modules="all-linear"`, which peft alone resolves only to `nn.Linear`).
 """
@@ -20,11 +31,11 @@ from peft import LoraConfig
 from peft.tuners.lora import Linear as PeftLoraLinear
 from torch import nn
 
-from rlvr.quant import nvfp4
+from rlvr.quant import nf4, nvfp4
 
 
 class _DequantizedLinear(torch.autograd.Function):
-    """`x @ W.T + b` with W rebuilt from the packed tensors in forward and in backward.
+    """`x @ W.T + b` with W rebuilt by `dequantize(*packed, dtype)` in forward and in backward.
 
     The base is frozen, so only the input gradient is needed; recomputing W for it costs one
     more dequantization per layer and saves keeping every layer's float weight alive between
@@ -32,21 +43,60 @@ class _DequantizedLinear(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight_packed, weight_scale, weight_global_scale, bias):
-        ctx.save_for_backward(weight_packed, weight_scale, weight_global_scale)
-        weight = nvfp4.dequantize(weight_packed, weight_scale, weight_global_scale, x.dtype)
-        return F.linear(x, weight, bias)
+    def forward(ctx, x, bias, dequantize, *packed):
+        ctx.dequantize = dequantize
+        ctx.save_for_backward(*packed)
+        weight = dequantize(*packed, x.dtype)
+        output = F.linear(x, weight, bias)
+        # With a bias, F.linear returns a view (of its 2-D addmm result). The layer is an FSDP2
+        # unit, whose output must not be a view: an in-place op on it would drop the hook that
+        # all-gathers the packed weight again for backward.
+        return output.clone() if output._is_view() else output
 
     @staticmethod
     def backward(ctx, grad_output):
+        no_grads = (None,) * (2 + len(ctx.saved_tensors))
         if not ctx.needs_input_grad[0]:
-            return None, None, None, None, None
-        weight = nvfp4.dequantize(*ctx.saved_tensors, grad_output.dtype)
-        return grad_output @ weight, None, None, None, None
+            return (None, *no_grads)
+        weight = ctx.dequantize(*ctx.saved_tensors, grad_output.dtype)
+        return (grad_output @ weight, *no_grads)
 
 
-class NVFP4Linear(nn.Module):
+class QuantizedLinear(nn.Module):
+    """Frozen `y = x W^T + b` with W stored packed; computes in `compute_dtype`.
+
+    Subclasses set `quant_format` (a module with `dequantize(*packed, dtype)`), `packed_names`
+    (the attributes holding its packed tensors, in `dequantize`'s order, the packed bytes
+    first), `in_features`, `out_features`, `compute_dtype` and `bias`.
+    """
+
+    quant_format = None
+    packed_names: tuple[str, ...] = ()
+
+    def packed_tensors(self) -> list[torch.Tensor]:
+        return [getattr(self, name) for name in self.packed_names]
+
+    @property
+    def qweight(self) -> torch.Tensor:
+        """The packed weight under the name peft looks for to find a quantized layer's device."""
+        return getattr(self, self.packed_names[0])
+
+    def dequantized_weight(self) -> torch.Tensor:
+        return self.quant_format.dequantize(*self.packed_tensors(), self.compute_dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _DequantizedLinear.apply(x.to(self.compute_dtype), self.bias, self.quant_format.dequantize, *self.packed_tensors())
+
+    def extra_repr(self) -> str:
+        name = self.quant_format.__name__.rsplit(".", 1)[-1]
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, {name}"
+
+
+class NVFP4Linear(QuantizedLinear):
     """Frozen `y = x W^T + b` with W stored NVFP4-packed; computes in `compute_dtype`."""
+
+    quant_format = nvfp4
+    packed_names = ("weight_packed", "weight_scale", "weight_global_scale")
 
     def __init__(
         self,
@@ -59,31 +109,36 @@ class NVFP4Linear(nn.Module):
         self.out_features, packed_columns = weight.weight_packed.shape
         self.in_features = 2 * packed_columns
         self.compute_dtype = compute_dtype
-        self.register_buffer("weight_packed", weight.weight_packed)
-        self.register_buffer("weight_scale", weight.weight_scale)
+        self.weight_packed = _frozen(weight.weight_packed)
+        self.weight_scale = _frozen(weight.weight_scale)
+        self.bias = None if bias is None else _frozen(bias.to(compute_dtype))
         self.register_buffer("weight_global_scale", weight.weight_global_scale.float())
         self.register_buffer("input_global_scale", input_global_scale)
-        self.register_buffer("bias", None if bias is None else bias.to(compute_dtype))
-
-    @property
-    def qweight(self) -> torch.Tensor:
-        """The packed weight under the name peft looks for to find a quantized layer's device."""
-        return self.weight_packed
-
-    def dequantized_weight(self) -> torch.Tensor:
-        return nvfp4.dequantize(self.weight_packed, self.weight_scale, self.weight_global_scale, self.compute_dtype)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _DequantizedLinear.apply(
-            x.to(self.compute_dtype), self.weight_packed, self.weight_scale, self.weight_global_scale, self.bias
-        )
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, nvfp4"
 
 
-class NVFP4LoraLinear(PeftLoraLinear):
-    """peft's LoRA Linear on an `NVFP4Linear` base: `base(x) + B(A(dropout(x))) * scaling`.
+class NF4Linear(QuantizedLinear):
+    """Frozen `y = x W^T + b` with W stored NF4-packed (bitsandbytes' codebook and blocks)."""
+
+    quant_format = nf4
+    packed_names = ("weight_packed", "weight_absmax")
+
+    def __init__(self, weight: nf4.NF4Weight, bias: torch.Tensor | None = None, compute_dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.out_features, packed_columns = weight.weight_packed.shape
+        self.in_features = 2 * packed_columns
+        self.compute_dtype = compute_dtype
+        self.weight_packed = _frozen(weight.weight_packed)
+        self.weight_absmax = _frozen(weight.weight_absmax.float())
+        self.bias = None if bias is None else _frozen(bias.to(compute_dtype))
+
+
+def _frozen(tensor: torch.Tensor) -> nn.Parameter:
+    """A parameter FSDP2 shards (see rlvr.training.policy.shard) but no optimizer updates."""
+    return nn.Parameter(tensor, requires_grad=False)
+
+
+class QuantizedLoraLinear(PeftLoraLinear):
+    """peft's LoRA Linear on a `QuantizedLinear` base: `base(x) + B(A(dropout(x))) * scaling`.
 
     peft knows the shape of an `nn.Linear` only, so it is given here; the device and dtype it
     finds through the base's `qweight` and `compute_dtype` (its GPTQ and bitsandbytes
@@ -96,31 +151,31 @@ class NVFP4LoraLinear(PeftLoraLinear):
 
     def merge(self, *args, **kwargs) -> None:
         raise NotImplementedError(
-            "LoRA cannot be merged into an NVFP4-packed base in place; merge into the dequantized weights"
+            "LoRA cannot be merged into a 4-bit packed base in place; merge into the dequantized weights"
         )
 
 
 def quantized_linear_names(model: nn.Module) -> list[str]:
-    """Qualified names of the `NVFP4Linear` modules in `model`."""
-    return [name for name, module in model.named_modules() if isinstance(module, NVFP4Linear)]
+    """Qualified names of the `QuantizedLinear` modules (any format) in `model`."""
+    return [name for name, module in model.named_modules() if isinstance(module, QuantizedLinear)]
 
 
 def prepare_lora_config(config: LoraConfig, model: nn.Module) -> LoraConfig:
     """Make `config` able to target the packed layers of `model`; returns the same object.
 
-    Registers `NVFP4LoraLinear` for `NVFP4Linear`, and resolves `target_modules="all-linear"`
-    to the leaf names of every `nn.Linear` and `NVFP4Linear` except the output head: peft's own
+    Registers `QuantizedLoraLinear` for `QuantizedLinear`, and resolves `target_modules="all-linear"`
+    to the leaf names of every `nn.Linear` and `QuantizedLinear` except the output head: peft's own
     rule for "all-linear" would miss the packed layers, and on transformers-5 MoE models it also
     targets the fused 3-D expert and router parameters, an adapter vLLM cannot serve.
     """
-    config._register_custom_module({NVFP4Linear: NVFP4LoraLinear})
+    config._register_custom_module({QuantizedLinear: QuantizedLoraLinear})
     if isinstance(config.target_modules, str) and config.target_modules.lower() == "all-linear":
         head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
         config.target_modules = sorted(
             {
                 name.rsplit(".", 1)[-1]
                 for name, module in model.named_modules()
-                if isinstance(module, (nn.Linear, NVFP4Linear)) and module is not head
+                if isinstance(module, (nn.Linear, QuantizedLinear)) and module is not head
             }
         )
     return config

@@ -25,6 +25,7 @@ import resource
 import signal
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
@@ -180,8 +181,17 @@ class ScoringPool:
             if any(not w.ready and time.monotonic() > w.deadline for w in starting):
                 raise RuntimeError("scoring worker failed to start in time")
 
-    def score(self, responses: list[str], answers: list[str], verifiers: list[str] | None = None) -> list[Score]:
-        """One Score per response, in order; `verifiers` overrides the verifier per row."""
+    def score(
+        self,
+        responses: list[str],
+        answers: list[str],
+        verifiers: list[str] | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[Score]:
+        """One Score per response, in order; `verifiers` overrides the verifier per row.
+
+        `progress` is called with the number of items settled (scored, timed out or failed)
+        each time some are, so its calls add up to len(responses)."""
         if self._closed:
             raise RuntimeError("ScoringPool is closed")
         if len(responses) != len(answers) or (verifiers is not None and len(verifiers) != len(responses)):
@@ -202,13 +212,14 @@ class ScoringPool:
             busy = [w for w in self._workers if w.chunk or not w.ready]
             now = time.monotonic()
             readable = wait([w.conn for w in busy], timeout=max(0.0, min(w.deadline for w in busy) - now))
-            for worker in busy:
-                if worker.conn in readable:
-                    remaining -= self._receive(worker, results, pending)
+            settled = sum(self._receive(worker, results, pending) for worker in busy if worker.conn in readable)
             now = time.monotonic()
             for worker in list(self._workers):
                 if (worker.chunk or not worker.ready) and now > worker.deadline and worker.conn not in readable:
-                    remaining -= self._fail(worker, results, pending, _TIMEOUT)
+                    settled += self._fail(worker, results, pending, _TIMEOUT)
+            remaining -= settled
+            if progress is not None and settled:
+                progress(settled)
         return results
 
     def _receive(self, worker: _Worker, results: list, pending: deque) -> int:

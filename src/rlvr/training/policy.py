@@ -66,13 +66,13 @@ def decoder_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def load_base(model_path: str, dtype: torch.dtype) -> tuple[nn.Module, str]:
-    """The base model and its format: an NVFP4 checkpoint stays packed ("nvfp4"), else "hf"."""
+    """The base model and its format: a 4-bit checkpoint stays packed ("nvfp4" or "nf4"), else "hf"."""
     from transformers import AutoModelForCausalLM
 
-    from rlvr.quant.checkpoint import is_quantized_checkpoint, load_quantized_model
+    from rlvr.quant.checkpoint import is_quantized_checkpoint, load_quantized_model, quantized_format
 
     if is_quantized_checkpoint(model_path):
-        return load_quantized_model(model_path, dtype=dtype), "nvfp4"
+        return load_quantized_model(model_path, dtype=dtype), quantized_format(model_path)
     return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype), "hf"
 
 
@@ -94,9 +94,21 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, dropout: float, target
 
 
 def shard(module: nn.Module, mesh, param_dtype: torch.dtype, reduce_dtype: torch.dtype) -> None:
-    """FSDP2: each decoder block is its own unit, the rest (embeddings, norm, head) the root."""
+    """FSDP2: each decoder block is its own unit, the rest (embeddings, norm, head) the root.
+
+    Each packed layer (NVFP4, NF4) is a unit of its own, under a policy that casts nothing: the
+    block's policy would turn its FP8 group scales or float32 block absmax into `param_dtype`
+    (FSDP2 casts every floating-point parameter, FP8 included; it leaves only integer ones alone).
+    Its mixed-dtype tensors are then all-gathered as bytes, one collective per layer, and freed
+    again after the layer ran.
+    """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    from rlvr.quant import QuantizedLinear
+
+    for layer in module.modules():
+        if isinstance(layer, QuantizedLinear):
+            fully_shard(layer, mesh=mesh, mp_policy=MixedPrecisionPolicy())
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for block in decoder_blocks(module):
         fully_shard(block, mesh=mesh, mp_policy=policy)

@@ -4,8 +4,10 @@
         metrics = trainer.train_step(batch, temperature=1.0)
         adapter = trainer.adapter()
 
-The user never calls torchrun: the ranks are processes this class spawns. A rank that dies
-or raises stops the run with its traceback; the others are torn down with it.
+The user never calls torchrun: by default the ranks are local processes this class spawns;
+`launch` puts them elsewhere (Ray actors: rlvr.orchestration.ray_placement). Either way a
+rank is a handle with send/receive, and all command and gather logic lives here. A rank that
+dies or raises stops the run with its traceback; the others are torn down with it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import socket
+import time
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Protocol
 
 import torch
 
@@ -26,22 +31,44 @@ class TrainerError(RuntimeError):
     pass
 
 
+class RankDied(Exception):
+    """Whatever hosted a rank is gone; the message says how (exit code, Ray's account)."""
+
+
+class RankHandle(Protocol):
+    """The controller's end of one rank: how commands reach it, whatever hosts it."""
+
+    def send(self, command: str, payload) -> None: ...
+
+    def receive(self, timeout_s: float | None) -> tuple[str, object]:
+        """("ok", value) or ("error", traceback); raises RankDied, or TimeoutError after timeout_s."""
+        ...
+
+    def stop(self) -> None:
+        """Ask the rank to leave (all ranks are asked before any is waited for)."""
+        ...
+
+    def wait_stopped(self) -> None:
+        """Wait a while for it to go, then force it."""
+        ...
+
+
+Launch = Callable[[int, RankSpec], list[RankHandle]]
+
+
 class Trainer:
-    def __init__(self, spec: RankSpec, ranks: int = 1, micro_batch_tokens: int = 4096, start_timeout_s: float = 600):
+    def __init__(
+        self,
+        spec: RankSpec,
+        ranks: int = 1,
+        micro_batch_tokens: int = 4096,
+        start_timeout_s: float = 600,
+        launch: Launch | None = None,
+    ):
         self.spec, self.world_size, self.micro_batch_tokens = spec, ranks, micro_batch_tokens
         self._adapter_version = 0
         threads = spec.threads or max(1, (os.cpu_count() or 1) // ranks)
-        spec = replace(spec, threads=threads)
-        ctx = mp.get_context("spawn")
-        port = _free_port()
-        self._conns, self._procs = [], []
-        for rank in range(ranks):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=run_rank, args=(rank, ranks, port, spec, child), daemon=True)
-            proc.start()
-            child.close()
-            self._conns.append(parent)
-            self._procs.append(proc)
+        self._ranks: list[RankHandle] = (launch or spawn_ranks)(ranks, replace(spec, threads=threads))
         info = self._gather(timeout_s=start_timeout_s)
         self.trainable_params = info[0]["trainable_params"]
         self.total_params = info[0]["total_params"]
@@ -104,6 +131,10 @@ class Trainer:
     def weights(self) -> dict[str, torch.Tensor]:
         return self._call_all("weights")[0]
 
+    def packed_base_bytes(self) -> list[int]:
+        """Bytes of packed (quantized) base weights each rank holds between steps: its shards."""
+        return self._call_all("packed_base_bytes")
+
     def save(self, folder: str) -> None:
         """Every rank writes its shard of the trainable state into `folder` (which must exist)."""
         self._call_all("save", str(folder))
@@ -112,17 +143,11 @@ class Trainer:
         self._call_all("load", str(folder))
 
     def close(self) -> None:
-        for conn, proc in zip(self._conns, self._procs):
-            if proc.is_alive():
-                try:
-                    conn.send(("close", None))
-                except (BrokenPipeError, OSError):
-                    pass
-        for proc in self._procs:
-            proc.join(timeout=30)
-            if proc.is_alive():
-                proc.kill()
-        self._procs = []
+        ranks, self._ranks = self._ranks, []
+        for rank in ranks:
+            rank.stop()
+        for rank in ranks:
+            rank.wait_stopped()
 
     def __enter__(self) -> Trainer:
         return self
@@ -136,31 +161,97 @@ class Trainer:
         return self._call_each(command, [payload] * self.world_size)
 
     def _call_each(self, command: str, payloads: list) -> list:
-        for conn, payload in zip(self._conns, payloads):
-            conn.send((command, payload))
+        for rank, payload in zip(self._ranks, payloads):
+            rank.send(command, payload)
         return self._gather()
 
     def _gather(self, timeout_s: float | None = None) -> list:
-        results = []
-        for rank, (conn, proc) in enumerate(zip(self._conns, self._procs)):
-            while not conn.poll(1.0 if timeout_s is None else min(1.0, timeout_s)):
-                if not proc.is_alive():
+        """Every rank's answer to the last command, or a TrainerError naming the rank at fault.
+
+        Ranks are polled together, not in turn: when one dies, the others' collectives fail
+        ("connection reset") or hang, and the death, not its echo, is what the error must name."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        answers: dict[int, tuple[str, object]] = {}
+        failed_at = None
+        while len(answers) < len(self._ranks):
+            for index, rank in enumerate(self._ranks):
+                if index in answers:
+                    continue
+                try:
+                    answers[index] = rank.receive(_POLL_S)
+                except RankDied as died:
                     self.close()
-                    raise TrainerError(f"trainer rank {rank} died (exit code {proc.exitcode}); the run stops")
-                if timeout_s is not None:
-                    timeout_s -= 1.0
-                    if timeout_s <= 0:
-                        self.close()
-                        raise TrainerError(f"trainer rank {rank} did not answer in time")
-            status, value = conn.recv()
-            if status == "error":
+                    raise TrainerError(f"trainer rank {index} died ({died}); the run stops") from None
+                except TimeoutError:
+                    pass
+            errors = [index for index, (status, _) in sorted(answers.items()) if status == "error"]
+            if errors:
+                # A peer's death shows up in the survivors' collectives first; wait a moment for it.
+                failed_at = failed_at or time.monotonic()
+                if len(answers) == len(self._ranks) or time.monotonic() - failed_at > _DEATH_GRACE_S:
+                    self.close()
+                    raise TrainerError(f"trainer rank {errors[0]} failed:\n{answers[errors[0]][1]}")
+            elif deadline is not None and time.monotonic() > deadline:
+                late = min(set(range(len(self._ranks))) - answers.keys())
                 self.close()
-                raise TrainerError(f"trainer rank {rank} failed:\n{value}")
-            results.append(value)
-        return results
+                raise TrainerError(f"trainer rank {late} did not answer in time")
+        return [answers[index][1] for index in range(len(self._ranks))]
 
 
-def _free_port() -> int:
+_POLL_S = 1.0
+_DEATH_GRACE_S = 5.0
+
+
+# ---------------------------------------------------------------------- local processes
+
+
+class RankProcess:
+    """A rank in a local process of its own, spoken to over a pipe."""
+
+    def __init__(self, context, rank: int, world_size: int, port: int, spec: RankSpec):
+        self._conn, child = context.Pipe()
+        self._process = context.Process(target=run_rank, args=(rank, world_size, port, spec, child), daemon=True)
+        self._process.start()
+        child.close()
+
+    def send(self, command: str, payload) -> None:
+        try:
+            self._conn.send((command, payload))
+        except (BrokenPipeError, OSError):
+            pass  # it died: receive says how
+
+    def receive(self, timeout_s: float | None) -> tuple[str, object]:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self._conn.poll(1.0 if deadline is None else min(1.0, max(0.0, deadline - time.monotonic()))):
+            if not self._process.is_alive():
+                raise RankDied(f"exit code {self._process.exitcode}")
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError
+        try:
+            return self._conn.recv()
+        except (EOFError, OSError):  # the pipe closed under us: the process is going
+            self._process.join(timeout=5)
+            raise RankDied(f"exit code {self._process.exitcode}") from None
+
+    def stop(self) -> None:
+        if self._process.is_alive():
+            self.send("close", None)
+
+    def wait_stopped(self) -> None:
+        self._process.join(timeout=30)
+        if self._process.is_alive():
+            self._process.kill()
+
+
+def spawn_ranks(world_size: int, spec: RankSpec) -> list[RankProcess]:
+    """The default launch: one spawned process per rank, meeting on a loopback port."""
+    context = mp.get_context("spawn")
+    port = free_port()
+    return [RankProcess(context, rank, world_size, port, spec) for rank in range(world_size)]
+
+
+def free_port() -> int:
+    """A TCP port free on every interface of this machine, for rank 0 to listen on."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("", 0))
         return s.getsockname()[1]

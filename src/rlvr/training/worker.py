@@ -1,8 +1,9 @@
 """One trainer rank: a process that owns a shard of the policy and answers the controller.
 
-The controller (rlvr.training.trainer.Trainer) starts N of these itself; each joins a
+The controller (rlvr.training.trainer.Trainer) starts N of these itself, as local processes
+(`run_rank`) or as Ray actors (rlvr.orchestration.ray_placement); each joins a
 torch.distributed group (gloo on CPU, NCCL on GPU), builds the same model, shards it with
-FSDP2 and then serves commands from its pipe until told to close. Every rank receives every
+FSDP2 and then answers the controller's commands until told to close. Every rank receives every
 command (with its own micro-batches) because FSDP2's collectives need all ranks in step.
 """
 
@@ -55,29 +56,44 @@ class StepInput:
 
 
 def run_rank(rank: int, world_size: int, port: int, spec: RankSpec, conn) -> None:
+    """A local rank process: join the group, then answer commands from `conn` until "close"."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's: it stops between steps
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(spec.threads)
-    use_cuda = torch.cuda.is_available()
-    dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world_size)
     try:
-        worker = _Rank(rank, world_size, spec, use_cuda)
-        info = {"trainable_params": worker.trainable_params, "total_params": worker.total_params}
-        conn.send(("ok", info | {"base_format": worker.base_format}))
+        worker = join_group(rank, world_size, "127.0.0.1", port, spec)
+        conn.send(("ok", worker.info()))
         while True:
             command, payload = conn.recv()
             if command == "close":
                 conn.send(("ok", None))
                 break
-            try:
-                conn.send(("ok", getattr(worker, command)(payload)))
-            except Exception:  # the controller raises it with the rank's traceback
-                conn.send(("error", traceback.format_exc()))
+            conn.send(answer(worker, command, payload))
     except Exception:
         conn.send(("error", traceback.format_exc()))
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        leave_group()
+
+
+def join_group(rank: int, world_size: int, master_addr: str, port: int, spec: RankSpec) -> _Rank:
+    """Join the ranks' torch.distributed group (rank 0 listens on master_addr:port) and build
+    this rank's shard of the policy. Whatever hosts the rank (a process, a Ray actor) calls this."""
+    os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(port))
+    torch.set_num_threads(spec.threads)
+    use_cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world_size)
+    return _Rank(rank, world_size, spec, use_cuda)
+
+
+def answer(worker: _Rank, command: str, payload) -> tuple[str, object]:
+    """Run one command; ("ok", result), or ("error", traceback) for the controller to raise."""
+    try:
+        return "ok", getattr(worker, command)(payload)
+    except Exception:
+        return "error", traceback.format_exc()
+
+
+def leave_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 class _Rank:
@@ -104,6 +120,14 @@ class _Rank:
             [p for _, p in self.trainable], lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+
+    def info(self) -> dict:
+        """What the controller learns once, when the rank is up."""
+        return {
+            "trainable_params": self.trainable_params,
+            "total_params": self.total_params,
+            "base_format": self.base_format,
+        }
 
     def _lr_factor(self, step: int) -> float:
         spec = self.spec
@@ -241,6 +265,21 @@ class _Rank:
         # The frozen base is left out of checkpoints; `strict` (read only when setting) would
         # reject every load for lacking it, and dcp.load already fails on any saved tensor missing.
         return StateDictOptions(ignore_frozen_params=True, strict=False)
+
+    def packed_base_bytes(self, _=None) -> int:
+        """Bytes of storage this rank holds for the packed (NVFP4, NF4) layers between steps (its own
+        shards, FSDP2's padding included, plus the replicated global scales)."""
+        from torch.distributed.tensor import DTensor
+
+        from rlvr.quant import QuantizedLinear
+
+        storages = {}
+        for module in self.policy.modules():
+            if isinstance(module, QuantizedLinear):
+                for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
+                    storage = (tensor.to_local() if isinstance(tensor, DTensor) else tensor).untyped_storage()
+                    storages[storage.data_ptr()] = storage.nbytes()
+        return sum(storages.values())
 
     def lora_config(self, _=None) -> dict:
         config = self.lm.peft_config["default"].to_dict()

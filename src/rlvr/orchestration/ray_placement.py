@@ -1,0 +1,359 @@
+"""Placement `ray`: the trainer ranks and the engine as Ray actors in one placement group.
+
+    cluster = RayCluster.shared(cfg.placement, ranks=2)
+    trainer = Trainer(spec, ranks=2, launch=cluster.launch_ranks)
+    engine = make_engine("vllm", path, placement=cluster, **options)
+
+The controller cannot tell the difference: `Trainer` keeps all its command and gather logic
+and only talks to `RayRank` handles instead of pipes, and `RayEngine` is an `Engine` whose
+methods run in the engine actor. The ranks meet for torch.distributed on rank 0's node (its
+IP, a port free there), so the same code runs on `ray start --head` on one machine and on a
+multi-node cluster, where every node needs the same Python environment with rlvr installed.
+
+The connection to Ray is process-wide (as `ray.init` is): the trainer and the engine share one
+`RayCluster`; when the last of its actors is closed it removes the placement group and
+disconnects (stopping Ray only if this process started it).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import traceback
+from dataclasses import dataclass
+
+from rlvr.config import PlacementConfig
+from rlvr.engines.base import Engine
+from rlvr.training.trainer import RankDied, free_port
+from rlvr.training.worker import RankSpec, answer, join_group, leave_group
+
+# A Ray started here on a laptop-sized machine: no dashboard, and an object store sized for
+# adapters and rollouts rather than Ray's default of 30% of memory.
+LOCAL_OBJECT_STORE_BYTES = 500 << 20
+RESERVE_TIMEOUT_S = 300  # a cluster that cannot fit the placement group says so instead of hanging
+STOP_TIMEOUT_S = 30
+
+
+class EngineError(RuntimeError):
+    pass
+
+
+# ---------------------------------------------------------------------- the plan (pure)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one actor runs: a bundle of the placement group and its share of that bundle."""
+
+    bundle: int
+    num_cpus: float
+    num_gpus: float = 0.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    bundles: list[dict[str, float]]
+    strategy: str
+    ranks: list[Slot]
+    engine: Slot
+
+    @property
+    def cpus(self) -> float:
+        return sum(b.get("CPU", 0.0) for b in self.bundles)
+
+
+def plan(placement: PlacementConfig, ranks: int) -> Plan:
+    """One bundle per trainer rank (a GPU each when the nodes have GPUs), plus the engine's.
+
+    colocate: the engine shares rank 0's bundle (half its CPU, half its GPU: the engine sleeps
+    while the trainer runs). Split: the engine gets a bundle of its own (`engine_gpus` GPUs).
+    All on one node (STRICT_PACK) when `nodes` is 1; otherwise PACK, which fills a node before
+    the next so that neighbouring ranks talk over the fast local links. (SPREAD would put every
+    rank on its own node: the slowest layout for FSDP's collectives.)
+    """
+    gpus = placement.gpus_per_node
+    unit = {"CPU": 1.0, "GPU": 1.0} if gpus else {"CPU": 1.0}
+    bundles = [dict(unit) for _ in range(ranks)]
+    if placement.colocate:
+        half = Slot(0, 0.5, 0.5 if gpus else 0.0)
+        rank_slots = [half] + [Slot(i, 1.0, 1.0 if gpus else 0.0) for i in range(1, ranks)]
+        engine = half
+    else:
+        engine_gpus = placement.engine_gpus
+        if gpus and not engine_gpus:
+            raise ValueError("placement.engine_gpus: split placement (colocate: false) on GPUs needs engine_gpus >= 1")
+        if gpus and engine_gpus > gpus:
+            raise ValueError(f"placement.engine_gpus={engine_gpus}: more than one node's gpus_per_node={gpus}")
+        bundles.append({"CPU": 1.0, "GPU": float(engine_gpus)} if gpus else {"CPU": 1.0})
+        rank_slots = [Slot(i, 1.0, 1.0 if gpus else 0.0) for i in range(ranks)]
+        engine = Slot(ranks, 1.0, float(engine_gpus) if gpus else 0.0)
+    needed = sum(b.get("GPU", 0.0) for b in bundles)
+    if gpus and needed > placement.nodes * gpus:
+        raise ValueError(
+            f"placement: {ranks} trainer ranks + engine need {needed:g} GPUs; "
+            f"nodes={placement.nodes} x gpus_per_node={gpus} has {placement.nodes * gpus}"
+        )
+    return Plan(bundles, "STRICT_PACK" if placement.nodes == 1 else "PACK", rank_slots, engine)
+
+
+# ---------------------------------------------------------------------- the cluster
+
+
+class RayCluster:
+    """This process's connection to Ray and the run's placement group, shared by its actors:
+    the last actor to go removes the group and disconnects."""
+
+    _current: RayCluster | None = None
+
+    @classmethod
+    def shared(cls, placement: PlacementConfig, ranks: int) -> RayCluster:
+        """The run's cluster, connected (and its placement group reserved) by the first caller."""
+        if cls._current is None:
+            cls._current = cls(placement, ranks)
+        elif (cls._current.placement, cls._current.world_size) != (placement, ranks):
+            raise ValueError("placement: a Ray placement for another configuration is still open in this process")
+        return cls._current
+
+    def __init__(self, placement: PlacementConfig, ranks: int):
+        self.placement, self.world_size = placement, ranks
+        self.plan = plan(placement, ranks)
+        self._actors = 0
+        ray = _import_ray()
+        from ray.util.placement_group import placement_group
+
+        self._started_here = placement.ray_address is None and not ray.is_initialized()
+        if self._started_here:
+            ray.init(
+                # Logical CPUs: the plan's bundles must fit even where they outnumber the cores.
+                num_cpus=max(os.cpu_count() or 1, math.ceil(self.plan.cpus)),
+                include_dashboard=False,
+                object_store_memory=LOCAL_OBJECT_STORE_BYTES,
+            )
+        elif not ray.is_initialized():
+            ray.init(address=placement.ray_address)
+        self.group = placement_group(self.plan.bundles, strategy=self.plan.strategy)
+        if not self.group.wait(RESERVE_TIMEOUT_S):
+            resources = ray.cluster_resources()
+            self._disconnect()
+            raise RuntimeError(
+                f"placement: Ray could not reserve {self.plan.bundles} ({self.plan.strategy}) in "
+                f"{RESERVE_TIMEOUT_S} s; the cluster has {resources}"
+            )
+
+    def _disconnect(self) -> None:
+        import ray
+
+        RayCluster._current = None
+        ray.util.remove_placement_group(self.group)
+        if self._started_here:
+            ray.shutdown()
+
+    def _acquire(self) -> None:
+        self._actors += 1
+
+    def _release(self) -> None:
+        self._actors -= 1
+        if self._actors == 0:
+            self._disconnect()
+
+    def _actor(self, cls, slot: Slot):
+        import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=slot.bundle)
+        return ray.remote(cls).options(
+            num_cpus=slot.num_cpus, num_gpus=slot.num_gpus, scheduling_strategy=strategy
+        )
+
+    # ------------------------------------------------------------------ trainer ranks
+
+    def launch_ranks(self, world_size: int, spec: RankSpec) -> list[RayRank]:
+        """`Trainer`'s launch: one actor per rank, meeting on rank 0's node."""
+        import ray
+
+        if world_size != self.world_size:
+            raise ValueError(f"placement planned {self.world_size} trainer ranks, not {world_size}")
+        actors = [self._actor(_RankActor, slot).remote() for slot in self.plan.ranks]
+        try:
+            address, port = ray.get(actors[0].rendezvous.remote())
+        except ray.exceptions.RayActorError as error:
+            for actor in actors:
+                ray.kill(actor)
+            if self._actors == 0:
+                self._disconnect()
+            raise RuntimeError(f"trainer rank 0 could not start as a Ray actor ({_death(error)})") from None
+        return [
+            RayRank(actor, actor.start.remote(rank, world_size, address, port, spec), self)
+            for rank, actor in enumerate(actors)
+        ]
+
+    # ------------------------------------------------------------------ engine
+
+    def engine(self, backend: str, model_path: str, **options) -> RayEngine:
+        """The engine, built by `make_engine` inside an actor in the engine's slot."""
+        actor = self._actor(_EngineActor, self.plan.engine).remote(backend, model_path, options)
+        return RayEngine(actor, self)
+
+
+def _import_ray():
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # Ray would otherwise report usage over the network
+    try:
+        import ray
+    except ImportError:
+        raise ImportError("placement.backend: ray needs the ray package: pip install 'rlvr[ray]'") from None
+    return ray
+
+
+def _death(error) -> str:
+    """Ray's multi-line account of a dead actor in one line: which process, where, and why."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    fields = dict(line.split(": ", 1) for line in lines[1:] if line.split(":")[0] in _DEATH_FIELDS)
+    why = next((line for line in lines[1:] if line.split(":")[0] not in _DEATH_FIELDS), lines[0] if lines else "")
+    where = f"pid {fields['pid']}" if "pid" in fields else "process unknown"
+    where += f" on {fields['ip']}" if "ip" in fields else ""
+    return f"Ray actor, {where}: {why}"
+
+
+_DEATH_FIELDS = ("class_name", "actor_id", "pid", "name", "namespace", "ip")
+
+
+# ---------------------------------------------------------------------- rank actors
+
+
+class _RankActor:
+    """Hosts one `_Rank` (the same code a local rank process runs) inside a Ray worker."""
+
+    def __init__(self):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's: it stops between steps
+        self.worker = None
+
+    def rendezvous(self) -> tuple[str, int]:
+        import ray
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def start(self, rank: int, world_size: int, address: str, port: int, spec: RankSpec) -> tuple[str, object]:
+        try:
+            self.worker = join_group(rank, world_size, address, port, spec)
+            return "ok", self.worker.info()
+        except Exception:
+            return "error", traceback.format_exc()
+
+    def call(self, command: str, payload) -> tuple[str, object]:
+        return answer(self.worker, command, payload)
+
+    def close(self) -> None:
+        leave_group()
+
+
+class RayRank:
+    """The controller's end of a rank actor; see `RankHandle`."""
+
+    def __init__(self, actor, pending, cluster: RayCluster):
+        self._actor, self._pending, self._cluster = actor, pending, cluster
+        cluster._acquire()
+
+    def send(self, command: str, payload) -> None:
+        self._pending = self._actor.call.remote(command, payload)
+
+    def receive(self, timeout_s: float | None) -> tuple[str, object]:
+        import ray
+
+        try:
+            return ray.get(self._pending, timeout=timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError from None
+        except ray.exceptions.RayActorError as error:
+            raise RankDied(_death(error)) from None
+
+    def stop(self) -> None:
+        self._pending = self._actor.close.remote()
+
+    def wait_stopped(self) -> None:
+        import ray
+
+        try:
+            ray.get(self._pending, timeout=STOP_TIMEOUT_S)
+        except (ray.exceptions.RayError, TimeoutError):
+            pass  # gone already, or stuck: killed below either way
+        ray.kill(self._actor)
+        self._cluster._release()
+
+
+# ---------------------------------------------------------------------- engine actor
+
+
+class _EngineActor:
+    """Hosts an engine from `make_engine` inside a Ray worker."""
+
+    def __init__(self, backend: str, model_path: str, options: dict):
+        from rlvr.engines import make_engine
+
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self.engine = make_engine(backend, model_path, **options)
+
+    def call(self, method: str, args: tuple, kwargs: dict):
+        return getattr(self.engine, method)(*args, **kwargs)
+
+    def name(self) -> str:
+        return self.engine.name
+
+
+class RayEngine(Engine):
+    """An `Engine` whose every method runs in the engine actor."""
+
+    def __init__(self, actor, cluster: RayCluster):
+        self._actor, self._cluster = actor, cluster
+        cluster._acquire()
+        try:
+            self.name = self._get(actor.name.remote(), "start")  # waits for the engine to be built
+        except BaseException:
+            self.close()
+            raise
+
+    def generate(self, prompts, n, sampling, **kwargs):
+        return self._call("generate", prompts, n, sampling, **kwargs)
+
+    def score(self, sequences, prompt_lens):
+        return self._call("score", sequences, prompt_lens)
+
+    def update_lora(self, adapter) -> None:
+        self._call("update_lora", adapter)
+
+    def update_weights(self, named_tensors) -> None:
+        self._call("update_weights", list(named_tensors))
+
+    def sleep(self) -> None:
+        self._call("sleep")
+
+    def wake(self) -> None:
+        self._call("wake")
+
+    def close(self) -> None:
+        actor, self._actor = self._actor, None
+        if actor is None:
+            return
+        import ray
+
+        try:
+            ray.get(actor.call.remote("close", (), {}), timeout=STOP_TIMEOUT_S)
+        except (ray.exceptions.RayError, TimeoutError):
+            pass  # gone already, or stuck: killed below either way
+        ray.kill(actor)
+        self._cluster._release()
+
+    def _call(self, method: str, *args, **kwargs):
+        if self._actor is None:
+            raise EngineError(f"the engine actor is closed: cannot {method}")
+        return self._get(self._actor.call.remote(method, args, kwargs), method)
+
+    def _get(self, pending, operation: str):
+        import ray
+
+        try:
+            return ray.get(pending)
+        except ray.exceptions.RayActorError as error:
+            if error.actor_init_failed:  # the engine could not be built: its own traceback says why
+                raise EngineError(f"the engine actor failed to start:\n{error}") from None
+            raise EngineError(f"the engine actor died ({_death(error)}) during {operation}; the run stops") from None

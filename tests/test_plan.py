@@ -1,0 +1,168 @@
+"""The placement plan and memory estimate of `rlvr train CFG --dry-run`: the shipped scale
+configs pass with the right world sizes, the figures match hand computations and real
+checkpoints, and plans that cannot run stop with one line."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlvr.config import load_config
+from rlvr.orchestration.plan import GB, GiB, PlanError, make_plan, read_architecture
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+SMALL = CONFIGS / "gsm8k_qwen2.5_0.5b_1gpu.yaml"
+MEDIUM = CONFIGS / "math_7b_8gpu.yaml"
+LARGE = CONFIGS / "aime_mistral_large_nvfp4_ray.yaml"
+
+
+def plan_of(config: Path, *overrides: str):
+    return make_plan(load_config(config, list(overrides)))
+
+
+@pytest.mark.parametrize("config", [SMALL, MEDIUM, LARGE], ids=lambda p: p.stem)
+def test_shipped_config_passes_dry_run(config):
+    out = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", str(config), "--dry-run"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "GB per device" in out.stdout and "fits placement.gpu_memory_gb=" in out.stdout
+
+
+def test_one_gpu_plan_colocates_engine_and_the_single_rank():
+    plan = plan_of(SMALL)
+    (device,) = plan.devices
+    assert (plan.fsdp_world, plan.engine_tp, plan.gpus_used) == (1, 1, 1)
+    assert (device.node, device.gpu, device.engine_rank, device.trainer_rank) == (0, 0, 0, 0)
+    assert {"engine weights", "KV cache", "base shard", "activations"} <= set(device.memory)
+
+
+def test_eight_gpu_plan_splits_tp4_engine_from_four_ranks():
+    plan = plan_of(MEDIUM)
+    assert (plan.fsdp_world, plan.engine_tp, plan.gpus_used) == (4, 4, 8)
+    assert [(d.gpu, d.engine_rank, d.trainer_rank) for d in plan.devices] == [
+        (0, 0, None), (1, 1, None), (2, 2, None), (3, 3, None), (4, None, 0), (5, None, 1), (6, None, 2), (7, None, 3)
+    ]
+
+
+def test_colocated_engine_shares_the_first_ranks_gpus():
+    plan = plan_of(MEDIUM, "placement.colocate=true", "trainer.ranks=8")
+    assert [(d.gpu, d.engine_rank, d.trainer_rank) for d in plan.devices] == [(g, g if g < 4 else None, g) for g in range(8)]
+    shared, alone = plan.devices[0], plan.devices[4]
+    assert shared.total == alone.total + sum(shared.memory[k] for k in ("engine weights", "KV cache", "LoRA slot"))
+
+
+def test_eight_node_plan_puts_the_engine_on_node_0_and_56_ranks_on_nodes_1_to_7():
+    plan = plan_of(LARGE)
+    assert (plan.fsdp_world, plan.engine_tp, plan.gpus_used, plan.nodes) == (56, 8, 64, 8)
+    engine = [d for d in plan.devices if d.engine_rank is not None]
+    ranks = [d for d in plan.devices if d.trainer_rank is not None]
+    assert {d.node for d in engine} == {0} and [d.engine_rank for d in engine] == list(range(8))
+    assert {d.node for d in ranks} == set(range(1, 8)) and sorted(d.trainer_rank for d in ranks) == list(range(56))
+    assert all(d.engine_rank is None or d.trainer_rank is None for d in plan.devices)
+
+
+def test_qwen2_5_0_5b_weights_by_hand():
+    arch = read_architecture(load_config(SMALL))
+    # per layer: q 896x896, k and v 896x128, o 896x896, gate/up/down 3x896x4864, two norms
+    layer = 896 * 896 * 2 + 896 * 128 * 2 + 3 * 896 * 4864 + 2 * 896
+    params = 24 * layer + 151936 * 896 + 896  # tied embedding, final norm
+    assert params == arch.params == 494_005_120  # Qwen reports 494,032,768: the 24 x 1,152 q/k/v biases
+    assert arch.weight_bytes(2) == 2 * params
+    assert round(arch.weight_bytes(2) / GB, 2) == 0.99
+
+
+def test_qwen2_5_7b_weights_match_the_published_sizes():
+    arch = read_architecture(load_config(MEDIUM))
+    # Qwen reports 7.61B parameters; per layer 29,360,128 in attention and 203,685,888 in the MLP
+    assert arch.block_linear_params == 29_360_128 + 203_685_888
+    assert round(arch.weight_bytes(2) / GB, 2) == 15.23  # "a 7B model is ~15 GB in bf16"
+    plan = plan_of(MEDIUM)
+    assert plan.devices[0].memory["engine weights"] == arch.weight_bytes(2) / 4  # TP 4 splits it
+
+
+def test_nvfp4_bytes_and_per_device_figures_by_hand():
+    cfg = load_config(LARGE)
+    arch = read_architecture(cfg)
+    linear = 88 * (12288 * 12288 * 2 + 12288 * 1024 * 2 + 3 * 12288 * 28672)
+    rest = 2 * 32768 * 12288 + 88 * 2 * 12288 + 12288  # embedding + lm_head, norms: bf16
+    assert arch.weight_bytes(2) == linear * 4.5 / 8 + rest * 2
+    plan = make_plan(cfg)
+    engine = plan.devices[0].memory
+    assert engine["engine weights"] == arch.weight_bytes(2) / 8
+    assert engine["KV cache"] == 120 * GiB
+    rank = plan.devices[8].memory
+    assert rank["base shard"] == arch.weight_bytes(2) / 56
+    lora = 88 * 32 * (7 * 12288 + 2 * 12288 + 2 * 1024 + 3 * 28672)  # all seven Linears, (in + out) x rank
+    assert rank["trainable"] == lora * 4 * 4 / 56  # float32 value, gradient, AdamW m and v
+    # checkpointed: block inputs for every layer + one block's saved tensors + the LM head chunk
+    tokens = 18432
+    one_block = 2 * (4 * 12288 + 3 * 12288 + 3 * 1024 + 4 * 28672)
+    assert rank["activations"] == tokens * 88 * 12288 * 2 + tokens * one_block + 1024 * 32768 * (2 + 12)
+    assert plan.devices[8].load_peak == arch.weight_bytes(2)
+
+
+def test_config_json_wins_and_matches_the_real_model(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.models.tiny import build_tiny_model
+    from rlvr.quant.checkpoint import quantize_checkpoint
+
+    path = build_tiny_model(tmp_path / "llama", "llama", hidden_size=128, num_layers=2, intermediate_size=256,
+                            tie_word_embeddings=False)
+    arch = read_architecture(load_config(SMALL, [f"model.path={path}"]))  # config.json over model.estimate
+    assert arch.source.endswith("config.json") and arch.hidden == 128 and not arch.nvfp4
+    assert arch.params == AutoModelForCausalLM.from_pretrained(path).num_parameters()
+
+    packed = quantize_checkpoint(path, tmp_path / "nvfp4")
+    arch = read_architecture(load_config(SMALL, [f"model.path={packed}"]))
+    assert arch.nvfp4
+    stored = _tensor_bytes(Path(packed) / "model.safetensors")
+    assert abs(arch.weight_bytes(4) - stored) / stored < 0.01  # float32 rest; per-tensor global scales not counted
+
+
+def _tensor_bytes(path: Path) -> int:
+    from safetensors.torch import load_file
+
+    return sum(t.numel() * t.element_size() for t in load_file(path).values())
+
+
+def test_missing_architecture_prints_placement_without_memory():
+    plan = plan_of(CONFIGS / "demo.yaml", "model.path=/nonexistent")
+    assert plan.architecture is None and "no model.estimate" in plan.unknown
+    assert [d.trainer_rank for d in plan.devices] == [None, 0, 1] and all(not d.memory for d in plan.devices)
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["trainer.ranks=60"], "need 68 GPUs; nodes=8 x gpus_per_node=8 has 64"),
+        (["placement.gpu_memory_gb=80"], "node 0 GPU 0 needs ~137.8 GB (KV cache 128.8, engine weights 8.8, LoRA slot 0.1)"),
+        (["placement.gpu_memory_gb=60", "engine.kv_cache_gb=40"],
+         "node 1 GPU 0 needs ~70.1 GB at load (the whole base before sharding), over placement.gpu_memory_gb=60"),
+        (["placement.engine_gpus=4"], "placement.engine_gpus=4 must equal engine.tensor_parallel_size=8"),
+        (["engine.tensor_parallel_size=16", "placement.engine_gpus=16"], "a TP group stays on one node"),
+        (["placement.backend=local"], "the local backend runs on one machine"),
+        (["trainer.micro_batch_tokens=8192"], "trainer.micro_batch_tokens=8192 < the longest sequence"),
+        (["engine.max_model_len=4096"], "engine.max_model_len=4096 <"),
+    ],
+)
+def test_plans_that_cannot_run_are_refused(overrides, message):
+    with pytest.raises(PlanError, match=re.escape(message)):
+        plan_of(LARGE, *overrides)
+
+
+def test_tp_must_divide_the_heads():
+    with pytest.raises(PlanError, match="tensor_parallel_size=3 does not divide the model's 14 attention heads"):
+        plan_of(SMALL, "engine.tensor_parallel_size=3", "placement.gpus_per_node=4")
+
+
+def test_cli_reports_a_plan_error_in_one_line_with_exit_2():
+    out = subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", "train", str(LARGE), "--dry-run", "trainer.ranks=60"], capture_output=True, text=True
+    )
+    assert out.returncode == 2
+    (line,) = [l for l in out.stdout.splitlines() if "plan error" in l]
+    assert line.startswith(f"plan error: {LARGE}: placement: 60 trainer ranks + 8 engine GPUs need 68 GPUs")

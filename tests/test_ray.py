@@ -1,0 +1,146 @@
+"""Placement `ray`: the engine and the two trainer ranks as Ray actors, on a Ray this process
+starts and on one started beforehand with `ray start --head`. The controller cannot tell: the
+same 2-step run gives the same metrics, value for value, as with plain local processes.
+
+As in test_day0, the model is a tiny random one and the reward the share of digits in the
+response, so rewards vary, the adapter trains, and the engine must serve the trained one.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlvr.config import PlacementConfig
+from rlvr.orchestration.ray_placement import Slot, plan
+
+DIGIT_SHARE = '''
+def digit_share(response, answer):
+    return sum(c.isdigit() for c in response) / max(1, len(response))
+'''
+RAY = Path(sys.executable).parent / "ray"
+
+
+def test_plan_colocates_the_engine_with_rank_0_and_splits_it_off_on_request():
+    local = plan(PlacementConfig(backend="ray"), ranks=2)
+    assert local.bundles == [{"CPU": 1.0}, {"CPU": 1.0}] and local.strategy == "STRICT_PACK"
+    assert local.ranks[0].bundle == local.engine.bundle == 0
+    assert local.ranks[0].num_cpus + local.engine.num_cpus <= 1.0
+
+    split = plan(PlacementConfig(backend="ray", colocate=False, nodes=2, gpus_per_node=4, engine_gpus=2), ranks=4)
+    assert split.bundles == [{"CPU": 1.0, "GPU": 1.0}] * 4 + [{"CPU": 1.0, "GPU": 2.0}]
+    assert split.strategy == "PACK"
+    assert split.ranks == [Slot(i, 1.0, 1.0) for i in range(4)] and split.engine == Slot(4, 1.0, 2.0)
+
+    with pytest.raises(ValueError, match="placement.engine_gpus"):
+        plan(PlacementConfig(backend="ray", colocate=False, gpus_per_node=8), ranks=2)
+    with pytest.raises(ValueError, match="need 9 GPUs; nodes=1 x gpus_per_node=8 has 8"):
+        plan(PlacementConfig(backend="ray", colocate=False, gpus_per_node=8, engine_gpus=1), ranks=8)
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    return tmp_path_factory.mktemp("ray")
+
+
+def _run(workspace: Path, name: str, placement: dict) -> Path:
+    """The 2-step run with `placement`; the model and task are built by the first run."""
+    (workspace / "reward.py").write_text(DIGIT_SHARE)
+    cfg = yaml.safe_load(open("configs/demo.yaml"))
+    cfg.update(run_dir=str(workspace / name), steps=2, placement=placement)
+    cfg["model"]["path"] = str(workspace / "model")
+    cfg["data"].update(train=str(workspace / "task/train.jsonl"), test=str(workspace / "task/test.jsonl"))
+    cfg["rollout"].update(prompts_per_step=4, samples_per_prompt=4)
+    cfg["rollout"]["sampling"].update(max_tokens=24)
+    cfg["reward"]["verifier"] = f"{workspace / 'reward.py'}:digit_share"
+    cfg["eval"].update(n=2, k=[1, 2], max_problems=2)
+    cfg["demo"].update(base_format="hf")
+    cfg["demo"]["model"].update(num_layers=2, intermediate_size=256)
+    cfg["demo"]["warm_start"].update(steps=0)
+    cfg["demo"]["task"].update(train_size=32, test_size=4)
+    cfg["tracking"] = {"progress": False}
+    path = workspace / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    done = subprocess.run([sys.executable, "-m", "rlvr.cli", "demo", "--config", str(path)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = json.loads((workspace / name / "summary.json").read_text())
+    assert (summary["engine"], summary["trainer_ranks"]) == ("vllm", 2)
+    return workspace / name
+
+
+def _metrics(run: Path) -> list[dict]:
+    """Every logged value but the timings."""
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in line.items() if not k.startswith(("time/", "throughput/"))} for line in lines]
+
+
+@pytest.fixture(scope="module")
+def local_metrics(workspace):
+    metrics = _metrics(_run(workspace, "local", {"backend": "local"}))
+    steps = [line for line in metrics if "reward/mean" in line]
+    assert [line["step"] for line in steps] == [1, 2]
+    assert all(line["reward/std"] > 0 and line["grad_norm"] > 0 for line in steps)  # the adapter trains
+    return metrics
+
+
+@pytest.mark.slow
+def test_two_steps_on_a_ray_started_here_match_local_processes(workspace, local_metrics):
+    assert _metrics(_run(workspace, "ray", {"backend": "ray"})) == local_metrics
+
+
+@pytest.mark.slow
+def test_two_steps_on_a_cluster_from_ray_start_match_local_processes(workspace, local_metrics):
+    start = [str(RAY), "start", "--head", "--num-cpus", "2", "--include-dashboard", "false",
+             "--object-store-memory", str(500 << 20), "--disable-usage-stats"]
+    subprocess.run(start, check=True, capture_output=True, timeout=120)
+    try:
+        metrics = _metrics(_run(workspace, "ray_start", {"backend": "ray", "ray_address": "auto"}))
+    finally:
+        subprocess.run([str(RAY), "stop"], capture_output=True, timeout=120)
+    assert metrics == local_metrics
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["local", "ray"])
+def test_a_killed_rank_or_engine_stops_the_run_with_one_line(tmp_path, backend):
+    from rlvr.engines import make_engine
+    from rlvr.models.tiny import build_tiny_model
+    from rlvr.training.trainer import Trainer, TrainerError
+    from rlvr.training.worker import RankSpec
+
+    tiny = str(build_tiny_model(tmp_path / "tiny", "qwen2", hidden_size=128, num_layers=2, intermediate_size=256))
+    spec = RankSpec(model_path=tiny)
+    probe = ([[1, 2, 3, 4, 5]], [3])
+    if backend == "local":
+        with Trainer(spec, ranks=2) as trainer:
+            os.kill(trainer._ranks[1]._process.pid, signal.SIGKILL)
+            with pytest.raises(TrainerError) as died:
+                trainer.logprobs(*probe)
+        assert str(died.value) == "trainer rank 1 died (exit code -9); the run stops"
+        return
+
+    import ray
+
+    from rlvr.orchestration.ray_placement import EngineError, RayCluster
+
+    cluster = RayCluster.shared(PlacementConfig(backend="ray"), ranks=2)
+    with Trainer(spec, ranks=2, launch=cluster.launch_ranks) as trainer, \
+            make_engine("vllm", tiny, placement=cluster, max_model_len=64, kv_cache_gb=0.25) as engine:
+        assert engine.score(*probe)[0] == pytest.approx(trainer.logprobs(*probe)[0], abs=1e-4)
+        ray.kill(trainer._ranks[1]._actor)
+        with pytest.raises(TrainerError) as rank_died:
+            trainer.logprobs(*probe)
+        ray.kill(engine._actor)
+        with pytest.raises(EngineError) as engine_died:
+            engine.score(*probe)
+    killed = r"\(Ray actor, pid \d+ on [\d.]+: .*killed by `ray.kill`.*\)"
+    assert rank_died.match(rf"^trainer rank 1 died {killed}; the run stops$")
+    assert engine_died.match(rf"^the engine actor died {killed} during score; the run stops$")
+    assert "\n" not in str(rank_died.value) + str(engine_died.value)
+    assert not ray.is_initialized()  # the last actor closed took the cluster down with it
