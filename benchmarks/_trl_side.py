@@ -1,0 +1,127 @@
+"""TRL's side of benchmarks/vs_trl.py: GRPOTrainer in its own process, one step per "go".
+
+The parent process sends "go" on the pipe before each optimizer step and gets back
+("step", {"step": n, "seconds": s}) when it ends, so rlvr and TRL steps alternate (A B A B)
+and each runs alone on the machine. A step's time spans TRL's own step (on_step_begin to
+on_step_end: generate, reward, logprobs, backward, optimizer); the adapter saved after the
+steps the parent evaluates is written outside it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+
+def trl_config_kwargs(cfg, steps: int, output_dir: str, threads: int) -> dict:
+    """GRPOConfig arguments that make TRL run the same GRPO step as rlvr's `cfg` (a RunConfig).
+
+    Each line maps one rlvr setting; TRL's defaults that differ from rlvr's are set explicitly
+    even where they match today, so a change of default upstream cannot shift the comparison."""
+    a, r, t, s = cfg.algorithm, cfg.rollout, cfg.trainer, cfg.rollout.sampling
+    if a.advantage != "grpo" or a.loss != "ppo" or a.agg != "token_mean" or a.kl or a.epochs_per_batch != 1:
+        raise ValueError("the TRL mapping covers grpo advantages, the ppo loss, token_mean, no KL, one epoch per batch")
+    if t.schedule != "constant" or t.warmup_steps:
+        raise ValueError("the TRL mapping covers a constant learning rate without warm-up")
+    completions = r.prompts_per_step * r.samples_per_prompt
+    return dict(
+        output_dir=output_dir,
+        seed=cfg.seed,
+        max_steps=steps,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        use_vllm=False,
+        torch_compile=False,
+        dataloader_num_workers=0,
+        report_to="none",
+        logging_steps=1,
+        save_strategy="no",  # the parent's callback saves the adapters it evaluates
+        disable_tqdm=True,
+        # batch: prompts_per_step x samples_per_prompt completions, one optimizer step, one generation
+        num_generations=r.samples_per_prompt,
+        per_device_train_batch_size=completions,  # TRL counts completions, not prompts
+        gradient_accumulation_steps=1,
+        steps_per_generation=1,  # so generation_batch_size = the whole step's completions
+        num_iterations=a.epochs_per_batch,
+        shuffle_dataset=False,  # the dataset is given in rlvr's prompt order
+        # sampling
+        max_completion_length=s.max_tokens,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=0,
+        min_p=None,
+        repetition_penalty=1.0,
+        # algorithm: group-normalised advantages, PPO clip, token-mean loss, no KL
+        scale_rewards="group" if a.std_normalize else "none",
+        loss_type="dapo",  # rlvr's token_mean: sum over every completion token / their count
+        beta=a.kl_coef if a.kl else 0.0,
+        epsilon=a.clip_low,
+        epsilon_high=a.clip_high,
+        mask_truncated_completions=False,
+        disable_dropout=True,
+        # optimizer: AdamW, constant lr, same clipping
+        learning_rate=t.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=t.weight_decay,
+        adam_beta1=t.betas[0],
+        adam_beta2=t.betas[1],
+        max_grad_norm=t.grad_clip,
+        optim="adamw_torch",
+    )
+
+
+def run_trl(cfg_json: str, steps: int, prompts_in_order: list[dict], output_dir: str, save_steps: list[int],
+            threads: int, conn) -> None:
+    """Build GRPOTrainer on cfg's model with a peft LoRA, then train `steps` steps on the pipe's cue."""
+    import torch
+
+    torch.set_num_threads(threads)
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from datasets import Dataset
+    from rlvr.config import RunConfig
+    from rlvr.rewards.verifiers import get_verifier
+
+    cfg = RunConfig.model_validate_json(cfg_json)
+    verifier = get_verifier(cfg.reward.verifier)
+
+    def reward(prompts, completions, answer, **_):
+        texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
+        return [verifier(text, ref).reward for text, ref in zip(texts, answer)]
+
+    reward.__name__ = f"rlvr_{cfg.reward.verifier}"
+
+    class Lockstep(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            conn.send(("ready", None))
+            if conn.recv() != "go":
+                raise RuntimeError("benchmark parent sent something other than 'go'")
+            self.started = time.perf_counter()
+
+        def on_step_end(self, args, state, control, model=None, **kw):
+            seconds = time.perf_counter() - self.started
+            if state.global_step in save_steps:
+                model.save_pretrained(str(Path(output_dir) / f"adapter_step{state.global_step}"))
+            conn.send(("step", {"step": state.global_step, "seconds": seconds}))
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=getattr(torch, cfg.model.dtype))
+    lora = cfg.trainer.lora
+    peft_config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                             target_modules=lora.target_modules, bias="none", task_type="CAUSAL_LM")
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=GRPOConfig(**trl_config_kwargs(cfg, steps, output_dir, threads)),
+        train_dataset=Dataset.from_list(prompts_in_order),
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=[Lockstep()],
+    )
+    trainer.train()
+    conn.send(("done", {"log_history": trainer.state.log_history}))

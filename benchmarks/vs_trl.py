@@ -1,0 +1,353 @@
+"""rlvr against TRL's GRPOTrainer: same model, task, batch and settings, steps alternating.
+
+    flock /tmp/rlvr-heavy.lock .venv/bin/python benchmarks/vs_trl.py --steps 16 --out runs/vs_trl.json
+
+What is compared, on the demo's tiny Qwen2 and arithmetic task (built here once, from
+configs/demo.yaml's `demo:` section, on a float base so both frameworks train the same weights):
+- one GRPO step each: prompts_per_step x samples_per_prompt completions of up to max_tokens,
+  each ending at the model's own EOS; group-normalised advantages, PPO clip, token-mean loss,
+  no KL, one AdamW step per batch, the same lr and LoRA (r, alpha, all linear layers); the same
+  prompts in the same order (rlvr's prompt building and sampler order), the same reward (rlvr's
+  verifier, called in-process from a TRL reward function);
+- steps alternate, rlvr step k then TRL step k, so each runs alone and both see the same machine;
+  TRL waits in its own process (torch threads = --threads) while rlvr steps, and the reverse;
+- step time: rlvr's time/step (generate, score, train, sync) less the checkpoint it writes for
+  the evaluation below; TRL's from on_step_begin to on_step_end (its adapter saved after);
+- accuracy: every --eval-every steps both adapters are evaluated by the same rlvr evaluator
+  (rlvr.eval.runner.evaluate on one vLLM engine, held-out test set, avg@8, same sampling seed);
+  time to target = training seconds (sum of step times) until the first evaluation >= target.
+
+Writes --out with the headline keys (rlvr_step_s, trl_step_s, step_ratio, rlvr_avg8_after,
+trl_avg8_after, steps, rlvr_time_to_target_s, trl_time_to_target_s, target_avg8) and details.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import platform
+import statistics
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the spawned TRL process imports _trl_side
+
+from _trl_side import run_trl  # noqa: E402
+
+DEMO_CONFIG = "configs/demo.yaml"
+PROMPT_TOKENS = 128  # demo.yaml's data.max_prompt_tokens
+# Room for the longest completions of the scaling runs; rope has no weights, so the built model
+# is the demo's (same seed, same weights) except for this limit.
+MAX_POSITIONS = 2048
+
+
+def median_step_seconds(seconds: list[float]) -> float:
+    if not seconds:
+        raise ValueError("no step times to take the median of")
+    return float(statistics.median(seconds))
+
+
+def time_to_target(step_seconds: list[float], evaluations: dict[int, float], target: float) -> float | None:
+    """Training seconds until the first evaluated step (steps count from 1) whose avg@8 >= target;
+    step 0 is the base model, reached at 0 s; None if no evaluation reaches it."""
+    for step in sorted(evaluations):
+        if evaluations[step] >= target:
+            return float(sum(step_seconds[:step]))
+    return None
+
+
+def default_target(base_avg8: float, rlvr_after: float, trl_after: float) -> float:
+    """Halfway from the base model to the lower of the two final accuracies: a level both runs
+    reach (at the latest at their last evaluation) when both improve, so both times are finite."""
+    return round(base_avg8 + 0.5 * (min(rlvr_after, trl_after) - base_avg8), 4)
+
+
+def bench_overrides(assets: str, run_dir: str, steps: int, prompts: int, samples: int, max_tokens: int,
+                    eval_every: int, extra: list[str]) -> list[str]:
+    """demo.yaml, retargeted: a float copy of the demo model under `assets`, completions up to
+    `max_tokens`, no eval inside the run (the benchmark evaluates both sides itself), and a
+    kept checkpoint (with its adapter) at every evaluated step."""
+    return [
+        f"run_dir={run_dir}",
+        f"steps={steps}",
+        f"model.path={assets}/model",
+        f"data.train={assets}/task/train.jsonl",
+        "data.test=null",
+        "demo.base_format=hf",
+        f"demo.model.max_position_embeddings={MAX_POSITIONS}",
+        f"engine.max_model_len={PROMPT_TOKENS + max_tokens}",
+        f"rollout.prompts_per_step={prompts}",
+        f"rollout.samples_per_prompt={samples}",
+        f"rollout.sampling.max_tokens={max_tokens}",
+        f"checkpoint.every={eval_every}",
+        f"checkpoint.keep={steps}",
+        "tracking.progress=false",
+        *extra,
+    ]
+
+
+def prompt_rows(cfg, tokenizer, steps: int) -> list[dict]:
+    """The prompts rlvr's sampler draws in `steps` steps, in its order, as TRL dataset rows:
+    chat messages (TRL applies the same chat template) or, without one, rlvr's prompt string."""
+    from rlvr.data.datasets import load_problems
+    from rlvr.data.templates import build_prompt, chat_messages
+    from rlvr.orchestration.controller import EpochSampler
+
+    problems = load_problems(cfg.data.train, problem_field=cfg.data.problem_field, answer_field=cfg.data.answer_field)
+    order = EpochSampler(len(problems), cfg.seed).take(steps * cfg.rollout.prompts_per_step)
+    chat = cfg.data.chat_template and getattr(tokenizer, "chat_template", None)
+    return [
+        {
+            "prompt": chat_messages(problems[i], cfg.data.template) if chat else build_prompt(problems[i], None, cfg.data.template),
+            "answer": problems[i].answer,
+        }
+        for i in order
+    ]
+
+
+def run_side_by_side(cfg, steps: int, eval_steps: list[int], trl_dir: Path, threads: int, log) -> dict:
+    """rlvr in this process and TRL in a child, steps alternating; returns both step-time lists."""
+    from transformers import AutoTokenizer
+
+    from rlvr.orchestration.controller import train
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    rows = prompt_rows(cfg, tokenizer, steps)
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    trl = ctx.Process(
+        target=run_trl, args=(cfg.model_dump_json(), steps, rows, str(trl_dir), eval_steps, threads, child), daemon=True
+    )
+    trl.start()
+    child.close()
+
+    def receive(expected: str) -> dict | None:
+        while not parent.poll(5.0):
+            if not trl.is_alive():
+                raise RuntimeError(f"TRL process died (exit code {trl.exitcode})")
+        kind, value = parent.recv()
+        if kind != expected:
+            raise RuntimeError(f"TRL process sent {kind!r}, expected {expected!r}")
+        return value
+
+    receive("ready")  # TRL built and waiting before step 1: its start-up is not concurrent with rlvr's
+    log("TRL ready; rlvr starting")
+    rlvr_steps, trl_steps, rlvr_metrics = [], [], []
+
+    def after_rlvr_step(step: int, metrics: dict) -> None:
+        seconds = metrics["time/step"] - metrics.get("time/checkpoint", 0.0)
+        rlvr_steps.append(seconds)
+        rlvr_metrics.append({k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+        parent.send("go")
+        trl_step = receive("step")
+        trl_steps.append(trl_step["seconds"])
+        log(f"step {step}: rlvr {seconds:.2f} s (reward {metrics['reward/mean']:.3f}), TRL {trl_step['seconds']:.2f} s")
+        if step < steps:
+            receive("ready")
+
+    summary = train(cfg, progress=after_rlvr_step, log=log)
+    history = receive("done")["log_history"]
+    trl.join(timeout=60)
+    return {"rlvr_step_s": rlvr_steps, "trl_step_s": trl_steps, "rlvr_metrics": rlvr_metrics,
+            "trl_log_history": history, "rlvr_summary": summary}
+
+
+def evaluate_adapters(cfg, test_file: str, limit: int | None, adapters: dict[str, Path | None], samples_dir: Path, log) -> dict[str, dict]:
+    """avg@k of the base (None) and each adapter by rlvr's evaluator, on one vLLM engine."""
+    from transformers import AutoTokenizer
+
+    from rlvr.checkpoint.peft_files import load_adapter
+    from rlvr.data.datasets import load_problems
+    from rlvr.engines import make_engine
+    from rlvr.eval.runner import evaluate
+    from rlvr.orchestration.controller import encode_prompt
+    from rlvr.records import Sampling
+    from rlvr.rewards import ScoringPool
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    problems = load_problems(test_file, limit=limit)
+    prompts = [encode_prompt(p, tokenizer, cfg.data) for p in problems]
+    sampling = Sampling(temperature=cfg.eval.temperature, max_tokens=cfg.rollout.sampling.max_tokens, seed=cfg.seed)
+    results = {}
+    samples_dir.mkdir(parents=True, exist_ok=True)
+    with make_engine(
+        "vllm", cfg.model.path, dtype=cfg.model.dtype, max_model_len=cfg.engine.max_model_len, enable_lora=True,
+        max_lora_rank=cfg.trainer.lora.rank, kv_cache_gb=cfg.engine.kv_cache_gb, num_threads=cfg.engine.num_threads,
+        seed=cfg.seed,
+    ) as engine, ScoringPool(cfg.reward.verifier, workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s) as pool:
+        for version, (name, folder) in enumerate(adapters.items(), start=1):
+            if folder is not None:
+                engine.update_lora(load_adapter(folder, version=version))
+            elif version != 1:
+                raise ValueError("the base model (no adapter) must be evaluated first, before any adapter is loaded")
+            result = evaluate(engine, pool, problems, prompts, n=cfg.eval.n, ks=cfg.eval.k, sampling=sampling,
+                              samples_path=str(samples_dir / f"{name}.jsonl"))
+            results[name] = {k: v for k, v in result.items() if k != "problems"}
+            log(f"eval {name}: avg@8 {result['avg@8']:.4f}")
+    return results
+
+
+def scaling_points(prompts: int, samples: int, max_tokens: int, doublings: int) -> list[dict]:
+    """The base setting, then each of prompts / samples / completion length doubled 1..doublings times."""
+    points = [{"axis": "base", "prompts": prompts, "samples": samples, "max_tokens": max_tokens}]
+    for axis in ("prompts", "samples", "max_tokens"):
+        for d in range(1, doublings + 1):
+            point = {"axis": axis, "prompts": prompts, "samples": samples, "max_tokens": max_tokens}
+            point[axis] *= 2**d
+            points.append(point)
+    return points
+
+
+def run_scaling(args, log) -> dict:
+    """rlvr's step time as prompts, samples and completion length double, on the demo model's
+    architecture with random weights: such a model rarely emits EOS, so completions run to
+    max_tokens and the length axis doubles the tokens really generated and trained on."""
+    from rlvr.config import load_config
+    from rlvr.models.tiny import build_tiny_model
+    from rlvr.orchestration.controller import train
+
+    demo_cfg = load_config(DEMO_CONFIG)
+    model_dir = Path(args.assets) / "random_model"
+    if not (model_dir / "config.json").is_file():
+        m = demo_cfg.demo.model
+        build_tiny_model(model_dir, m.arch, seed=demo_cfg.seed, hidden_size=m.hidden_size, num_layers=m.num_layers,
+                         num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, intermediate_size=m.intermediate_size,
+                         max_position_embeddings=MAX_POSITIONS)
+    rows = []
+    for point in scaling_points(args.prompts, args.samples, args.max_tokens, args.doublings):
+        run_dir = Path(args.run_dir) / f"{point['prompts']}x{point['samples']}x{point['max_tokens']}"
+        overrides = bench_overrides(args.assets, str(run_dir), args.steps, point["prompts"], point["samples"],
+                                    point["max_tokens"], args.steps, args.rlvr) + [f"model.path={model_dir}"]
+        cfg = load_config(DEMO_CONFIG, overrides)
+        steps: list[dict] = []
+        train(cfg, progress=lambda step, metrics: steps.append(metrics), log=log)
+        timed = steps[1:]  # the first step warms caches up
+        row = point | {
+            "step_s": median_step_seconds([m["time/step"] - m.get("time/checkpoint", 0.0) for m in timed]),
+            "completion_tokens_mean": statistics.mean(m["response/length_mean"] for m in timed),
+        } | {k: statistics.median(m[k] for m in timed) for k in ("time/generate", "time/score", "time/train", "time/sync")}
+        row["tokens_per_step"] = row["prompts"] * row["samples"] * row["completion_tokens_mean"]
+        rows.append(row)
+        log(f"scaling {point}: {row['step_s']:.2f} s/step, {row['completion_tokens_mean']:.0f} tokens per completion")
+    base = rows[0]
+    for row in rows:
+        row["step_growth"] = row["step_s"] / base["step_s"]
+        row["work_growth"] = row["tokens_per_step"] / base["tokens_per_step"]
+    return {"scaling": rows, "steps_per_point": args.steps, "timed_steps": f"2..{args.steps} (median)"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--prompts", type=int, default=16, help="prompts per step")
+    parser.add_argument("--samples", type=int, default=8, help="samples per prompt")
+    parser.add_argument("--max-tokens", type=int, default=256, help="completion cap; completions end at EOS")
+    parser.add_argument("--eval-every", type=int, default=4, help="evaluate both adapters every N steps")
+    parser.add_argument("--threads", type=int, default=2, help="TRL's torch threads (rlvr: engine.num_threads)")
+    parser.add_argument("--target", type=float, default=None, help="avg@8 target (default: halfway base -> lower final)")
+    parser.add_argument("--eval-problems", type=int, default=None, help="first N test problems only (smoke runs)")
+    parser.add_argument("--assets", default="artifacts/vs_trl", help="where the float demo model and task are built")
+    parser.add_argument("--run-dir", default="runs/vs_trl")
+    parser.add_argument("--rlvr", action="append", default=[], metavar="KEY=VALUE", help="extra rlvr config override")
+    parser.add_argument("--scaling", action="store_true", help="rlvr alone: step time as the batch doubles")
+    parser.add_argument("--doublings", type=int, default=2, help="--scaling: doublings per axis")
+    args = parser.parse_args()
+    if not args.scaling and (args.eval_every < 1 or args.steps % args.eval_every):
+        parser.error("--steps must be a multiple of --eval-every, so that the last step is evaluated")
+
+    from rich.console import Console
+
+    from rlvr.config import load_config
+    from rlvr.demo import ensure_demo_assets
+
+    console = Console()
+    log = console.print
+    overrides = bench_overrides(args.assets, args.run_dir, args.steps, args.prompts, args.samples, args.max_tokens,
+                                args.eval_every, args.rlvr)
+    test_file = f"{args.assets}/task/test.jsonl"
+    ensure_demo_assets(load_config(DEMO_CONFIG, overrides + [f"data.test={test_file}"]), console)
+    if args.scaling:
+        result = run_scaling(args, log) | _provenance(args)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2))
+        log(json.dumps(result["scaling"], indent=1))
+        return
+    cfg = load_config(DEMO_CONFIG, overrides)
+    run_dir, trl_dir = Path(args.run_dir), Path(args.run_dir) / "trl"
+    if (run_dir / "metrics.jsonl").exists():
+        raise SystemExit(f"{run_dir} holds an earlier run; remove it or give another --run-dir")
+
+    started = time.time()
+    eval_steps = list(range(args.eval_every, args.steps + 1, args.eval_every))
+    runs = run_side_by_side(cfg, args.steps, eval_steps, trl_dir, args.threads, log)
+    adapters: dict[str, Path | None] = {"base": None}
+    for step in eval_steps:
+        adapters[f"rlvr_step{step}"] = run_dir / "checkpoints" / f"step_{step:06d}" / "adapter"
+        adapters[f"trl_step{step}"] = trl_dir / f"adapter_step{step}"
+    evals = evaluate_adapters(cfg, test_file, args.eval_problems, adapters, run_dir / "eval", log)
+    avg8 = {name: result["avg@8"] for name, result in evals.items()}
+    curves = {
+        side: {0: avg8["base"]} | {step: avg8[f"{side}_step{step}"] for step in eval_steps} for side in ("rlvr", "trl")
+    }
+    rlvr_after, trl_after = curves["rlvr"][args.steps], curves["trl"][args.steps]
+    target = args.target if args.target is not None else default_target(avg8["base"], rlvr_after, trl_after)
+    rlvr_step, trl_step = median_step_seconds(runs["rlvr_step_s"]), median_step_seconds(runs["trl_step_s"])
+    result = {
+        "rlvr_step_s": rlvr_step,
+        "trl_step_s": trl_step,
+        "step_ratio": trl_step / rlvr_step,
+        "rlvr_avg8_after": rlvr_after,
+        "trl_avg8_after": trl_after,
+        "steps": args.steps,
+        "rlvr_time_to_target_s": time_to_target(runs["rlvr_step_s"], curves["rlvr"], target),
+        "trl_time_to_target_s": time_to_target(runs["trl_step_s"], curves["trl"], target),
+        "target_avg8": target,
+        "base_avg8": avg8["base"],
+        "avg8_curves": curves,
+        "step_seconds": {"rlvr": runs["rlvr_step_s"], "trl": runs["trl_step_s"]},
+        "rlvr_time_breakdown_median_s": {
+            key: statistics.median(m.get(key, 0.0) for m in runs["rlvr_metrics"])
+            for key in sorted({k for m in runs["rlvr_metrics"] for k in m if k.startswith("time/")})
+        },
+        "rlvr_response_length_mean": statistics.mean(m["response/length_mean"] for m in runs["rlvr_metrics"]),
+        "trl_response_length_mean": statistics.mean(
+            h["completions/mean_length"] for h in runs["trl_log_history"] if "completions/mean_length" in h
+        ),
+        # the engine's logprobs against the trainer's on the probe after every sync (merged LoRA on CPU)
+        "rlvr_sync_logprob_gap_max": max(m["sync/logprob_gap"] for m in runs["rlvr_metrics"]),
+        "rlvr_reward_mean": [m["reward/mean"] for m in runs["rlvr_metrics"]],
+        "trl_reward_mean": [h["reward"] for h in runs["trl_log_history"] if "reward" in h],
+        "evaluations": evals,
+        "setting": {
+            "prompts_per_step": args.prompts, "samples_per_prompt": args.samples, "max_tokens": args.max_tokens,
+            "eval_every": args.eval_every, "trl_threads": args.threads, "rlvr_overrides": overrides,
+        },
+        "wall_seconds": round(time.time() - started, 1),
+    } | _provenance(args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    headline = {k: result[k] for k in list(result)[:9]}
+    log(json.dumps(headline, indent=2))
+    log(f"wrote {args.out}")
+
+
+def _provenance(args) -> dict:
+    import torch
+    import trl
+    import vllm
+
+    return {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "versions": {"torch": torch.__version__, "trl": trl.__version__, "vllm": vllm.__version__},
+        "machine": f"{platform.machine()} {os.cpu_count()}-core CPU, Python {platform.python_version()}",
+        "date": date.today().isoformat(),
+    }
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,52 @@
+"""The LoRA merge the CPU vLLM engine serves adapters with (`merge_lora`), against peft's own
+`merge_and_unload` on the same adapter, and its refusals."""
+
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+from torch import nn
+
+from rlvr.engines.vllm_engine import merged_weights
+
+
+class TwoLayers(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(6, 8)
+        self.down = nn.Linear(8, 6, bias=False)
+        self.norm = nn.LayerNorm(6)
+
+
+@pytest.mark.parametrize("rslora", [False, True])
+def test_merge_equals_peft_merge_and_unload(rslora):
+    torch.manual_seed(0)
+    model = TwoLayers()
+    base = {name: t.detach().clone() for name, t in model.state_dict().items()}
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["up", "down"], use_rslora=rslora))
+    for name, p in peft_model.named_parameters():
+        if "lora_B" in name:
+            nn.init.normal_(p)  # peft starts B at zero: the merge would be the identity
+    adapter = {
+        name.replace(".default.", "."): p.detach().clone() for name, p in peft_model.named_parameters() if "lora_" in name
+    }
+    config = peft_model.peft_config["default"].to_dict()
+    expected = peft_model.merge_and_unload().state_dict()
+    merged = dict(merged_weights(base, adapter, config))
+    assert set(merged) == set(base)
+    for name in base:
+        torch.testing.assert_close(merged[name], expected[name])
+    assert not torch.equal(merged["up.weight"], base["up.weight"])
+
+
+def test_merge_refuses_what_it_cannot_merge():
+    base = {"up.weight": torch.zeros(8, 6)}
+    a, b = torch.ones(4, 6), torch.ones(8, 4)
+    config = {"r": 4, "lora_alpha": 8}
+    with pytest.raises(ValueError, match="DoRA"):
+        merged_weights(base, {}, config | {"use_dora": True})
+    with pytest.raises(ValueError, match="not a LoRA A/B matrix"):
+        merged_weights(base, {"base_model.model.embed.lora_embedding_A": a}, config)
+    with pytest.raises(ValueError, match="not a weight of the base model"):
+        merged_weights(base, {"base_model.model.other.lora_A.weight": a, "base_model.model.other.lora_B.weight": b}, config)
+    with pytest.raises(ValueError, match="lacks its A or B"):
+        merged_weights(base, {"base_model.model.up.lora_A.weight": a}, config)

@@ -1,0 +1,107 @@
+"""The pure pieces of benchmarks/vs_trl.py: the statistics it reports, the mapping of rlvr's
+config onto TRL's GRPOConfig, and the prompts TRL is given (token for token rlvr's own)."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlvr.config import load_config
+from rlvr.models.tiny import build_char_tokenizer
+from rlvr.orchestration.controller import EpochSampler, encode_prompt
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+_spec = importlib.util.spec_from_file_location("vs_trl", ROOT / "benchmarks" / "vs_trl.py")
+vs_trl = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(vs_trl)
+from _trl_side import trl_config_kwargs  # noqa: E402
+
+
+def bench_config(tmp_path, *extra):
+    overrides = vs_trl.bench_overrides(str(tmp_path), str(tmp_path / "run"), 8, 16, 8, 256, 4, list(extra))
+    return load_config(ROOT / "configs" / "demo.yaml", overrides)
+
+
+def test_median_and_time_to_target():
+    assert vs_trl.median_step_seconds([3.0, 1.0, 2.0, 10.0]) == 2.5
+    with pytest.raises(ValueError):
+        vs_trl.median_step_seconds([])
+    steps = [1.0, 2.0, 3.0, 4.0]
+    curve = {0: 0.30, 2: 0.38, 4: 0.45}
+    assert vs_trl.time_to_target(steps, curve, 0.30) == 0.0  # the base model already there
+    assert vs_trl.time_to_target(steps, curve, 0.35) == 3.0  # first reached at step 2: steps 1 + 2
+    assert vs_trl.time_to_target(steps, curve, 0.45) == 10.0
+    assert vs_trl.time_to_target(steps, curve, 0.46) is None
+    assert vs_trl.time_to_target(steps, {4: 0.5, 2: 0.5}, 0.5) == 3.0  # evaluations in step order
+
+
+def test_default_target_is_halfway_to_the_lower_final():
+    assert vs_trl.default_target(0.30, 0.50, 0.40) == 0.35
+    assert vs_trl.default_target(0.30, 0.40, 0.50) == 0.35
+
+
+def test_overrides_keep_the_demo_settings_and_evaluate_outside_the_run(tmp_path):
+    cfg = bench_config(tmp_path, "trainer.lr=1e-3")
+    assert cfg.data.test is None and cfg.demo.base_format == "hf"
+    assert cfg.rollout.prompts_per_step == 16 and cfg.rollout.samples_per_prompt == 8
+    assert cfg.rollout.sampling.max_tokens == 256 and cfg.engine.max_model_len == 128 + 256
+    assert cfg.checkpoint.every == 4 and cfg.checkpoint.keep == 8
+    assert cfg.trainer.lr == 1e-3  # an extra override wins
+
+
+def test_trl_config_matches_rlvr_step(tmp_path):
+    from trl import GRPOConfig
+
+    cfg = bench_config(tmp_path)
+    args = GRPOConfig(**trl_config_kwargs(cfg, steps=8, output_dir=str(tmp_path / "trl"), threads=2))
+    assert args.per_device_train_batch_size == 16 * 8 and args.num_generations == 8
+    assert args.generation_batch_size == 128 and args.steps_per_generation == 1 and args.num_iterations == 1
+    assert args.max_completion_length == 256 and args.temperature == 1.0 and args.top_p == 1.0 and args.top_k == 0
+    assert args.loss_type == "dapo" and args.scale_rewards == "group" and args.beta == 0.0
+    assert args.epsilon == 0.2 and args.epsilon_high == 0.2
+    assert args.learning_rate == cfg.trainer.lr == 2e-3 and args.lr_scheduler_type == "constant"
+    assert args.max_grad_norm == 1.0 and args.max_steps == 8 and not args.shuffle_dataset
+    assert args.use_cpu and not args.bf16 and not args.use_vllm and not args.gradient_checkpointing
+
+
+def test_trl_mapping_refuses_settings_it_does_not_cover(tmp_path):
+    cfg = bench_config(tmp_path, "algorithm.kl=k3", "algorithm.kl_coef=0.01")
+    with pytest.raises(ValueError, match="TRL mapping"):
+        trl_config_kwargs(cfg, steps=8, output_dir=str(tmp_path), threads=2)
+    cfg = bench_config(tmp_path, "trainer.schedule=cosine")
+    with pytest.raises(ValueError, match="constant learning rate"):
+        trl_config_kwargs(cfg, steps=8, output_dir=str(tmp_path), threads=2)
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_trl_gets_rlvr_prompts_in_rlvr_order(tmp_path, chat):
+    from rlvr.data.datasets import load_problems
+    from rlvr.data.synthetic import arithmetic_problems, write_jsonl
+
+    train, _ = arithmetic_problems(seed=0, operations=["+"], min_digits=1, max_digits=2, train_size=50, test_size=5)
+    write_jsonl(train, tmp_path / "task" / "train.jsonl")
+    cfg = bench_config(tmp_path, f"data.chat_template={str(chat).lower()}", "rollout.prompts_per_step=4")
+    tokenizer = build_char_tokenizer()
+    rows = vs_trl.prompt_rows(cfg, tokenizer, steps=3)
+    problems = load_problems(cfg.data.train)
+    order = EpochSampler(len(problems), cfg.seed).take(12)
+    assert [r["answer"] for r in rows] == [problems[i].answer for i in order]
+    for row, i in zip(rows, order):
+        # what TRL tokenizes: the chat template applied to the messages, or the string as it is
+        if chat:
+            ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+        else:
+            ids = tokenizer(text=[row["prompt"]])["input_ids"][0]
+        assert ids == encode_prompt(problems[i], tokenizer, cfg.data)
+
+
+def test_scaling_points_double_one_axis_at_a_time():
+    points = vs_trl.scaling_points(16, 8, 64, doublings=2)
+    assert points[0] == {"axis": "base", "prompts": 16, "samples": 8, "max_tokens": 64}
+    assert [(p["axis"], p["prompts"], p["samples"], p["max_tokens"]) for p in points[1:]] == [
+        ("prompts", 32, 8, 64), ("prompts", 64, 8, 64),
+        ("samples", 16, 16, 64), ("samples", 16, 32, 64),
+        ("max_tokens", 16, 8, 128), ("max_tokens", 16, 8, 256),
+    ]
