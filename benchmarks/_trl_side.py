@@ -19,7 +19,7 @@ def trl_config_kwargs(cfg, steps: int, output_dir: str, threads: int) -> dict:
     Each line maps one rlvr setting; TRL's defaults that differ from rlvr's are set explicitly
     even where they match today, so a change of default upstream cannot shift the comparison."""
     a, r, t, s = cfg.algorithm, cfg.rollout, cfg.trainer, cfg.rollout.sampling
-    if a.advantage != "grpo" or a.loss != "ppo" or a.agg != "token_mean" or a.kl or a.epochs_per_batch != 1:
+    if a.advantage != "grpo" or a.loss != "ppo" or a.agg != "token_mean" or a.kl:
         raise ValueError("the TRL mapping covers grpo advantages, the ppo loss, token_mean, no KL, one epoch per batch")
     if t.schedule != "constant" or t.warmup_steps:
         raise ValueError("the TRL mapping covers a constant learning rate without warm-up")
@@ -44,7 +44,7 @@ def trl_config_kwargs(cfg, steps: int, output_dir: str, threads: int) -> dict:
         per_device_train_batch_size=completions,  # TRL counts completions, not prompts
         gradient_accumulation_steps=1,
         steps_per_generation=1,  # so generation_batch_size = the whole step's completions
-        num_iterations=a.epochs_per_batch,
+        num_iterations=1,  # rlvr takes one optimizer step per batch
         shuffle_dataset=False,  # the dataset is given in rlvr's prompt order
         # sampling
         max_completion_length=s.max_tokens,
