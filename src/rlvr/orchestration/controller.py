@@ -187,16 +187,23 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print) -> dic
             logger.log(0, {f"eval/{k}": v for k, v in summary["eval_before"].items()} | timer.pop_metrics())
 
         stop_signal = stack.enter_context(_stop_requests())
+        # Colocated and synchronous, the engine is idle while the ranks train on the same devices,
+        # so it sleeps (a no-op where the backend cannot); generating ahead, it must stay awake.
+        sleep_while_training = cfg.placement.colocate and not cfg.rollout.max_staleness
         consecutive_skips = 0
         for step in range(start + 1, cfg.steps + 1):
             step_start = time.perf_counter()
             current = pending or rollout(step)
+            if sleep_while_training:
+                engine.sleep()
             trainer.start_train_step(current.batch, temperature=sampling.temperature)
             training_start = time.perf_counter()
             ahead = cfg.rollout.max_staleness and step < cfg.steps and not stop_signal
             pending = rollout(step + 1) if ahead else None  # the engine works while the ranks train
             generated_ahead = time.perf_counter() - training_start
             metrics = trainer.finish_train_step()
+            if sleep_while_training:
+                engine.wake()
             metrics |= _overlap(generated_ahead, metrics["time/train"], time.perf_counter() - training_start)
             metrics |= sync(step)
             metrics |= current.metrics | {"engine/restarts": engine.restarts}
@@ -398,6 +405,8 @@ def _make_engine(cfg: RunConfig, make_engine):
         enforce_eager=e.enforce_eager,
         num_threads=e.num_threads,
         seed=cfg.seed,
+        # colocated, the engine frees its device memory while the ranks train (GPU engines only)
+        enable_sleep_mode=cfg.placement.colocate,
         placement=placement,
     )
 
