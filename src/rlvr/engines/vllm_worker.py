@@ -1,4 +1,4 @@
-"""Code that runs inside vLLM's worker, next to the model: LoRA adapters loaded from memory.
+"""Code that runs inside vLLM's worker, next to the model: adapters and weights loaded from memory.
 
 vLLM mixes this class into its worker (`worker_extension_cls`), so the engine reaches these
 methods by name with `collective_rpc`; tensors travel as arguments: plain references
@@ -17,10 +17,11 @@ from vllm.lora.peft_helper import PEFTHelper
 
 
 class WeightSyncExtension:
-    """Worker-side adapter loader; `self` is vLLM's worker.
+    """Worker-side adapter and weight loader; `self` is vLLM's worker."""
 
-    Full weights need no extension: the worker's own `reload_weights` takes tensors.
-    """
+    def rlvr_reload_weights(self, weights: list[tuple[str, tuple]]) -> None:
+        """The worker's own `reload_weights`, given `packed` tensors from another process."""
+        self.reload_weights(weights_iterator=[(name, as_tensor(t)) for name, t in weights])
 
     def rlvr_add_lora(self, lora_id: int, tensors: dict[str, torch.Tensor], config: dict) -> None:
         """Register an adapter under `lora_id` built from PEFT-named tensors, as vLLM would from a folder.
