@@ -1,5 +1,5 @@
-"""A small real run for the controller tests (imported, not a conftest): the demo's stack (vLLM,
-2 FSDP2 ranks, LoRA on an NVFP4 base) on a tiny task, configured in one place."""
+"""A small real run for the controller, Day-0 and placement tests (imported, not a conftest): the
+demo's stack (vLLM, 2 FSDP2 ranks, LoRA on an NVFP4 base) on a tiny task, configured in one place."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import yaml
 from rich.console import Console
+from safetensors.torch import load_file
 
 from rlvr.config import load_config
 from rlvr.demo import ensure_demo_assets
@@ -23,7 +24,8 @@ def digit_share(response, answer):
 
 def small_config(root: Path, name: str, steps: int, reward: str | None = None, **sections) -> Path:
     """Write ROOT/NAME.yaml: the demo config, shrunk, with its run in ROOT/NAME and the assets
-    (built on first use) in ROOT/assets; `sections` update the config's sections key by key."""
+    (built on first use) in ROOT/assets; `sections` update the config's sections key by key,
+    nested sections too (`demo={"model": {"arch": "llama"}}` keeps the model's other sizes)."""
     cfg = yaml.safe_load(open("configs/demo.yaml"))
     assets = root / "assets"
     cfg.update(run_dir=str(root / name), steps=steps)
@@ -37,17 +39,37 @@ def small_config(root: Path, name: str, steps: int, reward: str | None = None, *
     if reward is not None:
         (root / "reward.py").write_text(reward)
         cfg["reward"]["verifier"] = f"{root / 'reward.py'}:{reward.split('def ')[1].split('(')[0]}"
-    for section, values in sections.items():
-        cfg[section] = cfg.get(section, {}) | values
+    _merge(cfg, sections)
     path = root / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     ensure_demo_assets(load_config(path), Console(quiet=True))
     return path
 
 
-def start_training(config: Path, *extra: str) -> subprocess.Popen:
+def _merge(into: dict, values: dict) -> None:
+    for key, value in values.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def start_training(config: Path, *extra: str, **popen) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "rlvr.cli", "train", str(config), *extra], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True, **popen)
+
+
+def train(config: Path) -> subprocess.CompletedProcess:
+    """`rlvr train CONFIG` to its end; stdout and stderr together in `.stdout`."""
+    run = start_training(config)
+    out, _ = run.communicate(timeout=900)
+    return subprocess.CompletedProcess(run.args, run.returncode, out)
+
+
+def comparable_metrics(run_dir: Path) -> list[dict]:
+    """Every line of metrics.jsonl with every value but the timings: what reruns must reproduce."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in row.items() if not k.startswith(("time/", "throughput/"))} for row in rows]
 
 
 def step_rows(run_dir: Path) -> list[dict]:
@@ -55,3 +77,27 @@ def step_rows(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
     return [row for row in rows if "reward/mean" in row]
+
+
+def two_rl_steps(root: Path, arch: str, base_format: str, backend: str = "vllm") -> subprocess.CompletedProcess:
+    """2 RL steps of a tiny random `arch` (2 layers) on a `base_format` base, rollouts from `backend`."""
+    config = small_config(root, "run", 2, reward=DIGIT_SHARE, engine={"backend": backend}, demo={
+        "base_format": base_format, "model": {"arch": arch, "num_layers": 2, "intermediate_size": 256}})
+    return train(config)
+
+
+def check_two_trained_steps(root: Path, arch: str, base_format: str, engine: str) -> None:
+    """`two_rl_steps` ran what it was asked, both steps trained, and sampler and trainer agreed."""
+    summary = json.loads((root / "run" / "summary.json").read_text())
+    assert (summary["engine"], summary["trainer_ranks"], summary["lora_rank"], summary["base_format"]) == (
+        engine, 2, 16, base_format)
+    assert json.loads((root / "assets" / "model" / "config.json").read_text())["model_type"] == arch
+    steps = step_rows(root / "run")
+    assert [line["step"] for line in steps] == [1, 2]
+    for line in steps:
+        assert line["reward/std"] > 0 and line["grad_norm"] > 0  # the adapter gets a real update
+        assert line["sync/sampler_trainer_gap"] <= 1e-3  # the rollouts' own logprobs, before the step
+        assert line["sync/logprob_gap"] <= 1e-3  # the probe, after the weights reached the engine
+    adapter = load_file(next((root / "run").glob("checkpoints/*/adapter/adapter_model.safetensors")))
+    lora_b = [t for name, t in adapter.items() if "lora_B" in name]
+    assert lora_b and max(float(t.abs().max()) for t in lora_b) > 0  # B starts at zero: it trained

@@ -3,23 +3,15 @@ trains, by the policy one version behind, and a run stopped and resumed in the m
 the same metrics as one never stopped (the rollouts in flight are generated again, by the same
 adapter from the same prompts and seed)."""
 
-import json
 import os
 import signal
 import time
 
 import pytest
 
-from run_fixtures import DIGIT_SHARE, small_config, start_training, step_rows
+from run_fixtures import DIGIT_SHARE, comparable_metrics, small_config, start_training, step_rows
 
 STEPS = 3
-TIMING = ("time/", "throughput/")
-
-
-def _comparable(run_dir):
-    path = run_dir / "metrics.jsonl"
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    return [{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in rows]
 
 
 @pytest.mark.slow
@@ -53,7 +45,7 @@ def test_one_step_off_policy_rollouts_lag_one_version_and_resume_reproduces_them
     resumed = start_training(path, "--resume", "latest")
     out, _ = resumed.communicate(timeout=900)
     assert resumed.returncode == 0, out[-3000:]
-    assert _comparable(tmp_path / "stopped") == _comparable(tmp_path / "reference")
+    assert comparable_metrics(tmp_path / "stopped") == comparable_metrics(tmp_path / "reference")
 
 
 def test_stale_rollouts_turn_truncated_importance_sampling_on_unless_set():

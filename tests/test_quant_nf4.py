@@ -17,7 +17,7 @@ import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import load_file, save_file
-from test_day0 import _check_adapter_trained, _check_two_trained_steps, _run_two_steps
+from run_fixtures import check_two_trained_steps, two_rl_steps
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
 from rlvr.models.tiny import build_tiny_model
@@ -241,8 +241,7 @@ def test_a_checkpoint_bitsandbytes_wrote_loads_in_rlvr_to_its_values(base_dir, t
 
 @pytest.mark.slow
 def test_two_rl_steps_through_vllm_and_two_fsdp2_ranks_with_lora_on_an_nf4_base(tmp_path):
-    done = _run_two_steps(tmp_path, "qwen2", "nf4")
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    _check_two_trained_steps(tmp_path, "qwen2", "nf4", "vllm")
-    _check_adapter_trained(tmp_path / "run")
-    assert quantized_format(tmp_path / "model") == "nf4"
+    done = two_rl_steps(tmp_path, "qwen2", "nf4")
+    assert done.returncode == 0, done.stdout[-3000:]
+    check_two_trained_steps(tmp_path, "qwen2", "nf4", "vllm")
+    assert quantized_format(tmp_path / "assets" / "model") == "nf4"

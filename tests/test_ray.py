@@ -14,15 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
+from run_fixtures import DIGIT_SHARE, comparable_metrics, small_config, train
 
 from rlvr.config import PlacementConfig
 from rlvr.orchestration.ray_placement import Slot, plan
 
-DIGIT_SHARE = '''
-def digit_share(response, answer):
-    return sum(c.isdigit() for c in response) / max(1, len(response))
-'''
 RAY = Path(sys.executable).parent / "ray"
 
 
@@ -50,39 +46,19 @@ def workspace(tmp_path_factory):
 
 def _run(workspace: Path, name: str, placement: dict) -> Path:
     """The 2-step run with `placement`; the model and task are built by the first run."""
-    (workspace / "reward.py").write_text(DIGIT_SHARE)
-    cfg = yaml.safe_load(open("configs/demo.yaml"))
-    cfg.update(run_dir=str(workspace / name), steps=2, placement=placement)
-    cfg["model"]["path"] = str(workspace / "model")
-    cfg["data"].update(train=str(workspace / "task/train.jsonl"), test=str(workspace / "task/test.jsonl"))
-    cfg["rollout"].update(prompts_per_step=4, samples_per_prompt=4)
-    cfg["rollout"]["sampling"].update(max_tokens=24)
-    cfg["reward"]["verifier"] = f"{workspace / 'reward.py'}:digit_share"
-    cfg["eval"].update(n=2, k=[1, 2], max_problems=2)
-    cfg["demo"].update(base_format="hf")
-    cfg["demo"]["model"].update(num_layers=2, intermediate_size=256)
-    cfg["demo"]["warm_start"].update(steps=0)
-    cfg["demo"]["task"].update(train_size=32, test_size=4)
-    cfg["tracking"] = {"progress": False}
-    path = workspace / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    done = subprocess.run([sys.executable, "-m", "rlvr.cli", "demo", "--config", str(path)],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    config = small_config(workspace, name, 2, reward=DIGIT_SHARE, placement=placement,
+                          rollout={"sampling": {"max_tokens": 24}},
+                          demo={"base_format": "hf", "model": {"num_layers": 2, "intermediate_size": 256}})
+    done = train(config)
+    assert done.returncode == 0, done.stdout[-3000:]
     summary = json.loads((workspace / name / "summary.json").read_text())
     assert (summary["engine"], summary["trainer_ranks"]) == ("vllm", 2)
     return workspace / name
 
 
-def _metrics(run: Path) -> list[dict]:
-    """Every logged value but the timings."""
-    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in line.items() if not k.startswith(("time/", "throughput/"))} for line in lines]
-
-
 @pytest.fixture(scope="module")
 def local_metrics(workspace):
-    metrics = _metrics(_run(workspace, "local", {"backend": "local"}))
+    metrics = comparable_metrics(_run(workspace, "local", {"backend": "local"}))
     steps = [line for line in metrics if "reward/mean" in line]
     assert [line["step"] for line in steps] == [1, 2]
     assert all(line["reward/std"] > 0 and line["grad_norm"] > 0 for line in steps)  # the adapter trains
@@ -91,7 +67,7 @@ def local_metrics(workspace):
 
 @pytest.mark.slow
 def test_two_steps_on_a_ray_started_here_match_local_processes(workspace, local_metrics):
-    assert _metrics(_run(workspace, "ray", {"backend": "ray"})) == local_metrics
+    assert comparable_metrics(_run(workspace, "ray", {"backend": "ray"})) == local_metrics
 
 
 @pytest.mark.slow
@@ -100,7 +76,7 @@ def test_two_steps_on_a_cluster_from_ray_start_match_local_processes(workspace, 
              "--object-store-memory", str(500 << 20), "--disable-usage-stats"]
     subprocess.run(start, check=True, capture_output=True, timeout=120)
     try:
-        metrics = _metrics(_run(workspace, "ray_start", {"backend": "ray", "ray_address": "auto"}))
+        metrics = comparable_metrics(_run(workspace, "ray_start", {"backend": "ray", "ray_address": "auto"}))
     finally:
         subprocess.run([str(RAY), "stop"], capture_output=True, timeout=120)
     assert metrics == local_metrics

@@ -10,30 +10,17 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 import yaml
 from rich.console import Console
+from run_fixtures import comparable_metrics, start_training
 
 from rlvr.config import load_config
 from rlvr.demo import ensure_demo_assets
 
 STEPS = 4
-TIMING = ("time/", "throughput/")
-
-
-def _comparable(path):
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    return [{k: v for k, v in row.items() if not k.startswith(TIMING)} for row in rows]
-
-
-def _train(config, *extra, **popen):
-    cmd = [sys.executable, "-m", "rlvr.cli", "train", str(config), *extra]
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            **popen)
 
 
 @pytest.fixture(scope="module")
@@ -57,10 +44,10 @@ def setting(tmp_path_factory):
 
     reference = root / "reference"
     ensure_demo_assets(load_config(config(reference)), Console(quiet=True))
-    done = _train(config(reference))
+    done = start_training(config(reference))
     out, _ = done.communicate(timeout=900)
     assert done.returncode == 0, out[-3000:]
-    return config, _comparable(reference / "metrics.jsonl"), root
+    return config, comparable_metrics(reference), root
 
 
 @pytest.mark.slow
@@ -72,7 +59,7 @@ def test_sigkill_then_resume_gives_the_uninterrupted_metrics(setting, seed):
     path = config(run_dir)
     # kill after the first checkpoint exists, at a random step and a random moment within it
     kill_after = rng.randint(1, STEPS - 1)
-    victim = _train(path)
+    victim = start_training(path)
     metrics = run_dir / "metrics.jsonl"
     deadline = time.time() + 600
     while time.time() < deadline and victim.poll() is None:
@@ -85,11 +72,11 @@ def test_sigkill_then_resume_gives_the_uninterrupted_metrics(setting, seed):
     os.killpg(victim.pid, signal.SIGKILL)
     victim.communicate(timeout=60)
 
-    resumed = _train(path, "--resume", "latest")
+    resumed = start_training(path, "--resume", "latest")
     out, _ = resumed.communicate(timeout=900)
     assert resumed.returncode == 0, out[-3000:]
     assert "resuming from" in out
-    assert _comparable(metrics) == expected
+    assert comparable_metrics(run_dir) == expected
     summary = json.loads((run_dir / "summary.json").read_text())
     reference = json.loads((root / "reference" / "summary.json").read_text())
     assert summary["eval_before"] == reference["eval_before"] and summary["eval_after"] == reference["eval_after"]
@@ -100,7 +87,7 @@ def test_sigterm_finishes_the_step_checkpoints_exits_0_and_resumes_to_the_same_m
     config, expected, root = setting
     run_dir = root / "terminated"
     path = config(run_dir, checkpoint_every=STEPS)  # the stop must write its own checkpoint
-    victim = _train(path)
+    victim = start_training(path)
     metrics = run_dir / "metrics.jsonl"
     deadline = time.time() + 600
     while time.time() < deadline and victim.poll() is None:
@@ -115,7 +102,7 @@ def test_sigterm_finishes_the_step_checkpoints_exits_0_and_resumes_to_the_same_m
     assert 1 <= stopped < STEPS and f"SIGTERM: stopped after step {stopped}" in out
     assert (run_dir / "checkpoints" / f"step_{stopped:06d}" / "manifest.json").is_file()
 
-    resumed = _train(path, "--resume", "latest")
+    resumed = start_training(path, "--resume", "latest")
     out, _ = resumed.communicate(timeout=900)
     assert resumed.returncode == 0, out[-3000:]
-    assert _comparable(metrics) == expected
+    assert comparable_metrics(run_dir) == expected
