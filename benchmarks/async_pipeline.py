@@ -16,10 +16,8 @@ Appends a line to docs/benchmarks.md (command, machine, date, figures).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -27,13 +25,13 @@ import time
 from pathlib import Path
 
 import yaml
+from _ledger import append_line, provenance, write_result
 from rich.console import Console
 
 from rlvr.config import load_config
 from rlvr.demo import ensure_demo_assets
 
 ROOT = Path(__file__).resolve().parents[1]
-LEDGER = ROOT / "docs" / "benchmarks.md"
 FIGURES = ("time/step", "time/generate", "time/train", "time/overlap", "time/sync", "time/score")
 
 
@@ -92,25 +90,17 @@ def main() -> None:
         "steps_per_run": args.steps,
         "rounds": args.rounds,
         "trainer_threads_per_rank": max(1, (os.cpu_count() or 1) // 2),
-        "machine": f"{platform.machine()} {os.cpu_count()}-core CPU, Python {platform.python_version()}",
-        "date": datetime.date.today().isoformat(),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
-
-    command = "python benchmarks/async_pipeline.py " + " ".join(sys.argv[1:])
+    } | provenance()
+    write_result(args.out, result)
     figures = "; ".join(
         f"{key}: step {m['time/step']} s (generate {m['time/generate']}, train {m['time/train']}, overlap {m['time/overlap']})"
         for key, m in medians.items()
     )
-    line = (
-        f"- demo RL step, max_staleness 0 vs 1 (medians of steps 2-{args.steps}, {args.rounds} round(s)): {figures}; "
-        f"**{result['speedup']}x** ({result['speedup_of']}) | `{command}` | {result['machine']} | {result['date']}\n"
+    append_line(
+        f"demo RL step, max_staleness 0 vs 1 (medians of steps 2-{args.steps}, {args.rounds} round(s)): {figures}; "
+        f"**{result['speedup']}x** ({result['speedup_of']})",
+        result,
     )
-    with LEDGER.open("a") as f:  # append only: other benchmarks share this file
-        f.write(line)
-
 
 if __name__ == "__main__":
     main()

@@ -15,21 +15,16 @@ appends a line to docs/benchmarks.md (command, machine, date, figures).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import random
-import sys
 import time
 from pathlib import Path
+
+from _ledger import append_line, provenance, write_result
 
 from rlvr.data.datasets import builtin_path
 from rlvr.rewards import ScoringPool
 
-ROOT = Path(__file__).resolve().parents[1]
-LEDGER = ROOT / "docs" / "benchmarks.md"
-LEDGER_HEADER = "# Benchmarks\n\nOne line per run: what, command, machine, date, result.\n\n"
 
 
 def make_items(count: int, seed: int) -> tuple[list[str], list[str]]:
@@ -82,24 +77,14 @@ def main() -> None:
         "statuses": statuses,
         "workers": args.workers,
         "step": args.step,
-        "machine": f"{platform.machine()} {os.cpu_count()}-core CPU, Python {platform.python_version()}",
-        "date": datetime.date.today().isoformat(),
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
-
-    command = "python benchmarks/scoring.py " + " ".join(sys.argv[1:])
-    line = (
-        f"- scoring pool (math verifier, {args.workers} workers, steps of {args.step}, "
+    } | provenance()
+    write_result(args.out, result)
+    append_line(
+        f"scoring pool (math verifier, {args.workers} workers, steps of {args.step}, "
         f"~{result['mean_response_chars']}-char responses): **{result['items_per_s']} items/s**, "
-        f"start-up {result['startup_s']} s, statuses {statuses} | `{command}` | {result['machine']} | {result['date']}\n"
+        f"start-up {result['startup_s']} s, statuses {statuses}",
+        result,
     )
-    if not LEDGER.exists():
-        LEDGER.parent.mkdir(parents=True, exist_ok=True)
-        LEDGER.write_text(LEDGER_HEADER)
-    with LEDGER.open("a") as f:  # append only: other benchmarks share this file
-        f.write(line)
 
 
 if __name__ == "__main__":

@@ -26,16 +26,14 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
-import os
-import platform
 import statistics
 import sys
 import time
-from datetime import date
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the spawned TRL process imports _trl_side
 
+from _ledger import provenance  # noqa: E402
 from _trl_side import run_trl  # noqa: E402
 
 DEMO_CONFIG = "configs/demo.yaml"
@@ -344,9 +342,7 @@ def _provenance(args) -> dict:
     return {
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "versions": {"torch": torch.__version__, "trl": trl.__version__, "vllm": vllm.__version__},
-        "machine": f"{platform.machine()} {os.cpu_count()}-core CPU, Python {platform.python_version()}",
-        "date": date.today().isoformat(),
-    }
+    } | provenance()
 
 
 if __name__ == "__main__":
