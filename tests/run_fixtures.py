@@ -59,9 +59,9 @@ def start_training(config: Path, *extra: str, **popen) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True, start_new_session=True, **popen)
 
 
-def train(config: Path) -> subprocess.CompletedProcess:
-    """`rlvr train CONFIG` to its end; stdout and stderr together in `.stdout`."""
-    run = start_training(config)
+def train(config: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`rlvr train CONFIG` to its end (in `env`); stdout and stderr together in `.stdout`."""
+    run = start_training(config, env=env)
     out, _ = run.communicate(timeout=900)
     return subprocess.CompletedProcess(run.args, run.returncode, out)
 

@@ -8,9 +8,13 @@ response, so rewards vary, the adapter trains, and the engine must serve the tra
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -44,12 +48,12 @@ def workspace(tmp_path_factory):
     return tmp_path_factory.mktemp("ray")
 
 
-def _run(workspace: Path, name: str, placement: dict) -> Path:
-    """The 2-step run with `placement`; the model and task are built by the first run."""
+def _run(workspace: Path, name: str, placement: dict, env: dict | None = None) -> Path:
+    """The 2-step run with `placement` (and `env`); the model and task are built by the first run."""
     config = small_config(workspace, name, 2, reward=DIGIT_SHARE, placement=placement,
                           rollout={"sampling": {"max_tokens": 24}},
                           demo={"base_format": "hf", "model": {"num_layers": 2, "intermediate_size": 256}})
-    done = train(config)
+    done = train(config, env=env)
     assert done.returncode == 0, done.stdout[-3000:]
     summary = json.loads((workspace / name / "summary.json").read_text())
     assert (summary["engine"], summary["trainer_ranks"]) == ("vllm", 2)
@@ -67,18 +71,45 @@ def local_metrics(workspace):
 
 @pytest.mark.slow
 def test_two_steps_on_a_ray_started_here_match_local_processes(workspace, local_metrics):
-    assert comparable_metrics(_run(workspace, "ray", {"backend": "ray"})) == local_metrics
+    # A stale address (as a dead `ray start` leaves one) must not be joined: null starts a private Ray.
+    env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:1"}
+    assert comparable_metrics(_run(workspace, "ray", {"backend": "ray"}, env)) == local_metrics
+
+
+# Ray turns token authentication on for `ray start` once ~/.ray/auth_token exists (a private Ray
+# writes it), but a driver joining an explicit address only with RAY_AUTH_MODE=token: one setting
+# for both keeps the test independent of what ran before it on the machine.
+NO_AUTH = {**os.environ, "RAY_AUTH_MODE": "disabled"}
+
+
+@contextmanager
+def ray_head():
+    """`ray start --head` in a temp dir of its own, on a free port; yields its address. Killing its
+    process group stops exactly this cluster (`ray stop` would stop every Ray on the machine)."""
+    temp_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: Ray's socket paths have a length limit
+    head = subprocess.Popen([str(RAY), "start", "--head", "--block", "--port", "0", "--temp-dir", str(temp_dir),
+                             "--num-cpus", "2", "--include-dashboard", "false", "--disable-usage-stats",
+                             "--object-store-memory", str(500 << 20)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            env=NO_AUTH)
+    address_file = temp_dir / "ray_current_cluster"
+    try:
+        deadline = time.monotonic() + 120
+        while not address_file.exists():
+            assert head.poll() is None, head.stdout.read()
+            assert time.monotonic() < deadline, "ray start --head did not come up in 120 s"
+            time.sleep(0.2)
+        yield address_file.read_text().strip()
+    finally:
+        os.killpg(head.pid, signal.SIGKILL)
+        head.wait()
+        shutil.rmtree(temp_dir, ignore_errors=True)
 
 
 @pytest.mark.slow
 def test_two_steps_on_a_cluster_from_ray_start_match_local_processes(workspace, local_metrics):
-    start = [str(RAY), "start", "--head", "--num-cpus", "2", "--include-dashboard", "false",
-             "--object-store-memory", str(500 << 20), "--disable-usage-stats"]
-    subprocess.run(start, check=True, capture_output=True, timeout=120)
-    try:
-        metrics = comparable_metrics(_run(workspace, "ray_start", {"backend": "ray", "ray_address": "auto"}))
-    finally:
-        subprocess.run([str(RAY), "stop"], capture_output=True, timeout=120)
+    with ray_head() as address:
+        metrics = comparable_metrics(_run(workspace, "ray_start", {"backend": "ray", "ray_address": address}, NO_AUTH))
     assert metrics == local_metrics
 
 

@@ -208,7 +208,7 @@ class PlacementConfig(Section):
     """Where the engine and the trainer ranks run."""
 
     backend: Literal["local", "ray"] = Field("local", description="local: plain processes; ray: Ray actors")
-    ray_address: str | None = Field(None, description="Ray cluster to join ('auto', 'ray://host:port'); None starts one")
+    ray_address: str | None = Field(None, description="Ray cluster to join ('auto', 'host:port'); None starts a private one, ignoring RAY_ADDRESS")
     colocate: bool = Field(True, description="engine and trainer share devices (the engine sleeps while training)")
     nodes: int = Field(1, ge=1)
     gpus_per_node: int = Field(0, ge=0, description="0: CPU only")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from rlvr.config import PlacementConfig
 from rlvr.engines.base import Engine
+from rlvr.orchestration import RunStopped
 from rlvr.training.trainer import RankDied, free_port
 from rlvr.training.worker import RankSpec, answer, join_group, leave_group
 
@@ -125,13 +126,16 @@ class RayCluster:
         self._started_here = placement.ray_address is None and not ray.is_initialized()
         if self._started_here:
             ray.init(
+                # "local" starts a new cluster even where RAY_ADDRESS or a stale
+                # /tmp/ray/ray_current_cluster names another one.
+                address="local",
                 # Logical CPUs: the plan's bundles must fit even where they outnumber the cores.
                 num_cpus=max(os.cpu_count() or 1, math.ceil(self.plan.cpus)),
                 include_dashboard=False,
                 object_store_memory=LOCAL_OBJECT_STORE_BYTES,
             )
         elif not ray.is_initialized():
-            ray.init(address=placement.ray_address)
+            self._join(ray, placement.ray_address)
         self.group = placement_group(self.plan.bundles, strategy=self.plan.strategy)
         if not self.group.wait(RESERVE_TIMEOUT_S):
             resources = ray.cluster_resources()
@@ -140,6 +144,21 @@ class RayCluster:
                 f"placement: Ray could not reserve {self.plan.bundles} ({self.plan.strategy}) in "
                 f"{RESERVE_TIMEOUT_S} s; the cluster has {resources}"
             )
+
+    @staticmethod
+    def _join(ray, address: str) -> None:
+        try:
+            ray.init(address=address)
+        except (ConnectionError, RuntimeError) as error:
+            cause = error
+            while cause.__cause__ is not None:
+                cause = cause.__cause__
+            # Ray nests the root error's traceback in the message: its last line says what failed.
+            lines = [line.strip() for line in str(cause).splitlines() if line.strip()]
+            why = lines[-1] if lines else type(cause).__name__
+            if "InvalidAuthToken" in str(cause):
+                why = "the cluster uses token authentication: run with RAY_AUTH_MODE=token (and its token)"
+            raise RunStopped(f"placement.ray_address: could not join Ray at {address!r}: {why}") from None
 
     def _disconnect(self) -> None:
         import ray
