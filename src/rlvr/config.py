@@ -173,6 +173,9 @@ class TrainerConfig(Section):
     grad_clip: float = Field(1.0, gt=0)
     micro_batch_tokens: int = Field(4096, gt=0, description="token budget of one packed micro-batch")
     gradient_checkpointing: bool = False
+    attention: Literal["packed", "sdpa"] = Field(
+        "packed", description="packed: each packed sequence attends alone; sdpa: transformers' block-diagonal mask"
+    )
     lora: LoraConfig | None = None
     max_consecutive_skips: int = Field(
         3, ge=1, description="stop the run after this many steps in a row skipped for a non-finite loss or gradient"

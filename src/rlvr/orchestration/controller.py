@@ -354,8 +354,8 @@ def _make_trainer(cfg: RunConfig):
         total_steps=cfg.steps,
         grad_clip=t.grad_clip,
         gradient_checkpointing=t.gradient_checkpointing,
+        attention=t.attention,
         lora=t.lora.model_dump() if t.lora else None,
-        threads=0,
         algorithm=cfg.algorithm.model_dump(),
     )
     launch = None

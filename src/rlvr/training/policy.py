@@ -11,6 +11,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from rlvr.algorithms import entropy_from_logits, token_logprobs
+from rlvr.training.attention import NAME as PACKED
+from rlvr.training.attention import PackedLayout
 
 
 class TokenLogprobs(nn.Module):
@@ -32,7 +34,10 @@ class TokenLogprobs(nn.Module):
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (logprobs [L], entropy [L]) for a packed row; IGNORE targets give 0."""
-        hidden = self.lm.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+        packed = {}
+        if self.lm.config._attn_implementation == PACKED:
+            packed["rlvr_layout"] = PackedLayout.from_positions(position_ids)
+        hidden = self.lm.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=False, **packed)
         hidden = hidden.last_hidden_state[0]
         head = self.lm.get_output_embeddings()
         logprobs, entropies = [], []
