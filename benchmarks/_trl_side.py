@@ -21,8 +21,8 @@ def trl_config_kwargs(cfg, steps: int, output_dir: str, threads: int) -> dict:
     a, r, t, s = cfg.algorithm, cfg.rollout, cfg.trainer, cfg.rollout.sampling
     if a.advantage != "grpo" or a.loss != "ppo" or a.agg != "token_mean" or a.kl:
         raise ValueError("the TRL mapping covers grpo advantages, the ppo loss, token_mean, no KL, one epoch per batch")
-    if t.schedule != "constant" or t.warmup_steps:
-        raise ValueError("the TRL mapping covers a constant learning rate without warm-up")
+    if t.warmup_steps:  # rlvr warms up over steps 1..N, transformers' schedulers over 0..N-1
+        raise ValueError("the TRL mapping covers learning-rate schedules without warm-up")
     completions = r.prompts_per_step * r.samples_per_prompt
     return dict(
         output_dir=output_dir,
@@ -61,9 +61,10 @@ def trl_config_kwargs(cfg, steps: int, output_dir: str, threads: int) -> dict:
         epsilon_high=a.clip_high,
         mask_truncated_completions=False,
         disable_dropout=True,
-        # optimizer: AdamW, constant lr, same clipping
+        # optimizer: AdamW, the same schedule over the same steps (constant, linear and cosine
+        # decay are the same formulas in transformers and rlvr), same clipping
         learning_rate=t.lr,
-        lr_scheduler_type="constant",
+        lr_scheduler_type=t.schedule,
         warmup_steps=0,
         weight_decay=t.weight_decay,
         adam_beta1=t.betas[0],

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from rlvr.config import load_config
 from rlvr.models.tiny import build_char_tokenizer
@@ -61,7 +62,7 @@ def test_trl_config_matches_rlvr_step(tmp_path):
     assert args.max_completion_length == 256 and args.temperature == 1.0 and args.top_p == 1.0 and args.top_k == 0
     assert args.loss_type == "dapo" and args.scale_rewards == "group" and args.beta == 0.0
     assert args.epsilon == 0.2 and args.epsilon_high == 0.2
-    assert args.learning_rate == cfg.trainer.lr == 2e-3 and args.lr_scheduler_type == "constant"
+    assert args.learning_rate == cfg.trainer.lr == 2e-3 and args.lr_scheduler_type == cfg.trainer.schedule == "cosine"
     assert args.max_grad_norm == 1.0 and args.max_steps == 8 and not args.shuffle_dataset
     assert args.use_cpu and not args.bf16 and not args.use_vllm and not args.gradient_checkpointing
 
@@ -70,9 +71,28 @@ def test_trl_mapping_refuses_settings_it_does_not_cover(tmp_path):
     cfg = bench_config(tmp_path, "algorithm.kl=k3", "algorithm.kl_coef=0.01")
     with pytest.raises(ValueError, match="TRL mapping"):
         trl_config_kwargs(cfg, steps=8, output_dir=str(tmp_path), threads=2)
-    cfg = bench_config(tmp_path, "trainer.schedule=cosine")
-    with pytest.raises(ValueError, match="constant learning rate"):
+    cfg = bench_config(tmp_path, "trainer.warmup_steps=2")
+    with pytest.raises(ValueError, match="without warm-up"):
         trl_config_kwargs(cfg, steps=8, output_dir=str(tmp_path), threads=2)
+
+
+@pytest.mark.parametrize("schedule", ["constant", "linear", "cosine"])
+def test_trl_steps_through_the_same_learning_rates(tmp_path, schedule):
+    from types import SimpleNamespace
+
+    from transformers import get_scheduler
+
+    from rlvr.training.worker import RankSpec, _Rank
+
+    cfg = bench_config(tmp_path, f"trainer.schedule={schedule}")
+    kwargs = trl_config_kwargs(cfg, steps=8, output_dir=str(tmp_path), threads=2)
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=kwargs["learning_rate"])
+    trl = get_scheduler(kwargs["lr_scheduler_type"], optimizer, num_warmup_steps=kwargs["warmup_steps"], num_training_steps=8)
+    rank = SimpleNamespace(spec=RankSpec(model_path="", schedule=schedule, total_steps=8))
+    for step in range(8):
+        assert trl.get_last_lr()[0] == pytest.approx(kwargs["learning_rate"] * _Rank._lr_factor(rank, step), abs=1e-12)
+        optimizer.step()
+        trl.step()
 
 
 @pytest.mark.parametrize("chat", [True, False])
