@@ -78,19 +78,17 @@ def test_trl_mapping_refuses_settings_it_does_not_cover(tmp_path):
 
 @pytest.mark.parametrize("schedule", ["constant", "linear", "cosine"])
 def test_trl_steps_through_the_same_learning_rates(tmp_path, schedule):
-    from types import SimpleNamespace
-
     from transformers import get_scheduler
 
-    from rlvr.training.worker import RankSpec, _Rank
+    from rlvr.training.worker import RankSpec, lr_factor
 
     cfg = bench_config(tmp_path, f"trainer.schedule={schedule}")
     kwargs = trl_config_kwargs(cfg, steps=8, output_dir=str(tmp_path), threads=2)
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=kwargs["learning_rate"])
     trl = get_scheduler(kwargs["lr_scheduler_type"], optimizer, num_warmup_steps=kwargs["warmup_steps"], num_training_steps=8)
-    rank = SimpleNamespace(spec=RankSpec(model_path="", schedule=schedule, total_steps=8))
+    spec = RankSpec(model_path="", schedule=schedule, total_steps=8)
     for step in range(8):
-        assert trl.get_last_lr()[0] == pytest.approx(kwargs["learning_rate"] * _Rank._lr_factor(rank, step), abs=1e-12)
+        assert trl.get_last_lr()[0] == pytest.approx(kwargs["learning_rate"] * lr_factor(spec, step), abs=1e-12)
         optimizer.step()
         trl.step()
 

@@ -78,10 +78,8 @@ def packed_attention(
         return padded.view(layout.num_sequences, layout.longest, *tokens.shape[1:]).transpose(1, 2)
 
     q, k, v = to_batch(query), to_batch(key), to_batch(value)
-    mask = None
-    if sliding_window is not None and layout.longest > sliding_window:
-        i = torch.arange(layout.longest, device=query.device)
-        mask = (i[:, None] >= i[None, :]) & (i[:, None] - i[None, :] < sliding_window)
+    windowed = sliding_window is not None and layout.longest > sliding_window
+    mask = _causal_mask(layout.longest, sliding_window, query.device) if windowed or softcap is not None else None
     groups = q.shape[1] // k.shape[1]
     if softcap is not None:
         out = _softcapped(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), scaling, softcap, mask)
@@ -94,13 +92,19 @@ def packed_attention(
     return out.index_select(0, layout.slot).unsqueeze(0), None
 
 
+def _causal_mask(length: int, sliding_window: int | None, device) -> torch.Tensor:
+    """[length, length], True where query i may see key j: j <= i, and i - j < sliding_window."""
+    i = torch.arange(length, device=device)
+    mask = i[:, None] >= i[None, :]
+    if sliding_window is not None:
+        mask &= i[:, None] - i[None, :] < sliding_window
+    return mask
+
+
 def _softcapped(q, k, v, scaling, softcap, mask):
     """Gemma-2 style attention: scores squashed by softcap·tanh(s / softcap) before the softmax."""
     scores = q @ k.transpose(-1, -2) * (scaling if scaling is not None else q.shape[-1] ** -0.5)
     scores = softcap * torch.tanh(scores / softcap)
-    longest = q.shape[2]
-    if mask is None:
-        mask = torch.ones(longest, longest, dtype=torch.bool, device=q.device).tril()
     scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
     return torch.softmax(scores, dim=-1) @ v
 

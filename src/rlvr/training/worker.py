@@ -15,12 +15,13 @@ import signal
 import time
 import traceback
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import torch.distributed as dist
 
-from rlvr.training.packing import MicroBatch, unpack
 from rlvr.training.attention import use_packed_attention
+from rlvr.training.packing import MicroBatch, unpack
 from rlvr.training.policy import TokenLogprobs, apply_lora, load_base, shard
 
 
@@ -43,6 +44,19 @@ class RankSpec:
     lora: dict | None = None  # rank, alpha, dropout, target_modules
     threads: int = 0  # torch threads per rank; 0: the cores divided among the ranks
     algorithm: dict = field(default_factory=dict)
+
+
+def lr_factor(spec: RankSpec, step: int) -> float:
+    """The learning-rate multiplier after `step` optimizer steps: linear warm-up over steps
+    1..warmup_steps, then constant, linear or cosine decay to 0 at total_steps."""
+    if step < spec.warmup_steps:
+        return (step + 1) / spec.warmup_steps
+    progress = min(1.0, (step - spec.warmup_steps) / max(1, spec.total_steps - spec.warmup_steps))
+    if spec.schedule == "cosine":
+        return 0.5 * (1 + math.cos(math.pi * progress))
+    if spec.schedule == "linear":
+        return 1.0 - progress
+    return 1.0
 
 
 @dataclass
@@ -124,7 +138,7 @@ class _Rank:
         self.optimizer = torch.optim.AdamW(
             [p for _, p in self.trainable], lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, self._lr_factor)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, partial(lr_factor, spec))
 
     def info(self) -> dict:
         """What the controller learns once, when the rank is up."""
@@ -133,17 +147,6 @@ class _Rank:
             "total_params": self.total_params,
             "base_format": self.base_format,
         }
-
-    def _lr_factor(self, step: int) -> float:
-        spec = self.spec
-        if step < spec.warmup_steps:
-            return (step + 1) / spec.warmup_steps
-        progress = min(1.0, (step - spec.warmup_steps) / max(1, spec.total_steps - spec.warmup_steps))
-        if spec.schedule == "cosine":
-            return 0.5 * (1 + math.cos(math.pi * progress))
-        if spec.schedule == "linear":
-            return 1.0 - progress
-        return 1.0
 
     # ------------------------------------------------------------------ commands
 
