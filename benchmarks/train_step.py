@@ -2,11 +2,13 @@
 
     flock /tmp/rlvr-heavy.lock .venv/bin/python benchmarks/train_step.py --out runs/bench_train_step.json
 
-The demo's shape: 128 sequences (prompts of 45-59 tokens, completions of 20-31, ~10k tokens in
-all, random ids) through `Trainer.train_step` on the demo's float model with LoRA r16 on all
-linear layers, one rank (the cores' threads). For each setting the median of 3 steps after one
-warm-up, and the loss, which must not depend on the setting: packing and attention change the
-cost, never the numbers.
+The demo's shape: 16 prompts of 45-59 tokens × 8 samples, completions of 20-31 tokens (~10k
+tokens in all, random ids), through `Trainer.train_step` on the demo's float model with LoRA
+r16 on all linear layers, one rank (the cores' threads). Settings: `sdpa` (transformers'
+block-diagonal mask), `packed` (rlvr's packed attention, a prompt copy per sample) and `shared`
+(packed attention, one prompt copy per group: trainer.share_prompts). For each setting the
+median of 3 steps after one warm-up, and the loss, which must not depend on the setting:
+packing and attention change the cost, never the numbers.
 """
 
 from __future__ import annotations
@@ -27,12 +29,13 @@ from rlvr.training.worker import RankSpec
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def demo_shaped_batch(size: int = 128, seed: int = 0) -> TrainBatch:
+def demo_shaped_batch(prompts: int = 16, samples: int = 8, seed: int = 0) -> TrainBatch:
     g = torch.Generator().manual_seed(seed)
-    prompts = [torch.randint(3, 60, (int(n),), generator=g).tolist() for n in torch.randint(45, 60, (size,), generator=g)]
+    distinct = [torch.randint(3, 60, (int(n),), generator=g).tolist() for n in torch.randint(45, 60, (prompts,), generator=g)]
+    size = prompts * samples
     completions = [torch.randint(3, 60, (int(n),), generator=g).tolist() for n in torch.randint(20, 32, (size,), generator=g)]
-    return TrainBatch(prompts, completions, [[-1.0] * len(c) for c in completions],
-                      torch.randn(size, generator=g), torch.arange(size) // 8)
+    return TrainBatch([distinct[i // samples] for i in range(size)], completions, [[-1.0] * len(c) for c in completions],
+                      torch.randn(size, generator=g), torch.arange(size) // samples)
 
 
 def main() -> None:
@@ -40,7 +43,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--model", default=str(ROOT / "artifacts" / "demo" / "model.float"), help="built by `rlvr demo`")
     parser.add_argument("--budgets", default="512,2048,4096", help="micro_batch_tokens, comma separated")
-    parser.add_argument("--attention", default="sdpa,packed")
+    parser.add_argument("--attention", default="sdpa,packed,shared", help="sdpa, packed, shared (packed + share_prompts)")
     args = parser.parse_args()
 
     batch = demo_shaped_batch()
@@ -49,7 +52,8 @@ def main() -> None:
     settings = {}
     for attention in args.attention.split(","):
         for budget in (int(b) for b in args.budgets.split(",")):
-            with Trainer(replace(spec, attention=attention), ranks=1, micro_batch_tokens=budget) as trainer:
+            with Trainer(replace(spec, attention="sdpa" if attention == "sdpa" else "packed"), ranks=1,
+                         micro_batch_tokens=budget, share_prompts=attention == "shared") as trainer:
                 trainer.train_step(batch)
                 seconds, loss = [], None
                 for _ in range(3):
@@ -66,11 +70,12 @@ def main() -> None:
               **provenance()}
     write_result(args.out, result)
     figures = ", ".join(f"{k} {v['step_s']:.3f} s" for k, v in settings.items())
-    ratio = ""
-    if {"sdpa", "packed"} <= best.keys():
-        ratio = f"; best packed vs best sdpa **{settings[best['sdpa']]['step_s'] / settings[best['packed']]['step_s']:.2f}x**"
-    append_line(f"trainer step, attention/micro_batch_tokens, 128 demo-shaped sequences ({result['tokens']} tokens), "
-                f"1 rank, LoRA r16, median of 3: {figures}{ratio}; equal losses", result)
+    names = list(best)
+    ratios = "; ".join(f"best {b} vs best {a} **{settings[best[a]]['step_s'] / settings[best[b]]['step_s']:.2f}x**"
+                       for a, b in zip(names, names[1:]))
+    append_line(f"trainer step, attention/micro_batch_tokens, 16 prompts × 8 demo-shaped samples ({result['tokens']} "
+                f"tokens with a prompt copy per sample), 1 rank, LoRA r16, median of 3: {figures}; {ratios}; equal losses",
+                result)
 
 
 if __name__ == "__main__":

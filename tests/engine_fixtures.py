@@ -64,9 +64,11 @@ def mean_abs_gap(a: list[list[float]], b: list[list[float]]) -> float:
 
 
 def random_train_batch() -> TrainBatch:
-    """Four fixed random prompt/completion pairs of uneven lengths, two groups, mixed-sign advantages."""
+    """Two groups of two samples (each group's prompt the same, as in GRPO), fixed random tokens,
+    uneven lengths, mixed-sign advantages."""
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(4, 200, (n,), generator=g).tolist() for n in (5, 7, 3, 6)]
+    prompts = [torch.randint(4, 200, (n,), generator=g).tolist() for n in (5, 7)]
+    prompts = [prompts[0], prompts[0], prompts[1], prompts[1]]
     completions = [torch.randint(4, 200, (n,), generator=g).tolist() for n in (4, 2, 6, 3)]
     return TrainBatch(
         prompt_ids=prompts,

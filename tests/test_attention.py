@@ -9,17 +9,25 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from rlvr.models.tiny import tiny_config
-from rlvr.training.attention import NAME, PackedLayout, use_packed_attention
-from rlvr.training.packing import plan
+from rlvr.training.attention import NAME, PackedLayout, Segment, use_packed_attention
+from rlvr.training.packing import plan, unpack
 from rlvr.training.policy import TokenLogprobs
 
 
 def test_layout_places_each_sequence_in_its_own_padded_row():
-    layout = PackedLayout.from_positions(torch.tensor([[0, 1, 2, 0, 1, 0]]))
-    assert (layout.num_sequences, layout.longest) == (3, 3)
-    assert layout.slot.tolist() == [0, 1, 2, 3, 4, 6]
-    with pytest.raises(ValueError, match="must start at 0"):
-        PackedLayout.from_positions(torch.tensor([[1, 2, 0]]))
+    layout = PackedLayout.build([Segment(0, 3), Segment(3, 2), Segment(5, 1)])
+    assert (layout.num_sequences, layout.query_len, layout.key_len, layout.prefix_lens) == (3, 3, 3, None)
+    assert layout.query_slot.tolist() == [0, 1, 2, 3, 4, 6]
+    assert layout.key_index.tolist() == [0, 1, 2, 3, 4, 0, 5, 0, 0]
+
+
+def test_layout_gives_each_completion_the_shared_prompt_as_its_first_keys():
+    # a 3-token prompt at 0..2, completions at 3..4 and 5..7
+    layout = PackedLayout.build([Segment(0, 3), Segment(3, 2, prefix_start=0, prefix_len=3),
+                                 Segment(5, 3, prefix_start=0, prefix_len=3)])
+    assert (layout.query_len, layout.key_len, layout.prefix_lens.tolist()) == (3, 6, [0, 3, 3])
+    assert layout.query_slot.tolist() == [0, 1, 2, 3, 4, 6, 7, 8]
+    assert layout.key_index.tolist() == [0, 1, 2, 0, 0, 0, 0, 1, 2, 3, 4, 0, 0, 1, 2, 5, 6, 7]
 
 
 def _configs():
@@ -34,25 +42,57 @@ def _configs():
     )
 
 
-@pytest.mark.parametrize("name,config", list(_configs()), ids=lambda x: x if isinstance(x, str) else "")
-def test_packed_attention_equals_the_block_diagonal_mask(name, config):
+def _logprobs_and_grads(model, micro_batch):
+    """Per-sequence logprobs of one packed micro-batch, and the parameter gradients of a
+    weighted sum of them (weights fixed per sequence and token, so packing order cannot hide)."""
+    model.zero_grad()
+    logprobs, _ = TokenLogprobs(model)(micro_batch.input_ids, micro_batch.position_ids, micro_batch.score_positions,
+                                       micro_batch.score_targets, layout=micro_batch.layout)
+    per_sequence = dict(zip(micro_batch.sequences, unpack(logprobs, micro_batch)))
+    weights = {i: torch.linspace(-1, 1, len(lp)) * (i + 1) for i, lp in per_sequence.items()}
+    sum((lp * weights[i]).sum() for i, lp in per_sequence.items()).backward()
+    return {i: lp.detach() for i, lp in per_sequence.items()}, [p.grad.clone() for p in model.parameters()]
+
+
+def _models(name, config):
     torch.manual_seed(0)
     sdpa = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa" if "softcap" not in name else "eager")
     packed = copy.deepcopy(sdpa)
     assert use_packed_attention(packed) and packed.config._attn_implementation == NAME
+    return sdpa, packed
+
+
+def _assert_same(got, want):
+    (lp, grads), (expected_lp, expected_grads) = got, want
+    assert lp.keys() == expected_lp.keys()
+    for i in lp:
+        assert torch.allclose(lp[i], expected_lp[i], atol=1e-5)
+    for g, w in zip(grads, expected_grads):
+        assert torch.allclose(g, w, atol=1e-5)
+
+
+@pytest.mark.parametrize("name,config", list(_configs()), ids=lambda x: x if isinstance(x, str) else "")
+def test_packed_attention_equals_the_block_diagonal_mask(name, config):
+    sdpa, packed = _models(name, config)
     sequences = [torch.randint(3, 60, (n,)).tolist() for n in (11, 25, 7, 19, 30)]
     (micro_batch,) = plan(sequences, [3] * len(sequences), 1, 200)[0]
+    _assert_same(_logprobs_and_grads(packed, micro_batch), _logprobs_and_grads(sdpa, micro_batch))
 
-    def logprobs_and_grads(model):
-        logprobs, _ = TokenLogprobs(model)(micro_batch.input_ids, micro_batch.position_ids, micro_batch.targets)
-        (logprobs * torch.linspace(-1, 1, logprobs.numel())).sum().backward()
-        return logprobs.detach(), [p.grad for p in model.parameters()]
 
-    expected_lp, expected_grads = logprobs_and_grads(sdpa)
-    lp, grads = logprobs_and_grads(packed)
-    assert torch.allclose(lp, expected_lp, atol=1e-5)
-    for got, want in zip(grads, expected_grads):
-        assert torch.allclose(got, want, atol=1e-5)
+@pytest.mark.parametrize("name,config", list(_configs()), ids=lambda x: x if isinstance(x, str) else "")
+def test_a_shared_prompt_gives_what_a_copy_per_sample_gives(name, config):
+    """Two prompts (6 and 4 tokens, longer than mistral's window of 5) with 3 and 2 samples, and
+    a sequence alone: one prompt copy per group in the row, same logprobs and gradients as
+    transformers' sdpa on a copy per sample."""
+    sdpa, packed = _models(name, config)
+    prompts = [torch.randint(3, 60, (n,)).tolist() for n in (6, 4, 5)]
+    owners = [0, 1, 0, 2, 1, 0]
+    sequences = [prompts[o] + torch.randint(3, 60, (n,)).tolist() for o, n in zip(owners, (4, 9, 1, 6, 3, 7))]
+    prompt_lens = [len(prompts[o]) for o in owners]
+    (shared,) = plan(sequences, prompt_lens, 1, 200, share_prompts=True)[0]
+    (copies,) = plan(sequences, prompt_lens, 1, 200)[0]
+    assert shared.num_tokens == copies.num_tokens - 2 * 6 - 1 * 4  # the repeated prompt copies are gone
+    _assert_same(_logprobs_and_grads(packed, shared), _logprobs_and_grads(sdpa, copies))
 
 
 def test_a_row_without_layout_is_one_causal_sequence():

@@ -39,7 +39,7 @@ def _train_and_checkpoint(base: str, run_dir, lora):
     sequences = [p + c for p, c in zip(batch.prompt_ids, batch.completion_ids)]
     prompt_lens = [len(p) for p in batch.prompt_ids]
     spec = RankSpec(model_path=base, lr=5e-2, lora=lora, seed=0)
-    with Trainer(spec, ranks=2, micro_batch_tokens=12) as trainer:
+    with Trainer(spec, ranks=2, micro_batch_tokens=14) as trainer:
         for _ in range(2):
             trainer.train_step(batch)
         adapter = trainer.adapter() if lora else None

@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from rlvr.models.tiny import build_tiny_model
 from rlvr.quant import quantize_checkpoint, write_dequantized_checkpoint
-from rlvr.training.packing import IGNORE, plan
+from rlvr.training.packing import plan
 from rlvr.training.trainer import Trainer, TrainerError
 from rlvr.training.worker import RankSpec
 
@@ -25,9 +25,28 @@ def test_packing_scores_each_completion_token_once_and_balances_ranks():
     seqs = [[1] * 5 + [2] * 3, [1] * 2 + [3] * 6, [1] * 4 + [4]]
     per_rank = plan(seqs, [5, 2, 4], world_size=2, token_budget=9)
     assert len(per_rank[0]) == len(per_rank[1])  # same number of forwards on every rank
-    scored = sorted(t for rank in per_rank for mb in rank for t in mb.targets[0].tolist() if t != IGNORE)
+    scored = sorted(t for rank in per_rank for mb in rank if not mb.is_empty for t in mb.score_targets.tolist())
     assert scored == sorted([2] * 3 + [3] * 6 + [4])
     assert all(mb.num_tokens <= 9 for rank in per_rank for mb in rank)
+
+
+def test_shared_prompts_pack_one_copy_and_score_each_completion_from_its_end():
+    prompt = [7, 8, 9]
+    seqs = [prompt + [2, 3], [5, 6] + [4], prompt + [1, 2, 3], prompt + [6]]
+    (micro_batch,) = plan(seqs, [3, 2, 3, 3], world_size=1, token_budget=64, share_prompts=True)[0]
+    assert micro_batch.num_tokens == 3 + 2 + 3 + 1 + 2 + 1  # one copy of the shared prompt
+    ids, positions = micro_batch.input_ids[0].tolist(), micro_batch.position_ids[0].tolist()
+    for i, (start, count) in zip(micro_batch.sequences, micro_batch.spans):
+        p = 2 if i == 1 else 3
+        at = micro_batch.score_positions[start : start + count].tolist()
+        assert micro_batch.score_targets[start : start + count].tolist() == seqs[i][p:]
+        assert ids[at[0]] == seqs[i][p - 1] and positions[at[0]] == p - 1  # the prompt's last token
+        assert [positions[a] for a in at] == list(range(p - 1, len(seqs[i]) - 1))
+        assert [ids[a] for a in at[1:]] == seqs[i][p:-1]
+    # a budget too small for the group splits it, each part with its own prompt copy
+    parts = plan(seqs, [3, 2, 3, 3], world_size=1, token_budget=7, share_prompts=True)[0]
+    assert sorted(i for mb in parts for i in mb.sequences) == [0, 1, 2, 3]
+    assert all(mb.num_tokens <= 7 for mb in parts)
 
 
 def _one_and_two_ranks(model_path: str, reference_model) -> dict[int, tuple]:
@@ -40,7 +59,7 @@ def _one_and_two_ranks(model_path: str, reference_model) -> dict[int, tuple]:
     results = {}
     for ranks in (1, 2):
         spec = RankSpec(model_path=model_path, lr=1e-2, lora=LORA, seed=0)
-        with Trainer(spec, ranks=ranks, micro_batch_tokens=12) as trainer:
+        with Trainer(spec, ranks=ranks, micro_batch_tokens=14) as trainer:  # splits group 1
             lp = trainer.logprobs(sequences, prompt_lens)
             metrics = trainer.train_step(batch)
             held = trainer.packed_base_bytes()

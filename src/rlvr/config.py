@@ -176,6 +176,9 @@ class TrainerConfig(Section):
     attention: Literal["packed", "sdpa"] = Field(
         "packed", description="packed: each packed sequence attends alone; sdpa: transformers' block-diagonal mask"
     )
+    share_prompts: bool = Field(
+        True, description="with packed attention, a prompt's samples share one copy of it in the forward (exact)"
+    )
     lora: LoraConfig | None = None
     max_consecutive_skips: int = Field(
         3, ge=1, description="stop the run after this many steps in a row skipped for a non-finite loss or gradient"

@@ -363,7 +363,9 @@ def _make_trainer(cfg: RunConfig):
         from rlvr.orchestration.ray_placement import RayCluster
 
         launch = RayCluster.shared(cfg.placement, t.ranks).launch_ranks
-    return Trainer(spec, ranks=t.ranks, micro_batch_tokens=t.micro_batch_tokens, launch=launch)
+    return Trainer(
+        spec, ranks=t.ranks, micro_batch_tokens=t.micro_batch_tokens, share_prompts=t.share_prompts, launch=launch
+    )
 
 
 def engine_model_path(model_path: str) -> str:

@@ -16,12 +16,12 @@ from rlvr.training.attention import PackedLayout
 
 
 class TokenLogprobs(nn.Module):
-    """Wraps a causal LM so that forward returns, per position, the logprob of the next token.
+    """Wraps a causal LM so that forward returns the logprob of each scored token.
 
-    The LM head runs over `chunk_tokens` positions at a time under activation checkpointing,
-    so the `[tokens, vocab]` logits exist for one chunk at a time, in forward and backward.
-    Logits are divided by the sampling temperature so the trainer scores tokens under the
-    distribution the sampler drew them from.
+    The LM head runs only on the positions that score a token, `chunk_tokens` at a time under
+    activation checkpointing, so the `[tokens, vocab]` logits exist for one chunk at a time,
+    in forward and backward. Logits are divided by the sampling temperature so the trainer
+    scores tokens under the distribution the sampler drew them from.
     """
 
     def __init__(self, lm: nn.Module, chunk_tokens: int = 1024):
@@ -31,17 +31,28 @@ class TokenLogprobs(nn.Module):
         self.softcap = getattr(lm.config, "final_logit_softcapping", None)
 
     def forward(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        score_positions: torch.Tensor,
+        score_targets: torch.Tensor,
+        temperature: float = 1.0,
+        layout: PackedLayout | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Returns (logprobs [L], entropy [L]) for a packed row; IGNORE targets give 0."""
+        """(logprobs [T], entropy [T]) of a packed row `[1, L]`: token score_targets[t] scored at
+        the hidden state of position score_positions[t]. `layout` says which tokens each token
+        attends to (rlvr's packed attention); without it, sequences are told apart by position_ids
+        restarting at 0."""
         packed = {}
-        if self.lm.config._attn_implementation == PACKED:
-            packed["rlvr_layout"] = PackedLayout.from_positions(position_ids)
+        if self.lm.config._attn_implementation == PACKED and layout is not None:
+            packed["rlvr_layout"] = layout
+        elif layout is not None and layout.prefix_lens is not None:
+            raise ValueError("shared prompts need rlvr's packed attention (trainer.attention: packed)")
         hidden = self.lm.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=False, **packed)
-        hidden = hidden.last_hidden_state[0]
+        hidden = hidden.last_hidden_state[0].index_select(0, score_positions)
         head = self.lm.get_output_embeddings()
         logprobs, entropies = [], []
-        for h, t in zip(hidden.split(self.chunk_tokens), targets[0].split(self.chunk_tokens)):
+        for h, t in zip(hidden.split(self.chunk_tokens), score_targets.split(self.chunk_tokens)):
             lp, ent = checkpoint(self._score_chunk, head, h, t, temperature, use_reentrant=False)
             logprobs.append(lp)
             entropies.append(ent)
@@ -51,8 +62,7 @@ class TokenLogprobs(nn.Module):
         logits = head(hidden)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
-        picked = token_logprobs(logits, targets.clamp(min=0), temperature=temperature, chunk_size=self.chunk_tokens)
-        picked = torch.where(targets >= 0, picked, torch.zeros_like(picked))
+        picked = token_logprobs(logits, targets, temperature=temperature, chunk_size=self.chunk_tokens)
         with torch.no_grad():
             entropy = entropy_from_logits(logits, temperature=temperature, chunk_size=self.chunk_tokens)
         return picked, entropy

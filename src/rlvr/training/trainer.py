@@ -62,6 +62,7 @@ class Trainer:
         spec: RankSpec,
         ranks: int = 1,
         micro_batch_tokens: int = 4096,
+        share_prompts: bool = True,
         start_timeout_s: float = 600,
         launch: Launch | None = None,
     ):
@@ -74,6 +75,8 @@ class Trainer:
         self.trainable_params = info[0]["trainable_params"]
         self.total_params = info[0]["total_params"]
         self.base_format = info[0]["base_format"]  # what the ranks loaded: "nvfp4" or "hf"
+        # one copy of a prompt for all its samples needs rlvr's packed attention on the model
+        self.share_prompts = share_prompts and info[0]["packed_attention"]
 
     # ------------------------------------------------------------------ commands
 
@@ -87,7 +90,7 @@ class Trainer:
         come in between: the ranks answer in order."""
         sequences = [p + c for p, c in zip(batch.prompt_ids, batch.completion_ids)]
         prompt_lens = [len(p) for p in batch.prompt_ids]
-        per_rank = plan(sequences, prompt_lens, self.world_size, self.micro_batch_tokens)
+        per_rank = self._plan(sequences, prompt_lens)
         num_tokens = sum(len(c) for c in batch.completion_ids)
         advantages = batch.advantages.tolist()
         inputs = []
@@ -130,7 +133,7 @@ class Trainer:
 
     def logprobs(self, sequences: list[list[int]], prompt_lens: list[int], temperature: float = 1.0) -> list[list[float]]:
         """The trainer's logprob of every token after each prompt (no gradient)."""
-        per_rank = plan(sequences, prompt_lens, self.world_size, self.micro_batch_tokens)
+        per_rank = self._plan(sequences, prompt_lens)
         merged: dict[int, list[float]] = {}
         for part in self._call_each("logprobs", [(mbs, temperature) for mbs in per_rank]):
             merged.update(part)
@@ -172,6 +175,9 @@ class Trainer:
         self.close()
 
     # ------------------------------------------------------------------ plumbing
+
+    def _plan(self, sequences: list[list[int]], prompt_lens: list[int]):
+        return plan(sequences, prompt_lens, self.world_size, self.micro_batch_tokens, self.share_prompts)
 
     def _call_all(self, command: str, payload=None) -> list:
         return self._call_each(command, [payload] * self.world_size)

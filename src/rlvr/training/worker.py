@@ -122,8 +122,7 @@ class _Rank:
         dtype = getattr(torch, spec.dtype)
         torch.manual_seed(spec.seed)
         lm, self.base_format = load_base(spec.model_path, dtype)
-        if spec.attention == "packed":
-            use_packed_attention(lm)
+        self.packed_attention = spec.attention == "packed" and use_packed_attention(lm)
         if spec.gradient_checkpointing:
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if spec.lora:
@@ -146,6 +145,7 @@ class _Rank:
             "trainable_params": self.trainable_params,
             "total_params": self.total_params,
             "base_format": self.base_format,
+            "packed_attention": self.packed_attention,  # else transformers' own: no shared prompts
         }
 
     # ------------------------------------------------------------------ commands
@@ -316,7 +316,8 @@ class _Rank:
 
     def _forward(self, mb: MicroBatch, temperature: float):
         return self.policy(
-            mb.input_ids.to(self.device), mb.position_ids.to(self.device), mb.targets.to(self.device), temperature
+            mb.input_ids.to(self.device), mb.position_ids.to(self.device), mb.score_positions.to(self.device),
+            mb.score_targets.to(self.device), temperature, layout=mb.layout.to(self.device),
         )
 
     def _reference_logprobs(self, mb: MicroBatch, temperature: float) -> torch.Tensor:
