@@ -106,3 +106,21 @@ def test_same_version_twice_is_refused(engine, model_dir):
     engine.update_lora(adapter)
     with pytest.raises(ValueError, match="already loaded"):
         engine.update_lora(adapter)
+
+
+def test_block_size_changes_what_is_cached_not_what_is_sampled(model_dir):
+    """The CPU default of 32-token blocks lets the 8 samples of a 70-token prompt share its first
+    two blocks (with vLLM's 128 they share none); the samples, their logprobs and their text
+    (decoded once at the end, not per token) are the same either way."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts = [tokenizer.encode("the quick brown fox jumps over the lazy dog " * 2)[:70], tokenizer.encode("12+7=")]
+    assert len(prompts[0]) == 70
+    sampling = Sampling(temperature=1.0, max_tokens=16, seed=11)
+    samples = {}
+    for block_size in (None, 128):
+        with make_engine("vllm", str(model_dir), max_model_len=512, kv_cache_gb=1, block_size=block_size) as engine:
+            samples[block_size] = engine.generate(prompts, 8, sampling)
+    small, large = samples[None], samples[128]
+    assert [r.completion_ids for r in small] == [r.completion_ids for r in large]
+    assert [r.logprobs for r in small] == [r.logprobs for r in large]
+    assert [r.text for r in small] == [tokenizer.decode(r.completion_ids, skip_special_tokens=True) for r in large]

@@ -112,6 +112,9 @@ class EngineConfig(Section):
     max_model_len: int = Field(512, gt=0)
     enable_prefix_caching: bool = True
     enforce_eager: bool = True
+    block_size: int | None = Field(
+        None, gt=0, description="KV-cache block in tokens (null: 32 on CPU, so that samples share short prompts; vLLM's on GPU)"
+    )
     num_threads: int | None = Field(None, gt=0, description="CPU threads for generation (default: the engine's)")
     sync_check_threshold: float = Field(0.05, gt=0, description="max sync/logprob_gap before the run stops")
     max_restarts: int = Field(2, ge=0, description="times a dead engine is restarted (and its step retried) per run")

@@ -22,6 +22,7 @@ _VLLM_ONLY_OPTIONS = {
     "enforce_eager",
     "max_num_seqs",
     "max_num_batched_tokens",
+    "block_size",
     "enable_sleep_mode",
     "in_process",
 }

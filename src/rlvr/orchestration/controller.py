@@ -405,6 +405,7 @@ def _make_engine(cfg: RunConfig, make_engine):
         kv_cache_gb=e.kv_cache_gb,
         enable_prefix_caching=e.enable_prefix_caching,
         enforce_eager=e.enforce_eager,
+        block_size=e.block_size,
         num_threads=e.num_threads,
         seed=cfg.seed,
         # colocated, the engine frees its device memory while the ranks train (GPU engines only)
