@@ -68,6 +68,7 @@ class Trainer:
     ):
         self.spec, self.world_size, self.micro_batch_tokens = spec, ranks, micro_batch_tokens
         self._adapter_version = 0
+        self._lora_config: dict | None = None  # fixed for the trainer's life: asked once
         self._training = False
         threads = spec.threads or max(1, (os.cpu_count() or 1) // ranks)
         self._ranks: list[RankHandle] = (launch or spawn_ranks)(ranks, replace(spec, threads=threads))
@@ -143,7 +144,9 @@ class Trainer:
         if not self.spec.lora:
             raise TrainerError("adapter(): this trainer runs full fine-tuning; use weights()")
         tensors = self._call_all("adapter")[0]
-        config = self._call_all("lora_config")[0]
+        if self._lora_config is None:
+            self._lora_config = self._call_all("lora_config")[0]
+        config = self._lora_config
         self._adapter_version += 1
         return LoraAdapter(tensors=tensors, config=config, version=self._adapter_version)
 

@@ -232,7 +232,7 @@ class _Rank:
         """The full (unsharded) trainable tensors, in PEFT/HF naming; only rank 0 keeps them."""
         out = {}
         for name, p in self.trainable:
-            full = p.full_tensor() if hasattr(p, "full_tensor") else p
+            full = self._whole(p)
             if self.rank == 0:
                 out[_public_name(name)] = full.detach().cpu().clone()
         return out
@@ -241,7 +241,7 @@ class _Rank:
         """All parameters, unsharded, in HF naming (full fine-tuning sync)."""
         out = {}
         for name, p in self.policy.named_parameters():
-            full = p.full_tensor() if hasattr(p, "full_tensor") else p
+            full = self._whole(p)
             if self.rank == 0:
                 out[_public_name(name)] = full.detach().cpu().clone()
         return out
@@ -313,6 +313,13 @@ class _Rank:
         return {k: (sorted(v) if isinstance(v, set) else v) for k, v in config.items()}
 
     # ------------------------------------------------------------------ internals
+
+    def _whole(self, p: torch.Tensor) -> torch.Tensor:
+        """The unsharded tensor: one rank holds it whole already (an all-gather per tensor, every
+        sync, cost ~20 ms on the demo's 112 adapter tensors)."""
+        if not hasattr(p, "full_tensor"):
+            return p
+        return p.to_local() if self._alone else p.full_tensor()
 
     def _forward(self, mb: MicroBatch, temperature: float):
         return self.policy(
