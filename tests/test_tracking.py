@@ -38,6 +38,16 @@ def test_resume_appends_and_truncate_after_drops_later_steps(tmp_path):
     assert [(row["step"], row["loss"]) for row in read_metrics(tmp_path)] == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 30.0)]
 
 
+def test_truncate_after_drops_a_final_eval_the_resumed_run_does_again(tmp_path):
+    with MetricsLogger(tmp_path) as logger:
+        logger.log(3, {"loss": 3.0})
+        logger.log(3, {"eval_after/avg@8": 0.5})  # killed after this line, before the run's summary
+    with MetricsLogger(tmp_path) as logger:
+        logger.truncate_after(3, redone="eval_after/")
+        logger.log(3, {"eval_after/avg@8": 0.5})
+    assert read_metrics(tmp_path) == [{"step": 3, "loss": 3.0}, {"step": 3, "eval_after/avg@8": 0.5}]
+
+
 def test_a_torn_final_line_is_dropped_before_appending(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 0, "loss": 1.0}\n{"step": 1, "lo')
     assert read_metrics(tmp_path) == [{"step": 0, "loss": 1.0}]

@@ -171,7 +171,7 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print) -> dic
             trainer.load(resume_from / "trainer")
             start, sampler.position = state["step"], state["data_position"]
             summary["eval_before"] = state["eval_before"]
-            logger.truncate_after(start)
+            logger.truncate_after(start, redone="eval_after/")  # a run killed in its final eval does it again
             log(f"resuming from {resume_from} (step {start})")
             if cfg.rollout.max_staleness and (resume_from / "rollout_adapter").is_dir() and start < cfg.steps:
                 last_adapter = load_adapter(resume_from / "rollout_adapter", version=0)
