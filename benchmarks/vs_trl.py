@@ -189,6 +189,21 @@ def evaluate_adapters(cfg, test_file: str, limit: int | None, adapters: dict[str
     return results
 
 
+def held_out_file(cfg, size: int) -> str:
+    """The demo task's test split drawn to `size` problems, next to its train split: the same
+    seeded draw, so the train split is the one the model warm-started on (checked)."""
+    from rlvr.data.datasets import load_problems
+    from rlvr.data.synthetic import arithmetic_problems, write_jsonl
+
+    path = Path(cfg.data.train).with_name(f"test_{size}.jsonl")
+    if not path.is_file():
+        train, test = arithmetic_problems(seed=cfg.seed, **(cfg.demo.task.model_dump() | {"test_size": size}))
+        if [p.question for p in train] != [p.question for p in load_problems(cfg.data.train)]:
+            raise SystemExit(f"{cfg.data.train} is not the seeded draw of the demo task: cannot extend its test split")
+        write_jsonl(test, path)
+    return str(path)
+
+
 def scaling_points(prompts: int, samples: int, max_tokens: int, doublings: int) -> list[dict]:
     """The base setting, then each of prompts / samples / completion length doubled 1..doublings times."""
     points = [{"axis": "base", "prompts": prompts, "samples": samples, "max_tokens": max_tokens}]
@@ -249,6 +264,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2, help="TRL's torch threads (rlvr: engine.num_threads)")
     parser.add_argument("--target", type=float, default=None, help="avg@8 target (default: halfway base -> lower final)")
     parser.add_argument("--eval-problems", type=int, default=None, help="first N test problems only (smoke runs)")
+    parser.add_argument("--held-out", type=int, default=500,
+                        help="held-out problems to evaluate on: the demo task's test split drawn to this size "
+                             "(its first 100 are the demo's test set; the training split stays the same)")
     parser.add_argument("--assets", default="artifacts/vs_trl", help="where the float demo model and task are built")
     parser.add_argument("--run-dir", default="runs/vs_trl")
     parser.add_argument("--rlvr", action="append", default=[], metavar="KEY=VALUE", help="extra rlvr config override")
@@ -267,8 +285,9 @@ def main() -> None:
     log = console.print
     overrides = bench_overrides(args.assets, args.run_dir, args.steps, args.prompts, args.samples, args.max_tokens,
                                 args.eval_every, args.rlvr)
-    test_file = f"{args.assets}/task/test.jsonl"
-    ensure_demo_assets(load_config(DEMO_CONFIG, overrides + [f"data.test={test_file}"]), console)
+    demo_test_file = f"{args.assets}/task/test.jsonl"
+    ensure_demo_assets(load_config(DEMO_CONFIG, overrides + [f"data.test={demo_test_file}"]), console)
+    test_file = held_out_file(load_config(DEMO_CONFIG, overrides), args.held_out)
     if args.scaling:
         result = run_scaling(args, log) | _provenance(args)
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -123,3 +123,19 @@ def test_scaling_points_double_one_axis_at_a_time():
         ("samples", 16, 16, 64), ("samples", 16, 32, 64),
         ("max_tokens", 16, 8, 128), ("max_tokens", 16, 8, 256),
     ]
+
+
+def test_held_out_set_extends_the_demo_test_split_and_keeps_its_train_split(tmp_path):
+    from rlvr.data.datasets import load_problems
+    from rlvr.data.synthetic import arithmetic_problems, write_jsonl
+
+    cfg = load_config("configs/demo.yaml", [f"data.train={tmp_path}/train.jsonl"])
+    train, test = arithmetic_problems(seed=cfg.seed, **cfg.demo.task.model_dump())
+    write_jsonl(train, tmp_path / "train.jsonl")
+    held_out = load_problems(vs_trl.held_out_file(cfg, 300))
+    assert len(held_out) == 300
+    assert [p.question for p in held_out[: len(test)]] == [p.question for p in test]
+    assert not {p.question for p in held_out} & {p.question for p in train}
+    write_jsonl(train[1:], tmp_path / "train.jsonl")  # not the seeded draw: refused, not silently mixed
+    with pytest.raises(SystemExit, match="not the seeded draw"):
+        vs_trl.held_out_file(cfg, 400)
