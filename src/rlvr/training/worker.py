@@ -229,13 +229,21 @@ class _Rank:
         return sums
 
     def adapter(self, _=None) -> dict[str, torch.Tensor]:
-        """The full (unsharded) trainable tensors, in PEFT/HF naming; only rank 0 keeps them."""
-        out = {}
-        for name, p in self.trainable:
-            full = self._whole(p)
-            if self.rank == 0:
-                out[_public_name(name)] = full.detach().cpu().clone()
-        return out
+        """The full (unsharded) trainable tensors, in PEFT/HF naming; only rank 0 keeps them.
+
+        Every rank's dim-0 shards go to rank 0 in one gather, instead of an all-gather per
+        tensor (on the demo's 2 gloo ranks: 56 collectives, ~60 ms a sync)."""
+        from torch.distributed.tensor import Shard
+
+        if self._alone or not all(getattr(p, "placements", None) == (Shard(0),) for _, p in self.trainable):
+            whole = {_public_name(name): self._whole(p).detach().cpu().clone() for name, p in self.trainable}
+            return whole if self.rank == 0 else {}
+        shards = {name: p.to_local().detach().cpu() for name, p in self.trainable}
+        gathered = [None] * self.world_size if self.rank == 0 else None
+        dist.gather_object(shards, gathered, dst=0)
+        if self.rank != 0:
+            return {}
+        return {_public_name(name): torch.cat([part[name] for part in gathered]) for name, _ in self.trainable}
 
     def weights(self, _=None) -> dict[str, torch.Tensor]:
         """All parameters, unsharded, in HF naming (full fine-tuning sync)."""
