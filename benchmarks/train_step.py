@@ -14,6 +14,7 @@ packing and attention change the cost, never the numbers.
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 from dataclasses import replace
@@ -70,9 +71,8 @@ def main() -> None:
               **provenance()}
     write_result(args.out, result)
     figures = ", ".join(f"{k} {v['step_s']:.3f} s" for k, v in settings.items())
-    names = list(best)
     ratios = "; ".join(f"best {b} vs best {a} **{settings[best[a]]['step_s'] / settings[best[b]]['step_s']:.2f}x**"
-                       for a, b in zip(names, names[1:]))
+                       for a, b in itertools.pairwise(best))
     append_line(f"trainer step, attention/micro_batch_tokens, 16 prompts × 8 demo-shaped samples ({result['tokens']} "
                 f"tokens with a prompt copy per sample), 1 rank, LoRA r16, median of 3: {figures}; {ratios}; equal losses",
                 result)
