@@ -37,6 +37,7 @@ def test_demo_pipeline_runs_two_steps_and_writes_its_records(tmp_path):
         assert line["time/generate"] > 0 and line["time/train"] > 0
     summary = json.loads((run / "summary.json").read_text())
     assert summary["engine"] == "vllm" and summary["trainer_ranks"] == 2 and summary["lora_rank"] == 16
+    assert summary["trainer_attention"] == "packed"  # the demo's qwen2 dispatches through AttentionInterface
     for phase in ("eval_before", "eval_after"):
         assert set(summary[phase]) >= {"avg@8", "pass@8"}
         assert 0.0 <= summary[phase]["avg@8"] <= summary[phase]["pass@8"] <= 1.0

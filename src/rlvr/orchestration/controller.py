@@ -181,6 +181,11 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print) -> dic
         summary["engine"] = engine.name
         summary["trainer_ranks"] = trainer.world_size
         summary["base_format"] = trainer.base_format
+        summary["trainer_attention"] = "packed" if trainer.packed_attention else "sdpa"
+        if cfg.trainer.attention == "packed" and not trainer.packed_attention:
+            log(f"trainer.attention: packed is not available for {cfg.model.path} (its attention does not dispatch "
+                "through transformers' AttentionInterface): training with sdpa's block-diagonal mask and a prompt "
+                "copy per sample")
         summary["lora_rank"] = int(last_adapter.config["r"]) if last_adapter is not None else None
         if resume_from is None:
             summary["eval_before"] = _headline(run_eval(0, "before"), cfg)

@@ -76,8 +76,9 @@ class Trainer:
         self.trainable_params = info[0]["trainable_params"]
         self.total_params = info[0]["total_params"]
         self.base_format = info[0]["base_format"]  # what the ranks loaded: "nvfp4" or "hf"
+        self.packed_attention = info[0]["packed_attention"]  # False where the model has no AttentionInterface
         # one copy of a prompt for all its samples needs rlvr's packed attention on the model
-        self.share_prompts = share_prompts and info[0]["packed_attention"]
+        self.share_prompts = share_prompts and self.packed_attention
 
     # ------------------------------------------------------------------ commands
 
