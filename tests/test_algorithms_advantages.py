@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from rlvr.algorithms import ESTIMATORS, advantages, gae
+from rlvr.algorithms import ESTIMATORS, advantages
 
 # Three groups, ids not contiguous and not sorted: 7 = {1, 0, 1}, 3 = {5} (a group of one),
 # 9 = {2, 4}.
@@ -74,28 +74,3 @@ def test_bad_input_raises():
         run("ppo")
     with pytest.raises(ValueError, match="must both be"):
         advantages("grpo", torch.zeros(2, 2), torch.zeros(2, 2, dtype=torch.long))
-
-
-def test_gae_by_hand_with_padding_and_a_skipped_token():
-    gamma, lam = 0.9, 0.8
-    # row 0: two valid tokens, then padding (its reward 9 and value 7 are ignored)
-    #   t=1: delta = 1 + 0.9*0 - 0.2 = 0.8 ; A1 = 0.8
-    #   t=0: delta = 0 + 0.9*0.2 - 0.5 = -0.32 ; A0 = -0.32 + 0.9*0.8*0.8 = 0.256
-    # row 1: the same tokens with a masked (tool) token between them -> same values, 0 there
-    # row 2: all padding
-    rewards = torch.tensor([[0.0, 1.0, 9.0], [0.0, 5.0, 1.0], [1.0, 1.0, 1.0]], dtype=torch.float64)
-    values = torch.tensor([[0.5, 0.2, 7.0], [0.5, 9.0, 0.2], [1.0, 1.0, 1.0]], dtype=torch.float64)
-    mask = torch.tensor([[1, 1, 0], [1, 0, 1], [0, 0, 0]])
-    adv, ret = gae(rewards, values, mask, gamma, lam)
-    want_adv = torch.tensor([[0.256, 0.8, 0.0], [0.256, 0.0, 0.8], [0.0, 0.0, 0.0]], dtype=torch.float64)
-    want_ret = torch.tensor([[0.756, 1.0, 0.0], [0.756, 0.0, 1.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
-    torch.testing.assert_close(adv, want_adv)
-    torch.testing.assert_close(ret, want_ret)
-
-
-def test_gae_lambda_one_gamma_one_is_reward_to_go_minus_value():
-    rewards = torch.tensor([[0.0, 0.0, 1.0]])
-    values = torch.tensor([[0.3, 0.6, 0.9]])
-    adv, ret = gae(rewards, values, torch.ones(1, 3), 1.0, 1.0)
-    torch.testing.assert_close(ret, torch.tensor([[1.0, 1.0, 1.0]]))
-    torch.testing.assert_close(adv, torch.tensor([[0.7, 0.4, 0.1]]))

@@ -5,7 +5,16 @@ import math
 import pytest
 import torch
 
-from rlvr.algorithms import AGGREGATIONS, LOSSES, aggregate, policy_loss
+from rlvr.algorithms import AGGREGATIONS, LOSSES, aggregate
+from rlvr.algorithms import policy_loss as _policy_loss
+
+# The hand-worked values below clip at PPO's epsilon = 0.2 and aggregate per token, unless a
+# test says otherwise.
+HAND_WORKED = {"clip_low": 0.2, "clip_high": 0.2, "agg": "token_mean"}
+
+
+def policy_loss(*args, **options):
+    return _policy_loss(*args, **(HAND_WORKED | options))
 
 # Two responses, old_logprobs = 0 so that logprobs = log(rho). Row 0 has 2 valid tokens
 # (rho 1.5, 0.9) and one padded position; row 1 has 3 (rho 0.5, 1.0, 2.0). A = (+1, -2).

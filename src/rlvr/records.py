@@ -81,7 +81,6 @@ class TrainBatch:
     sampler_logprobs: list[list[float]]
     advantages: torch.Tensor  # [B], one per sequence
     group: torch.Tensor  # [B] int64, the prompt each sequence answers
-    extra: dict = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.completion_ids)

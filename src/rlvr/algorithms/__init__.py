@@ -5,7 +5,7 @@ No models, no processes: every function takes tensors and returns tensors. Formu
 and the names other frameworks use for the same things: docs/algorithms.md.
 """
 
-from rlvr.algorithms.advantages import ESTIMATORS, advantages, gae
+from rlvr.algorithms.advantages import ESTIMATORS, advantages
 from rlvr.algorithms.dynamic_sampling import (
     groups_to_refill,
     informative_group_mask,
@@ -26,7 +26,6 @@ __all__ = [
     "advantages",
     "aggregate",
     "entropy_from_logits",
-    "gae",
     "groups_to_refill",
     "informative_group_mask",
     "kl_penalty",

@@ -1,5 +1,4 @@
-"""Advantage estimators: one scalar per response from its reward and its group's rewards,
-and GAE for PPO with a critic.
+"""Advantage estimators: one scalar per response from its reward and its group's rewards.
 
 All outcome estimators share `advantages(estimator, rewards, group)`. Rewards are [B], one per
 response; `group` [B] int64 names the prompt each response answers (any ids, any order, groups
@@ -67,36 +66,3 @@ def advantages(
     # reinforce_pp_baseline: group baseline, then one batch-wide scale.
     batch_std = centred.std() if centred.numel() > 1 else centred.new_zeros(())
     return torch.where(batch_std > 0, centred / (batch_std + eps), 0.0)
-
-
-@torch.no_grad()
-def gae(
-    token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float
-) -> tuple[Tensor, Tensor]:
-    """Generalised advantage estimation (Schulman et al. 2016), for PPO with a critic.
-
-    Over the valid tokens t of a response, read right to left, with V after the last valid
-    token taken as 0 (the response ended):
-
-        delta_t = r_t + gamma * V_{t+1} - V_t
-        A_t     = delta_t + gamma * lam * A_{t+1}
-        R_t     = A_t + V_t                      (the critic's regression target)
-
-    Masked positions (padding, or tool/observation tokens inside a response) are skipped:
-    "t+1" means the next *valid* token, and rewards sitting on masked positions are ignored,
-    so put an outcome reward on the last valid token. Returns (advantages, returns), both
-    [B, T], 0 at masked positions. The loop runs over time, vectorised over the batch.
-    """
-    valid = mask.bool()
-    advantages = torch.zeros_like(values)
-    next_value = values.new_zeros(values.shape[0])
-    next_advantage = values.new_zeros(values.shape[0])
-    for t in reversed(range(values.shape[1])):
-        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
-        advantage = delta + gamma * lam * next_advantage
-        here = valid[:, t]
-        advantages[:, t] = torch.where(here, advantage, 0.0)
-        next_value = torch.where(here, values[:, t], next_value)
-        next_advantage = torch.where(here, advantage, next_advantage)
-    returns = torch.where(valid, advantages + values, 0.0)
-    return advantages, returns

@@ -59,10 +59,10 @@ def policy_loss(
     advantages: Tensor,
     mask: Tensor,
     *,
-    clip_low: float = 0.2,
-    clip_high: float = 0.2,
+    clip_low: float,
+    clip_high: float,
     dual_clip: float | None = None,
-    agg: str = "token_mean",
+    agg: str,
     max_len: int | None = None,
     is_weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
