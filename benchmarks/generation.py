@@ -24,6 +24,7 @@ from pathlib import Path
 
 from safetensors.torch import load_file
 
+from rlvr.config import EngineConfig, ModelConfig
 from rlvr.engines import make_engine
 from rlvr.models.tiny import build_tiny_model
 from rlvr.records import LoraAdapter, Sampling
@@ -109,14 +110,14 @@ def main() -> None:
     results: dict = {"fixed": {}, "variable": {}}
     # Throughput without LoRA (vLLM's CPU LoRA kernels cost extra per layer, and the demo
     # rollouts are measured on the base model); the LoRA sync is timed on its own engine.
-    with make_engine("vllm", str(model_dir), max_model_len=1024, kv_cache_gb=2, max_num_seqs=PROMPTS * SAMPLES,
-                     seed=args.seed, num_threads=args.vllm_threads) as vllm:
+    model = ModelConfig(path=str(model_dir))
+    with make_engine(model, EngineConfig(max_model_len=1024, kv_cache_gb=2, max_num_seqs=PROMPTS * SAMPLES,
+                                         num_threads=args.vllm_threads), seed=args.seed) as vllm:
         tokens_per_s(vllm, prompts[:8], None)  # warm-up: first-call allocations
         results["fixed"]["vllm_tokens_per_s"] = tokens_per_s(vllm, prompts, None)
         print("vllm fixed", results["fixed"], flush=True)
         results["variable"]["vllm_tokens_per_s"] = tokens_per_s(vllm, prompts, lengths)
-    with make_engine("vllm", str(model_dir), max_model_len=256, kv_cache_gb=1, enable_lora=True, max_lora_rank=16,
-                     seed=args.seed) as vllm:
+    with make_engine(model, EngineConfig(max_model_len=256, kv_cache_gb=1), seed=args.seed, lora_rank=16) as vllm:
         syncs = []
         for version in range(1, 6):
             adapter = lora_adapter(model_dir, version)
@@ -124,7 +125,7 @@ def main() -> None:
             vllm.update_lora(adapter)
             syncs.append((time.perf_counter() - start) * 1e3)
         results["lora_sync_ms"] = sorted(syncs)[len(syncs) // 2]
-    hf = make_engine("hf", str(model_dir), batch_size=args.hf_batch_size, seed=args.seed)
+    hf = make_engine(model, EngineConfig(backend="hf", hf_batch_size=args.hf_batch_size), seed=args.seed)
     with hf:
         results["fixed"]["hf_tokens_per_s"] = tokens_per_s(hf, prompts, None)
         print("hf fixed", results["fixed"], flush=True)

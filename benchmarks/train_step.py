@@ -17,7 +17,6 @@ import argparse
 import itertools
 import statistics
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -25,6 +24,7 @@ from _ledger import append_line, provenance, write_result
 
 from rlvr.records import TrainBatch
 from rlvr.training.trainer import Trainer
+from rlvr.config import AlgorithmConfig, LoraConfig, ModelConfig, TrainerConfig
 from rlvr.training.worker import RankSpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,13 +48,15 @@ def main() -> None:
     args = parser.parse_args()
 
     batch = demo_shaped_batch()
-    spec = RankSpec(model_path=args.model, lr=1e-3, total_steps=100,
-                    lora={"rank": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"})
+    lora = LoraConfig(rank=16, alpha=32, dropout=0.0, target_modules="all-linear")
     settings = {}
     for attention in args.attention.split(","):
         for budget in (int(b) for b in args.budgets.split(",")):
-            with Trainer(replace(spec, attention="sdpa" if attention == "sdpa" else "packed"), ranks=1,
-                         micro_batch_tokens=budget, share_prompts=attention == "shared") as trainer:
+            trainer_cfg = TrainerConfig(lr=1e-3, lora=lora, attention="sdpa" if attention == "sdpa" else "packed",
+                                        micro_batch_tokens=budget, share_prompts=attention == "shared")
+            spec = RankSpec(model=ModelConfig(path=args.model), trainer=trainer_cfg, algorithm=AlgorithmConfig(), seed=0,
+                            total_steps=100)
+            with Trainer(spec) as trainer:
                 trainer.train_step(batch)
                 seconds, loss = [], None
                 for _ in range(3):

@@ -98,6 +98,7 @@ def packed_base_bytes_per_rank(model_dir: Path, ranks: int, dtype_name: str, bat
 
     from rlvr.records import TrainBatch
     from rlvr.training.trainer import Trainer
+    from rlvr.config import AlgorithmConfig, LoraConfig, ModelConfig, TrainerConfig
     from rlvr.training.worker import RankSpec
 
     generator = torch.Generator().manual_seed(0)
@@ -110,8 +111,10 @@ def packed_base_bytes_per_rank(model_dir: Path, ranks: int, dtype_name: str, bat
         advantages=torch.linspace(-1.0, 1.0, batch),
         group=torch.zeros(batch, dtype=torch.long),
     )
-    lora = dict(rank=16, alpha=32.0, dropout=0.0, target_modules="all-linear")
-    with Trainer(RankSpec(model_path=str(model_dir), dtype=dtype_name, lora=lora), ranks=ranks) as trainer:
+    trainer_cfg = TrainerConfig(ranks=ranks, lora=LoraConfig(rank=16, alpha=32.0, dropout=0.0, target_modules="all-linear"))
+    spec = RankSpec(model=ModelConfig(path=str(model_dir), dtype=dtype_name), trainer=trainer_cfg,
+                    algorithm=AlgorithmConfig(), seed=0, total_steps=1)
+    with Trainer(spec) as trainer:
         trainer.train_step(train_batch)
         return trainer.packed_base_bytes()
 

@@ -93,7 +93,7 @@ def prompt_rows(cfg, tokenizer, steps: int) -> list[dict]:
     chat messages (TRL applies the same chat template) or, without one, rlvr's prompt string."""
     from rlvr.data.datasets import load_problems
     from rlvr.data.templates import build_prompt, chat_messages
-    from rlvr.orchestration.controller import EpochSampler
+    from rlvr.rollout.sampler import EpochSampler
 
     problems = load_problems(cfg.data.train, problem_field=cfg.data.problem_field, answer_field=cfg.data.answer_field)
     order = EpochSampler(len(problems), cfg.seed).take(steps * cfg.rollout.prompts_per_step)
@@ -111,7 +111,7 @@ def run_side_by_side(cfg, steps: int, eval_steps: list[int], trl_dir: Path, thre
     """rlvr in this process and TRL in a child, steps alternating; returns both step-time lists."""
     from transformers import AutoTokenizer
 
-    from rlvr.orchestration.controller import train
+    from rlvr.orchestration.loop import train
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     rows = prompt_rows(cfg, tokenizer, steps)
@@ -159,24 +159,18 @@ def evaluate_adapters(cfg, test_file: str, limit: int | None, adapters: dict[str
     from transformers import AutoTokenizer
 
     from rlvr.checkpoint.peft_files import load_adapter
-    from rlvr.data.datasets import load_problems
     from rlvr.engines import make_engine
-    from rlvr.eval.runner import evaluate
-    from rlvr.orchestration.controller import encode_prompt
-    from rlvr.records import Sampling
-    from rlvr.rewards import ScoringPool
+    from rlvr.eval.runner import evaluate, held_out_sampling
+    from rlvr.orchestration.builders import build_scoring_pool
+    from rlvr.rollout.prompts import load_prompt_set
 
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-    problems = load_problems(test_file, limit=limit)
-    prompts = [encode_prompt(p, tokenizer, cfg.data) for p in problems]
-    sampling = Sampling(temperature=cfg.eval.temperature, max_tokens=cfg.rollout.sampling.max_tokens, seed=cfg.seed)
+    held_out = load_prompt_set(cfg.data, test_file, AutoTokenizer.from_pretrained(cfg.model.path), limit=limit)
+    problems, prompts = held_out.problems, held_out.prompts
+    sampling = held_out_sampling(cfg.eval, cfg.rollout.sampling, cfg.seed)
     results = {}
     samples_dir.mkdir(parents=True, exist_ok=True)
-    with make_engine(
-        "vllm", cfg.model.path, dtype=cfg.model.dtype, max_model_len=cfg.engine.max_model_len, enable_lora=True,
-        max_lora_rank=cfg.trainer.lora.rank, kv_cache_gb=cfg.engine.kv_cache_gb, num_threads=cfg.engine.num_threads,
-        seed=cfg.seed,
-    ) as engine, ScoringPool(cfg.reward.verifier, workers=cfg.reward.workers, timeout_s=cfg.reward.timeout_s) as pool:
+    with make_engine(cfg.model, cfg.engine, seed=cfg.seed, lora_rank=cfg.trainer.lora.rank) as engine, \
+            build_scoring_pool(cfg) as pool:
         for version, (name, folder) in enumerate(adapters.items(), start=1):
             if folder is not None:
                 engine.update_lora(load_adapter(folder, version=version))
@@ -221,7 +215,7 @@ def run_scaling(args, log) -> dict:
     max_tokens and the length axis doubles the tokens really generated and trained on."""
     from rlvr.config import load_config
     from rlvr.models.tiny import build_tiny_model
-    from rlvr.orchestration.controller import train
+    from rlvr.orchestration.loop import train
 
     demo_cfg = load_config(DEMO_CONFIG)
     model_dir = Path(args.assets) / "random_model"

@@ -7,14 +7,30 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
+from rlvr.config import AlgorithmConfig, EngineConfig, ModelConfig, TrainerConfig
+from rlvr.engines import make_engine
 from rlvr.models.tiny import build_tiny_model
 from rlvr.records import TrainBatch
+from rlvr.training.worker import RankSpec
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # Random tiny models give near-uniform next-token distributions, where greedy decoding flips
 # on rounding noise. Scaling the (tied) embedding scales the logits: peaked distributions
 # with wide margins between the first and second choice.
 LOGIT_SCALE = 3.0
+
+
+def start_engine(backend: str, model_path, *, seed: int = 0, lora_rank: int | None = None, placement=None, **options):
+    """`make_engine` for a model folder; `options` are EngineConfig fields."""
+    return make_engine(ModelConfig(path=str(model_path)), EngineConfig(backend=backend, **options), seed=seed,
+                       lora_rank=lora_rank, placement=placement)
+
+
+def rank_spec(model_path, *, seed: int = 0, total_steps: int = 1, dtype: str = "float32", algorithm: dict | None = None,
+              **trainer) -> RankSpec:
+    """A trainer's spec from typed sections; `trainer` are TrainerConfig fields (lora as a dict)."""
+    return RankSpec(model=ModelConfig(path=str(model_path), dtype=dtype), trainer=TrainerConfig(**trainer),
+                    algorithm=AlgorithmConfig(**(algorithm or {})), seed=seed, total_steps=total_steps)
 
 
 def build_peaked_model(out_dir: Path, seed: int = 0) -> Path:

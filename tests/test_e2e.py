@@ -17,6 +17,7 @@ def test_demo_pipeline_runs_two_steps_and_writes_its_records(tmp_path):
     cfg["data"].update(train=str(assets / "task/train.jsonl"), test=str(assets / "task/test.jsonl"))
     cfg["rollout"]["prompts_per_step"] = 4
     cfg["eval"].update(every=1, max_problems=4)
+    cfg["data"].update(chat_template=False, template="boxed")  # not what `rlvr eval` renders by default
     cfg["demo"]["warm_start"].update(steps=20)
     cfg["demo"]["task"].update(train_size=64, test_size=8)
     cfg["tracking"] = {"progress": False}
@@ -45,14 +46,15 @@ def test_demo_pipeline_runs_two_steps_and_writes_its_records(tmp_path):
     samples = (run / "eval" / "after.jsonl").read_text().splitlines()
     assert len(samples) == 4 * 8
 
-    # `rlvr eval --run` serves the run's last adapter on its base, with the run's test set and
-    # sampling settings: seeded, it reproduces the run's own final evaluation
-    again = subprocess.run([sys.executable, "-m", "rlvr.cli", "eval", "--run", str(run), "--limit", "4", "--n", "8",
-                            "--k", "1,8", "--kv-cache-gb", "1", "--out", str(tmp_path / "again.json")],
+    # `rlvr eval --run` serves the run's last adapter on its base, with the run's test set, prompt
+    # rendering, sampling and verifier: seeded, it reproduces the run's own final evaluation, sample
+    # for sample (a prompt rendered differently would change every response)
+    again = subprocess.run([sys.executable, "-m", "rlvr.cli", "eval", "--run", str(run), "--out", str(tmp_path / "again.json")],
                            capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     result = json.loads((tmp_path / "again.json").read_text())
     assert {k: round(result[k], 4) for k in summary["eval_after"]} == summary["eval_after"]
+    assert (tmp_path / "again.samples.jsonl").read_text().splitlines() == samples
 
 
 @pytest.mark.slow
@@ -80,3 +82,25 @@ def test_rlvr_eval_on_a_builtin_set_through_the_real_engine(tmp_path):
     assert again.returncode == 0, again.stdout + again.stderr
     rescored = json.loads((tmp_path / "re.json").read_text())
     assert {k: rescored[k] for k in ("avg@4", "pass@4", "maj@4")} == {k: result[k] for k in ("avg@4", "pass@4", "maj@4")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("base_format", ["nvfp4", "nf4"])
+def test_rlvr_eval_serves_a_4bit_folder_as_training_does(tmp_path, base_format):
+    """vLLM on CPU has no NVFP4 (and no NF4) kernel: `rlvr eval` serves the dequantized view that
+    training serves, so evaluating the 4-bit folder gives the samples of the dequantized model."""
+    from rlvr.models.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "m", "qwen2", hidden_size=128, num_layers=2, intermediate_size=256)
+    packed = tmp_path / base_format
+    subprocess.run([sys.executable, "-m", "rlvr.cli", "quantize", str(model), str(packed), "--format", base_format],
+                   check=True, capture_output=True, timeout=300)
+    samples = {}
+    for name, folder in (("packed", packed), ("view", f"{packed}.dequantized")):
+        out = tmp_path / f"{name}.json"
+        done = subprocess.run(
+            [sys.executable, "-m", "rlvr.cli", "eval", str(folder), "--dataset", "gsm8k", "--limit", "2", "--n", "2",
+             "--k", "1,2", "--max-tokens", "8", "--out", str(out)], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        samples[name] = out.with_suffix(".samples.jsonl").read_text()
+    assert samples["packed"] == samples["view"]

@@ -7,9 +7,8 @@ import torch
 from peft import get_peft_model_state_dict
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine_fixtures import build_peaked_model, mean_abs_gap, random_lora, reference_greedy, reference_logprobs
-from rlvr.engines import make_engine
-from rlvr.engines.sync_check import SyncCheck
+from engine_fixtures import build_peaked_model, mean_abs_gap, random_lora, reference_greedy, reference_logprobs, start_engine
+from rlvr.sync.check import SyncCheck
 from rlvr.records import LoraAdapter, Sampling
 
 
@@ -20,8 +19,8 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture
 def engine(model_dir):
-    # vLLM-only options are accepted and dropped, so one config drives both backends
-    with make_engine("hf", str(model_dir), batch_size=4, enable_lora=True, kv_cache_gb=1) as e:
+    # the vLLM options of EngineConfig mean nothing to it, so one config drives both backends
+    with start_engine("hf", model_dir, hf_batch_size=4, kv_cache_gb=1) as e:
         yield e
 
 
@@ -89,7 +88,7 @@ def test_update_lora_matches_peft_and_sync_check_catches_a_stale_engine(engine, 
 def test_update_weights(prompts, model_dir, tmp_path):
     other = hf_model(build_peaked_model(tmp_path / "other", seed=1))
     eos = AutoTokenizer.from_pretrained(model_dir).eos_token_id
-    with make_engine("hf", str(model_dir)) as engine:
+    with start_engine("hf", model_dir) as engine:
         engine.update_weights(other.state_dict().items())
         greedy = [r.completion_ids for r in engine.generate(prompts, 1, Sampling(temperature=0.0, max_tokens=12))]
     assert greedy == [reference_greedy(other, p, 12, eos) for p in prompts]
@@ -97,6 +96,8 @@ def test_update_weights(prompts, model_dir, tmp_path):
         engine.generate(prompts, 1, Sampling())
 
 
-def test_unknown_backend():
-    with pytest.raises(ValueError, match="unknown engine backend 'sglang'"):
-        make_engine("sglang", "model")
+def test_unknown_backend_is_a_config_error_naming_the_key():
+    from rlvr.config import ConfigError, validate_config
+
+    with pytest.raises(ConfigError, match=r"engine.backend: Input should be 'vllm' or 'hf' \(got 'sglang'\)"):
+        validate_config({"model": {"path": "m"}, "data": {"train": "t"}, "engine": {"backend": "sglang"}})

@@ -9,9 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine_fixtures import build_peaked_model, mean_abs_gap, random_lora, reference_greedy, reference_logprobs
-from rlvr.engines import make_engine
-from rlvr.engines.sync_check import SyncCheck, logprob_gap
+from engine_fixtures import build_peaked_model, mean_abs_gap, random_lora, reference_greedy, reference_logprobs, start_engine
+from rlvr.sync.check import SyncCheck, logprob_gap
 from rlvr.records import LoraAdapter, Sampling
 
 pytestmark = pytest.mark.slow
@@ -24,7 +23,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    with make_engine("vllm", str(model_dir), max_model_len=512, kv_cache_gb=1, enable_lora=True, max_lora_rank=8) as e:
+    with start_engine("vllm", model_dir, max_model_len=512, kv_cache_gb=1, lora_rank=8) as e:
         yield e
 
 
@@ -118,7 +117,7 @@ def test_block_size_changes_what_is_cached_not_what_is_sampled(model_dir):
     sampling = Sampling(temperature=1.0, max_tokens=16, seed=11)
     samples = {}
     for block_size in (None, 128):
-        with make_engine("vllm", str(model_dir), max_model_len=512, kv_cache_gb=1, block_size=block_size) as engine:
+        with start_engine("vllm", model_dir, max_model_len=512, kv_cache_gb=1, block_size=block_size) as engine:
             samples[block_size] = engine.generate(prompts, 8, sampling)
     small, large = samples[None], samples[128]
     assert [r.completion_ids for r in small] == [r.completion_ids for r in large]

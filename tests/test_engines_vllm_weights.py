@@ -6,8 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine_fixtures import build_peaked_model, mean_abs_gap, reference_greedy, reference_logprobs
-from rlvr.engines import make_engine
+from engine_fixtures import build_peaked_model, mean_abs_gap, reference_greedy, reference_logprobs, start_engine
 from rlvr.records import Sampling
 
 pytestmark = pytest.mark.slow
@@ -21,7 +20,7 @@ def test_update_weights_then_greedy_equals_transformers(tmp_path):
     target = AutoModelForCausalLM.from_pretrained(trained, dtype=torch.float32).eval()
     expected = [reference_greedy(target, p, 16, tokenizer.eos_token_id) for p in prompts]
 
-    engine = make_engine("vllm", str(served), max_model_len=256, kv_cache_gb=1)
+    engine = start_engine("vllm", served, max_model_len=256, kv_cache_gb=1)
     with engine:
         # tiny random models often agree on greedy text, so "different before" is read in logprobs
         probe = [p + e for p, e in zip(prompts, expected)]

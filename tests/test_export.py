@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 import yaml
-from engine_fixtures import random_train_batch, reference_logprobs
+from engine_fixtures import random_train_batch, rank_spec, reference_logprobs
 from transformers import AutoModelForCausalLM
 
 from rlvr.checkpoint.peft_files import save_adapter
@@ -19,7 +19,6 @@ from rlvr.checkpoint.store import CheckpointStore
 from rlvr.models.tiny import build_tiny_model
 from rlvr.quant.checkpoint import is_quantized_checkpoint, load_quantized_model
 from rlvr.training.trainer import Trainer
-from rlvr.training.worker import RankSpec
 
 LORA = dict(rank=4, alpha=8.0, dropout=0.0, target_modules="all-linear")
 
@@ -38,8 +37,7 @@ def _train_and_checkpoint(base: str, run_dir, lora):
     batch = random_train_batch()
     sequences = [p + c for p, c in zip(batch.prompt_ids, batch.completion_ids)]
     prompt_lens = [len(p) for p in batch.prompt_ids]
-    spec = RankSpec(model_path=base, lr=5e-2, lora=lora, seed=0)
-    with Trainer(spec, ranks=2, micro_batch_tokens=14) as trainer:
+    with Trainer(rank_spec(base, lr=5e-2, lora=lora, ranks=2, micro_batch_tokens=14)) as trainer:
         for _ in range(2):
             trainer.train_step(batch)
         adapter = trainer.adapter() if lora else None

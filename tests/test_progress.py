@@ -9,8 +9,7 @@ import pytest
 from rich.console import Console
 from transformers import AutoTokenizer
 
-from engine_fixtures import build_peaked_model
-from rlvr.engines import make_engine
+from engine_fixtures import build_peaked_model, start_engine
 from rlvr.records import Problem, Sampling
 from rlvr.rewards import ScoringPool
 from rlvr.tracking.progress import RunProgress, phase
@@ -92,7 +91,7 @@ def test_off_when_not_a_terminal_or_disabled(is_terminal, enabled):
 def test_hf_engine_and_eval_drive_the_eval_bars(model_dir, prompts, pool):
     from rlvr.eval.runner import evaluate
 
-    with make_engine("hf", str(model_dir), batch_size=4) as engine:
+    with start_engine("hf", model_dir, hf_batch_size=4) as engine:
         calls: list[int] = []
         engine.generate(prompts, 3, Sampling(temperature=1.0, max_tokens=4, seed=0), progress=calls.append)
         assert calls == [4, 4, 1]  # one call per batch of rows
@@ -105,7 +104,7 @@ def test_hf_engine_and_eval_drive_the_eval_bars(model_dir, prompts, pool):
 
 @pytest.mark.slow
 def test_vllm_engine_reports_each_finished_prompts_samples(model_dir, prompts, capfd):
-    with make_engine("vllm", str(model_dir), max_model_len=256, kv_cache_gb=1) as engine:
+    with start_engine("vllm", model_dir, max_model_len=256, kv_cache_gb=1) as engine:
         capfd.readouterr()
         calls: list[int] = []
         rollouts = engine.generate(prompts, 4, Sampling(temperature=1.0, max_tokens=6, seed=1), progress=calls.append)

@@ -162,11 +162,11 @@ def test_a_linear_with_a_partial_block_per_row_is_refused_with_its_name(tmp_path
 def test_vllm_has_no_bitsandbytes_method_so_every_engine_gets_the_dequantized_view(nf4_dir):
     from vllm.config import ModelConfig
 
-    from rlvr.orchestration.controller import engine_model_path
+    from rlvr.engines import served_model_path
 
     with pytest.raises(ValueError, match="Unknown quantization method: bitsandbytes"):
         ModelConfig(model=str(nf4_dir))
-    view = engine_model_path(str(nf4_dir))
+    view = served_model_path(str(nf4_dir))
     assert view == f"{nf4_dir}.dequantized"
     assert "quantization_config" not in json.loads((nf4_dir.parent / f"{nf4_dir.name}.dequantized" / "config.json").read_text())
 

@@ -116,16 +116,16 @@ def test_two_steps_on_a_cluster_from_ray_start_match_local_processes(workspace, 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["local", "ray"])
 def test_a_killed_rank_or_engine_stops_the_run_with_one_line(tmp_path, backend):
-    from rlvr.engines import make_engine
+    from engine_fixtures import rank_spec, start_engine
+
     from rlvr.models.tiny import build_tiny_model
     from rlvr.training.trainer import Trainer, TrainerError
-    from rlvr.training.worker import RankSpec
 
     tiny = str(build_tiny_model(tmp_path / "tiny", "qwen2", hidden_size=128, num_layers=2, intermediate_size=256))
-    spec = RankSpec(model_path=tiny)
+    spec = rank_spec(tiny, ranks=2)
     probe = ([[1, 2, 3, 4, 5]], [3])
     if backend == "local":
-        with Trainer(spec, ranks=2) as trainer:
+        with Trainer(spec) as trainer:
             os.kill(trainer._ranks[1]._process.pid, signal.SIGKILL)
             with pytest.raises(TrainerError) as died:
                 trainer.logprobs(*probe)
@@ -137,8 +137,8 @@ def test_a_killed_rank_or_engine_stops_the_run_with_one_line(tmp_path, backend):
     from rlvr.orchestration.ray_placement import EngineError, RayCluster
 
     cluster = RayCluster.shared(PlacementConfig(backend="ray"), ranks=2)
-    with Trainer(spec, ranks=2, launch=cluster.launch_ranks) as trainer, \
-            make_engine("vllm", tiny, placement=cluster, max_model_len=64, kv_cache_gb=0.25) as engine:
+    with Trainer(spec, launch=cluster.launch_ranks) as trainer, \
+            start_engine("vllm", tiny, placement=cluster, max_model_len=64, kv_cache_gb=0.25) as engine:
         assert engine.score(*probe)[0] == pytest.approx(trainer.logprobs(*probe)[0], abs=1e-4)
         ray.kill(trainer._ranks[1]._actor)
         with pytest.raises(TrainerError) as rank_died:

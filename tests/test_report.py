@@ -11,7 +11,8 @@ import pytest
 from PIL import Image
 
 from rlvr.eval import SampleRow, flat_eval_metrics, summarize, write_samples
-from rlvr.tracking import MetricsLogger, StepTimer, write_report
+from rlvr.eval.report import write_report
+from rlvr.tracking import MetricsLogger, StepTimer
 
 ARTIFACTS = Path(__file__).parent / "artifacts"
 DATA_URI_IMG = re.compile(r"<img src=['\"]data:image/png;base64,[A-Za-z0-9+/=]{100,}['\"]")

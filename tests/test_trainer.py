@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from engine_fixtures import random_train_batch, reference_logprobs
+from engine_fixtures import random_train_batch, rank_spec, reference_logprobs
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
@@ -10,7 +10,6 @@ from rlvr.models.tiny import build_tiny_model
 from rlvr.quant import quantize_checkpoint, write_dequantized_checkpoint
 from rlvr.training.packing import plan
 from rlvr.training.trainer import Trainer, TrainerError
-from rlvr.training.worker import RankSpec
 
 LORA = dict(rank=4, alpha=8.0, dropout=0.0, target_modules="all-linear")
 
@@ -58,8 +57,8 @@ def _one_and_two_ranks(model_path: str, reference_model) -> dict[int, tuple]:
     expected = reference_logprobs(reference_model, sequences, prompt_lens)
     results = {}
     for ranks in (1, 2):
-        spec = RankSpec(model_path=model_path, lr=1e-2, lora=LORA, seed=0)
-        with Trainer(spec, ranks=ranks, micro_batch_tokens=14) as trainer:  # splits group 1
+        spec = rank_spec(model_path, lr=1e-2, lora=LORA, ranks=ranks, micro_batch_tokens=14)  # 14 splits group 1
+        with Trainer(spec) as trainer:
             lp = trainer.logprobs(sequences, prompt_lens)
             metrics = trainer.train_step(batch)
             held = trainer.packed_base_bytes()
@@ -107,4 +106,4 @@ def test_two_ranks_each_hold_half_the_packed_base_and_train_like_one(tiny, tmp_p
 @pytest.mark.slow
 def test_a_rank_error_reaches_the_controller_with_its_traceback(tmp_path):
     with pytest.raises(TrainerError, match=r"trainer rank 0 failed:(.|\n)*does not appear to have a file named config.json|trainer rank 0 failed"):
-        Trainer(RankSpec(model_path=str(tmp_path / "missing")), ranks=1)
+        Trainer(rank_spec(tmp_path / "missing"))

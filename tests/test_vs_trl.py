@@ -10,7 +10,8 @@ import torch
 
 from rlvr.config import load_config
 from rlvr.models.tiny import build_char_tokenizer
-from rlvr.orchestration.controller import EpochSampler, encode_prompt
+from rlvr.rollout.prompts import encode_prompt
+from rlvr.rollout.sampler import EpochSampler
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -80,15 +81,14 @@ def test_trl_mapping_refuses_settings_it_does_not_cover(tmp_path):
 def test_trl_steps_through_the_same_learning_rates(tmp_path, schedule):
     from transformers import get_scheduler
 
-    from rlvr.training.worker import RankSpec, lr_factor
+    from rlvr.training.worker import lr_factor
 
     cfg = bench_config(tmp_path, f"trainer.schedule={schedule}")
     kwargs = trl_config_kwargs(cfg, steps=8, output_dir=str(tmp_path), threads=2)
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=kwargs["learning_rate"])
     trl = get_scheduler(kwargs["lr_scheduler_type"], optimizer, num_warmup_steps=kwargs["warmup_steps"], num_training_steps=8)
-    spec = RankSpec(model_path="", schedule=schedule, total_steps=8)
     for step in range(8):
-        assert trl.get_last_lr()[0] == pytest.approx(kwargs["learning_rate"] * lr_factor(spec, step), abs=1e-12)
+        assert trl.get_last_lr()[0] == pytest.approx(kwargs["learning_rate"] * lr_factor(cfg.trainer, 8, step), abs=1e-12)
         optimizer.step()
         trl.step()
 

@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from rlvr.config import ConfigError, dump_config, load_config
+from rlvr.config import ConfigError, dump_config, load_config, set_dotted, validate_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="RL of LLMs against verifiable rewards.")
 console = Console()
@@ -54,6 +54,24 @@ def train(
     _run(cfg, resume=resume is not None)
 
 
+@app.command("config")
+def config_command(
+    config: Optional[Path] = typer.Argument(None, help="YAML config to resolve (with its overrides)"),
+    overrides: Optional[list[str]] = typer.Argument(None, help="dotted overrides, e.g. trainer.lr=1e-5"),
+    defaults: bool = typer.Option(False, "--defaults", help="print every key with its default and description"),
+):
+    """Print the config tree: every key documented (--defaults), or CONFIG resolved and validated."""
+    if defaults:
+        from rlvr.config_docs import defaults_yaml
+
+        console.print(defaults_yaml(), highlight=False, end="", soft_wrap=True)
+        return
+    if config is None:
+        console.print("[red]error:[/red] give CONFIG or --defaults", highlight=False)
+        raise typer.Exit(2)
+    console.print(dump_config(_load(config, overrides or [])), highlight=False, end="", soft_wrap=True)
+
+
 @app.command()
 def demo(
     config: Path = typer.Option(Path(DEMO_CONFIG), "--config", help="the demo's config"),
@@ -91,62 +109,60 @@ def score(
 
 @app.command("eval")
 def eval_command(
-    model: Optional[str] = typer.Argument(None, help="HF model folder to sample from"),
+    model: Optional[str] = typer.Argument(None, help="HF model folder to sample from (float, NVFP4 or NF4)"),
     dataset: Optional[str] = typer.Option(None, "--dataset", help="built-in set name or a .jsonl/.json/.parquet file"),
     adapter: Optional[Path] = typer.Option(None, "--adapter", help="a PEFT LoRA adapter folder to serve on top"),
     run: Optional[Path] = typer.Option(
-        None, "--run", help="a run folder: its base model and its newest intact checkpoint's adapter"
+        None, "--run", help="a run folder: its base model, its newest intact checkpoint's adapter, and by default its "
+        "test set, prompts, sampling, verifier and engine, as the run's own evaluation"
     ),
-    n: int = typer.Option(8, "--n", help="samples per problem"),
-    k: str = typer.Option("1,8", "--k", help="comma-separated k values"),
-    temperature: float = typer.Option(1.0, "--temperature"),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="default 1024, or the run's rollout length"),
-    template: Optional[str] = typer.Option(None, "--template", help="prompt template name (default boxed, or the run's)"),
-    verifier: Optional[str] = typer.Option(None, "--verifier", help="default: the set's own (aime, gsm8k, math)"),
-    limit: Optional[int] = typer.Option(None, "--limit", help="only the first N problems"),
-    backend: str = typer.Option("vllm", "--backend", help="vllm | hf"),
-    kv_cache_gb: float = typer.Option(2.0, "--kv-cache-gb", help="vLLM KV-cache size (CPU memory on CPU)"),
-    seed: int = typer.Option(0, "--seed"),
+    n: Optional[int] = typer.Option(None, "--n", help="samples per problem (default: the run's eval.n, else eval.n's default)"),
+    k: Optional[str] = typer.Option(None, "--k", help="comma-separated k values (default: the run's eval.k)"),
+    temperature: Optional[float] = typer.Option(None, "--temperature", help="default: the run's eval.temperature"),
+    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="default: the run's rollout length, else 1024"),
+    template: Optional[str] = typer.Option(None, "--template", help="prompt template (default: the run's data.template)"),
+    verifier: Optional[str] = typer.Option(None, "--verifier", help="default: the run's, else the set's own (aime, gsm8k, math)"),
+    limit: Optional[int] = typer.Option(None, "--limit", help="only the first N problems (default: the run's eval.max_problems)"),
+    backend: Optional[str] = typer.Option(None, "--backend", help="vllm | hf (default: the run's engine.backend, else vllm)"),
+    kv_cache_gb: Optional[float] = typer.Option(None, "--kv-cache-gb", help="vLLM KV-cache size (CPU memory on CPU)"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="default: the run's seed"),
     from_rollouts: Optional[Path] = typer.Option(None, "--from-rollouts", help="recompute metrics from saved samples"),
     out: Optional[Path] = typer.Option(None, "--out", help="write the metrics JSON here"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no progress bars (off anyway when not a terminal)"),
 ):
     """avg@k, unbiased pass@k and maj@k with standard errors, sampled now or from saved rows."""
-    ks = [int(x) for x in k.split(",") if x.strip()]
     try:
         if from_rollouts is not None:
             from rlvr.eval.rollouts_file import metrics_from_rollouts
 
-            result = metrics_from_rollouts(from_rollouts, ks)
+            result = metrics_from_rollouts(from_rollouts, _ks(k or "1,8"))
         else:
-            if run is not None:  # the run's model, adapter, test set, template and length unless given
-                from rlvr.checkpoint.export import export_run, open_run
-                from rlvr.orchestration.controller import engine_model_path
-
-                if model is not None or adapter is not None:
-                    raise ValueError("give either --run RUN_DIR or MODEL [--adapter DIR], not both")
-                run_cfg, checkpoint, adapter = open_run(run)
-                # full fine-tuning has no adapter: evaluate its trained weights, exported
-                model = engine_model_path(run_cfg.model.path) if adapter else str(export_run(run, run / "exported", checkpoint))
-                dataset = dataset or run_cfg.data.test
-                template = template or run_cfg.data.template
-                max_tokens = max_tokens or run_cfg.rollout.sampling.max_tokens
-                verifier = verifier or run_cfg.reward.verifier
-                console.print(f"run {run}: model {model}, adapter {adapter or '(none: full fine-tuning)'}")
-            if model is None or dataset is None:
-                raise ValueError("give MODEL (or --run RUN_DIR) and --dataset (or --from-rollouts FILE)")
+            cfg, adapter = _eval_config(model, dataset, adapter, run)
+            overrides = {"data.test": dataset, "data.template": template, "eval.n": n, "eval.k": _ks(k) if k else None,
+                         "eval.temperature": temperature, "rollout.sampling.max_tokens": max_tokens,
+                         "reward.verifier": verifier, "eval.max_problems": limit, "engine.backend": backend,
+                         "engine.kv_cache_gb": kv_cache_gb, "seed": seed}
+            raw = cfg.model_dump()
+            for key, value in overrides.items():
+                if value is not None:
+                    set_dotted(raw, key, value)
+            cfg = validate_config(raw, source="rlvr eval")
+            if cfg.data.test is None:
+                raise ValueError(f"{run}: the run has no data.test; give --dataset")
+            from rlvr.eval.runner import held_out_sampling
             from rlvr.eval.sample import evaluate_model
             from rlvr.tracking.progress import RunProgress
 
-            samples = (out.with_suffix(".samples.jsonl") if out else Path("eval_samples.jsonl"))
+            samples = out.with_suffix(".samples.jsonl") if out else Path("eval_samples.jsonl")
             with RunProgress(console, enabled=not no_progress) as progress:
                 result = evaluate_model(
-                    model, dataset, adapter=adapter, n=n, ks=ks, temperature=temperature, max_tokens=max_tokens or 1024,
-                    template=template or "boxed", verifier=verifier, limit=limit, backend=backend, kv_cache_gb=kv_cache_gb,
-                    seed=seed, samples_path=samples, progress=progress,
+                    cfg.model, cfg.engine, cfg.data, cfg.data.test,
+                    reward=cfg.reward if run is not None or verifier else None, adapter=adapter, n=cfg.eval.n,
+                    ks=cfg.eval.k, sampling=held_out_sampling(cfg.eval, cfg.rollout.sampling, cfg.seed),
+                    limit=cfg.eval.max_problems, seed=cfg.seed, samples_path=samples, progress=progress,
                 )
             console.print(f"samples: {samples}")
-    except ValueError as err:
+    except (ValueError, ConfigError) as err:
         console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     headline = {key: value for key, value in result.items() if key != "problems"}
@@ -155,6 +171,34 @@ def eval_command(
         out.write_text(json.dumps(headline | {"problems": result.get("problems", [])}, indent=2, allow_nan=False))
         console.print(f"wrote {out}")
     console.print_json(json.dumps(headline, allow_nan=False))
+
+
+# What `rlvr eval MODEL` samples with when no run says otherwise: a real evaluation's length.
+EVAL_MAX_TOKENS = 1024
+
+
+def _eval_config(model: str | None, dataset: str | None, adapter: Path | None, run: Path | None):
+    """The config an evaluation reads its sections from: the run's own (with its newest adapter),
+    or one made for MODEL and the dataset; and the adapter to serve."""
+    if run is None:
+        if model is None or dataset is None:
+            raise ValueError("give MODEL (or --run RUN_DIR) and --dataset (or --from-rollouts FILE)")
+        raw = {"model": {"path": model}, "data": {"train": dataset, "test": dataset},
+               "rollout": {"sampling": {"max_tokens": EVAL_MAX_TOKENS}}}
+        return validate_config(raw, source="rlvr eval"), adapter
+    from rlvr.checkpoint.export import export_run, open_run
+
+    if model is not None or adapter is not None:
+        raise ValueError("give either --run RUN_DIR or MODEL [--adapter DIR], not both")
+    cfg, checkpoint, adapter = open_run(run)
+    if adapter is None:  # full fine-tuning has no adapter: evaluate its trained weights, exported
+        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": str(export_run(run, run / "exported", checkpoint))})})
+    console.print(f"run {run}: model {cfg.model.path}, adapter {adapter or '(none: full fine-tuning)'}")
+    return cfg, adapter
+
+
+def _ks(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
 
 
 @app.command()
@@ -197,7 +241,7 @@ def export(
 @app.command()
 def report(run_dir: Path = typer.Argument(..., help="a run folder with metrics.jsonl")):
     """Write RUN_DIR/report.html (plots, config, eval tables, sample rollouts)."""
-    from rlvr.tracking.report import write_report
+    from rlvr.eval.report import write_report
 
     try:
         path = write_report(run_dir)
@@ -209,7 +253,7 @@ def report(run_dir: Path = typer.Argument(..., help="a run folder with metrics.j
 
 def _run(cfg, resume: bool = False) -> None:
     from rlvr.orchestration import RunStopped
-    from rlvr.orchestration.controller import train as run_training
+    from rlvr.orchestration.loop import train as run_training
     from rlvr.tracking.progress import RunProgress
 
     try:
@@ -218,7 +262,7 @@ def _run(cfg, resume: bool = False) -> None:
     except (ValueError, RunStopped) as err:  # bad data, a missing checkpoint, a run that cannot go on: one line, no traceback
         console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
-    from rlvr.tracking.report import write_report
+    from rlvr.eval.report import write_report
 
     console.print_json(json.dumps(summary))
     console.print(f"wrote {Path(cfg.run_dir) / 'summary.json'} and metrics.jsonl")

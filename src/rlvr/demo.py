@@ -39,7 +39,7 @@ def _build_model(cfg: RunConfig, model_dir: Path, console) -> None:
 
     from rlvr.data.datasets import load_problems
     from rlvr.data.synthetic import solution_text
-    from rlvr.orchestration.controller import encode_prompt
+    from rlvr.rollout.prompts import encode_prompt
     from rlvr.models.tiny import build_tiny_model
     from rlvr.training.sft import warm_start
 

@@ -1,49 +1,60 @@
-"""Rollout engines: `make_engine("vllm" | "hf", model_path, **options)` returns an `Engine`,
-in this process or, given a `placement`, as a Ray actor behind the same interface."""
+"""Rollout engines: `make_engine(model, engine, seed=...)` returns an `Engine` for the typed
+config sections, in this process or, given a `placement`, as a Ray actor behind the same
+interface. Each backend reads the options of `EngineConfig` that mean something to it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from rlvr.config import EngineConfig, ModelConfig
 from rlvr.engines.base import Engine
 
-BACKENDS = ("vllm", "hf")
 
-# Options of the vLLM engine that mean nothing to transformers' generate; make_engine drops
-# them for "hf" so that one config serves both backends. Any other unknown option is an error.
-_VLLM_ONLY_OPTIONS = {
-    "max_model_len",
-    "enable_lora",
-    "max_lora_rank",
-    "max_loras",
-    "tensor_parallel_size",
-    "kv_cache_gb",
-    "gpu_memory_utilization",
-    "enable_prefix_caching",
-    "enable_chunked_prefill",
-    "enforce_eager",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "block_size",
-    "enable_sleep_mode",
-    "in_process",
-}
+def make_engine(
+    model: ModelConfig,
+    engine: EngineConfig,
+    *,
+    seed: int,
+    lora_rank: int | None = None,
+    sleep_mode: bool = False,
+    placement=None,
+) -> Engine:
+    """Start `engine.backend` on `model.path` (a local HF folder; a 4-bit one is served as
+    `served_model_path` says).
 
-
-def make_engine(backend: str, model_path: str, *, placement=None, **options) -> Engine:
-    """Start the engine for `backend` on the model at `model_path` (a local HF folder).
-
+    `lora_rank`: the engine serves LoRA adapters of up to this rank (None: no adapters).
+    `sleep_mode`: the engine may free its device memory between steps (GPU vLLM only).
     `placement`: None runs it here; a `rlvr.orchestration.ray_placement.RayCluster` runs it
-    in an actor in the cluster's placement group."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown engine backend {backend!r}; known: {', '.join(BACKENDS)}")
+    in an actor in the cluster's placement group (which calls this again, there)."""
     if placement is not None:
-        return placement.engine(backend, model_path, **options)
-    if backend == "vllm":
+        return placement.engine(model, engine, seed=seed, lora_rank=lora_rank, sleep_mode=sleep_mode)
+    served = model.model_copy(update={"path": served_model_path(model.path)})
+    if engine.backend == "vllm":
         from rlvr.engines.vllm_engine import VLLMEngine
 
-        return VLLMEngine(model_path, **options)
+        return VLLMEngine(served, engine, seed=seed, lora_rank=lora_rank, sleep_mode=sleep_mode)
     from rlvr.engines.hf_engine import HFEngine
 
-    return HFEngine(model_path, **{k: v for k, v in options.items() if k not in _VLLM_ONLY_OPTIONS})
+    return HFEngine(served, engine, seed=seed)
 
 
-__all__ = ["BACKENDS", "Engine", "make_engine"]
+def served_model_path(model_path: str) -> str:
+    """What the engine loads. An NVFP4 checkpoint runs natively where vLLM has NVFP4 kernels
+    (CUDA); elsewhere, and for NF4 always (vLLM 0.32 has no bitsandbytes method), the engine
+    gets the dequantized values, written once beside it, which are exactly the numbers the
+    trainer's packed layers compute with."""
+    import torch
+
+    from rlvr.quant.checkpoint import is_quantized_checkpoint, quantized_format, write_dequantized_checkpoint
+
+    if not is_quantized_checkpoint(model_path):
+        return model_path
+    if torch.cuda.is_available() and quantized_format(model_path) == "nvfp4":
+        return model_path
+    view = Path(str(model_path).rstrip("/") + ".dequantized")
+    if not (view / "model.safetensors").is_file():  # written last
+        write_dequantized_checkpoint(model_path, view)
+    return str(view)
+
+
+__all__ = ["Engine", "make_engine", "served_model_path"]

@@ -12,40 +12,30 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
+from rlvr.config import EngineConfig, ModelConfig
 from rlvr.engines.base import Engine, completion_logprobs
 from rlvr.records import LoraAdapter, Rollout, Sampling
 
 
 class HFEngine(Engine):
-    """transformers model in this process.
-
-    Options: dtype, seed (default seed for unseeded calls), batch_size (rows per `generate`
-    call: a batch runs until its longest row ends, as batched HF generation does),
-    num_threads (CPU threads, default every core), device.
-    """
+    """A transformers model in this process, configured by `EngineConfig`: it reads
+    hf_batch_size (rows per `generate` call: a batch runs until its longest row ends, as
+    batched HF generation does) and num_threads (CPU threads, default every core); the
+    vLLM options mean nothing to it. `seed` seeds calls that bring no seed of their own."""
 
     name = "hf"  # what summary.json reports as the engine that ran
 
-    def __init__(
-        self,
-        model_path: str,
-        *,
-        dtype: str = "float32",
-        seed: int = 0,
-        batch_size: int = 64,
-        num_threads: int | None = None,
-        device: str | None = None,
-    ):
+    def __init__(self, model: ModelConfig, engine: EngineConfig, *, seed: int, device: str | None = None):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if self.device.type == "cpu":
-            torch.set_num_threads(num_threads or os.cpu_count() or 1)
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=getattr(torch, dtype)).to(self.device)
+            torch.set_num_threads(engine.num_threads or os.cpu_count() or 1)
+        self.tokenizer = AutoTokenizer.from_pretrained(model.path)
+        self.model = AutoModelForCausalLM.from_pretrained(model.path, dtype=getattr(torch, model.dtype)).to(self.device)
         self.model.eval()
         self.seed = seed
-        self.batch_size = batch_size
+        self.batch_size = engine.hf_batch_size
         self._closed = False
 
     # -- generation -------------------------------------------------------------------------

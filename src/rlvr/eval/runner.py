@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from rlvr.config import EvalConfig, SamplingConfig
 from rlvr.eval.metrics import check_ks
 from rlvr.eval.rollouts_file import SampleRow, summarize_rows, write_samples
 from rlvr.records import Problem, Rollout, Sampling, Score
@@ -23,6 +24,12 @@ class Generates(Protocol):
 
 class Scores(Protocol):
     def score(self, responses: list[str], answers: list[str], *, progress: Advance | None) -> list[Score]: ...
+
+
+def held_out_sampling(eval: EvalConfig, sampling: SamplingConfig, seed: int) -> Sampling:
+    """How a run's held-out evaluation samples: the training rollouts' length and stop strings,
+    the evaluation's temperature, no nucleus, the run's seed (`rlvr eval --run` samples so too)."""
+    return Sampling(temperature=eval.temperature, top_p=1.0, max_tokens=sampling.max_tokens, stop=tuple(sampling.stop), seed=seed)
 
 
 def _group_by_prompt(rollouts: list[Rollout], n_prompts: int, n: int) -> list[list[Rollout]]:

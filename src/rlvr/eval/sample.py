@@ -1,59 +1,59 @@
-"""`rlvr eval MODEL --dataset NAME`: sample a model (plus an optional adapter) and score it.
+"""`rlvr eval`: sample a model (plus an optional adapter) on a dataset and score it.
 
-Starts the engine and the scoring pool, renders each problem with the prompt template, and
-hands over to `rlvr.eval.runner.evaluate`, the same function the training loop evaluates with.
+Prompts come from the one encoder (rlvr.rollout.prompts) with the given `data` section, the
+engine from `make_engine` (a 4-bit folder served as training serves it), and the pass itself is
+`rlvr.eval.runner.evaluate`, the function the training loop evaluates with. Given a run's own
+sections, it therefore renders, samples and scores exactly as the run's evaluation did.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from rlvr.config import DataConfig, EngineConfig, ModelConfig, RewardConfig
+from rlvr.records import Sampling
 from rlvr.tracking.progress import RunProgress
 
 
 def evaluate_model(
-    model: str,
-    dataset: str,
+    model: ModelConfig,
+    engine: EngineConfig,
+    data: DataConfig,
+    source: str,
     *,
-    adapter: Path | None = None,
+    reward: RewardConfig | None,
+    adapter: Path | None,
     n: int,
     ks: list[int],
-    temperature: float,
-    max_tokens: int,
-    template: str,
-    verifier: str | None,
+    sampling: Sampling,
     limit: int | None,
-    backend: str,
-    kv_cache_gb: float,
     seed: int,
     samples_path: Path,
     progress: RunProgress | None = None,
 ) -> dict:
+    """`reward` None: the dataset's own verifier (built-in sets name one), else math."""
     from transformers import AutoTokenizer
 
     from rlvr.checkpoint.peft_files import load_adapter
-    from rlvr.data.datasets import load_problems
-    from rlvr.data.templates import build_prompt
     from rlvr.engines import make_engine
     from rlvr.eval.runner import evaluate
-    from rlvr.records import Sampling
     from rlvr.rewards import ScoringPool
+    from rlvr.rollout.prompts import load_prompt_set
 
-    problems = load_problems(dataset, limit=limit)
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    prompts = [tokenizer(build_prompt(p, tokenizer, template), add_special_tokens=False).input_ids for p in problems]
+    prompt_set = load_prompt_set(data, source, AutoTokenizer.from_pretrained(model.path), limit=limit)
+    if reward is None:
+        reward = RewardConfig(verifier=prompt_set.problems[0].meta.get("verifier", "math"))
     lora = load_adapter(adapter) if adapter else None
-    max_model_len = max(map(len, prompts)) + max_tokens
-    options = dict(seed=seed, max_model_len=max_model_len, enable_lora=lora is not None, kv_cache_gb=kv_cache_gb)
-    if lora is not None:
-        options["max_lora_rank"] = int(lora.config.get("r", 16))
-    sampling = Sampling(temperature=temperature, max_tokens=max_tokens, seed=seed)
-    with make_engine(backend, model, **options) as engine, ScoringPool(
-        verifier or problems[0].meta.get("verifier", "math")
+    longest = max(map(len, prompt_set.prompts)) + sampling.max_tokens
+    engine = engine.model_copy(update={"max_model_len": max(engine.max_model_len, longest)})
+    lora_rank = int(lora.config.get("r", 16)) if lora is not None else None
+    with make_engine(model, engine, seed=seed, lora_rank=lora_rank) as served, ScoringPool(
+        reward.verifier, workers=reward.workers, timeout_s=reward.timeout_s, memory_limit_mb=reward.memory_limit_mb
     ) as pool:
         if lora is not None:
-            engine.update_lora(lora)
+            served.update_lora(lora)
         samples_path.parent.mkdir(parents=True, exist_ok=True)
         return evaluate(
-            engine, pool, problems, prompts, n=n, ks=ks, sampling=sampling, samples_path=str(samples_path), progress=progress
+            served, pool, prompt_set.problems, prompt_set.prompts, n=n, ks=ks, sampling=sampling,
+            samples_path=str(samples_path), progress=progress,
         )

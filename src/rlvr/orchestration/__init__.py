@@ -1,4 +1,6 @@
-"""The RL loop (controller.py) and what keeps it running (engine_supervisor.py)."""
+"""Running a run: the loop (loop.py), the components it calls built from the config (builders.py),
+what a checkpoint must remember (run_state.py), the evaluation schedule (evaluation.py), where
+processes go (ray_placement.py, plan.py) and what keeps the engine running (engine_supervisor.py)."""
 
 
 class RunStopped(RuntimeError):

@@ -1,8 +1,8 @@
 """Placement `ray`: the trainer ranks and the engine as Ray actors in one placement group.
 
     cluster = RayCluster.shared(cfg.placement, ranks=2)
-    trainer = Trainer(spec, ranks=2, launch=cluster.launch_ranks)
-    engine = make_engine("vllm", path, placement=cluster, **options)
+    trainer = Trainer(spec, launch=cluster.launch_ranks)
+    engine = make_engine(cfg.model, cfg.engine, seed=cfg.seed, placement=cluster)
 
 The controller cannot tell the difference: `Trainer` keeps all its command and gather logic
 and only talks to `RayRank` handles instead of pipes, and `RayEngine` is an `Engine` whose
@@ -23,7 +23,7 @@ import signal
 import traceback
 from dataclasses import dataclass
 
-from rlvr.config import PlacementConfig
+from rlvr.config import EngineConfig, ModelConfig, PlacementConfig
 from rlvr.engines.base import Engine
 from rlvr.orchestration import RunStopped
 from rlvr.training.trainer import RankDied, free_port
@@ -209,9 +209,9 @@ class RayCluster:
 
     # ------------------------------------------------------------------ engine
 
-    def engine(self, backend: str, model_path: str, **options) -> RayEngine:
+    def engine(self, model: ModelConfig, engine: EngineConfig, **options) -> RayEngine:
         """The engine, built by `make_engine` inside an actor in the engine's slot."""
-        actor = self._actor(_EngineActor, self.plan.engine).remote(backend, model_path, options)
+        actor = self._actor(_EngineActor, self.plan.engine).remote(model, engine, options)
         return RayEngine(actor, self)
 
 
@@ -306,11 +306,11 @@ class RayRank:
 class _EngineActor:
     """Hosts an engine from `make_engine` inside a Ray worker."""
 
-    def __init__(self, backend: str, model_path: str, options: dict):
+    def __init__(self, model: ModelConfig, engine: EngineConfig, options: dict):
         from rlvr.engines import make_engine
 
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        self.engine = make_engine(backend, model_path, **options)
+        self.engine = make_engine(model, engine, **options)
 
     def call(self, method: str, args: tuple, kwargs: dict):
         return getattr(self.engine, method)(*args, **kwargs)

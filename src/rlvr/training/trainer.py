@@ -1,6 +1,6 @@
 """The controller's handle on the trainer ranks: start them, feed them, read them, stop them.
 
-    with Trainer(spec, ranks=2) as trainer:
+    with Trainer(RankSpec(model=cfg.model, trainer=cfg.trainer, ...)) as trainer:   # cfg.trainer.ranks ranks
         metrics = trainer.train_step(batch, temperature=1.0)
         adapter = trainer.adapter()
 
@@ -57,16 +57,9 @@ Launch = Callable[[int, RankSpec], list[RankHandle]]
 
 
 class Trainer:
-    def __init__(
-        self,
-        spec: RankSpec,
-        ranks: int = 1,
-        micro_batch_tokens: int = 4096,
-        share_prompts: bool = True,
-        start_timeout_s: float = 600,
-        launch: Launch | None = None,
-    ):
-        self.spec, self.world_size, self.micro_batch_tokens = spec, ranks, micro_batch_tokens
+    def __init__(self, spec: RankSpec, start_timeout_s: float = 600, launch: Launch | None = None):
+        ranks = spec.trainer.ranks
+        self.spec, self.world_size, self.micro_batch_tokens = spec, ranks, spec.trainer.micro_batch_tokens
         self._adapter_version = 0
         self._lora_config: dict | None = None  # fixed for the trainer's life: asked once
         self._training = False
@@ -78,7 +71,7 @@ class Trainer:
         self.base_format = info[0]["base_format"]  # what the ranks loaded: "nvfp4" or "hf"
         self.packed_attention = info[0]["packed_attention"]  # False where the model has no AttentionInterface
         # one copy of a prompt for all its samples needs rlvr's packed attention on the model
-        self.share_prompts = share_prompts and self.packed_attention
+        self.share_prompts = spec.trainer.share_prompts and self.packed_attention
 
     # ------------------------------------------------------------------ commands
 
@@ -142,7 +135,7 @@ class Trainer:
         return [merged[i] for i in range(len(sequences))]
 
     def adapter(self) -> LoraAdapter:
-        if not self.spec.lora:
+        if not self.spec.trainer.lora:
             raise TrainerError("adapter(): this trainer runs full fine-tuning; use weights()")
         tensors = self._call_all("adapter")[0]
         if self._lora_config is None:

@@ -14,12 +14,13 @@ import os
 import signal
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 
 import torch
 import torch.distributed as dist
 
+from rlvr.config import AlgorithmConfig, ModelConfig, TrainerConfig
 from rlvr.training.attention import use_packed_attention
 from rlvr.training.packing import MicroBatch, unpack
 from rlvr.training.policy import TokenLogprobs, apply_lora, load_base, shard
@@ -27,34 +28,26 @@ from rlvr.training.policy import TokenLogprobs, apply_lora, load_base, shard
 
 @dataclass
 class RankSpec:
-    """Everything a rank needs to build its policy; plain data, sent once at start."""
+    """Everything a rank needs to build its policy: the run's typed config sections (they
+    pickle), sent once at start. Every default lives in rlvr.config."""
 
-    model_path: str
-    dtype: str = "float32"
-    seed: int = 0
-    lr: float = 1e-5
-    betas: tuple[float, float] = (0.9, 0.999)
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
-    schedule: str = "constant"
-    total_steps: int = 1
-    grad_clip: float = 1.0
-    gradient_checkpointing: bool = False
-    attention: str = "packed"  # or "sdpa" (see rlvr.training.attention)
-    lora: dict | None = None  # rank, alpha, dropout, target_modules
-    threads: int = 0  # torch threads per rank; 0: the cores divided among the ranks
-    algorithm: dict = field(default_factory=dict)
+    model: ModelConfig
+    trainer: TrainerConfig
+    algorithm: AlgorithmConfig
+    seed: int
+    total_steps: int  # the learning-rate schedule's length
+    threads: int = 0  # torch threads per rank; 0: the cores divided among the ranks (Trainer decides)
 
 
-def lr_factor(spec: RankSpec, step: int) -> float:
+def lr_factor(trainer: TrainerConfig, total_steps: int, step: int) -> float:
     """The learning-rate multiplier after `step` optimizer steps: linear warm-up over steps
     1..warmup_steps, then constant, linear or cosine decay to 0 at total_steps."""
-    if step < spec.warmup_steps:
-        return (step + 1) / spec.warmup_steps
-    progress = min(1.0, (step - spec.warmup_steps) / max(1, spec.total_steps - spec.warmup_steps))
-    if spec.schedule == "cosine":
+    if step < trainer.warmup_steps:
+        return (step + 1) / trainer.warmup_steps
+    progress = min(1.0, (step - trainer.warmup_steps) / max(1, total_steps - trainer.warmup_steps))
+    if trainer.schedule == "cosine":
         return 0.5 * (1 + math.cos(math.pi * progress))
-    if spec.schedule == "linear":
+    if trainer.schedule == "linear":
         return 1.0 - progress
     return 1.0
 
@@ -119,14 +112,15 @@ class _Rank:
 
         self.rank, self.world_size, self.spec = rank, world_size, spec
         self.device = torch.device("cuda", rank % torch.cuda.device_count()) if use_cuda else torch.device("cpu")
-        dtype = getattr(torch, spec.dtype)
+        config = spec.trainer
+        dtype = getattr(torch, spec.model.dtype)
         torch.manual_seed(spec.seed)
-        lm, self.base_format = load_base(spec.model_path, dtype)
-        self.packed_attention = spec.attention == "packed" and use_packed_attention(lm)
-        if spec.gradient_checkpointing:
+        lm, self.base_format = load_base(spec.model.path, dtype)
+        self.packed_attention = config.attention == "packed" and use_packed_attention(lm)
+        if config.gradient_checkpointing:
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if spec.lora:
-            lm = apply_lora(lm, **spec.lora)
+        if config.lora:
+            lm = apply_lora(lm, **config.lora.model_dump())
         self.lm = lm
         self.policy = TokenLogprobs(lm).to(self.device)
         mesh = init_device_mesh(self.device.type, (world_size,))
@@ -135,9 +129,9 @@ class _Rank:
         self.trainable_params = sum(_numel(p) for _, p in self.trainable)
         self.total_params = sum(_numel(p) for p in self.policy.parameters())
         self.optimizer = torch.optim.AdamW(
-            [p for _, p in self.trainable], lr=spec.lr, betas=spec.betas, weight_decay=spec.weight_decay
+            [p for _, p in self.trainable], lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
         )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, partial(lr_factor, spec))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, partial(lr_factor, config, spec.total_steps))
 
     def info(self) -> dict:
         """What the controller learns once, when the rank is up."""
@@ -161,11 +155,8 @@ class _Rank:
         return out
 
     def train(self, step: StepInput) -> dict[str, float]:
-        from rlvr.algorithms import aggregate, kl_penalty, policy_loss, truncated_is_weights
-
         started = time.perf_counter()
-        algo = self.spec.algorithm
-        per_token = algo.get("agg", "token_mean") == "token_mean"
+        per_token = self.spec.algorithm.agg == "token_mean"
         denominator = step.num_tokens if per_token else step.num_sequences
         sums: dict[str, float] = {}
         for mb in step.micro_batches:
@@ -176,57 +167,59 @@ class _Rank:
             lp = _padded(unpack(logprobs, mb))
             mask = _padded([torch.ones(c) for _, c in mb.spans]).bool()
             old = lp.detach()  # one optimizer step per batch: the trainer's own logprobs are π_old
-            adv = torch.tensor([step.advantages[i] for i in mb.sequences], dtype=lp.dtype)
             sampler = _padded([torch.tensor(step.sampler_logprobs[i], dtype=lp.dtype) for i in mb.sequences])
-            # The tokens were drawn by the sampler (a policy version behind, with max_staleness 1),
-            # not by π_old: truncated IS reweights them, min(π_old / π_sampler, cap) (Yao et al. 2025;
-            # AReaL's decoupled PPO: the clip stays around π_old, the behaviour policy only weights).
-            is_weights = None
-            if algo.get("tis_cap"):
-                is_weights = truncated_is_weights(old, sampler, mask, cap=algo["tis_cap"], level=algo.get("tis_level", "token"))
-            loss, metrics = policy_loss(
-                algo.get("loss", "ppo"),
-                lp,
-                old,
-                adv,
-                mask,
-                clip_low=algo.get("clip_low", 0.2),
-                clip_high=algo.get("clip_high", 0.2),
-                dual_clip=algo.get("dual_clip"),
-                agg=algo.get("agg", "token_mean"),
-                max_len=step.max_len,
-                is_weights=is_weights,
-            )
-            if algo.get("kl") and algo.get("kl_coef", 0.0) > 0:
-                ref = self._reference_logprobs(mb, step.temperature)
-                kl = aggregate(kl_penalty(algo["kl"], lp, ref), mask, algo.get("agg", "token_mean"), step.max_len)
-                loss = loss + algo["kl_coef"] * kl
-                metrics = {**metrics, "kl": float(kl)}
+            adv = torch.tensor([step.advantages[i] for i in mb.sequences], dtype=lp.dtype)
+            loss, metrics, is_weights = self._loss(mb, lp, old, sampler, adv, mask, step)
             weight = mask.sum().item() if per_token else len(mb.sequences)
             # FSDP averages gradients over ranks; the world_size factor turns that into a sum,
             # so the step's loss is normalised once, by the global denominator.
             (loss * (weight / denominator) * self.world_size).backward()
             tokens = mask.sum().item()
-            gap = ((old - sampler).abs() * mask).sum().item()
             self._accumulate(sums, "loss", loss.item() * weight / denominator)
             self._accumulate(sums, "tokens", tokens)
             self._accumulate(sums, "entropy_sum", float((_padded(unpack(entropy, mb)) * mask).sum()))
-            self._accumulate(sums, "sampler_gap_sum", gap)
+            self._accumulate(sums, "sampler_gap_sum", ((old - sampler).abs() * mask).sum().item())
             for key in ("clip_fraction", "approx_kl", "ratio_mean", "kl"):
                 if key in metrics:
                     self._accumulate(sums, f"{key}_sum", float(metrics[key]) * tokens)
             if is_weights is not None:
                 self._accumulate(sums, "is_weight_sum", float(torch.where(mask, is_weights, 0.0).sum()))
-        grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in self.trainable], self.spec.grad_clip)
+        sums.update(self._optimizer_step())
+        sums["seconds"] = time.perf_counter() - started  # this rank's compute, for the overlap figures
+        return sums
+
+    def _loss(self, mb: MicroBatch, lp, old, sampler, adv, mask, step: StepInput):
+        """The policy loss of one micro-batch (plus the KL term), its metrics and the IS weights."""
+        from rlvr.algorithms import aggregate, kl_penalty, policy_loss, truncated_is_weights
+
+        algo = self.spec.algorithm
+        # The tokens were drawn by the sampler (a policy version behind, with max_staleness 1),
+        # not by π_old: truncated IS reweights them, min(π_old / π_sampler, cap) (Yao et al. 2025;
+        # AReaL's decoupled PPO: the clip stays around π_old, the behaviour policy only weights).
+        is_weights = None
+        if algo.tis_cap:
+            is_weights = truncated_is_weights(old, sampler, mask, cap=algo.tis_cap, level=algo.tis_level)
+        loss, metrics = policy_loss(
+            algo.loss, lp, old, adv, mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
+            dual_clip=algo.dual_clip, agg=algo.agg, max_len=step.max_len, is_weights=is_weights,
+        )
+        if algo.kl and algo.kl_coef > 0:
+            ref = self._reference_logprobs(mb, step.temperature)
+            kl = aggregate(kl_penalty(algo.kl, lp, ref), mask, algo.agg, step.max_len)
+            loss = loss + algo.kl_coef * kl
+            metrics = {**metrics, "kl": float(kl)}
+        return loss, metrics, is_weights
+
+    def _optimizer_step(self) -> dict[str, float]:
+        """Clip, step (unless the gradient is not finite), advance the schedule."""
+        grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in self.trainable], self.spec.trainer.grad_clip)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         skipped = not math.isfinite(grad_norm)
         if not skipped:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
-        sums.update(grad_norm=grad_norm, skipped=float(skipped), lr=self.scheduler.get_last_lr()[0])
-        sums["seconds"] = time.perf_counter() - started  # this rank's compute, for the overlap figures
-        return sums
+        return {"grad_norm": grad_norm, "skipped": float(skipped), "lr": self.scheduler.get_last_lr()[0]}
 
     def adapter(self, _=None) -> dict[str, torch.Tensor]:
         """The full (unsharded) trainable tensors, in PEFT/HF naming; only rank 0 keeps them.
@@ -336,7 +329,7 @@ class _Rank:
         )
 
     def _reference_logprobs(self, mb: MicroBatch, temperature: float) -> torch.Tensor:
-        if not self.spec.lora:
+        if not self.spec.trainer.lora:
             raise ValueError("algorithm.kl needs a reference model: it is supported with trainer.lora (the frozen base)")
         with torch.no_grad(), self.lm.disable_adapter():
             ref, _ = self._forward(mb, temperature)

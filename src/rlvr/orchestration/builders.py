@@ -1,0 +1,125 @@
+"""Every component of a run, built from its typed config section, wired into one `Run`.
+
+    run = build_run(cfg, stack, progress, log)   # stack (an ExitStack) closes what needs closing
+    run.collector.collect(step); run.trainer.start_train_step(...); run.sync.push(step) ...
+
+The loop (rlvr.orchestration.loop) only calls these components; which engine, which placement,
+which verifier is decided here, once.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlvr.config import RunConfig, dump_config
+from rlvr.orchestration.evaluation import Evaluation
+from rlvr.orchestration.run_state import RunCheckpoints
+from rlvr.rollout.collect import RolloutCollector
+from rlvr.rollout.prompts import load_prompt_set
+from rlvr.rollout.sampler import EpochSampler
+from rlvr.sync.check import SyncCheck
+from rlvr.sync.weights import WeightSync
+from rlvr.tracking.metrics_log import MetricsLogger
+from rlvr.tracking.timing import StepTimer
+
+
+@dataclass
+class Run:
+    """The components the loop calls, built once per run."""
+
+    cfg: RunConfig
+    trainer: object  # rlvr.training.trainer.Trainer
+    engine: object  # rlvr.orchestration.engine_supervisor.EngineSupervisor
+    sampler: EpochSampler
+    collector: RolloutCollector
+    sync: WeightSync
+    evaluation: Evaluation
+    checkpoints: RunCheckpoints
+    resume_from: Path | None  # the checkpoint this run continues from
+    logger: MetricsLogger
+    timer: StepTimer
+    progress: object  # RunProgress or None
+    log: object  # callable(str)
+
+
+def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume: bool = False) -> Run:
+    """Write the run folder's config.yaml, then start the trainer ranks, the engine and the scoring
+    pool (closed by `stack`) and wire the stages between them. With `resume`, the checkpoint to
+    continue from is found first: without one, nothing starts."""
+    import torch
+    from transformers import AutoTokenizer
+
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    torch.manual_seed(cfg.seed)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    train_set = load_prompt_set(cfg.data, cfg.data.train, tokenizer)
+    test_set = load_prompt_set(cfg.data, cfg.data.test, tokenizer, limit=cfg.eval.max_problems) if cfg.data.test else None
+    timer = StepTimer()
+    checkpoints = RunCheckpoints(cfg, timer, log)
+    resume_from = checkpoints.resumable() if resume else None
+    trainer = stack.enter_context(build_trainer(cfg))
+    engine = stack.enter_context(build_engine(cfg, log))
+    pool = stack.enter_context(build_scoring_pool(cfg))
+    logger = stack.enter_context(MetricsLogger(run_dir, cfg.tracking.backends, config=cfg.model_dump(mode="json")))
+    sampler = EpochSampler(len(train_set.problems), cfg.seed)
+    sync = WeightSync(engine, trainer, train_set.probe(tokenizer), SyncCheck(cfg.engine.sync_check_threshold), timer,
+                      lora=cfg.trainer.lora is not None)
+    return Run(
+        cfg=cfg,
+        trainer=trainer,
+        engine=engine,
+        sampler=sampler,
+        collector=RolloutCollector(cfg.rollout, cfg.algorithm, cfg.reward, engine, pool, train_set, sampler,
+                                   seed=cfg.seed, timer=timer, progress=progress),
+        sync=sync,
+        evaluation=Evaluation(cfg, engine, pool, test_set, timer, progress),
+        checkpoints=checkpoints,
+        resume_from=resume_from,
+        logger=logger,
+        timer=timer,
+        progress=progress,
+        log=log,
+    )
+
+
+def build_trainer(cfg: RunConfig):
+    """The trainer ranks: local processes, or Ray actors with `placement.backend: ray`."""
+    from rlvr.training.trainer import Trainer
+    from rlvr.training.worker import RankSpec
+
+    spec = RankSpec(model=cfg.model, trainer=cfg.trainer, algorithm=cfg.algorithm, seed=cfg.seed, total_steps=cfg.steps)
+    return Trainer(spec, launch=_ray_cluster(cfg).launch_ranks if cfg.placement.backend == "ray" else None)
+
+
+def build_engine(cfg: RunConfig, log=print):
+    """The engine, restarted by its supervisor when its process dies."""
+    from rlvr.engines import make_engine
+    from rlvr.orchestration.engine_supervisor import EngineSupervisor
+
+    def start():
+        return make_engine(
+            cfg.model, cfg.engine, seed=cfg.seed,
+            lora_rank=cfg.trainer.lora.rank if cfg.trainer.lora else None,
+            # colocated, the engine frees its device memory while the ranks train (GPU engines only)
+            sleep_mode=cfg.placement.colocate,
+            placement=_ray_cluster(cfg) if cfg.placement.backend == "ray" else None,
+        )
+
+    return EngineSupervisor(start, cfg.engine.max_restarts, log=log)
+
+
+def build_scoring_pool(cfg: RunConfig):
+    from rlvr.rewards import ScoringPool
+
+    r = cfg.reward
+    return ScoringPool(r.verifier, workers=r.workers, timeout_s=r.timeout_s, memory_limit_mb=r.memory_limit_mb)
+
+
+def _ray_cluster(cfg: RunConfig):
+    from rlvr.orchestration.ray_placement import RayCluster
+
+    return RayCluster.shared(cfg.placement, cfg.trainer.ranks)

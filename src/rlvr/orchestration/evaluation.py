@@ -1,0 +1,44 @@
+"""Held-out evaluation on its schedule: before RL, every `eval.every` steps, after the last step.
+
+Each pass is `rlvr.eval.runner.evaluate` (the function `rlvr eval` runs too) on data.test with
+the sampling `held_out_sampling` derives from the config, written to run_dir/eval/TAG.json and
+its samples to TAG.jsonl; the loop logs the headline numbers (avg@k, pass@k, maj@k).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rlvr.config import RunConfig
+from rlvr.rollout.prompts import PromptSet
+from rlvr.tracking.timing import StepTimer
+
+
+class Evaluation:
+    def __init__(self, cfg: RunConfig, engine, pool, test_set: PromptSet | None, timer: StepTimer, progress=None):
+        self.cfg, self.engine, self.pool, self.test_set = cfg, engine, pool, test_set
+        self.timer, self.progress = timer, progress
+        self.folder = Path(cfg.run_dir) / "eval"
+
+    def due(self, step: int) -> bool:
+        """A periodic evaluation after `step` (the last step has its own, `after`)."""
+        every = self.cfg.eval.every
+        return bool(every) and step % every == 0 and step < self.cfg.steps
+
+    def run(self, tag: str) -> dict[str, float]:
+        """Evaluate the engine's current policy; the headline numbers ({} without data.test)."""
+        from rlvr.eval.runner import evaluate, held_out_sampling
+
+        if self.test_set is None:
+            return {}
+        self.folder.mkdir(parents=True, exist_ok=True)
+        with self.timer("eval"):
+            result = evaluate(
+                self.engine, self.pool, self.test_set.problems, self.test_set.prompts, n=self.cfg.eval.n,
+                ks=self.cfg.eval.k, sampling=held_out_sampling(self.cfg.eval, self.cfg.rollout.sampling, self.cfg.seed), samples_path=str(self.folder / f"{tag}.jsonl"),
+                progress=self.progress,
+            )
+        (self.folder / f"{tag}.json").write_text(json.dumps(result, indent=2))
+        keys = [f"{m}@{k}" for k in self.cfg.eval.k for m in ("avg", "pass", "maj")]
+        return {k: round(float(result[k]), 4) for k in keys if k in result}

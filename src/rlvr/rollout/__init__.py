@@ -1,0 +1,6 @@
+"""The rollout stage: dataset rows become prompts, prompts become scored, weighed rollouts.
+
+    prompts.py   the one prompt encoder (training, `rlvr eval` and the demo all use it)
+    sampler.py   the seeded epoch order the training prompts are drawn in
+    collect.py   one step's rollouts: generate -> score -> advantages -> TrainBatch
+"""

@@ -1,0 +1,23 @@
+"""The order training prompts are drawn in."""
+
+from __future__ import annotations
+
+import random
+
+
+class EpochSampler:
+    """Prompts in a seeded random order, epoch after epoch; `position` is all the state, so a
+    checkpoint that records it resumes the exact sequence of prompts."""
+
+    def __init__(self, size: int, seed: int, position: int = 0):
+        self.size, self.seed, self.position = size, seed, position
+
+    def take(self, count: int) -> list[int]:
+        out = []
+        for _ in range(count):
+            epoch, offset = divmod(self.position, self.size)
+            order = list(range(self.size))
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            out.append(order[offset])
+            self.position += 1
+        return out
