@@ -93,3 +93,25 @@ def random_train_batch() -> TrainBatch:
         advantages=torch.tensor([1.0, -0.5, 0.25, -0.75]),
         group=torch.tensor([0, 0, 1, 1]),
     )
+
+
+def grpo_train_batch(groups: int, samples: int = 4, seed: int = 0) -> TrainBatch:
+    """`groups` prompts of `samples` completions each (a GRPO step's shape), random tokens of
+    uneven lengths, group-centred advantages."""
+    g = torch.Generator().manual_seed(seed)
+    prompts, completions, group = [], [], []
+    for k in range(groups):
+        prompt = torch.randint(4, 200, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist()
+        for _ in range(samples):
+            prompts.append(prompt)
+            completions.append(torch.randint(4, 200, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g).tolist())
+            group.append(k)
+    rewards = torch.rand(len(group), generator=g)
+    centred = rewards - rewards.view(groups, samples).mean(-1).repeat_interleave(samples)
+    return TrainBatch(
+        prompt_ids=prompts,
+        completion_ids=completions,
+        sampler_logprobs=[[-1.0] * len(c) for c in completions],
+        advantages=centred / centred.std(),
+        group=torch.tensor(group),
+    )

@@ -68,7 +68,7 @@ def test_invalid_yaml_names_the_line(tmp_path):
 
 
 def test_eval_k_larger_than_n_is_rejected():
-    with pytest.raises(ConfigError, match=r"eval: Value error, k=16 must be between 1 and eval.n=8"):
+    with pytest.raises(ConfigError, match=r"eval: k=16 must be between 1 and eval.n=8"):
         load_config(DEMO, ["eval.k=[1,16]"])
 
 

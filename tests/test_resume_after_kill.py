@@ -23,9 +23,29 @@ from rlvr.demo import ensure_demo_assets
 STEPS = 4
 
 
+# The demo's update (one per step), and the seed stack's: 4 mini-batches of whole groups a step,
+# and DAPO's dynamic sampling refilling the step with informative groups (the data position moves
+# by what each step drew, which the checkpoint must capture).
+VARIANTS = {
+    "demo": {},
+    "mini_batches": {"trainer": {"mini_batches": 4}, "rollout": {"dynamic_sampling": True, "max_sampling_rounds": 3}},
+}
+
+
 @pytest.fixture(scope="module")
-def setting(tmp_path_factory):
-    root = tmp_path_factory.mktemp("resume")
+def settings(tmp_path_factory):
+    """variant -> (config(run_dir, checkpoint_every), the reference run's metrics, root), built on first use."""
+    built = {}
+
+    def setting(variant: str):
+        if variant not in built:
+            built[variant] = _setting(tmp_path_factory.mktemp(f"resume-{variant}"), VARIANTS[variant])
+        return built[variant]
+
+    return setting
+
+
+def _setting(root, changes: dict):
     cfg = yaml.safe_load(open("configs/demo.yaml"))
     cfg.update(steps=STEPS)
     cfg["model"]["path"] = str(root / "assets" / "model")
@@ -35,6 +55,8 @@ def setting(tmp_path_factory):
     cfg["demo"]["warm_start"].update(steps=20)
     cfg["demo"]["task"].update(train_size=64, test_size=8)
     cfg["tracking"] = {"progress": False}
+    for section, values in changes.items():
+        cfg[section].update(values)
 
     def config(run_dir, checkpoint_every=1):
         path = root / f"{run_dir.name}.yaml"
@@ -51,9 +73,9 @@ def setting(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_sigkill_then_resume_gives_the_uninterrupted_metrics(setting, seed):
-    config, expected, root = setting
+@pytest.mark.parametrize("variant, seed", [("demo", 1), ("demo", 2), ("demo", 3), ("mini_batches", 1)])
+def test_sigkill_then_resume_gives_the_uninterrupted_metrics(settings, variant, seed):
+    config, expected, root = settings(variant)
     rng = random.Random(seed)
     run_dir = root / f"killed{seed}"
     path = config(run_dir)
@@ -83,8 +105,8 @@ def test_sigkill_then_resume_gives_the_uninterrupted_metrics(setting, seed):
 
 
 @pytest.mark.slow
-def test_sigterm_finishes_the_step_checkpoints_exits_0_and_resumes_to_the_same_metrics(setting):
-    config, expected, root = setting
+def test_sigterm_finishes_the_step_checkpoints_exits_0_and_resumes_to_the_same_metrics(settings):
+    config, expected, root = settings("demo")
     run_dir = root / "terminated"
     path = config(run_dir, checkpoint_every=STEPS)  # the stop must write its own checkpoint
     victim = start_training(path)

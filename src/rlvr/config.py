@@ -154,6 +154,14 @@ class RolloutConfig(Section):
         0, ge=0, le=1,
         description="0: synchronous; 1: one-step-off-policy (generate step t+1 while step t trains)",
     )
+    dynamic_sampling: bool = Field(
+        False, description="DAPO's dynamic sampling (Yu et al. 2025): drop groups whose rewards are all equal (they "
+        "carry no gradient) and sample more prompts until prompts_per_step informative groups are found"
+    )
+    max_sampling_rounds: int = Field(
+        4, ge=1, description="dynamic sampling: generate rounds per step at most; short of groups after them, the step "
+        "trains on what it found and says so"
+    )
 
 
 class RewardConfig(Section):
@@ -163,6 +171,14 @@ class RewardConfig(Section):
     workers: int = Field(2, ge=1, description="scoring worker processes")
     timeout_s: float = Field(2.0, gt=0, description="seconds one item may take; past it the item scores 0 with status timeout")
     memory_limit_mb: int = Field(1024, gt=0, description="address-space limit of each scoring worker")
+
+
+class OverlongPenaltyConfig(Section):
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), added to the reward: 0 up to
+    max_tokens - buffer tokens, then falling linearly to -max_penalty at max_tokens."""
+
+    buffer: int = Field(..., gt=0, description="L_cache: the soft zone's length in tokens, before rollout.sampling.max_tokens")
+    max_penalty: float = Field(1.0, gt=0, description="the penalty at max_tokens and beyond (DAPO: 1)")
 
 
 class AlgorithmConfig(Section):
@@ -198,6 +214,12 @@ class AlgorithmConfig(Section):
     tis_level: Literal["token", "sequence", "geometric"] = Field(
         "token", description="where the IS ratio is taken: per token, per sequence (product) or its geometric mean"
     )
+    overlong_filter: bool = Field(
+        False, description="mask responses cut off at max_tokens out of the loss (DAPO's overlong filtering, Yu et al. 2025)"
+    )
+    overlong_penalty: OverlongPenaltyConfig | None = Field(
+        None, description="DAPO's soft length penalty on the reward (null: none)"
+    )
 
 
 class LoraConfig(Section):
@@ -231,6 +253,12 @@ class TrainerConfig(Section):
     share_prompts: bool = Field(
         True, description="with packed attention, a prompt's samples share one copy of it in the forward (exact)"
     )
+    mini_batches: int = Field(
+        1, ge=1, description="optimizer updates per RL step: the step's rollouts split into this many mini-batches of "
+        "whole prompt groups (verl's ppo_mini_batch_size, SkyRL's policy_mini_batch_size, as a count); with more than "
+        "one, pi_old is the policy before the first update and PPO's clip acts"
+    )
+    epochs: int = Field(1, ge=1, description="passes over the step's mini-batches (PPO epochs; verl's ppo_epochs)")
     lora: LoraConfig | None = Field(None, description="train a LoRA adapter on the frozen base (null: full fine-tuning)")
     max_consecutive_skips: int = Field(
         3, ge=1, description="stop the run after this many steps in a row skipped for a non-finite loss or gradient"
@@ -302,6 +330,16 @@ class RunConfig(Section):
     demo: DemoSpec | None = Field(None, description="what `rlvr demo` builds before training (null: nothing)")
 
     @model_validator(mode="after")
+    def _mini_batches_of_whole_groups(self) -> RunConfig:
+        if self.trainer.mini_batches > self.rollout.prompts_per_step:
+            raise ValueError(f"trainer.mini_batches={self.trainer.mini_batches} cannot exceed rollout.prompts_per_step="
+                             f"{self.rollout.prompts_per_step}: a mini-batch holds whole prompt groups")
+        if self.algorithm.overlong_penalty and self.algorithm.overlong_penalty.buffer > self.rollout.sampling.max_tokens:
+            raise ValueError(f"algorithm.overlong_penalty.buffer={self.algorithm.overlong_penalty.buffer} exceeds "
+                             f"rollout.sampling.max_tokens={self.rollout.sampling.max_tokens}")
+        return self
+
+    @model_validator(mode="after")
     def _correct_stale_rollouts(self) -> RunConfig:
         # Rollouts one policy version behind need the off-policy correction; written into the
         # config itself so that the run's config.yaml says what ran (Yao et al. use cap 2).
@@ -340,10 +378,13 @@ def validate_config(raw: dict, source: str = "<config>") -> RunConfig:
         return RunConfig.model_validate(raw)
     except ValidationError as err:
         first = err.errors()[0]
-        key = ".".join(str(p) for p in first["loc"]) or "<root>"
+        message = first["msg"].removeprefix("Value error, ")
+        if not first["loc"]:  # a rule across sections: its message names the keys
+            raise ConfigError(f"{source}: {message}") from None
+        key = ".".join(str(p) for p in first["loc"])
         value = _lookup(raw, first["loc"])
         shown = f" (got {value!r})" if value is not _MISSING else ""
-        raise ConfigError(f"{source}: {key}: {first['msg']}{shown}") from None
+        raise ConfigError(f"{source}: {key}: {message}{shown}") from None
 
 
 def _apply_override(raw: dict, item: str) -> None:

@@ -81,6 +81,9 @@ class TrainBatch:
     sampler_logprobs: list[list[float]]
     advantages: torch.Tensor  # [B], one per sequence
     group: torch.Tensor  # [B] int64, the prompt each sequence answers
+    # per completion token, whether the loss trains on it (1) or not (0: a filtered response, an
+    # observation inserted between turns); None: every completion token
+    loss_mask: list[list[int]] | None = None
 
     def __len__(self) -> int:
         return len(self.completion_ids)

@@ -3,7 +3,7 @@
 Dynamic sampling: a group whose responses all got the same reward has advantage 0 for every
 member (GRPO, RLOO, Dr.GRPO alike), so it adds no gradient and only dilutes the batch. DAPO
 drops such groups and samples more prompts until the batch holds enough informative groups.
-The functions here are pure; the rollout stage's refill loop (issue 19) is to call them:
+The functions here are pure; rlvr.rollout.collect's refill loop calls them:
 
     kept = informative_group_mask(rewards, group)
     missing = groups_to_refill(kept_groups, target_groups)   # sample that many more prompts

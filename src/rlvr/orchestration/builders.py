@@ -74,7 +74,7 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
         engine=engine,
         sampler=sampler,
         collector=RolloutCollector(cfg.rollout, cfg.algorithm, cfg.reward, engine, pool, train_set, sampler,
-                                   seed=cfg.seed, timer=timer, progress=progress),
+                                   seed=cfg.seed, timer=timer, progress=progress, log=log),
         sync=sync,
         evaluation=Evaluation(cfg, engine, pool, test_set, timer, progress),
         checkpoints=checkpoints,

@@ -39,8 +39,25 @@ def training_sampling(sampling: SamplingConfig) -> Sampling:
     )
 
 
+@dataclass
+class _Group:
+    """The scored samples of one prompt."""
+
+    problem: int  # index into the prompt set
+    rollouts: list[Rollout]
+    scores: list[Score]
+    rewards: torch.Tensor  # [n] after any reward shaping
+    informative: bool  # rewards not all equal: advantages not all 0 (GRPO, RLOO, Dr. GRPO alike)
+
+
 class RolloutCollector:
-    """Turns the next prompts of the epoch order into a `StepRollouts`."""
+    """Turns the next prompts of the epoch order into a `StepRollouts`.
+
+    With `rollout.dynamic_sampling` (DAPO, Yu et al. 2025) a group whose rewards are all equal
+    has advantage 0 for every member and is dropped; more prompts are drawn, in at most
+    `max_sampling_rounds` rounds, until `prompts_per_step` informative groups are found. The
+    prompts drawn are consumed either way, so the data position (and a resumed run) stays exact.
+    """
 
     def __init__(
         self,
@@ -55,34 +72,52 @@ class RolloutCollector:
         seed: int,
         timer: StepTimer,
         progress=None,
+        log=print,
     ):
         self.rollout, self.algorithm, self.reward = rollout, algorithm, reward
         self.engine, self.pool, self.train_set, self.sampler = engine, pool, train_set, sampler
-        self.seed, self.timer, self.progress = seed, timer, progress
+        self.seed, self.timer, self.progress, self.log = seed, timer, progress, log
         self.sampling = training_sampling(rollout.sampling)
 
     def collect(self, step: int) -> StepRollouts:
-        position = self.sampler.position
-        chosen = self.sampler.take(self.rollout.prompts_per_step)
-        rollouts, scores = self._generate_and_score(chosen, step)
-        rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32)
-        group = torch.tensor([r.prompt_index for r in rollouts], dtype=torch.long)
-        batch = TrainBatch(
-            prompt_ids=[r.prompt_ids for r in rollouts],
-            completion_ids=[r.completion_ids for r in rollouts],
-            sampler_logprobs=[r.logprobs for r in rollouts],
-            advantages=self._advantages(rewards, group),
-            group=group,
-        )
-        return StepRollouts(batch, self._metrics(rollouts, scores, rewards), position)
+        from rlvr.algorithms import groups_to_refill
 
-    def _generate_and_score(self, chosen: list[int], step: int) -> tuple[list[Rollout], list[Score]]:
+        position = self.sampler.position
+        target = self.rollout.prompts_per_step
+        sampled: list[_Group] = []
+        kept: list[_Group] = []
+        rounds = self.rollout.max_sampling_rounds if self.rollout.dynamic_sampling else 1
+        for round_index in range(rounds):
+            missing = groups_to_refill(len(kept), target)
+            # later rounds draw as many prompts as the informative rate so far says they need
+            draw = missing if not kept else min(target, math.ceil(missing * len(sampled) / len(kept)))
+            groups = self._sample(self.sampler.take(draw), step, round_index)
+            sampled += groups
+            kept += [g for g in groups if g.informative or not self.rollout.dynamic_sampling][:missing]
+            if len(kept) == target:
+                break
+        if len(kept) < target:
+            trained = "those" if kept else "the last round's groups (no gradient but the KL term's)"
+            self.log(f"step {step}: dynamic sampling found {len(kept)} of {target} informative groups in {rounds} rounds "
+                     f"({len(sampled)} prompts drawn); training on {trained}; raise rollout.max_sampling_rounds for more")
+            kept = kept or groups
+        metrics = self._metrics(sampled) | {
+            "rollout/informative_groups": sum(g.informative for g in kept),
+            "rollout/sampled_groups": len(sampled),
+            "rollout/sampling_rounds": round_index + 1,
+        }
+        return StepRollouts(self._batch(kept), metrics, position)
+
+    def _sample(self, chosen: list[int], step: int, round_index: int) -> list[_Group]:
+        """Generate and score the samples of `chosen` prompts; one group each, rewards shaped."""
         samples = len(chosen) * self.rollout.samples_per_prompt
+        # the step's (and round's) own seed: the same prompts give the same samples on a retry or a resume
+        seed = self.seed * 100_003 + step + round_index * 1_000_000_007
         with self.timer("generate"):
             rollouts = self.engine.generate(
                 [self.train_set.prompts[i] for i in chosen],
                 self.rollout.samples_per_prompt,
-                replace(self.sampling, seed=self.seed * 100_003 + step),
+                replace(self.sampling, seed=seed),
                 progress=phase(self.progress, "generate", samples),
             )
         with self.timer("score"):
@@ -93,21 +128,67 @@ class RolloutCollector:
             problem = self.train_set.problems[chosen[rollouts[bad].prompt_index]].id
             raise ValueError(f"reward.verifier={self.reward.verifier}: reward must be a finite number, got "
                              f"{scores[bad].reward!r} (problem {problem!r})")
-        return rollouts, scores
+        from rlvr.algorithms import informative_group_mask
 
-    def _advantages(self, rewards: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+        rewards = self._shaped_rewards(rollouts, scores)
+        informative = informative_group_mask(rewards, torch.tensor([r.prompt_index for r in rollouts]))
+        members: dict[int, list[int]] = {}
+        for index, r in enumerate(rollouts):
+            members.setdefault(r.prompt_index, []).append(index)
+        return [
+            _Group(chosen[p], [rollouts[i] for i in idx], [scores[i] for i in idx], rewards[idx], bool(informative[idx[0]]))
+            for p, idx in members.items()
+        ]
+
+    def _shaped_rewards(self, rollouts: list[Rollout], scores: list[Score]) -> torch.Tensor:
+        from rlvr.algorithms import overlong_penalty
+
+        rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32)
+        shaping = self.algorithm.overlong_penalty
+        if shaping is not None:
+            lengths = torch.tensor([len(r.completion_ids) for r in rollouts])
+            rewards = rewards + overlong_penalty(
+                lengths, max_len=self.rollout.sampling.max_tokens, cache_len=shaping.buffer, factor=shaping.max_penalty
+            ).to(rewards.dtype)
+        return rewards
+
+    def _batch(self, groups: list[_Group]) -> TrainBatch:
         from rlvr.algorithms import advantages
 
-        return advantages(self.algorithm.advantage, rewards, group, std_normalize=self.algorithm.std_normalize)
+        rollouts = [r for g in groups for r in g.rollouts]
+        rewards = torch.cat([g.rewards for g in groups])
+        group = torch.tensor([k for k, g in enumerate(groups) for _ in g.rollouts], dtype=torch.long)
+        loss_mask = None
+        if self.algorithm.overlong_filter:  # a cut-off answer is not wrong: it teaches nothing either way
+            loss_mask = [[int(r.finish_reason != "length")] * len(r.completion_ids) for r in rollouts]
+        return TrainBatch(
+            prompt_ids=[r.prompt_ids for r in rollouts],
+            completion_ids=[r.completion_ids for r in rollouts],
+            sampler_logprobs=[r.logprobs for r in rollouts],
+            advantages=advantages(self.algorithm.advantage, rewards, group, std_normalize=self.algorithm.std_normalize),
+            group=group,
+            loss_mask=loss_mask,
+        )
 
-    def _metrics(self, rollouts: list[Rollout], scores: list[Score], rewards: torch.Tensor) -> dict[str, float]:
+    def _metrics(self, groups: list[_Group]) -> dict[str, float]:
+        """Over every sample drawn this step (with dynamic sampling, dropped groups too)."""
+        rollouts = [r for g in groups for r in g.rollouts]
+        scores = [s for g in groups for s in g.scores]
+        rewards = torch.cat([g.rewards for g in groups])
         lengths = [len(r.completion_ids) for r in rollouts]
-        return {
+        truncated = sum(r.finish_reason == "length" for r in rollouts) / len(rollouts)
+        metrics = {
             "reward/mean": rewards.mean().item(),
             "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
             "response/length_mean": sum(lengths) / len(lengths),
             "response/length_max": max(lengths),
-            "response/truncated_fraction": sum(r.finish_reason == "length" for r in rollouts) / len(rollouts),
+            "response/truncated_fraction": truncated,
             "score/no_answer_fraction": sum(s.status == "no_answer" for s in scores) / len(scores),
             "data/position": self.sampler.position,
         }
+        if self.algorithm.overlong_penalty is not None:
+            metrics["reward/verifier_mean"] = sum(s.reward for s in scores) / len(scores)
+        if self.algorithm.overlong_filter:
+            metrics["response/overlong_filtered_fraction"] = truncated
+        return metrics
+

@@ -158,6 +158,19 @@ def _pack_one(sequences: list[list[int]], units: list[_Unit]) -> MicroBatch:
     )
 
 
+def split_by_group(group: list[int], count: int) -> list[list[int]]:
+    """Sequence indices in `count` mini-batches of whole groups (a prompt's samples stay together,
+    so each update sees complete GRPO groups): groups in order of first appearance, as equal in
+    number as they divide, never more mini-batches than groups; indices ascending in each."""
+    members: dict[int, list[int]] = {}
+    for index, g in enumerate(group):
+        members.setdefault(g, []).append(index)
+    groups = list(members.values())
+    count = min(count, len(groups))
+    bounds = [round(k * len(groups) / count) for k in range(count + 1)]
+    return [sorted(i for g in groups[lo:hi] for i in g) for lo, hi in zip(bounds, bounds[1:])]
+
+
 def unpack(values: torch.Tensor, batch: MicroBatch) -> list[torch.Tensor]:
     """Per-scored-token values `[T]` of a micro-batch → one tensor per packed completion."""
     return [values[start : start + count] for start, count in batch.spans]

@@ -23,8 +23,8 @@ from typing import Protocol
 import torch
 
 from rlvr.records import LoraAdapter, TrainBatch
-from rlvr.training.packing import plan
-from rlvr.training.worker import RankSpec, StepInput, run_rank
+from rlvr.training.packing import plan, split_by_group
+from rlvr.training.worker import MiniBatch, RankSpec, StepInput, run_rank
 
 
 class TrainerError(RuntimeError):
@@ -82,22 +82,31 @@ class Trainer:
     def start_train_step(self, batch: TrainBatch, temperature: float = 1.0) -> None:
         """Hand the step to the ranks and return while they compute (the controller generates
         the next batch meanwhile); finish_train_step() waits for them. No other command may
-        come in between: the ranks answer in order."""
+        come in between: the ranks answer in order.
+
+        The rollouts are split into trainer.mini_batches mini-batches of whole prompt groups,
+        each an optimizer update; trainer.epochs passes go over them."""
         sequences = [p + c for p, c in zip(batch.prompt_ids, batch.completion_ids)]
         prompt_lens = [len(p) for p in batch.prompt_ids]
-        per_rank = self._plan(sequences, prompt_lens)
-        num_tokens = sum(len(c) for c in batch.completion_ids)
+        trained = batch.loss_mask or [[1] * len(c) for c in batch.completion_ids]
+        per_rank: list[list[MiniBatch]] = [[] for _ in range(self.world_size)]
+        for members in split_by_group(batch.group.tolist(), self.spec.trainer.mini_batches):
+            planned = self._plan([sequences[i] for i in members], [prompt_lens[i] for i in members])
+            for rank, micro_batches in enumerate(planned):
+                for mb in micro_batches:
+                    mb.sequences = [members[j] for j in mb.sequences]
+                per_rank[rank].append(MiniBatch(micro_batches, sum(sum(trained[i]) for i in members), len(members)))
         advantages = batch.advantages.tolist()
         inputs = []
-        for micro_batches in per_rank:
-            members = [i for mb in micro_batches for i in mb.sequences]
+        for minis in per_rank:
+            mine = [i for mini in minis for mb in mini.micro_batches for i in mb.sequences]
             inputs.append(
                 StepInput(
-                    micro_batches=micro_batches,
-                    advantages={i: advantages[i] for i in members},
-                    sampler_logprobs={i: batch.sampler_logprobs[i] for i in members},
-                    num_tokens=num_tokens,
-                    num_sequences=len(sequences),
+                    mini_batches=minis,
+                    epochs=self.spec.trainer.epochs,
+                    advantages={i: advantages[i] for i in mine},
+                    sampler_logprobs={i: batch.sampler_logprobs[i] for i in mine},
+                    loss_masks={i: batch.loss_mask[i] for i in mine} if batch.loss_mask is not None else None,
                     max_len=max(len(c) for c in batch.completion_ids),
                     temperature=temperature,
                 )
@@ -107,16 +116,19 @@ class Trainer:
 
     def finish_train_step(self) -> dict[str, float]:
         """The step's metrics, once every rank has finished it; `time/train` is the slowest
-        rank's own compute time."""
+        rank's own compute time. Per-token metrics are means over every trained token of every
+        update; loss and grad_norm are the mean update's."""
         self._training = False
         results = self._gather()
         total = {k: sum(r.get(k, 0.0) for r in results) for k in results[0]}
         tokens = max(total.pop("tokens", 0.0), 1.0)
+        updates = results[0]["updates"]
         metrics = {
             "loss": total["loss"],
             "grad_norm": results[0]["grad_norm"],
             "lr": results[0]["lr"],
             "skipped": results[0]["skipped"],
+            "optimizer/steps": updates - results[0]["skipped"],
             "policy/entropy": total["entropy_sum"] / tokens,
             "sync/sampler_trainer_gap": total["sampler_gap_sum"] / tokens,
             "time/train": max(r["seconds"] for r in results),
@@ -124,6 +136,8 @@ class Trainer:
         for key in ("clip_fraction", "approx_kl", "ratio_mean", "kl", "is_weight"):
             if f"{key}_sum" in total:
                 metrics[f"policy/{key}"] = total[f"{key}_sum"] / tokens
+        if "approx_kl_after_sum" in total:  # several updates: how far they moved the policy from π_old
+            metrics["policy/approx_kl"] = total["approx_kl_after_sum"] / max(total["approx_kl_after_tokens"], 1.0)
         return metrics
 
     def logprobs(self, sequences: list[list[int]], prompt_lens: list[int], temperature: float = 1.0) -> list[list[float]]:

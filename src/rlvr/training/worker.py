@@ -53,14 +53,23 @@ def lr_factor(trainer: TrainerConfig, total_steps: int, step: int) -> float:
 
 
 @dataclass
-class StepInput:
-    """One rank's share of a training step."""
+class MiniBatch:
+    """One optimizer update's share of this rank: its micro-batches, and the update's loss denominators."""
 
     micro_batches: list[MicroBatch]
+    num_tokens: int  # trained tokens of the whole mini-batch, all ranks: the token_mean denominator
+    num_sequences: int  # likewise, the seq_mean denominator
+
+
+@dataclass
+class StepInput:
+    """One rank's share of a training step: `epochs` passes over its mini-batches, one update each."""
+
+    mini_batches: list[MiniBatch]
+    epochs: int
     advantages: dict[int, float]  # sequence index -> advantage
     sampler_logprobs: dict[int, list[float]]
-    num_tokens: int  # over the whole step, all ranks: the token_mean denominator
-    num_sequences: int  # likewise, the seq_mean denominator
+    loss_masks: dict[int, list[int]] | None  # sequence index -> per-token 0/1; None: train on every token
     max_len: int
     temperature: float
 
@@ -155,38 +164,71 @@ class _Rank:
         return out
 
     def train(self, step: StepInput) -> dict[str, float]:
+        """The step's updates: `epochs` passes over the mini-batches, one optimizer step each.
+
+        With one update, π_old is the policy itself (its logprobs, detached); with more, π_old
+        is the policy before the first update, from one no-grad forward over the step, and after
+        the last update a second one measures how far the updates moved: policy/approx_kl."""
         started = time.perf_counter()
-        per_token = self.spec.algorithm.agg == "token_mean"
-        denominator = step.num_tokens if per_token else step.num_sequences
-        sums: dict[str, float] = {}
-        for mb in step.micro_batches:
-            logprobs, entropy = self._forward(mb, step.temperature)
-            if mb.is_empty:  # keeps this rank in step with the others' collectives
-                (logprobs.sum() * 0.0).backward()
-                continue
-            lp = _padded(unpack(logprobs, mb))
-            mask = _padded([torch.ones(c) for _, c in mb.spans]).bool()
-            old = lp.detach()  # one optimizer step per batch: the trainer's own logprobs are π_old
-            sampler = _padded([torch.tensor(step.sampler_logprobs[i], dtype=lp.dtype) for i in mb.sequences])
-            adv = torch.tensor([step.advantages[i] for i in mb.sequences], dtype=lp.dtype)
-            loss, metrics, is_weights = self._loss(mb, lp, old, sampler, adv, mask, step)
-            weight = mask.sum().item() if per_token else len(mb.sequences)
-            # FSDP averages gradients over ranks; the world_size factor turns that into a sum,
-            # so the step's loss is normalised once, by the global denominator.
-            (loss * (weight / denominator) * self.world_size).backward()
-            tokens = mask.sum().item()
-            self._accumulate(sums, "loss", loss.item() * weight / denominator)
-            self._accumulate(sums, "tokens", tokens)
-            self._accumulate(sums, "entropy_sum", float((_padded(unpack(entropy, mb)) * mask).sum()))
-            self._accumulate(sums, "sampler_gap_sum", ((old - sampler).abs() * mask).sum().item())
-            for key in ("clip_fraction", "approx_kl", "ratio_mean", "kl"):
-                if key in metrics:
-                    self._accumulate(sums, f"{key}_sum", float(metrics[key]) * tokens)
-            if is_weights is not None:
-                self._accumulate(sums, "is_weight_sum", float(torch.where(mask, is_weights, 0.0).sum()))
-        sums.update(self._optimizer_step())
+        updates = [mini for _ in range(step.epochs) for mini in step.mini_batches]
+        old = self._step_logprobs(step) if len(updates) > 1 else None
+        sums: dict[str, float] = {"loss": 0.0}  # a rank whose micro-batches are all empty adds nothing
+        for mini in updates:
+            for mb in mini.micro_batches:
+                self._train_micro_batch(mb, mini, step, old, sums)
+            for key, value in self._optimizer_step().items():
+                self._accumulate(sums, key, value)
+        self.scheduler.step()  # the schedule counts RL steps: N mini-batches x E epochs share one rate
+        sums["loss"] /= len(updates)  # the mean update's loss
+        sums["grad_norm"] /= len(updates)
+        sums.update(updates=float(len(updates)), lr=self.scheduler.get_last_lr()[0])
+        if old is not None:
+            after = self._step_logprobs(step)
+            self._accumulate(sums, "approx_kl_after_sum", float(sum(_k3(old[i], after[i]) for i in old)))
+            self._accumulate(sums, "approx_kl_after_tokens", float(sum(len(lp) for lp in old.values())))
         sums["seconds"] = time.perf_counter() - started  # this rank's compute, for the overlap figures
         return sums
+
+    def _train_micro_batch(self, mb: MicroBatch, mini: MiniBatch, step: StepInput, old: dict | None, sums: dict) -> None:
+        """Forward and backward of one micro-batch, its loss scaled to the update's denominator."""
+        per_token = self.spec.algorithm.agg == "token_mean"
+        denominator = mini.num_tokens if per_token else mini.num_sequences
+        logprobs, entropy = self._forward(mb, step.temperature)
+        if mb.is_empty:  # keeps this rank in step with the others' collectives
+            (logprobs.sum() * 0.0).backward()
+            return
+        lp = _padded(unpack(logprobs, mb))
+        mask = _padded([torch.ones(c) for _, c in mb.spans]).bool()
+        if step.loss_masks is not None:
+            mask = mask & _padded([torch.tensor(step.loss_masks[i]) for i in mb.sequences]).bool()
+        old_lp = lp.detach() if old is None else _padded([old[i] for i in mb.sequences])
+        sampler = _padded([torch.tensor(step.sampler_logprobs[i], dtype=lp.dtype) for i in mb.sequences])
+        adv = torch.tensor([step.advantages[i] for i in mb.sequences], dtype=lp.dtype)
+        loss, metrics, is_weights = self._loss(mb, lp, old_lp, sampler, adv, mask, step)
+        weight = mask.sum().item() if per_token else len(mb.sequences)
+        # FSDP averages gradients over ranks; the world_size factor turns that into a sum,
+        # so the update's loss is normalised once, by the mini-batch's global denominator.
+        (loss * (weight / denominator) * self.world_size).backward()
+        tokens = mask.sum().item()
+        self._accumulate(sums, "loss", loss.item() * weight / denominator)
+        self._accumulate(sums, "tokens", tokens)
+        self._accumulate(sums, "entropy_sum", float((_padded(unpack(entropy, mb)) * mask).sum()))
+        self._accumulate(sums, "sampler_gap_sum", ((old_lp - sampler).abs() * mask).sum().item())
+        for key in ("clip_fraction", "approx_kl", "ratio_mean", "kl"):
+            if key in metrics:
+                self._accumulate(sums, f"{key}_sum", float(metrics[key]) * tokens)
+        if is_weights is not None:
+            self._accumulate(sums, "is_weight_sum", float(torch.where(mask, is_weights, 0.0).sum()))
+
+    def _step_logprobs(self, step: StepInput) -> dict[int, torch.Tensor]:
+        """The current policy's logprob of every completion token of the step (no gradient)."""
+        out: dict[int, torch.Tensor] = {}
+        with torch.no_grad():
+            for mini in step.mini_batches:
+                for mb in mini.micro_batches:
+                    logprobs, _ = self._forward(mb, step.temperature)
+                    out.update(zip(mb.sequences, unpack(logprobs, mb)))
+        return out
 
     def _loss(self, mb: MicroBatch, lp, old, sampler, adv, mask, step: StepInput):
         """The policy loss of one micro-batch (plus the KL term), its metrics and the IS weights."""
@@ -211,15 +253,14 @@ class _Rank:
         return loss, metrics, is_weights
 
     def _optimizer_step(self) -> dict[str, float]:
-        """Clip, step (unless the gradient is not finite), advance the schedule."""
+        """Clip and step, unless the gradient is not finite (then the update is skipped)."""
         grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in self.trainable], self.spec.trainer.grad_clip)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         skipped = not math.isfinite(grad_norm)
         if not skipped:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.scheduler.step()
-        return {"grad_norm": grad_norm, "skipped": float(skipped), "lr": self.scheduler.get_last_lr()[0]}
+        return {"grad_norm": grad_norm, "skipped": float(skipped)}
 
     def adapter(self, _=None) -> dict[str, torch.Tensor]:
         """The full (unsharded) trainable tensors, in PEFT/HF naming; only rank 0 keeps them.
@@ -338,6 +379,13 @@ class _Rank:
     @staticmethod
     def _accumulate(sums: dict, key: str, value: float) -> None:
         sums[key] = sums.get(key, 0.0) + value
+
+
+def _k3(old: torch.Tensor, new: torch.Tensor) -> float:
+    """Sum over tokens of k3, the estimate of KL(π_old || π_new) from tokens π_old sampled."""
+    from rlvr.algorithms import kl_penalty
+
+    return float(kl_penalty("k3", old, new).sum())
 
 
 def _padded(rows: list[torch.Tensor]) -> torch.Tensor:
