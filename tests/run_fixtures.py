@@ -59,6 +59,12 @@ def start_training(config: Path, *extra: str, **popen) -> subprocess.Popen:
                             stderr=subprocess.STDOUT, text=True, start_new_session=True, **popen)
 
 
+def resume_training(run_dir: Path) -> subprocess.Popen:
+    """`rlvr train --resume RUN_DIR`: the run continued from its own config.yaml."""
+    return subprocess.Popen([sys.executable, "-m", "rlvr.cli", "train", "--resume", str(run_dir)], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+
+
 def train(config: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     """`rlvr train CONFIG` to its end (in `env`); stdout and stderr together in `.stdout`."""
     run = start_training(config, env=env)

@@ -15,7 +15,7 @@ import time
 import pytest
 import yaml
 from rich.console import Console
-from run_fixtures import comparable_metrics, start_training
+from run_fixtures import comparable_metrics, resume_training, start_training
 
 from rlvr.config import load_config
 from rlvr.demo import ensure_demo_assets
@@ -94,7 +94,8 @@ def test_sigkill_then_resume_gives_the_uninterrupted_metrics(settings, variant, 
     os.killpg(victim.pid, signal.SIGKILL)
     victim.communicate(timeout=60)
 
-    resumed = start_training(path, "--resume", "latest")
+    # both forms: the config again with `--resume latest`, and the run folder alone (its own config.yaml)
+    resumed = resume_training(run_dir) if seed == 2 else start_training(path, "--resume", "latest")
     out, _ = resumed.communicate(timeout=900)
     assert resumed.returncode == 0, out[-3000:]
     assert "resuming from" in out

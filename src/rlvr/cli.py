@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+import click
 import typer
 from rich.console import Console
 
@@ -18,27 +19,24 @@ DEMO_CONFIG = "configs/demo.yaml"
 
 
 def _load(config: Path, overrides: list[str]):
-    try:
-        return load_config(config, overrides)
-    except ConfigError as err:
-        console.print(f"[red]config error:[/red] {err}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+    return load_config(config, overrides)
 
 
 @app.command()
 def train(
-    config: Path = typer.Argument(..., help="YAML config"),
+    config: Optional[str] = typer.Argument(None, help="YAML config (optional with --resume RUN_DIR: the run's own is used)"),
     overrides: Optional[list[str]] = typer.Argument(None, help="dotted overrides, e.g. trainer.lr=1e-5"),
     dry_run: bool = typer.Option(
         False, "--dry-run", help="validate; print the resolved config, the placement plan and a memory estimate per device; run nothing"
     ),
     resume: Optional[str] = typer.Option(
-        None, "--resume", help="'latest' (the config's run_dir) or a RUN_DIR: continue from its last good checkpoint"
+        None, "--resume", help="'latest' (the config's run_dir) or a RUN_DIR: continue from its last good checkpoint, "
+        "with RUN_DIR/config.yaml unless CONFIG is given"
     ),
+    verbose: bool = typer.Option(False, "--verbose", help="show vLLM, transformers, torch and Ray logs here, not in RUN_DIR/logs"),
 ):
     """Run RL training as the config says."""
-    extra = [] if resume in (None, "latest") else [f"run_dir={resume}"]
-    cfg = _load(config, [*(overrides or []), *extra])
+    cfg = _train_config(config, overrides or [], resume)
     if dry_run:
         from rlvr.orchestration.plan import PlanError, make_plan, print_plan
 
@@ -46,12 +44,27 @@ def train(
         try:
             plan = make_plan(cfg)
         except PlanError as err:
-            console.print(f"[red]plan error:[/red] {config}: {err}", highlight=False, soft_wrap=True)
+            console.print(f"[red]plan error:[/red] {config or resume}: {err}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         console.print()
         print_plan(plan, cfg, console)
         return
-    _run(cfg, resume=resume is not None)
+    _run(cfg, resume=resume is not None, verbose=verbose)
+
+
+def _train_config(config: str | None, overrides: list[str], resume: str | None):
+    """The run's config: CONFIG with its overrides; with --resume RUN_DIR and no CONFIG file, the
+    run's own config.yaml (the first argument, if any, is then an override too)."""
+    if resume in (None, "latest"):
+        if config is None:
+            raise ConfigError("give CONFIG (or --resume RUN_DIR to continue a run from its own config.yaml)")
+        return _load(Path(config), overrides)
+    run_dir = Path(resume)
+    if config is not None and "=" not in config:
+        return _load(Path(config), [*overrides, f"run_dir={resume}"])
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"--resume {resume}: not a run folder (no config.yaml)")
+    return _load(run_dir / "config.yaml", [*([config] if config else []), *overrides, f"run_dir={resume}"])
 
 
 @app.command("config")
@@ -76,16 +89,15 @@ def config_command(
 def demo(
     config: Path = typer.Option(Path(DEMO_CONFIG), "--config", help="the demo's config"),
     overrides: Optional[list[str]] = typer.Argument(None, help="dotted overrides"),
+    verbose: bool = typer.Option(False, "--verbose", help="show vLLM, transformers, torch and Ray logs here, not in RUN_DIR/logs"),
 ):
     """`rlvr train configs/demo.yaml`, first building the tiny model and task if missing."""
     from rlvr.demo import ensure_demo_assets
 
     cfg = _load(config, overrides or [])
     if cfg.demo is None:
-        console.print(f"[red]config error:[/red] {config}: a demo config needs a `demo:` section")
-        raise typer.Exit(2)
-    ensure_demo_assets(cfg, console)
-    _run(cfg)
+        raise ConfigError(f"{config}: a demo config needs a `demo:` section")
+    _run(cfg, verbose=verbose, prepare=lambda terminal: ensure_demo_assets(cfg, terminal))
 
 
 @app.command()
@@ -131,40 +143,36 @@ def eval_command(
     no_progress: bool = typer.Option(False, "--no-progress", help="no progress bars (off anyway when not a terminal)"),
 ):
     """avg@k, unbiased pass@k and maj@k with standard errors, sampled now or from saved rows."""
-    try:
-        if from_rollouts is not None:
-            from rlvr.eval.rollouts_file import metrics_from_rollouts
+    if from_rollouts is not None:
+        from rlvr.eval.rollouts_file import metrics_from_rollouts
 
-            result = metrics_from_rollouts(from_rollouts, _ks(k or "1,8"))
-        else:
-            cfg, adapter = _eval_config(model, dataset, adapter, run)
-            overrides = {"data.test": dataset, "data.template": template, "eval.n": n, "eval.k": _ks(k) if k else None,
-                         "eval.temperature": temperature, "rollout.sampling.max_tokens": max_tokens,
-                         "reward.verifier": verifier, "eval.max_problems": limit, "engine.backend": backend,
-                         "engine.kv_cache_gb": kv_cache_gb, "seed": seed}
-            raw = cfg.model_dump()
-            for key, value in overrides.items():
-                if value is not None:
-                    set_dotted(raw, key, value)
-            cfg = validate_config(raw, source="rlvr eval")
-            if cfg.data.test is None:
-                raise ValueError(f"{run}: the run has no data.test; give --dataset")
-            from rlvr.eval.runner import held_out_sampling
-            from rlvr.eval.sample import evaluate_model
-            from rlvr.tracking.progress import RunProgress
+        result = metrics_from_rollouts(from_rollouts, _ks(k or "1,8"))
+    else:
+        cfg, adapter = _eval_config(model, dataset, adapter, run)
+        overrides = {"data.test": dataset, "data.template": template, "eval.n": n, "eval.k": _ks(k) if k else None,
+                     "eval.temperature": temperature, "rollout.sampling.max_tokens": max_tokens,
+                     "reward.verifier": verifier, "eval.max_problems": limit, "engine.backend": backend,
+                     "engine.kv_cache_gb": kv_cache_gb, "seed": seed}
+        raw = cfg.model_dump()
+        for key, value in overrides.items():
+            if value is not None:
+                set_dotted(raw, key, value)
+        cfg = validate_config(raw, source="rlvr eval")
+        if cfg.data.test is None:
+            raise ValueError(f"{run}: the run has no data.test; give --dataset")
+        from rlvr.eval.runner import held_out_sampling
+        from rlvr.eval.sample import evaluate_model
+        from rlvr.tracking.progress import RunProgress
 
-            samples = out.with_suffix(".samples.jsonl") if out else Path("eval_samples.jsonl")
-            with RunProgress(console, enabled=not no_progress) as progress:
-                result = evaluate_model(
-                    cfg.model, cfg.engine, cfg.data, cfg.data.test,
-                    reward=cfg.reward if run is not None or verifier else None, adapter=adapter, n=cfg.eval.n,
-                    ks=cfg.eval.k, sampling=held_out_sampling(cfg.eval, cfg.rollout.sampling, cfg.seed),
-                    limit=cfg.eval.max_problems, seed=cfg.seed, samples_path=samples, progress=progress,
-                )
-            console.print(f"samples: {samples}")
-    except (ValueError, ConfigError) as err:
-        console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+        samples = out.with_suffix(".samples.jsonl") if out else Path("eval_samples.jsonl")
+        with RunProgress(console, enabled=not no_progress) as progress:
+            result = evaluate_model(
+                cfg.model, cfg.engine, cfg.data, cfg.data.test,
+                reward=cfg.reward if run is not None or verifier else None, adapter=adapter, n=cfg.eval.n,
+                ks=cfg.eval.k, sampling=held_out_sampling(cfg.eval, cfg.rollout.sampling, cfg.seed),
+                limit=cfg.eval.max_problems, seed=cfg.seed, samples_path=samples, progress=progress,
+            )
+        console.print(f"samples: {samples}")
     headline = {key: value for key, value in result.items() if key != "problems"}
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -183,6 +191,9 @@ def _eval_config(model: str | None, dataset: str | None, adapter: Path | None, r
     if run is None:
         if model is None or dataset is None:
             raise ValueError("give MODEL (or --run RUN_DIR) and --dataset (or --from-rollouts FILE)")
+        from rlvr.models.folder import check_model_folder
+
+        check_model_folder(model, key="MODEL")
         raw = {"model": {"path": model}, "data": {"train": dataset, "test": dataset},
                "rollout": {"sampling": {"max_tokens": EVAL_MAX_TOKENS}}}
         return validate_config(raw, source="rlvr eval"), adapter
@@ -213,11 +224,10 @@ def quantize(
     """Write MODEL as a 4-bit checkpoint that vLLM and rlvr's trainer load."""
     from rlvr.quant.checkpoint import quantize_checkpoint
 
-    try:
-        path = quantize_checkpoint(model, out, format=format, ignore=[x for x in ignore.split(",") if x])
-    except (ValueError, OSError) as err:
-        console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+    from rlvr.models.folder import check_model_folder
+
+    check_model_folder(model, key="MODEL", need_tokenizer=False)
+    path = quantize_checkpoint(model, out, format=format, ignore=[x for x in ignore.split(",") if x])
     console.print(f"wrote {path} ({format})")
 
 
@@ -230,12 +240,7 @@ def export(
     """Merge the run's adapter into its (dequantized) base and write an HF model folder."""
     from rlvr.checkpoint.export import export_run
 
-    try:
-        path = export_run(run_dir, out, checkpoint)
-    except (ValueError, OSError) as err:
-        console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
-    console.print(f"wrote {path}")
+    console.print(f"wrote {export_run(run_dir, out, checkpoint)}")
 
 
 @app.command()
@@ -243,37 +248,72 @@ def report(run_dir: Path = typer.Argument(..., help="a run folder with metrics.j
     """Write RUN_DIR/report.html (plots, config, eval tables, sample rollouts)."""
     from rlvr.eval.report import write_report
 
-    try:
-        path = write_report(run_dir)
-    except (ValueError, FileNotFoundError) as err:
-        console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
-    console.print(f"report: {path}")
+    console.print(f"report: {write_report(run_dir)}")
 
 
-def _run(cfg, resume: bool = False) -> None:
-    from rlvr.orchestration import RunStopped
+def _run(cfg, resume: bool = False, verbose: bool = False, prepare=None) -> None:
+    """The run, with only rlvr's own lines in the terminal (the rest in RUN_DIR/logs/run.log)."""
+    from rlvr.eval.report import write_report
     from rlvr.orchestration.loop import train as run_training
     from rlvr.tracking.progress import RunProgress
+    from rlvr.tracking.terminal import run_output
 
-    try:
-        with RunProgress(console, enabled=cfg.tracking.progress, steps=cfg.steps) as progress:
+    with run_output(cfg.run_dir, verbose) as terminal:  # an error leaves it (output restored), then main() says it
+        if prepare is not None:
+            prepare(terminal)
+        with RunProgress(terminal, enabled=cfg.tracking.progress, steps=cfg.steps) as progress:
             summary = run_training(cfg, progress=progress, resume=resume, log=progress.console.print)
-    except (ValueError, RunStopped) as err:  # bad data, a missing checkpoint, a run that cannot go on: one line, no traceback
-        console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
-    from rlvr.eval.report import write_report
+        report = write_report(cfg.run_dir)
+    _print_summary(summary, cfg, report, logs=not verbose)
 
-    console.print_json(json.dumps(summary))
-    console.print(f"wrote {Path(cfg.run_dir) / 'summary.json'} and metrics.jsonl")
-    console.print(f"report: {write_report(cfg.run_dir)}")
+
+def _print_summary(summary: dict, cfg, report: Path, logs: bool) -> None:
+    steps = summary.get("stopped_after_step", summary["steps"])
+    lora = f"LoRA r{summary['lora_rank']}" if summary.get("lora_rank") else "full fine-tuning"
+    console.print(f"done: {steps} steps in {summary['wall_seconds']:.0f} s (engine {summary.get('engine')}, "
+                  f"{summary.get('trainer_ranks')} trainer ranks, {summary.get('base_format')} base, {lora})", highlight=False)
+    before, after = summary.get("eval_before") or {}, summary.get("eval_after") or {}
+    for key in [k for k in after if k.split("@")[0] in ("avg", "pass", "maj") and k in before]:
+        change = after[key] - before[key]
+        console.print(f"held-out {key}: {before[key]:.3f} -> {after[key]:.3f} ({change * 100:+.1f} points)", highlight=False)
+    run_dir = Path(cfg.run_dir)
+    console.print(f"wrote {run_dir / 'summary.json'}, metrics.jsonl and {report.name}"
+                  + (f"; logs in {run_dir / 'logs'}" if logs else ""), highlight=False, soft_wrap=True)
 
 
 def main() -> None:
+    """`rlvr ...`: a user error ends in one line and exit code 2, a bug in one line pointing at its
+    traceback and exit code 1; `--debug` (anywhere on the line) shows tracebacks instead."""
+    import traceback
+
+    from rlvr.errors import user_error_line
+
+    debug = "--debug" in sys.argv
+    if debug:
+        sys.argv.remove("--debug")
     try:
-        app()
+        app(standalone_mode=False)
     except KeyboardInterrupt:
         sys.exit(130)
+    except typer.Exit as done:
+        sys.exit(done.exit_code)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.exceptions.ClickException as usage:  # a bad option or argument: click's own message
+        usage.show()
+        sys.exit(usage.exit_code)
+    except Exception as error:
+        if debug:
+            traceback.print_exc()
+            print(getattr(error, "details", ""), file=sys.stderr)
+        line = user_error_line(error)
+        if line is not None:
+            console.print(f"[red]error:[/red] {line}", highlight=False, soft_wrap=True)
+            sys.exit(2)
+        console.print(f"[red]internal error:[/red] {type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+                      f"{'' if debug else ' (rerun with --debug for the traceback; a run also has it in RUN_DIR/logs/run.log)'}",
+                      highlight=False, soft_wrap=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

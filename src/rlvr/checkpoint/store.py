@@ -20,11 +20,13 @@ import os
 import shutil
 from pathlib import Path
 
+from rlvr.errors import UserError
+
 MANIFEST = "manifest.json"
 
 
-class CheckpointError(RuntimeError):
-    pass
+class CheckpointError(UserError, RuntimeError):
+    """A checkpoint that could not be written (a full disk, a read-only folder): said in one line."""
 
 
 class CheckpointStore:

@@ -3,6 +3,9 @@ what a checkpoint must remember (run_state.py), the evaluation schedule (evaluat
 processes go (ray_placement.py, plan.py) and what keeps the engine running (engine_supervisor.py)."""
 
 
-class RunStopped(RuntimeError):
+from rlvr.errors import UserError
+
+
+class RunStopped(UserError, RuntimeError):
     """The run cannot go on (steps that keep going non-finite, an engine that keeps dying);
     the message is one line that says why, and the last checkpoint is left as it was."""

@@ -51,6 +51,9 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     import torch
     from transformers import AutoTokenizer
 
+    from rlvr.models.folder import check_model_folder
+
+    check_model_folder(cfg.model.path)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
@@ -76,7 +79,7 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
         collector=RolloutCollector(cfg.rollout, cfg.algorithm, cfg.reward, engine, pool, train_set, sampler,
                                    seed=cfg.seed, timer=timer, progress=progress, log=log),
         sync=sync,
-        evaluation=Evaluation(cfg, engine, pool, test_set, timer, progress),
+        evaluation=Evaluation(cfg, engine, pool, test_set, timer, progress, log),
         checkpoints=checkpoints,
         resume_from=resume_from,
         logger=logger,

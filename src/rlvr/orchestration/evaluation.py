@@ -16,9 +16,9 @@ from rlvr.tracking.timing import StepTimer
 
 
 class Evaluation:
-    def __init__(self, cfg: RunConfig, engine, pool, test_set: PromptSet | None, timer: StepTimer, progress=None):
+    def __init__(self, cfg: RunConfig, engine, pool, test_set: PromptSet | None, timer: StepTimer, progress=None, log=print):
         self.cfg, self.engine, self.pool, self.test_set = cfg, engine, pool, test_set
-        self.timer, self.progress = timer, progress
+        self.timer, self.progress, self.log = timer, progress, log
         self.folder = Path(cfg.run_dir) / "eval"
 
     def due(self, step: int) -> bool:
@@ -41,4 +41,8 @@ class Evaluation:
             )
         (self.folder / f"{tag}.json").write_text(json.dumps(result, indent=2))
         keys = [f"{m}@{k}" for k in self.cfg.eval.k for m in ("avg", "pass", "maj")]
-        return {k: round(float(result[k]), 4) for k in keys if k in result}
+        headline = {k: round(float(result[k]), 4) for k in keys if k in result}
+        k = max(self.cfg.eval.k)
+        self.log(f"eval {tag}: avg@{k} {headline[f'avg@{k}']:.3f}  pass@{k} {headline[f'pass@{k}']:.3f}  "
+                 f"maj@{k} {headline[f'maj@{k}']:.3f}  ({result['n_problems']} problems x {self.cfg.eval.n})")
+        return headline

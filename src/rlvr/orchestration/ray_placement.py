@@ -20,14 +20,13 @@ from __future__ import annotations
 import math
 import os
 import signal
-import traceback
 from dataclasses import dataclass
 
 from rlvr.config import EngineConfig, ModelConfig, PlacementConfig
 from rlvr.engines.base import Engine
 from rlvr.orchestration import RunStopped
 from rlvr.training.trainer import RankDied, free_port
-from rlvr.training.worker import RankSpec, answer, join_group, leave_group
+from rlvr.training.worker import RankFailure, RankSpec, answer, join_group, leave_group
 
 # A Ray started here on a laptop-sized machine: no dashboard, and an object store sized for
 # adapters and rollouts rather than Ray's default of 30% of memory.
@@ -256,8 +255,8 @@ class _RankActor:
         try:
             self.worker = join_group(rank, world_size, address, port, spec)
             return "ok", self.worker.info()
-        except Exception:
-            return "error", traceback.format_exc()
+        except Exception as error:
+            return "error", RankFailure.of(error)
 
     def call(self, command: str, payload) -> tuple[str, object]:
         return answer(self.worker, command, payload)

@@ -29,7 +29,7 @@ class RunCheckpoints:
     def __init__(self, cfg: RunConfig, timer: StepTimer, log=print):
         from rlvr.checkpoint.store import CheckpointStore
 
-        self.cfg, self.timer = cfg, timer
+        self.cfg, self.timer, self.log = cfg, timer, log
         self.store = CheckpointStore(cfg.run_dir, keep=cfg.checkpoint.keep, log=log)
 
     def due(self, step: int, stopping: bool) -> bool:
@@ -44,7 +44,8 @@ class RunCheckpoints:
             sync.save(folder, with_in_flight=bool(self.cfg.rollout.max_staleness))
 
         with self.timer("checkpoint"):
-            self.store.save(state.step, asdict(state), write_parts)
+            folder = self.store.save(state.step, asdict(state), write_parts)
+        self.log(f"checkpoint after step {state.step}: {folder}")
 
     def resumable(self) -> Path:
         """The newest intact checkpoint (asked before anything starts), or a one-line error."""

@@ -11,7 +11,8 @@ are off, so they skip even that. Each phase keeps one line that is reset when th
 runs again, so the display is a few stable lines rather than a scroll of finished bars.
 
 Bars are off when `tracking.progress` is false and whenever the console is not a terminal
-(CI logs, a pipe, a file): there rich would print a final frame of every bar into the log.
+(CI logs, a pipe, a file): there rich would print a final frame of every bar into the log, so
+the step bar becomes one plain line every tenth of the run instead.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ class RunProgress:
 
     def __init__(self, console: Console, *, enabled: bool = True, steps: int | None = None):
         self.enabled = enabled and console.is_terminal
+        self._steps = steps
+        self._line_every = max(1, (steps or 0) // 10) if enabled and not self.enabled and steps else 0
         self._bars = Progress(
             TextColumn("{task.description:<16}"),
             BarColumn(),
@@ -51,9 +54,15 @@ class RunProgress:
         return self._bars.console
 
     def __call__(self, step: int, metrics: dict) -> None:
-        """The step bar: `step` steps done, the step's reward and time beside it."""
-        info = f"reward {metrics['reward/mean']:.3f}  {metrics['time/step']:.1f}s/step" if "reward/mean" in metrics else ""
+        """The step bar: `step` steps done, the step's reward, response length and time beside it;
+        not in a terminal, a line every tenth of the run (and at its last step)."""
+        info = ""
+        if "reward/mean" in metrics:
+            info = (f"reward {metrics['reward/mean']:.3f}  length {metrics['response/length_mean']:.1f}  "
+                    f"{metrics['time/step']:.2f} s/step")
         self._bars.update(self._tasks[STEPS], completed=step, info=info)
+        if self._line_every and (step % self._line_every == 0 or step == self._steps):
+            self.console.print(f"step {step}/{self._steps}  {info}", highlight=False)
 
     def start_phase(self, description: str, total: int) -> Advance:
         """Reset (or add) the line `description` to 0 of `total`; returns its advance callable."""

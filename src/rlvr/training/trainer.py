@@ -28,7 +28,11 @@ from rlvr.training.worker import MiniBatch, RankSpec, StepInput, run_rank
 
 
 class TrainerError(RuntimeError):
-    pass
+    """A rank that failed or died; one line, with the rank's traceback in `details`."""
+
+    def __init__(self, message: str, details: str = "", user_error: bool = False):
+        super().__init__(message)
+        self.details, self.user_error = details, user_error
 
 
 class RankDied(Exception):
@@ -228,7 +232,8 @@ class Trainer:
                 failed_at = failed_at or time.monotonic()
                 if len(answers) == len(self._ranks) or time.monotonic() - failed_at > _DEATH_GRACE_S:
                     self.close()
-                    raise TrainerError(f"trainer rank {errors[0]} failed:\n{answers[errors[0]][1]}")
+                    failure = answers[errors[0]][1]
+                    raise TrainerError(f"trainer rank {errors[0]} failed: {failure.line}", failure.traceback, failure.user_error)
             elif deadline is not None and time.monotonic() > deadline:
                 late = min(set(range(len(self._ranks))) - answers.keys())
                 self.close()

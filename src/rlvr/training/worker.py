@@ -86,8 +86,8 @@ def run_rank(rank: int, world_size: int, port: int, spec: RankSpec, conn) -> Non
                 conn.send(("ok", None))
                 break
             conn.send(answer(worker, command, payload))
-    except Exception:
-        conn.send(("error", traceback.format_exc()))
+    except Exception as error:
+        conn.send(("error", RankFailure.of(error)))
     finally:
         leave_group()
 
@@ -102,12 +102,28 @@ def join_group(rank: int, world_size: int, master_addr: str, port: int, spec: Ra
     return _Rank(rank, world_size, spec, use_cuda)
 
 
+@dataclass
+class RankFailure:
+    """What a rank's exception tells the controller: one line, the traceback, whose fault."""
+
+    line: str  # "OSError: [Errno 28] No space left on device: '...'"
+    traceback: str
+    user_error: bool  # bad input or a full disk (rlvr.errors), not a bug
+
+    @classmethod
+    def of(cls, error: BaseException) -> RankFailure:
+        from rlvr.errors import user_error_line
+
+        line = user_error_line(error) or f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        return cls(line, traceback.format_exc(), user_error_line(error) is not None)
+
+
 def answer(worker: _Rank, command: str, payload) -> tuple[str, object]:
-    """Run one command; ("ok", result), or ("error", traceback) for the controller to raise."""
+    """Run one command; ("ok", result), or ("error", RankFailure) for the controller to raise."""
     try:
         return "ok", getattr(worker, command)(payload)
-    except Exception:
-        return "error", traceback.format_exc()
+    except Exception as error:
+        return "error", RankFailure.of(error)
 
 
 def leave_group() -> None:

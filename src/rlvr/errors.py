@@ -1,0 +1,47 @@
+"""Which errors are the user's to fix, and how each is said in one line.
+
+A user error (a bad config, data row, model folder or checkpoint; a full disk) ends a command
+with one line naming the cause and exit code 2; anything else is a bug, reported in one line
+that points at the traceback (in the run's log, or on the terminal with --debug), exit code 1.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+
+# Causes a user fixes on their side: space, permissions, a read-only or missing path.
+USER_OS_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENOTDIR, errno.EISDIR}
+
+
+class UserError(Exception):
+    """Raised (or mixed into an error class) for what the user must fix; the message is one line."""
+
+
+# Libraries written in Rust (safetensors, tokenizers) raise their own types for I/O failures,
+# with the OS error in the text: "I/O error: No space left on device (os error 28)".
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def user_error_line(error: BaseException) -> str | None:
+    """The one line to print if `error` (or an error it was raised from) is the user's to fix, else None."""
+    if isinstance(error, (UserError, ValueError)) or getattr(error, "user_error", False):
+        lines = str(error).strip().splitlines() or [type(error).__name__]
+        return lines[0] + (" (details in the run's logs/run.log)" if len(lines) > 1 else "")
+    for cause in _chain(error):
+        if isinstance(cause, OSError) and cause.errno in USER_OS_ERRORS:
+            where = f": {cause.filename}" if cause.filename else ""
+            return f"{cause.strerror or cause}{where}"
+        found = _RUST_OS_ERROR.search(str(cause))
+        if found and int(found.group(1)) in USER_OS_ERRORS:
+            return f"{os.strerror(int(found.group(1)))} ({type(cause).__name__}: {str(cause).splitlines()[0]})"
+    return None
+
+
+def _chain(error: BaseException):
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__

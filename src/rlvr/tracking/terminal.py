@@ -1,0 +1,57 @@
+"""What a run shows in the terminal, and where everything else it prints goes.
+
+    with run_output(run_dir, verbose=False) as console:
+        console.print("rlvr's own line")          # the user's terminal
+        print("a library's line")                  # RUN_DIR/logs/run.log
+
+vLLM, transformers, torch and Ray write hundreds of INFO/WARNING lines a run (per step:
+"Reloading weights inplace", "Failed to load weights" for RotaryEmbedding ...), from this
+process and from every process it starts (trainer ranks, vLLM's engine core, scoring workers,
+Ray workers). Redirecting file descriptors 1 and 2, not Python's sys.stdout, catches them all:
+children inherit the descriptors, and C extensions write to them directly. rlvr's own lines
+(the progress bar, one line per evaluation and checkpoint, warnings in its own words, the
+summary) go to a duplicate of the original stdout kept aside. `verbose` leaves both as they are.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from rich.console import Console
+
+LOG_FILE = "logs/run.log"
+
+
+@contextmanager
+def run_output(run_dir: str | Path, verbose: bool = False) -> Iterator[Console]:
+    if verbose:
+        yield Console()
+        return
+    log_path = Path(run_dir) / LOG_FILE
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    terminal = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8", errors="replace")
+    with open(log_path, "ab", buffering=0) as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        try:
+            yield Console(file=terminal)
+        except BaseException as error:  # the traceback goes to the log; the terminal gets one line (rlvr.cli)
+            traceback.print_exc()
+            if getattr(error, "details", ""):  # a trainer rank's own traceback
+                print(error.details, file=sys.stderr)
+            raise
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for fd, copy in saved.items():
+                os.dup2(copy, fd)
+                os.close(copy)
+            terminal.close()
