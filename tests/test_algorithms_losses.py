@@ -131,7 +131,10 @@ def test_sapo_by_hand():
     def grad(r, tau, a):
         s = sigmoid(tau * (r - 1))
         return -a * 4 * s * (1 - s) * r / 5
-    want = [[grad(1.5, 1.0, 1.0), grad(0.9, 1.0, 1.0), 0.0], [grad(0.5, 1.05, -2.0), grad(1.0, 1.05, -2.0), grad(2.0, 1.05, -2.0)]]
+    want = [
+        [grad(1.5, 1.0, 1.0), grad(0.9, 1.0, 1.0), 0.0],
+        [grad(0.5, 1.05, -2.0), grad(1.0, 1.05, -2.0), grad(2.0, 1.05, -2.0)],
+    ]
     torch.testing.assert_close(lp.grad, torch.tensor(want, dtype=torch.float64))
     assert lp.grad[1, 1].item() == pytest.approx(2.0 / 5)
     lp, old, adv, mask = inputs()

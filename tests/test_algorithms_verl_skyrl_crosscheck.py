@@ -18,6 +18,7 @@ Values are float64; every comparison is to 1e-6 absolute, masks exactly.
 """
 
 import math
+from collections import defaultdict
 
 import pytest
 import torch
@@ -78,8 +79,6 @@ def verl_reinforce_plus_plus(token_level_rewards, response_mask, gamma):
 
 def verl_reinforce_plus_plus_baseline(token_level_rewards, response_mask, index):
     """compute_reinforce_plus_plus_baseline_outcome_advantage."""
-    from collections import defaultdict
-
     response_length = token_level_rewards.shape[-1]
     scores = token_level_rewards.sum(dim=-1)
     id2score = defaultdict(list)

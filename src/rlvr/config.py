@@ -179,8 +179,8 @@ class AlgorithmConfig(Section):
         "cispo clipped IS weight (MiniMax-M1, 2025), sapo soft gate instead of the clip (Gao et al. 2025)"
     )
     agg: Literal["token_mean", "token_sum", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = Field(
-        "token_mean", description="loss aggregation: token_mean (DAPO), token_sum (no normalisation; SkyRL's and "
-        "Tinker's convention), seq_mean_token_mean (GRPO paper), seq_mean_token_sum, "
+        "token_mean", description="loss aggregation: token_mean (DAPO), token_sum (sum over tokens, no normalisation; "
+        "verl's token-sum), seq_mean_token_mean (GRPO paper), seq_mean_token_sum, "
         "seq_mean_token_sum_norm (Dr. GRPO: / max_tokens)"
     )
     clip_low: float = Field(0.2, ge=0, description="ratio clip below 1: 1 - clip_low (PPO)")

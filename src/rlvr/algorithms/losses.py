@@ -25,10 +25,11 @@ def aggregate(per_token: Tensor, mask: Tensor, mode: str, max_len: int | None = 
     """Reduce a per-token loss [B, T] to a scalar over the valid tokens.
 
     With m the mask, |y_i| = sum_t m_it the number of valid tokens of response i, B the number
-    of rows (a row with no valid token counts as a response of loss 0, as in TRL, verl, SkyRL):
+    of rows (a row with no valid token counts as a response of loss 0, as in TRL and SkyRL, and in
+    verl when it is given global_batch_size):
 
     - ``token_mean`` (DAPO, Yu et al. 2025):         sum_it m l / sum_it m
-    - ``token_sum``:                                 sum_it m l, no normalisation: the caller scales
+    - ``token_sum`` (verl's token-sum):              sum_it m l, no normalisation: the caller scales
       (SkyRL's policy losses return this sum, `reduce_loss`, and get their reductions by dividing
       the advantages beforehand; Tinker's built-in losses report it as ``loss:sum``)
     - ``seq_mean_token_mean`` (GRPO, Shao et al.):   1/B sum_i (sum_t m l / |y_i|)
