@@ -44,7 +44,7 @@ def advantages(
     whiten(x)_i = (x_i - mu) / (sigma + eps), with mu and sigma the mean and unbiased std over
     the batch's *tokens*: response i counts ``lengths[i]`` times (its loss tokens, each of which
     carries the same outcome return), N = sum_i lengths[i] samples, sigma^2 =
-    sum_i lengths[i] (x_i - mu)^2 / (N - 1). This is verl's and OpenRLHF's token-level masked
+    sum_i lengths[i] (x_i - mu)^2 / (N - 1). This is verl's and SkyRL's token-level masked
     whitening of a return that is constant along the response (gamma = 1, an outcome reward).
     Without ``lengths`` every response counts once (N = B).
 
