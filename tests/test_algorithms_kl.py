@@ -34,3 +34,13 @@ def test_k3_gradient_by_hand():
 def test_unknown_kind_raises():
     with pytest.raises(ValueError, match="unknown KL estimator"):
         kl_penalty("low_var_kl", torch.zeros(1), torch.zeros(1))
+
+
+def test_k3_plus_is_the_k3_value_with_the_k2_gradient():
+    gen = torch.Generator().manual_seed(0)
+    ref = -torch.rand(4, 5, generator=gen, dtype=torch.float64)
+    lp = (ref + 0.5 * torch.randn(4, 5, generator=gen, dtype=torch.float64)).requires_grad_()
+    value = kl_penalty("k3+", lp, ref)
+    assert torch.equal(value.detach(), kl_penalty("k3", lp, ref).detach())
+    value.sum().backward()
+    torch.testing.assert_close(lp.grad, (lp - ref).detach())  # d/dlogp of (logp - ref)^2 / 2

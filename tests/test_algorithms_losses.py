@@ -8,9 +8,9 @@ import torch
 from rlvr.algorithms import AGGREGATIONS, LOSSES, aggregate
 from rlvr.algorithms import policy_loss as _policy_loss
 
-# The hand-worked values below clip at PPO's epsilon = 0.2 and aggregate per token, unless a
-# test says otherwise.
-HAND_WORKED = {"clip_low": 0.2, "clip_high": 0.2, "agg": "token_mean"}
+# The hand-worked values below clip at PPO's epsilon = 0.2, gate SAPO at the paper's
+# temperatures and aggregate per token, unless a test says otherwise.
+HAND_WORKED = {"clip_low": 0.2, "clip_high": 0.2, "sapo_tau_pos": 1.0, "sapo_tau_neg": 1.05, "agg": "token_mean"}
 
 
 def policy_loss(*args, **options):
@@ -37,6 +37,7 @@ def test_ppo_by_hand_every_aggregation():
         "seq_mean_token_mean": ((-1.2 - 0.9) / 2 + (1.6 + 2.0 + 4.0) / 3) / 2,
         "seq_mean_token_sum": ((-1.2 - 0.9) + (1.6 + 2.0 + 4.0)) / 2,
         "seq_mean_token_sum_norm": ((-1.2 - 0.9) + (1.6 + 2.0 + 4.0)) / 2 / 4,
+        "token_sum": -1.2 - 0.9 + 1.6 + 2.0 + 4.0,
     }
     for agg, value in want.items():
         lp, old, adv, mask = inputs()
@@ -112,6 +113,35 @@ def test_cispo_by_hand():
     torch.testing.assert_close(lp.grad, want)
 
 
+def sigmoid(x):
+    return 1 / (1 + math.exp(-x))
+
+
+def test_sapo_by_hand():
+    # l = -sigmoid(tau (rho - 1)) * 4 / tau * A; tau = 1.0 on row 0 (A = +1), 1.05 on row 1 (A = -2)
+    lp, old, adv, mask = inputs()
+    loss, m = policy_loss("sapo", lp, old, adv, mask)
+    per_token = [-sigmoid(1.0 * (r - 1)) * 4 / 1.0 * 1.0 for r in (1.5, 0.9)]
+    per_token += [-sigmoid(1.05 * (r - 1)) * 4 / 1.05 * -2.0 for r in (0.5, 1.0, 2.0)]
+    assert loss.item() == pytest.approx(sum(per_token) / 5)
+    assert m["clip_fraction"].item() == 0.0  # a soft gate: nothing is clipped
+    # d l / d logp = -A * 4 s (1 - s) * rho with s = sigmoid(tau (rho - 1)): at rho = 1 it is -A,
+    # PPO's on-policy gradient; away from 1 it shrinks smoothly instead of vanishing at a clip.
+    loss.backward()
+    def grad(r, tau, a):
+        s = sigmoid(tau * (r - 1))
+        return -a * 4 * s * (1 - s) * r / 5
+    want = [
+        [grad(1.5, 1.0, 1.0), grad(0.9, 1.0, 1.0), 0.0],
+        [grad(0.5, 1.05, -2.0), grad(1.0, 1.05, -2.0), grad(2.0, 1.05, -2.0)],
+    ]
+    torch.testing.assert_close(lp.grad, torch.tensor(want, dtype=torch.float64))
+    assert lp.grad[1, 1].item() == pytest.approx(2.0 / 5)
+    lp, old, adv, mask = inputs()
+    with pytest.raises(ValueError, match="sapo_tau_pos"):
+        _policy_loss("sapo", lp, old, adv, mask, clip_low=0.2, clip_high=0.2, agg="token_mean")
+
+
 @pytest.mark.parametrize("name", LOSSES)
 def test_gradcheck_float64(name):
     gen = torch.Generator().manual_seed(0)
@@ -169,6 +199,7 @@ def test_aggregate_by_hand():
     x = torch.tensor([[1.0, 2.0, 100.0], [3.0, 100.0, 100.0], [100.0, 100.0, 100.0]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0], [0, 0, 0]])  # row 2 is fully masked: a loss of 0
     assert aggregate(x, mask, "token_mean").item() == pytest.approx((1 + 2 + 3) / 3)
+    assert aggregate(x, mask, "token_sum").item() == pytest.approx(1 + 2 + 3)
     assert aggregate(x, mask, "seq_mean_token_mean").item() == pytest.approx(((1 + 2) / 2 + 3 / 1 + 0) / 3)
     assert aggregate(x, mask, "seq_mean_token_sum").item() == pytest.approx(((1 + 2) + 3 + 0) / 3)
     assert aggregate(x, mask, "seq_mean_token_sum_norm", max_len=10).item() == pytest.approx(((1 + 2) + 3) / 3 / 10)

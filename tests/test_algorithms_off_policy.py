@@ -41,6 +41,10 @@ def test_off_policy_keep_mask_by_hand():
     assert off_policy_keep_mask(TRAINER, SAMPLER, MASK, high=3.0, level="sequence").tolist()[0] == [True, True, False]
     dropped = off_policy_keep_mask(TRAINER, SAMPLER, MASK, high=3.0, low=0.6, level="sequence")
     assert dropped.tolist() == [[False, False, False], [True, True, True]]
+    # low=0: no lower bound (TRL's vllm_importance_sampling_clip_min=None); w = 0.25 now kept
+    assert off_policy_keep_mask(TRAINER, SAMPLER, MASK, high=3.0, low=0.0).tolist()[0] == [True, True, False]
+    with pytest.raises(ValueError, match="bounds"):
+        off_policy_keep_mask(TRAINER, SAMPLER, MASK, high=3.0, low=-1.0)
 
 
 def test_gap_metrics_by_hand():

@@ -20,6 +20,8 @@ from rlvr.algorithms import aggregate, entropy_from_logits, kl_penalty, overlong
 
 B, T, MAX_COMPLETION_LENGTH = 6, 7, 9
 EPS_LOW, EPS_HIGH = 0.2, 0.28
+# SAPO temperatures far apart (not the paper's 1.0 / 1.05), so that swapping them would show.
+TAU_POS, TAU_NEG = 0.7, 1.6
 
 
 def batch():
@@ -38,7 +40,10 @@ def trl_loss(loss_type, *, level="token", beta=0.0, epsilon_high=EPS_HIGH):
     logprobs, old, ref, advantages, mask = batch()
     policy = logprobs.clone().requires_grad_()
     trainer = SimpleNamespace(
-        args=SimpleNamespace(delta=None, steps_per_generation=1, use_bias_correction_kl=False),
+        args=SimpleNamespace(
+            delta=None, steps_per_generation=1, use_bias_correction_kl=False,
+            sapo_temperature_pos=TAU_POS, sapo_temperature_neg=TAU_NEG,
+        ),
         loss_type=loss_type,
         importance_sampling_level=level,
         beta=beta,
@@ -76,7 +81,8 @@ def rlvr_loss(name, agg, *, kl_coef=0.0, clip_low=EPS_LOW, clip_high=EPS_HIGH):
     logprobs, old, ref, advantages, mask = batch()
     policy = logprobs.clone().requires_grad_()
     loss, metrics = policy_loss(
-        name, policy, old, advantages, mask, clip_low=clip_low, clip_high=clip_high, agg=agg, max_len=MAX_COMPLETION_LENGTH
+        name, policy, old, advantages, mask, clip_low=clip_low, clip_high=clip_high,
+        sapo_tau_pos=TAU_POS, sapo_tau_neg=TAU_NEG, agg=agg, max_len=MAX_COMPLETION_LENGTH,
     )
     if kl_coef:
         loss = loss + kl_coef * aggregate(kl_penalty("k3", policy, ref), mask, agg, MAX_COMPLETION_LENGTH)
@@ -97,6 +103,7 @@ def assert_same(ours, theirs):
         ("dapo", "token_mean"),
         ("bnpo", "token_mean"),
         ("dr_grpo", "seq_mean_token_sum_norm"),
+        ("luspo", "seq_mean_token_sum"),  # TRL's LUSPO reduction: (per_token_loss * mask).sum(-1).mean()
     ],
 )
 def test_ppo_clip_matches_trl_loss_types(trl_type, rlvr_agg):
@@ -116,6 +123,21 @@ def test_cispo_matches_trl():
     # TRL clamps the weight at epsilon_high (an absolute cap, 5.0 recommended) with no lower
     # bound: rlvr's clip_high = cap - 1, clip_low = 1 (lower bound 0, never reached).
     assert_same(rlvr_loss("cispo", "token_mean", clip_low=1.0, clip_high=0.5), trl_loss("cispo", epsilon_high=1.5))
+
+
+def test_sapo_matches_trl():
+    # TRL's sapo: -sigmoid(tau (rho - 1)) * 4 / tau * A, tau by the sign of A, aggregated per
+    # sequence like its "grpo" loss type.
+    ours, theirs = rlvr_loss("sapo", "seq_mean_token_mean"), trl_loss("sapo")
+    assert_same(ours, theirs)
+    # the check can fail: PPO's loss, or SAPO with the temperatures swapped, is far from TRL's
+    assert abs(rlvr_loss("ppo", "seq_mean_token_mean")[0] - theirs[0]) > 1e-3
+    logprobs, old, _, advantages, mask = batch()
+    swapped, _ = policy_loss(
+        "sapo", logprobs, old, advantages, mask, clip_low=EPS_LOW, clip_high=EPS_HIGH,
+        sapo_tau_pos=TAU_NEG, sapo_tau_neg=TAU_POS, agg="seq_mean_token_mean",
+    )
+    assert abs(swapped - theirs[0]) > 1e-3
 
 
 def test_k3_kl_term_matches_trl_beta():

@@ -184,26 +184,35 @@ class OverlongPenaltyConfig(Section):
 class AlgorithmConfig(Section):
     """The policy-gradient algorithm (formulas and papers: rlvr.algorithms, docs/algorithms.md)."""
 
-    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp_baseline"] = Field(
+    advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"] = Field(
         "grpo", description="advantage estimator: grpo (Shao et al. 2024), dr_grpo (Liu et al. 2025), "
-        "rloo (Ahmadian et al. 2024), reinforce_pp_baseline (Hu 2025)"
+        "rloo (Ahmadian et al. 2024), reinforce_pp (REINFORCE++, Hu 2025: rewards whitened over the batch's tokens), "
+        "reinforce_pp_baseline (the same after a group-mean baseline)"
     )
     std_normalize: bool = Field(True, description="grpo: divide by the group's reward std (false: Dr. GRPO's centring only)")
-    loss: Literal["ppo", "gspo", "cispo"] = Field(
+    loss: Literal["ppo", "gspo", "cispo", "sapo"] = Field(
         "ppo", description="policy loss: ppo clip (Schulman et al. 2017), gspo sequence ratio (Zheng et al. 2025), "
-        "cispo clipped IS weight (MiniMax-M1, 2025)"
+        "cispo clipped IS weight (MiniMax-M1, 2025), sapo soft gate instead of the clip (Gao et al. 2025)"
     )
-    agg: Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = Field(
-        "token_mean", description="loss aggregation: token_mean (DAPO), seq_mean_token_mean (GRPO paper), "
-        "seq_mean_token_sum, seq_mean_token_sum_norm (Dr. GRPO: / max_tokens)"
+    agg: Literal["token_mean", "token_sum", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = Field(
+        "token_mean", description="loss aggregation: token_mean (DAPO), token_sum (sum over tokens, no normalisation; "
+        "verl's token-sum), seq_mean_token_mean (GRPO paper), seq_mean_token_sum, "
+        "seq_mean_token_sum_norm (Dr. GRPO: / max_tokens)"
     )
     clip_low: float = Field(0.2, ge=0, description="ratio clip below 1: 1 - clip_low (PPO)")
     clip_high: float = Field(0.2, ge=0, description="ratio clip above 1: 1 + clip_high; above clip_low is DAPO's clip-higher")
     dual_clip: float | None = Field(
         None, description="dual-clip bound c > 1 on negative-advantage tokens (Ye et al. 2020; verl's clip_ratio_c)"
     )
-    kl: Literal["k1", "k2", "k3"] | None = Field(
-        None, description="KL estimator against the frozen base, the adapter disabled (Schulman 2020); null: no KL term"
+    sapo_tau_pos: float = Field(
+        1.0, gt=0, description="sapo: gate temperature on tokens with advantage > 0 (Gao et al. 2025, SAPO: 1.0)"
+    )
+    sapo_tau_neg: float = Field(
+        1.05, gt=0, description="sapo: gate temperature on tokens with advantage <= 0 (Gao et al. 2025, SAPO: 1.05)"
+    )
+    kl: Literal["k1", "k2", "k3", "k3+"] | None = Field(
+        None, description="KL estimator against the frozen base, the adapter disabled (Schulman 2020); "
+        "k3+: k3's value with k2's gradient, the unbiased gradient of KL(pi || base) (verl's k3+); null: no KL term"
     )
     kl_coef: float = Field(0.0, ge=0, description="weight of the KL term in the loss")
     tis_cap: float | None = Field(

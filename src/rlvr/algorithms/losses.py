@@ -1,4 +1,4 @@
-"""Policy losses (PPO, GSPO, CISPO) and the reduction of per-token losses to one scalar.
+"""Policy losses (PPO, GSPO, CISPO, SAPO) and the reduction of per-token losses to one scalar.
 
 Shapes: logprobs, old_logprobs, mask are [B, T] (B responses, T completion positions, right
 padded); advantages are [B] (one per response, broadcast over its tokens) or [B, T]. `mask`
@@ -13,8 +13,8 @@ import math
 import torch
 from torch import Tensor
 
-AGGREGATIONS = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
-LOSSES = ("ppo", "gspo", "cispo")
+AGGREGATIONS = ("token_mean", "token_sum", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
+LOSSES = ("ppo", "gspo", "cispo", "sapo")
 
 # exp(20) ~ 5e8 is far outside any clip range; clamping the log-ratio there keeps a token whose
 # logprob collapsed from overflowing float32 into inf (and nan gradients) in the unclipped branch.
@@ -25,9 +25,13 @@ def aggregate(per_token: Tensor, mask: Tensor, mode: str, max_len: int | None = 
     """Reduce a per-token loss [B, T] to a scalar over the valid tokens.
 
     With m the mask, |y_i| = sum_t m_it the number of valid tokens of response i, B the number
-    of rows (a row with no valid token counts as a response of loss 0, as in TRL, verl, SkyRL):
+    of rows (a row with no valid token counts as a response of loss 0, as in TRL and SkyRL, and in
+    verl when it is given global_batch_size):
 
     - ``token_mean`` (DAPO, Yu et al. 2025):         sum_it m l / sum_it m
+    - ``token_sum`` (verl's token-sum):              sum_it m l, no normalisation: the caller scales
+      (SkyRL's policy losses return this sum, `reduce_loss`, and get their reductions by dividing
+      the advantages beforehand; Tinker's built-in losses report it as ``loss:sum``)
     - ``seq_mean_token_mean`` (GRPO, Shao et al.):   1/B sum_i (sum_t m l / |y_i|)
     - ``seq_mean_token_sum``:                        1/B sum_i  sum_t m l
     - ``seq_mean_token_sum_norm`` (Dr.GRPO, Liu et al. 2025):  1/B sum_i (sum_t m l / max_len),
@@ -35,12 +39,14 @@ def aggregate(per_token: Tensor, mask: Tensor, mode: str, max_len: int | None = 
 
     Micro-batching: these are means over the batch given. To reproduce a full batch from
     micro-batches, weight each micro-batch's value by its share of the batch's valid tokens
-    (token_mean) or of its rows (seq_* modes).
+    (token_mean) or of its rows (seq_* modes); token_sum micro-batches simply add.
     """
     valid = mask.bool()
     masked = torch.where(valid, per_token, 0.0)
     if mode == "token_mean":
         return masked.sum() / valid.sum().clamp(min=1)
+    if mode == "token_sum":
+        return masked.sum()
     if mode == "seq_mean_token_mean":
         return (masked.sum(-1) / valid.sum(-1).clamp(min=1)).mean()
     if mode == "seq_mean_token_sum":
@@ -62,6 +68,8 @@ def policy_loss(
     clip_low: float,
     clip_high: float,
     dual_clip: float | None = None,
+    sapo_tau_pos: float | None = None,
+    sapo_tau_neg: float | None = None,
     agg: str,
     max_len: int | None = None,
     is_weights: Tensor | None = None,
@@ -81,6 +89,13 @@ def policy_loss(
     - ``cispo`` (MiniMax-M1, 2025):  l = -sg(clip(rho)) A logprobs. The clipped weight carries no
       gradient, so clipped tokens still get a (bounded) gradient. The paper sets no lower bound:
       use clip_low >= 1 for that; its upper bound is 1 + clip_high.
+    - ``sapo`` (Gao et al. 2025, "Soft Adaptive Policy Optimization", arXiv:2511.20347):  a soft
+      gate instead of the clip, l = -f(rho) A with f(rho) = sigmoid(tau (rho - 1)) * 4 / tau,
+      tau = ``sapo_tau_pos`` where A > 0 and ``sapo_tau_neg`` where A <= 0 (paper: 1.0 and 1.05;
+      required for sapo). d f / d rho = 1 at rho = 1, so on-policy its gradient is PPO's; off
+      policy the gradient fades smoothly (weight 4 sigma (1 - sigma) rho) instead of dropping to 0
+      at the clip. clip_low / clip_high are not read. The paper, TRL and verl aggregate it with
+      seq_mean_token_mean.
 
     ``is_weights`` [B, T] (e.g. `truncated_is_weights`, for the sampler/trainer mismatch) multiply
     the per-token loss before aggregation.
@@ -90,13 +105,16 @@ def policy_loss(
     ``ratio_mean`` / ``ratio_min`` / ``ratio_max`` (of rho, or of s_i for gspo);
     ``clip_fraction`` = ``clip_fraction_low`` + ``clip_fraction_high``: tokens whose clipped branch
     is active (ppo/gspo: rho < 1 - clip_low with A < 0, or rho > 1 + clip_high with A > 0, i.e. no
-    gradient; cispo: weight clamped below / above); ``dual_clip_fraction`` when dual_clip is set;
+    gradient; cispo: weight clamped below / above; sapo: 0, it has no hard clip);
+    ``dual_clip_fraction`` when dual_clip is set;
     ``approx_kl``: k3 estimate of KL(old || new) = mean((rho - 1) - log rho) per token.
     """
     if name not in LOSSES:
         raise ValueError(f"unknown policy loss {name!r}; choose one of {LOSSES}")
     if dual_clip is not None and (name != "ppo" or dual_clip <= 1.0):
         raise ValueError("dual_clip applies to loss 'ppo' only and must be > 1")
+    if name == "sapo" and not (sapo_tau_pos and sapo_tau_neg and sapo_tau_pos > 0 and sapo_tau_neg > 0):
+        raise ValueError("loss 'sapo' needs sapo_tau_pos > 0 and sapo_tau_neg > 0 (the paper: 1.0 and 1.05)")
     valid = mask.bool()
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1)
@@ -113,6 +131,10 @@ def policy_loss(
     if name == "cispo":
         per_token = -clipped.detach() * advantages * logprobs
         low, high = ratio < 1.0 - clip_low, ratio > 1.0 + clip_high
+    elif name == "sapo":
+        tau = torch.where(advantages > 0, sapo_tau_pos, sapo_tau_neg).to(ratio.dtype)
+        per_token = -torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau) * advantages
+        low = high = torch.zeros_like(valid)
     else:
         per_token = torch.maximum(-advantages * ratio, -advantages * clipped)
         low = (ratio < 1.0 - clip_low) & (advantages < 0)

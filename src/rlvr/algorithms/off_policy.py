@@ -59,13 +59,16 @@ def off_policy_keep_mask(
 ) -> Tensor:
     """The loss mask with far off-policy tokens (or whole responses) removed, bool [B, T].
 
-    A token is kept when it was valid and low <= w <= high; ``low`` defaults to 1 / high.
-    Use it as the mask of ``policy_loss`` (masked IS: the dropped tokens get no gradient).
+    A token is kept when it was valid and low <= w <= high; ``low`` defaults to 1 / high, and
+    ``low=0`` sets no lower bound. Use it as the mask of ``policy_loss`` (masked IS: the dropped
+    tokens get no gradient, and leave the denominator of token_mean / seq_mean_token_mean).
     """
     if low is None:
         low = 1.0 / high
+    if high <= 0 or low < 0:
+        raise ValueError(f"off-policy mask bounds must be 0 <= low and 0 < high; got low={low}, high={high}")
     log_ratio = _log_ratio(trainer_logprobs, sampler_logprobs, mask, level)
-    inside = (log_ratio >= math.log(low)) & (log_ratio <= math.log(high))
+    inside = (log_ratio >= (math.log(low) if low > 0 else -math.inf)) & (log_ratio <= math.log(high))
     return mask.bool() & inside
 
 
