@@ -63,8 +63,9 @@ def test_bars_show_steps_and_each_phase_on_a_terminal(pool):
     with RunProgress(console, steps=3) as progress:
         scores = pool.score(["\\boxed{1}"] * 5, ["1"] * 5, progress=phase(progress, "score", 5))
         phase(progress, "generate", 8)(8)
-        progress(1, {"reward/mean": sum(s.reward for s in scores) / 5, "time/step": 2.0})
-    assert shown(console, "RL steps", "1/3") and "reward 1.000" in console.export_text(clear=False)
+        progress(1, {"reward/mean": sum(s.reward for s in scores) / 5, "response/length_mean": 9.0, "time/step": 2.0})
+    assert shown(console, "RL steps", "1/3")
+    assert "reward 1.000  length 9.0  2.00 s/step" in console.export_text(clear=False)
     assert shown(console, "score", "5/5") and shown(console, "generate", "8/8")
 
 
@@ -77,13 +78,21 @@ def test_a_phase_run_again_reuses_its_line():
     assert console.export_text().count("\n") == 1  # every frame was one line: a second bar would add one
 
 
-@pytest.mark.parametrize("is_terminal, enabled", [(False, True), (True, False)])
-def test_off_when_not_a_terminal_or_disabled(is_terminal, enabled):
+STEP = {"reward/mean": 0.5, "response/length_mean": 12.25, "time/step": 1.0}
+
+
+@pytest.mark.parametrize("is_terminal, enabled", [(False, True), (True, False), (False, False)])
+def test_no_bars_when_not_a_terminal_or_disabled(is_terminal, enabled):
     console = Console(record=True, force_terminal=is_terminal, width=WIDTH)
-    with RunProgress(console, enabled=enabled, steps=2) as progress:
+    with RunProgress(console, enabled=enabled, steps=20) as progress:
         assert phase(progress, "score", 3) is None  # engines and the pool then skip their callbacks
-        progress(1, {"reward/mean": 0.5, "time/step": 1.0})
-    assert console.export_text() == ""
+        for step in range(1, 21):
+            progress(step, STEP)
+    lines = console.export_text().splitlines()
+    if is_terminal or not enabled:
+        assert lines == []
+    else:  # a CI log or a file: a plain line every tenth of the run, no bar frames
+        assert lines == [f"step {s}/20  reward 0.500  length 12.2  1.00 s/step" for s in range(2, 21, 2)]
     assert phase(None, "score", 3) is None
     assert phase(lambda step, metrics: None, "score", 3) is None  # a plain step callback has no phase bars
 

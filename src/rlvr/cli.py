@@ -194,8 +194,10 @@ def _eval_config(model: str | None, dataset: str | None, adapter: Path | None, r
         from rlvr.models.folder import check_model_folder
 
         check_model_folder(model, key="MODEL")
-        raw = {"model": {"path": model}, "data": {"train": dataset, "test": dataset},
-               "rollout": {"sampling": {"max_tokens": EVAL_MAX_TOKENS}}}
+        context = json.loads((Path(model) / "config.json").read_text()).get("max_position_embeddings")
+        # no run to say how long a prompt may be: as long as the model reads (the engine is sized to the prompts)
+        data = {"train": dataset, "test": dataset} | ({"max_prompt_tokens": context} if context else {})
+        raw = {"model": {"path": model}, "data": data, "rollout": {"sampling": {"max_tokens": EVAL_MAX_TOKENS}}}
         return validate_config(raw, source="rlvr eval"), adapter
     from rlvr.checkpoint.export import export_run, open_run
 
@@ -292,11 +294,9 @@ def main() -> None:
     if debug:
         sys.argv.remove("--debug")
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)  # a command's typer.Exit(n) comes back as n
     except KeyboardInterrupt:
         sys.exit(130)
-    except typer.Exit as done:
-        sys.exit(done.exit_code)
     except click.exceptions.Abort:
         sys.exit(130)
     except click.exceptions.ClickException as usage:  # a bad option or argument: click's own message
@@ -314,6 +314,7 @@ def main() -> None:
                       f"{'' if debug else ' (rerun with --debug for the traceback; a run also has it in RUN_DIR/logs/run.log)'}",
                       highlight=False, soft_wrap=True)
         sys.exit(1)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":

@@ -161,11 +161,14 @@ class RolloutCollector:
         loss_mask = None
         if self.algorithm.overlong_filter:  # a cut-off answer is not wrong: it teaches nothing either way
             loss_mask = [[int(r.finish_reason != "length")] * len(r.completion_ids) for r in rollouts]
+        # batch whitening (REINFORCE++) weighs each response by the tokens the loss trains on
+        trained = [sum(m) for m in loss_mask] if loss_mask is not None else [len(r.completion_ids) for r in rollouts]
         return TrainBatch(
             prompt_ids=[r.prompt_ids for r in rollouts],
             completion_ids=[r.completion_ids for r in rollouts],
             sampler_logprobs=[r.logprobs for r in rollouts],
-            advantages=advantages(self.algorithm.advantage, rewards, group, std_normalize=self.algorithm.std_normalize),
+            advantages=advantages(self.algorithm.advantage, rewards, group, std_normalize=self.algorithm.std_normalize,
+                                  lengths=torch.tensor(trained)),
             group=group,
             loss_mask=loss_mask,
         )

@@ -206,9 +206,7 @@ class _Rank:
         return sums
 
     def _train_micro_batch(self, mb: MicroBatch, mini: MiniBatch, step: StepInput, old: dict | None, sums: dict) -> None:
-        """Forward and backward of one micro-batch, its loss scaled to the update's denominator."""
-        per_token = self.spec.algorithm.agg == "token_mean"
-        denominator = mini.num_tokens if per_token else mini.num_sequences
+        """Forward and backward of one micro-batch, its loss scaled to its share of the update's."""
         logprobs, entropy = self._forward(mb, step.temperature)
         if mb.is_empty:  # keeps this rank in step with the others' collectives
             (logprobs.sum() * 0.0).backward()
@@ -221,12 +219,12 @@ class _Rank:
         sampler = _padded([torch.tensor(step.sampler_logprobs[i], dtype=lp.dtype) for i in mb.sequences])
         adv = torch.tensor([step.advantages[i] for i in mb.sequences], dtype=lp.dtype)
         loss, metrics, is_weights = self._loss(mb, lp, old_lp, sampler, adv, mask, step)
-        weight = mask.sum().item() if per_token else len(mb.sequences)
+        share = self._share(mask, mb, mini)
         # FSDP averages gradients over ranks; the world_size factor turns that into a sum,
         # so the update's loss is normalised once, by the mini-batch's global denominator.
-        (loss * (weight / denominator) * self.world_size).backward()
+        (loss * share * self.world_size).backward()
         tokens = mask.sum().item()
-        self._accumulate(sums, "loss", loss.item() * weight / denominator)
+        self._accumulate(sums, "loss", loss.item() * share)
         self._accumulate(sums, "tokens", tokens)
         self._accumulate(sums, "entropy_sum", float((_padded(unpack(entropy, mb)) * mask).sum()))
         self._accumulate(sums, "sampler_gap_sum", ((old_lp - sampler).abs() * mask).sum().item())
@@ -235,6 +233,16 @@ class _Rank:
                 self._accumulate(sums, f"{key}_sum", float(metrics[key]) * tokens)
         if is_weights is not None:
             self._accumulate(sums, "is_weight_sum", float(torch.where(mask, is_weights, 0.0).sum()))
+
+    def _share(self, mask: torch.Tensor, mb: MicroBatch, mini: MiniBatch) -> float:
+        """The micro-batch's weight in its update: its aggregated loss times this is its part of
+        the update's (token means by tokens, sequence means by rows; sums simply add)."""
+        agg = self.spec.algorithm.agg
+        if agg == "token_sum":
+            return 1.0
+        if agg == "token_mean":
+            return mask.sum().item() / mini.num_tokens
+        return len(mb.sequences) / mini.num_sequences
 
     def _step_logprobs(self, step: StepInput) -> dict[int, torch.Tensor]:
         """The current policy's logprob of every completion token of the step (no gradient)."""
@@ -258,8 +266,9 @@ class _Rank:
         if algo.tis_cap:
             is_weights = truncated_is_weights(old, sampler, mask, cap=algo.tis_cap, level=algo.tis_level)
         loss, metrics = policy_loss(
-            algo.loss, lp, old, adv, mask, clip_low=algo.clip_low, clip_high=algo.clip_high,
-            dual_clip=algo.dual_clip, agg=algo.agg, max_len=step.max_len, is_weights=is_weights,
+            algo.loss, lp, old, adv, mask, clip_low=algo.clip_low, clip_high=algo.clip_high, dual_clip=algo.dual_clip,
+            sapo_tau_pos=algo.sapo_tau_pos, sapo_tau_neg=algo.sapo_tau_neg, agg=algo.agg, max_len=step.max_len,
+            is_weights=is_weights,
         )
         if algo.kl and algo.kl_coef > 0:
             ref = self._reference_logprobs(mb, step.temperature)
