@@ -164,6 +164,27 @@ class RolloutConfig(Section):
     )
 
 
+class EnvConfig(Section):
+    """What a trajectory is (rlvr.envs): one completion scored by the verifier, or turns with tools."""
+
+    name: str = Field(
+        "single_turn", description="single_turn, calculator, python_tool, code_tests, or skyrl:ID (a skyrl-gym "
+        "environment, e.g. skyrl:gsm8k_multi_turn); a dataset row's `env` field overrides it"
+    )
+    max_turns: int = Field(4, ge=1, description="model turns a trajectory takes at most (single_turn: always one)")
+    observation_role: str = Field(
+        "user", description="chat role of a tool's output (user renders in every chat template; tool where the model's "
+        "template expects tool messages)"
+    )
+    max_observation_chars: int = Field(1024, gt=0, description="a tool's output beyond this is cut, with a note saying so")
+    workers: int = Field(8, ge=1, description="environment steps running at once (threads; tools run in the sandbox)")
+    lockstep: bool = Field(
+        False, description="hold every trajectory's next turn until all have answered, as a batched generate must "
+        "(to measure what continuous scheduling gains; off: a turn is submitted as soon as its environment answers)"
+    )
+    options: dict[str, Any] = Field({}, description="passed to the environment (code_tests: fraction; skyrl: env_config)")
+
+
 class RewardConfig(Section):
     """How completions are scored: a verifier in a pool of sandboxed worker processes."""
 
@@ -329,6 +350,7 @@ class RunConfig(Section):
     data: DataConfig = Field(..., description="training and held-out problems, and their prompts")
     engine: EngineConfig = Field(EngineConfig(), description="the rollout engine")
     rollout: RolloutConfig = Field(RolloutConfig(), description="what each step samples")
+    env: EnvConfig = Field(EnvConfig(), description="what a trajectory is: single turn, or turns with tools")
     reward: RewardConfig = Field(RewardConfig(), description="how samples are scored")
     algorithm: AlgorithmConfig = Field(AlgorithmConfig(), description="advantages and policy loss")
     trainer: TrainerConfig = Field(TrainerConfig(), description="trainer ranks and optimizer")

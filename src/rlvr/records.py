@@ -6,6 +6,7 @@ Each record is defined here once; stages import them, never redefine them.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -37,6 +38,17 @@ class Sampling:
     seed: int | None = None
 
 
+@dataclass(frozen=True)
+class Request:
+    """`n` samples of one prompt for an engine's submit/poll; `key` names it in poll's answer.
+    With a seed, the j-th sample draws with seed + j."""
+
+    key: Hashable
+    prompt: list[int]
+    n: int
+    sampling: Sampling
+
+
 @dataclass
 class Rollout:
     """One sampled completion of one prompt, as the sampler produced it."""
@@ -46,7 +58,11 @@ class Rollout:
     completion_ids: list[int]
     logprobs: list[float]  # the sampler's logprob of each completion token
     finish_reason: FinishReason
-    text: str
+    text: str  # what the verifier reads: the completion, or a multi-turn trajectory's last turn
+    reward: float | None = None  # an environment's own reward (None: the verifier's to give)
+    transcript: str | None = None  # a multi-turn trajectory decoded whole: turns, tool calls, tool output
+    turns: int = 1
+    tool_calls: int = 0
 
 
 @dataclass(frozen=True)

@@ -7,12 +7,12 @@ own modules and subclass this protocol so that they inherit the context-manager 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import Protocol
 
 import torch
 
-from rlvr.records import LoraAdapter, Rollout, Sampling
+from rlvr.records import LoraAdapter, Request, Rollout, Sampling
 
 
 class EngineDied(RuntimeError):
@@ -35,6 +35,20 @@ class Engine(Protocol):
         """Sample `n` completions per prompt; `len(prompts) * n` rollouts, by prompt then sample.
 
         `progress`, if given, is called with the number of samples finished, as they finish."""
+        ...
+
+    def submit(self, requests: Sequence[Request]) -> None:
+        """Queue requests; `poll` hands them back as they finish. Requests may be submitted between
+        polls, so a multi-turn rollout sends a trajectory's next turn as soon as it is known."""
+        ...
+
+    def poll(self) -> list[tuple[Hashable, list[Rollout]]]:
+        """Work until at least one submitted request finishes; (its key, its n rollouts) for each."""
+        ...
+
+    @property
+    def pending(self) -> int:
+        """Requests submitted and not yet returned by `poll`."""
         ...
 
     def score(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:

@@ -8,13 +8,14 @@ are the logits after temperature and top-p, i.e. the distribution each token was
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import replace
 
 import torch
 
 from rlvr.config import EngineConfig, ModelConfig
 from rlvr.engines.base import Engine, completion_logprobs
-from rlvr.records import LoraAdapter, Rollout, Sampling
+from rlvr.records import LoraAdapter, Request, Rollout, Sampling
 
 
 class HFEngine(Engine):
@@ -36,6 +37,7 @@ class HFEngine(Engine):
         self.model.eval()
         self.seed = seed
         self.batch_size = engine.hf_batch_size
+        self._queue: list[tuple[Request, bool]] = []  # (request, ignore_eos)
         self._closed = False
 
     # -- generation -------------------------------------------------------------------------
@@ -70,6 +72,31 @@ class HFEngine(Engine):
             if progress is not None:
                 progress(len(batch))
         return rollouts
+
+    def submit(self, requests: Sequence[Request], *, ignore_eos: bool = False) -> None:
+        """Queue requests; the next `poll` generates every queued one (transformers' generate has
+        no continuous batching: a batch runs until its longest row ends)."""
+        self._queue += [(request, ignore_eos) for request in requests]
+
+    def poll(self) -> list[tuple[Hashable, list[Rollout]]]:
+        """Generate every queued request: one batched call per kind of sampling (temperature,
+        top_p, stop, n, ignore_eos), seeded by its first request's seed."""
+        queue, self._queue = self._queue, []
+        kinds: dict[tuple, list[Request]] = {}
+        for request, ignore_eos in queue:
+            s = request.sampling
+            kinds.setdefault((s.temperature, s.top_p, s.stop, request.n, ignore_eos), []).append(request)
+        done = []
+        for (_, _, _, n, ignore_eos), group in kinds.items():
+            seed = group[0].sampling.seed
+            rollouts = self.generate([r.prompt for r in group], n, [replace(r.sampling, seed=seed) for r in group],
+                                     ignore_eos=ignore_eos)
+            done += [(r.key, rollouts[i * n : (i + 1) * n]) for i, r in enumerate(group)]
+        return done
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
 
     @torch.no_grad()
     def _generate_batch(self, rows, sampling: Sampling, batch_index: int, ignore_eos: bool) -> list[Rollout]:

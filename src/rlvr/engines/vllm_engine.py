@@ -8,17 +8,18 @@ adapter is instead merged into the weights it adapts and pushed as full weights 
 
 from __future__ import annotations
 
-import io
+import itertools
 import json
 import math
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import replace
 
 import torch
 
 from rlvr.config import EngineConfig, ModelConfig
 from rlvr.engines.base import Engine, EngineDied
-from rlvr.records import LoraAdapter, Rollout, Sampling
+from rlvr.records import LoraAdapter, Request, Rollout, Sampling
 
 # Sampler logprobs of the distribution the token was drawn from (after temperature and
 # top-p), which is what the trainer recomputes as log_softmax(logits / T); see `Engine`.
@@ -36,24 +37,6 @@ def _on_gpu() -> bool:
     from vllm.platforms import current_platform
 
     return current_platform.is_cuda_alike()
-
-
-def _silent_tqdm_calling(progress: Callable[[int], None]):
-    """A tqdm class for `LLM.generate(use_tqdm=...)`: it draws nothing and hands each
-    update (the sample count of a finished request) to `progress`. A real tqdm subclass, so
-    that vLLM may use any tqdm attribute; vLLM also wraps prompt rendering in it, which
-    iterates without calling update and so reports nothing."""
-    from tqdm import tqdm
-
-    class SilentTqdm(tqdm):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs | {"file": io.StringIO()})
-
-        def update(self, n=1):
-            super().update(n)
-            progress(n)
-
-    return SilentTqdm
 
 
 class VLLMEngine(Engine):
@@ -114,6 +97,8 @@ class VLLMEngine(Engine):
         self._merged_version: int | None = None
         self.sleep_supported = sleep_mode and on_gpu
         self._lora_request = None
+        self._request_ids = itertools.count()
+        self._pending: dict[str, Request] = {}  # submitted, not yet returned by poll
         self._llm = None
         if not on_gpu:
             self._configure_cpu_threads(engine.num_threads or max(1, (os.cpu_count() or 1) // 2))
@@ -179,50 +164,79 @@ class VLLMEngine(Engine):
         prompts still get different samples. Completion text keeps a matched stop string, so
         that `text` is exactly the decoded `completion_ids`. `ignore_eos` (benchmarks) makes
         every sample run to its max_tokens. `progress` is called with `n` as each prompt's
-        samples finish.
+        samples finish. The same requests as `submit` and `poll` make, all at once.
         """
         samplings = [sampling] * len(prompts) if isinstance(sampling, Sampling) else list(sampling)
         if len(samplings) != len(prompts):
             raise ValueError(f"got {len(samplings)} samplings for {len(prompts)} prompts")
-        # vLLM detokenizes every new token of every sample (and each logprob's token) only to
-        # check stop strings; without any, the text is decoded once at the end, the same way
-        # (special tokens skipped).
-        detokenize = any(s.stop for s in samplings)
-        params = [self._sampling_params(s, n, i, ignore_eos, detokenize) for i, s in enumerate(samplings)]
-        outputs = self._call(
-            "generate",
-            lambda: self._llm.generate(
-                [{"prompt_token_ids": p} for p in prompts],
-                params,
-                use_tqdm=False if progress is None else _silent_tqdm_calling(progress),
-                lora_request=self._lora_request,
-            ),
-        )
+        self.submit([
+            Request(i, prompt, n, s if s.seed is None else replace(s, seed=s.seed + i * n))
+            for i, (prompt, s) in enumerate(zip(prompts, samplings))
+        ], ignore_eos=ignore_eos)
+        finished: dict[int, list[Rollout]] = {}
+        while len(finished) < len(prompts):
+            for key, rollouts in self.poll():
+                finished[key] = [replace(r, prompt_index=key) for r in rollouts]
+                if progress is not None:
+                    progress(len(rollouts))
+        return [r for i in range(len(prompts)) for r in finished[i]]
+
+    def submit(self, requests: Sequence[Request], *, ignore_eos: bool = False) -> None:
+        """Queue requests (each `n` samples of its prompt, seeded by its sampling's seed, the j-th
+        sample with seed + j); `poll` returns them as they finish, while more may be submitted
+        between polls (a multi-turn rollout's next turn, as soon as its environment answered)."""
+        for request in requests:
+            request_id = f"rlvr-{next(self._request_ids)}"
+            params = self._sampling_params(request.sampling, request.n, ignore_eos)
+            self._call("submit", lambda: self._llm.llm_engine.add_request(
+                request_id, {"prompt_token_ids": list(request.prompt)}, params, lora_request=self._lora_request))
+            self._pending[request_id] = request
+
+    def poll(self) -> list[tuple[Hashable, list[Rollout]]]:
+        """Run the engine until at least one submitted request finishes; (key, its n rollouts) of each."""
+        done = []
+        while self._pending and not done:
+            for output in self._call("generate", self._llm.llm_engine.step):
+                if output.finished:
+                    request = self._pending.pop(output.request_id)
+                    done.append((request.key, self._rollouts(request, output)))
+        return done
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def _rollouts(self, request: Request, output) -> list[Rollout]:
         rollouts = []
-        for prompt_index, (prompt, output) in enumerate(zip(prompts, outputs, strict=True)):
-            for sample in sorted(output.outputs, key=lambda c: c.index):
-                if sample.finish_reason not in ("stop", "length"):
-                    raise RuntimeError(f"vLLM request {output.request_id} ended with {sample.finish_reason!r}")
-                completion = list(sample.token_ids)
-                # flat logprobs with logprobs=0: one entry per position, the sampled token's
-                if sample.logprobs.token_ids != completion:
-                    raise RuntimeError(f"vLLM request {output.request_id}: logprobs do not follow the sampled tokens")
-                rollouts.append(
-                    Rollout(
-                        prompt_index=prompt_index,
-                        prompt_ids=list(prompt),
-                        completion_ids=completion,
-                        logprobs=list(sample.logprobs.logprobs),
-                        finish_reason=sample.finish_reason,
-                        text=sample.text if detokenize else self.tokenizer.decode(completion, skip_special_tokens=True),
-                    )
+        for sample in sorted(output.outputs, key=lambda c: c.index):
+            if sample.finish_reason not in ("stop", "length"):
+                raise RuntimeError(f"vLLM request {output.request_id} ended with {sample.finish_reason!r}")
+            completion = list(sample.token_ids)
+            # flat logprobs with logprobs=0: one entry per position, the sampled token's
+            if sample.logprobs.token_ids != completion:
+                raise RuntimeError(f"vLLM request {output.request_id}: logprobs do not follow the sampled tokens")
+            detokenized = bool(request.sampling.stop)
+            rollouts.append(
+                Rollout(
+                    prompt_index=0,
+                    prompt_ids=list(request.prompt),
+                    completion_ids=completion,
+                    logprobs=list(sample.logprobs.logprobs),
+                    finish_reason=sample.finish_reason,
+                    text=sample.text if detokenized else self.tokenizer.decode(completion, skip_special_tokens=True),
                 )
+            )
         return rollouts
 
     @staticmethod
-    def _sampling_params(sampling: Sampling, n: int, prompt_index: int, ignore_eos: bool, detokenize: bool = True):
+    def _sampling_params(sampling: Sampling, n: int, ignore_eos: bool):
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
+        # vLLM detokenizes every new token of every sample (and each logprob's token) only to
+        # check stop strings; without any, the text is decoded once at the end, the same way
+        # (special tokens skipped).
+        detokenize = bool(sampling.stop)
         return SamplingParams(
             n=n,
             temperature=sampling.temperature,
@@ -230,11 +244,12 @@ class VLLMEngine(Engine):
             max_tokens=sampling.max_tokens,
             stop=list(sampling.stop) or None,
             include_stop_str_in_output=True,
-            seed=None if sampling.seed is None else sampling.seed + prompt_index * n,
+            seed=sampling.seed,
             logprobs=0,  # the sampled token's own logprob only
             flat_logprobs=True,  # a few flat lists per sample instead of a dict per token
             ignore_eos=ignore_eos,
             detokenize=detokenize,
+            output_kind=RequestOutputKind.FINAL_ONLY,  # only finished requests matter
         )
 
     def score(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:

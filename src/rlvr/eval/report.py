@@ -202,6 +202,8 @@ def _sample_file_section(path: Path, run_dir: Path) -> str:
 def _sample_html(row: SampleRow) -> str:
     facts = f"problem {row.problem_id}, sample {row.sample}, reward {row.reward:g}, status {row.status}, "
     facts += f"extracted {row.extracted!r}, reference {row.answer!r}"
+    if row.turns is not None:
+        facts += f", {row.turns} turns, {row.tool_calls} tool calls"
     return f"<div class='sample'><p>{html.escape(facts)}</p><pre>{html.escape(row.response or '')}</pre></div>"
 
 

@@ -26,9 +26,11 @@ class SampleRow:
     reward: float
     extracted: str | None
     sample: int | None = None  # order of the sample within its problem; maj@k takes the first k
-    response: str | None = None
+    response: str | None = None  # the completion; for a multi-turn trajectory its whole transcript
     status: str | None = None
     answer: str | None = None  # the reference answer
+    turns: int | None = None  # a multi-turn trajectory's model turns
+    tool_calls: int | None = None
 
 
 def write_samples(path: str | Path, rows: Iterable[SampleRow]) -> Path:
@@ -68,12 +70,19 @@ def _parse_row(obj, where: str) -> SampleRow:
         if value is not None and not isinstance(value, str):
             raise _field_error(where, name, "a string, null or absent", value)
         optional_text[name] = value
+    counts = {}
+    for name in ("turns", "tool_calls"):
+        value = obj.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+            raise _field_error(where, name, "a non-negative integer, null or absent", value)
+        counts[name] = value
     return SampleRow(
         problem_id=str(problem_id),
         reward=float(reward),
         extracted=obj["extracted"],
         sample=sample,
         **optional_text,
+        **counts,
     )
 
 

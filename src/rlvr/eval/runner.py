@@ -79,21 +79,27 @@ def evaluate(
     generated = engine.generate(prompts, n, sampling, progress=phase(progress, "eval generate", len(prompts) * n))
     groups = _group_by_prompt(generated, len(prompts), n)
     ordered = [(problems[i], sample, rollout) for i, group in enumerate(groups) for sample, rollout in enumerate(group)]
-    scores = scorer.score(
-        [r.text for _, _, r in ordered], [p.answer for p, _, _ in ordered], progress=phase(progress, "eval score", len(ordered))
-    )
-    if len(scores) != len(ordered):
-        raise ValueError(f"scorer returned {len(scores)} scores for {len(ordered)} responses")
+    # an environment that scores its own trajectories (code_tests) has given their rewards already
+    verify = [k for k, (_, _, r) in enumerate(ordered) if r.reward is None]
+    verified = scorer.score([ordered[k][2].text for k in verify], [ordered[k][0].answer for k in verify],
+                            progress=phase(progress, "eval score", len(verify))) if verify else []
+    if len(verified) != len(verify):
+        raise ValueError(f"scorer returned {len(verified)} scores for {len(verify)} responses")
+    scores = [Score(r.reward, "ok") if r.reward is not None else None for _, _, r in ordered]
+    for k, score in zip(verify, verified):
+        scores[k] = score
 
     rows = [
         SampleRow(
             problem_id=problem.id,
             sample=sample,
-            response=rollout.text,
+            response=rollout.transcript or rollout.text,
             extracted=score.extracted,
             reward=score.reward,
             status=score.status,
             answer=problem.answer,
+            turns=rollout.turns if rollout.transcript is not None else None,
+            tool_calls=rollout.tool_calls if rollout.transcript is not None else None,
         )
         for (problem, sample, rollout), score in zip(ordered, scores)
     ]

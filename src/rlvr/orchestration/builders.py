@@ -17,7 +17,9 @@ from rlvr.config import RunConfig, dump_config
 from rlvr.orchestration.evaluation import Evaluation
 from rlvr.orchestration.run_state import RunCheckpoints
 from rlvr.rollout.collect import RolloutCollector
-from rlvr.rollout.prompts import load_prompt_set
+from rlvr.envs import EnvContext
+from rlvr.rollout.prompts import Renderer, load_prompt_set
+from rlvr.rollout.trajectories import TrajectoryRunner
 from rlvr.rollout.sampler import EpochSampler
 from rlvr.sync.check import SyncCheck
 from rlvr.sync.weights import WeightSync
@@ -69,6 +71,9 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     pool = stack.enter_context(build_scoring_pool(cfg))
     logger = stack.enter_context(MetricsLogger(run_dir, cfg.tracking.backends, config=cfg.model_dump(mode="json")))
     sampler = EpochSampler(len(train_set.problems), cfg.seed)
+    context = EnvContext(cfg.env, cfg.sandbox)
+    stack.callback(context.close)
+    runner = TrajectoryRunner(engine, Renderer(tokenizer, cfg.data), cfg.env, context, cfg.engine.max_model_len)
     sync = WeightSync(engine, trainer, train_set.probe(tokenizer), SyncCheck(cfg.engine.sync_check_threshold), timer,
                       lora=cfg.trainer.lora is not None)
     return Run(
@@ -76,10 +81,10 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
         trainer=trainer,
         engine=engine,
         sampler=sampler,
-        collector=RolloutCollector(cfg.rollout, cfg.algorithm, cfg.reward, engine, pool, train_set, sampler,
+        collector=RolloutCollector(cfg.rollout, cfg.algorithm, cfg.reward, runner, pool, train_set, sampler,
                                    seed=cfg.seed, timer=timer, progress=progress, log=log),
         sync=sync,
-        evaluation=Evaluation(cfg, engine, pool, test_set, timer, progress, log),
+        evaluation=Evaluation(cfg, runner, pool, test_set, timer, progress, log),
         checkpoints=checkpoints,
         resume_from=resume_from,
         logger=logger,

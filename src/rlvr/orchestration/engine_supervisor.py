@@ -12,13 +12,13 @@ retried on it gives the same rollouts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable, Sequence
 
 import torch
 
 from rlvr.engines.base import Engine, EngineDied
 from rlvr.orchestration import RunStopped
-from rlvr.records import LoraAdapter, Rollout, Sampling
+from rlvr.records import LoraAdapter, Request, Rollout, Sampling
 
 
 class EngineRestartsExhausted(RunStopped):
@@ -31,6 +31,7 @@ class EngineSupervisor:
         self.restarts = 0
         self._engine = build()
         self._restore: Callable[[Engine], None] | None = None  # pushes the last weights again
+        self._in_flight: dict[Hashable, tuple[Request, dict]] = {}  # submitted, not yet polled back
 
     @property
     def name(self) -> str:
@@ -38,6 +39,22 @@ class EngineSupervisor:
 
     def generate(self, prompts: list[list[int]], n: int, sampling: Sampling, **options) -> list[Rollout]:
         return self._retrying("generate", lambda engine: engine.generate(prompts, n, sampling, **options))
+
+    def submit(self, requests: Sequence[Request], **options) -> None:
+        self._retrying("submit", lambda engine: engine.submit(requests, **options))
+        self._in_flight.update({r.key: (r, options) for r in requests})
+
+    def poll(self) -> list[tuple[Hashable, list[Rollout]]]:
+        """As the engine's; an engine that dies meanwhile is replaced and every request still in
+        flight submitted again (seeded, they give the same samples)."""
+        done = self._retrying("poll", lambda engine: engine.poll())
+        for key, _ in done:
+            self._in_flight.pop(key, None)
+        return done
+
+    @property
+    def pending(self) -> int:
+        return self._engine.pending
 
     def score(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
         return self._retrying("score", lambda engine: engine.score(sequences, prompt_lens))
@@ -84,3 +101,5 @@ class EngineSupervisor:
         self._engine = self._build()
         if self._restore is not None:
             self._restore(self._engine)
+        for request, options in self._in_flight.values():
+            self._engine.submit([request], **options)

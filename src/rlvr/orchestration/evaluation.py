@@ -12,12 +12,17 @@ from pathlib import Path
 
 from rlvr.config import RunConfig
 from rlvr.rollout.prompts import PromptSet
+from rlvr.rollout.trajectories import EnvironmentEngine, TrajectoryRunner
 from rlvr.tracking.timing import StepTimer
 
 
 class Evaluation:
-    def __init__(self, cfg: RunConfig, engine, pool, test_set: PromptSet | None, timer: StepTimer, progress=None, log=print):
-        self.cfg, self.engine, self.pool, self.test_set = cfg, engine, pool, test_set
+    """Runs the test set's trajectories through the run's environment (single_turn: one completion)."""
+
+    def __init__(self, cfg: RunConfig, runner: TrajectoryRunner, pool, test_set: PromptSet | None, timer: StepTimer,
+                 progress=None, log=print):
+        self.cfg, self.pool, self.test_set = cfg, pool, test_set
+        self.engine = EnvironmentEngine(runner, test_set.problems) if test_set is not None else None
         self.timer, self.progress, self.log = timer, progress, log
         self.folder = Path(cfg.run_dir) / "eval"
 

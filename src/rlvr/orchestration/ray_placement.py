@@ -312,6 +312,8 @@ class _EngineActor:
         self.engine = make_engine(model, engine, **options)
 
     def call(self, method: str, args: tuple, kwargs: dict):
+        if method == "pending_count":  # a property: Ray calls methods
+            return self.engine.pending
         return getattr(self.engine, method)(*args, **kwargs)
 
     def name(self) -> str:
@@ -336,6 +338,16 @@ class RayEngine(Engine):
         if progress is not None:
             progress(len(rollouts))
         return rollouts
+
+    def submit(self, requests, **kwargs) -> None:
+        self._call("submit", list(requests), **kwargs)
+
+    def poll(self):
+        return self._call("poll")
+
+    @property
+    def pending(self) -> int:
+        return self._call("pending_count")
 
     def score(self, sequences, prompt_lens):
         return self._call("score", sequences, prompt_lens)

@@ -1,6 +1,6 @@
-"""One step's rollouts: draw prompts, generate, score, weigh (advantages), batch for the trainer.
+"""One step's rollouts: draw prompts, roll out, score, weigh (advantages), batch for the trainer.
 
-    collector = RolloutCollector(cfg.rollout, cfg.algorithm, cfg.reward, engine, pool, train_set, sampler, ...)
+    collector = RolloutCollector(cfg.rollout, cfg.algorithm, cfg.reward, runner, pool, train_set, sampler, ...)
     step_rollouts = collector.collect(step)     # StepRollouts(batch, metrics, data_position)
 
 A step's generation seed is derived from the run's seed and the step, so the same prompts under
@@ -16,9 +16,10 @@ from dataclasses import dataclass, replace
 import torch
 
 from rlvr.config import AlgorithmConfig, RewardConfig, RolloutConfig, SamplingConfig
-from rlvr.records import Rollout, Sampling, Score, TrainBatch
+from rlvr.records import Sampling, Score, TrainBatch
 from rlvr.rollout.prompts import PromptSet
 from rlvr.rollout.sampler import EpochSampler
+from rlvr.rollout.trajectories import Start, Trajectory, TrajectoryRunner
 from rlvr.tracking.progress import phase
 from rlvr.tracking.timing import StepTimer
 
@@ -41,17 +42,19 @@ def training_sampling(sampling: SamplingConfig) -> Sampling:
 
 @dataclass
 class _Group:
-    """The scored samples of one prompt."""
+    """The scored trajectories of one prompt."""
 
     problem: int  # index into the prompt set
-    rollouts: list[Rollout]
+    trajectories: list[Trajectory]
     scores: list[Score]
     rewards: torch.Tensor  # [n] after any reward shaping
     informative: bool  # rewards not all equal: advantages not all 0 (GRPO, RLOO, Dr. GRPO alike)
 
 
 class RolloutCollector:
-    """Turns the next prompts of the epoch order into a `StepRollouts`.
+    """Turns the next prompts of the epoch order into a `StepRollouts`: each prompt's
+    samples_per_prompt trajectories through its environment (single_turn: one completion),
+    scored by the environment or, where it leaves the reward to it, the verifier.
 
     With `rollout.dynamic_sampling` (DAPO, Yu et al. 2025) a group whose rewards are all equal
     has advantage 0 for every member and is dropped; more prompts are drawn, in at most
@@ -64,7 +67,7 @@ class RolloutCollector:
         rollout: RolloutConfig,
         algorithm: AlgorithmConfig,
         reward: RewardConfig,
-        engine,
+        runner: TrajectoryRunner,
         pool,
         train_set: PromptSet,
         sampler: EpochSampler,
@@ -75,7 +78,7 @@ class RolloutCollector:
         log=print,
     ):
         self.rollout, self.algorithm, self.reward = rollout, algorithm, reward
-        self.engine, self.pool, self.train_set, self.sampler = engine, pool, train_set, sampler
+        self.runner, self.pool, self.train_set, self.sampler = runner, pool, train_set, sampler
         self.seed, self.timer, self.progress, self.log = seed, timer, progress, log
         self.sampling = training_sampling(rollout.sampling)
 
@@ -109,44 +112,49 @@ class RolloutCollector:
         return StepRollouts(self._batch(kept), metrics, position)
 
     def _sample(self, chosen: list[int], step: int, round_index: int) -> list[_Group]:
-        """Generate and score the samples of `chosen` prompts; one group each, rewards shaped."""
-        samples = len(chosen) * self.rollout.samples_per_prompt
+        """Roll out and score the trajectories of `chosen` prompts; one group each, rewards shaped."""
+        n = self.rollout.samples_per_prompt
         # the step's (and round's) own seed: the same prompts give the same samples on a retry or a resume
         seed = self.seed * 100_003 + step + round_index * 1_000_000_007
+        starts = [Start(self.train_set.problems[i], self.train_set.prompts[i]) for i in chosen]
         with self.timer("generate"):
-            rollouts = self.engine.generate(
-                [self.train_set.prompts[i] for i in chosen],
-                self.rollout.samples_per_prompt,
-                replace(self.sampling, seed=seed),
-                progress=phase(self.progress, "generate", samples),
-            )
+            trajectories = self.runner.run(starts, n, replace(self.sampling, seed=seed),
+                                           progress=phase(self.progress, "generate", len(chosen) * n))
         with self.timer("score"):
-            answers = [self.train_set.problems[chosen[r.prompt_index]].answer for r in rollouts]
-            scores = self.pool.score([r.text for r in rollouts], answers, progress=phase(self.progress, "score", samples))
-        bad = next((i for i, s in enumerate(scores) if not math.isfinite(s.reward)), None)
-        if bad is not None:  # as in eval: a NaN would silently turn the whole group's advantages to NaN
-            problem = self.train_set.problems[chosen[rollouts[bad].prompt_index]].id
-            raise ValueError(f"reward.verifier={self.reward.verifier}: reward must be a finite number, got "
-                             f"{scores[bad].reward!r} (problem {problem!r})")
+            scores = self._scores(chosen, trajectories)
         from rlvr.algorithms import informative_group_mask
 
-        rewards = self._shaped_rewards(rollouts, scores)
-        informative = informative_group_mask(rewards, torch.tensor([r.prompt_index for r in rollouts]))
-        members: dict[int, list[int]] = {}
-        for index, r in enumerate(rollouts):
-            members.setdefault(r.prompt_index, []).append(index)
+        rewards = self._shaped_rewards(trajectories, scores)
+        informative = informative_group_mask(rewards, torch.tensor([t.prompt_index for t in trajectories]))
         return [
-            _Group(chosen[p], [rollouts[i] for i in idx], [scores[i] for i in idx], rewards[idx], bool(informative[idx[0]]))
-            for p, idx in members.items()
+            _Group(chosen[p], trajectories[p * n : (p + 1) * n], scores[p * n : (p + 1) * n], rewards[p * n : (p + 1) * n],
+                   bool(informative[p * n]))
+            for p in range(len(chosen))
         ]
 
-    def _shaped_rewards(self, rollouts: list[Rollout], scores: list[Score]) -> torch.Tensor:
+    def _scores(self, chosen: list[int], trajectories: list[Trajectory]) -> list[Score]:
+        """The environment's reward where it gave one, else the verifier's on the last turn (in the pool)."""
+        verify = [k for k, t in enumerate(trajectories) if t.reward is None]
+        answers = [self.train_set.problems[chosen[trajectories[k].prompt_index]].answer for k in verify]
+        verified = self.pool.score([trajectories[k].text for k in verify], answers,
+                                   progress=phase(self.progress, "score", len(verify))) if verify else []
+        scores = [Score(t.reward, "ok") if t.reward is not None else None for t in trajectories]
+        for k, score in zip(verify, verified):
+            scores[k] = score
+        bad = next((k for k, s in enumerate(scores) if not math.isfinite(s.reward)), None)
+        if bad is not None:  # as in eval: a NaN would silently turn the whole group's advantages to NaN
+            problem = self.train_set.problems[chosen[trajectories[bad].prompt_index]].id
+            raise ValueError(f"reward.verifier={self.reward.verifier}: reward must be a finite number, got "
+                             f"{scores[bad].reward!r} (problem {problem!r})")
+        return scores
+
+    def _shaped_rewards(self, trajectories: list[Trajectory], scores: list[Score]) -> torch.Tensor:
         from rlvr.algorithms import overlong_penalty
 
         rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32)
         shaping = self.algorithm.overlong_penalty
         if shaping is not None:
-            lengths = torch.tensor([len(r.completion_ids) for r in rollouts])
+            lengths = torch.tensor([sum(t.mask) for t in trajectories])
             rewards = rewards + overlong_penalty(
                 lengths, max_len=self.rollout.sampling.max_tokens, cache_len=shaping.buffer, factor=shaping.max_penalty
             ).to(rewards.dtype)
@@ -155,43 +163,47 @@ class RolloutCollector:
     def _batch(self, groups: list[_Group]) -> TrainBatch:
         from rlvr.algorithms import advantages
 
-        rollouts = [r for g in groups for r in g.rollouts]
+        trajectories = [t for g in groups for t in g.trajectories]
         rewards = torch.cat([g.rewards for g in groups])
-        group = torch.tensor([k for k, g in enumerate(groups) for _ in g.rollouts], dtype=torch.long)
-        loss_mask = None
+        group = torch.tensor([k for k, g in enumerate(groups) for _ in g.trajectories], dtype=torch.long)
+        masks = [t.mask for t in trajectories]
         if self.algorithm.overlong_filter:  # a cut-off answer is not wrong: it teaches nothing either way
-            loss_mask = [[int(r.finish_reason != "length")] * len(r.completion_ids) for r in rollouts]
+            masks = [[0] * len(m) if t.finish_reason == "length" else m for t, m in zip(trajectories, masks)]
         # batch whitening (REINFORCE++) weighs each response by the tokens the loss trains on
-        trained = [sum(m) for m in loss_mask] if loss_mask is not None else [len(r.completion_ids) for r in rollouts]
+        trained = torch.tensor([sum(m) for m in masks])
         return TrainBatch(
-            prompt_ids=[r.prompt_ids for r in rollouts],
-            completion_ids=[r.completion_ids for r in rollouts],
-            sampler_logprobs=[r.logprobs for r in rollouts],
+            prompt_ids=[t.prompt_ids for t in trajectories],
+            completion_ids=[t.completion_ids for t in trajectories],
+            sampler_logprobs=[t.logprobs for t in trajectories],
             advantages=advantages(self.algorithm.advantage, rewards, group, std_normalize=self.algorithm.std_normalize,
-                                  lengths=torch.tensor(trained)),
+                                  lengths=trained),
             group=group,
-            loss_mask=loss_mask,
+            loss_mask=None if all(all(m) for m in masks) else masks,  # None: every completion token trains
         )
 
     def _metrics(self, groups: list[_Group]) -> dict[str, float]:
-        """Over every sample drawn this step (with dynamic sampling, dropped groups too)."""
-        rollouts = [r for g in groups for r in g.rollouts]
+        """Over every trajectory drawn this step (with dynamic sampling, dropped groups too)."""
+        trajectories = [t for g in groups for t in g.trajectories]
         scores = [s for g in groups for s in g.scores]
         rewards = torch.cat([g.rewards for g in groups])
-        lengths = [len(r.completion_ids) for r in rollouts]
-        truncated = sum(r.finish_reason == "length" for r in rollouts) / len(rollouts)
+        lengths = [sum(t.mask) for t in trajectories]  # the tokens the model sampled
+        count = len(trajectories)
+        truncated = sum(t.finish_reason == "length" for t in trajectories) / count
         metrics = {
             "reward/mean": rewards.mean().item(),
             "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
-            "response/length_mean": sum(lengths) / len(lengths),
+            "response/length_mean": sum(lengths) / count,
             "response/length_max": max(lengths),
             "response/truncated_fraction": truncated,
             "score/no_answer_fraction": sum(s.status == "no_answer" for s in scores) / len(scores),
             "data/position": self.sampler.position,
+            "env/turns_mean": sum(t.turns for t in trajectories) / count,
+            "env/tool_calls_mean": sum(t.tool_calls for t in trajectories) / count,
+            "env/tool_errors_mean": sum(t.tool_errors for t in trajectories) / count,
+            "env/step_seconds": sum(t.env_seconds for t in trajectories),
         }
         if self.algorithm.overlong_penalty is not None:
             metrics["reward/verifier_mean"] = sum(s.reward for s in scores) / len(scores)
         if self.algorithm.overlong_filter:
             metrics["response/overlong_filtered_fraction"] = truncated
         return metrics
-

@@ -38,6 +38,57 @@ def encode_prompt(problem: Problem, tokenizer, data: DataConfig) -> list[int]:
     return tokenizer(text, add_special_tokens=False).input_ids
 
 
+class Renderer:
+    """Token ids of what the model reads: prompts (`encode_prompt`, or an environment's messages)
+    and, between turns, observations rendered alone.
+
+    An observation's tokens are the chat template's delta: the text the template puts after an
+    assistant message and before the next one (its end-of-turn, then the new messages and the
+    next assistant header), found by rendering a fixed two-message conversation with and
+    without the new messages. Earlier turns are never rendered again, so a template that
+    rewrites history (one that strips reasoning from past assistant turns) cannot change a
+    token the model sampled. Without a chat template an observation is its messages' text on
+    lines of its own.
+    """
+
+    _MARK = "rlvr-assistant-turn"
+
+    def __init__(self, tokenizer, data: DataConfig):
+        self.tokenizer, self.data = tokenizer, data
+        self.chat = data.chat_template and bool(getattr(tokenizer, "chat_template", None))
+        self.end_of_turn_id = tokenizer.eos_token_id
+
+    def prompt(self, problem: Problem, messages: list[dict] | None = None) -> list[int]:
+        """The first turn's prompt: the row rendered by data.template, or an environment's own messages."""
+        if messages is None:
+            return encode_prompt(problem, self.tokenizer, self.data)
+        if self.chat:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        else:
+            text = "\n\n".join(m["content"] for m in messages)
+        return self._ids(text)
+
+    def observation(self, messages: list[dict], ended_turn: bool) -> list[int]:
+        """The tokens after a turn the model ended (`ended_turn`: with its end-of-turn token) or
+        that was stopped (then the end of turn is appended too), through the next assistant header."""
+        if not self.chat:
+            return self._ids("\n" + "\n".join(m["content"] for m in messages) + "\n")
+        base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": self._MARK}]
+        before = self.tokenizer.apply_chat_template(base, tokenize=False)
+        after = self.tokenizer.apply_chat_template(base + messages, tokenize=False, add_generation_prompt=True)
+        if not after.startswith(before) or self._MARK not in before:
+            raise ValueError("the model's chat template renders a conversation differently once messages follow it; "
+                             "rlvr cannot render an observation alone (set data.chat_template: false)")
+        end_of_turn = before[before.rindex(self._MARK) + len(self._MARK):]
+        eos = self.tokenizer.eos_token or ""
+        if ended_turn and eos and eos in end_of_turn:
+            end_of_turn = end_of_turn[end_of_turn.index(eos) + len(eos):]
+        return self._ids(end_of_turn + after[len(before):])
+
+    def _ids(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False).input_ids
+
+
 def load_prompt_set(data: DataConfig, source: str, tokenizer, limit: int | None = None) -> PromptSet:
     """The problems of `source` (a built-in name or a file), read with `data`'s field names and
     encoded with its template; a prompt over data.max_prompt_tokens is an error naming it."""
