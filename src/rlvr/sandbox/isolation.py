@@ -5,7 +5,8 @@ Layers, outermost first (each one `exec`s the next, so they are one process unti
    whole tree is counted and limited from the first fork on.
 2. `prlimit` (util-linux) sets RLIMIT_CPU (SIGXCPU at the limit, SIGKILL a second later),
    RLIMIT_FSIZE, no core files, and RLIMIT_AS: unlimited where the memory cgroup limits the
-   tree, the memory limit per process where it cannot.
+   tree, the memory limit per process where it cannot. A lower hard limit of rlvr's own
+   process stays (raising one needs CAP_SYS_RESOURCE).
 3. `setpriv` (util-linux, only when rlvr runs as root) drops to `config.uid` with no
    supplementary groups and no_new_privs: the program is nobody on the host, whatever its
    user namespace says.
@@ -170,11 +171,13 @@ def make_plan(config: SandboxConfig) -> Plan:
 
 
 def _rlimits(config: SandboxConfig, with_cgroups: bool) -> tuple[str, ...]:
-    """prlimit options; below a non-root rlvr's own hard limits, which only root may raise."""
+    """prlimit's options, each within this process's hard limit: raising one needs
+    CAP_SYS_RESOURCE, which even root may lack (containers), and a scoring worker's own
+    RLIMIT_AS is inherited by the sandboxes it starts."""
 
     def fit(which: int, value: int) -> str:
         hard = resource.getrlimit(which)[1]
-        if os.geteuid() != 0 and hard != resource.RLIM_INFINITY and (value == resource.RLIM_INFINITY or value > hard):
+        if hard != resource.RLIM_INFINITY and (value == resource.RLIM_INFINITY or value > hard):
             value = hard
         return "unlimited" if value == resource.RLIM_INFINITY else str(value)
 
