@@ -63,7 +63,7 @@ def sandbox_config(options: dict) -> SandboxConfig:
         raise ValueError(f"verifier 'code': option {where}: {first['msg']}") from None
 
 
-def tests_reward(verdict: dict, fraction: bool) -> float:
+def verdict_reward(verdict: dict, fraction: bool) -> float:
     """The reward of a verdict (formula in the module doc)."""
     if not fraction:
         return float(verdict["passed"] is True)
@@ -96,7 +96,7 @@ def _score(program: str, result: SandboxResult, nonce: str, fraction: bool) -> S
         last_error = next((line.strip() for line in reversed(result.stderr.splitlines()) if line.strip()), "")
         detail = f"no verdict: {result.summary}" + (f"; stderr: {last_error[:200]}" if last_error else "")
         return Score(0.0, "error", program, detail)
-    return Score(tests_reward(verdict, fraction), "ok", program, _with_isolation(verdict.get("error"), result))
+    return Score(verdict_reward(verdict, fraction), "ok", program, _with_isolation(verdict.get("error"), result))
 
 
 class CodeTests:
@@ -141,6 +141,12 @@ class CodeTests:
     def close(self) -> None:
         if self._own_pool:
             self.pool.close()
+
+    def __enter__(self) -> CodeTests:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def code_verifier(*, fraction: bool = False, **sandbox) -> CodeTests:
