@@ -12,7 +12,6 @@ Only the standard library of Python >= 3.9 is used (the interpreter check in iso
 import json
 import os
 import sys
-import traceback
 import types
 
 
@@ -52,6 +51,8 @@ def _run_main():
     except SystemExit:
         raise
     except BaseException as e:
+        import traceback  # only on failure: every import is start-up time of every run
+
         tb = e.__traceback__
         while tb is not None and tb.tb_frame.f_code.co_filename != path:
             tb = tb.tb_next
