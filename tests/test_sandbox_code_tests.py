@@ -46,7 +46,11 @@ def test_reward_formula():
     [
         ("def f(x):\n    return 2 * x", "assert f(2) == 4", (1.0, "ok", None)),
         ("def f(x):\n    return 3 * x", "assert f(2) == 4", (0.0, "ok", "tests: AssertionError (tests.py line 1)")),
-        ("def f(x):\n    return 2 * x\nundefined_name", "assert f(2) == 4", (0.0, "ok", "program: NameError: name 'undefined_name' is not defined (program.py line 3)")),
+        (
+            "def f(x):\n    return 2 * x\nundefined_name",
+            "assert f(2) == 4",
+            (0.0, "ok", "program: NameError: name 'undefined_name' is not defined (program.py line 3)"),
+        ),
         ("def f(x) return", "assert True", (0.0, "ok", "program: SyntaxError: expected ':' (program.py, line 1)")),
         ("import sys\nsys.exit(0)", "assert True", (0.0, "ok", "program: SystemExit: 0 (program.py line 2)")),
         ("if __name__ == '__main__':\n    input()", "assert __name__ == 'solution'", (1.0, "ok", None)),
@@ -113,8 +117,10 @@ def test_humaneval_canonical_solutions_pass_and_stubs_fail(verifier):
 
     tasks = read_problems()
     problems = load_problems("humaneval")
-    right = verifier.score_batch([_block(tasks[p.id]["prompt"] + tasks[p.id]["canonical_solution"]) for p in problems], [p.answer for p in problems])
-    assert [p.id for p, s in zip(problems, right) if (s.reward, s.status) != (1.0, "ok")] == []
+    right = verifier.score_batch(
+        [_block(tasks[p.id]["prompt"] + tasks[p.id]["canonical_solution"]) for p in problems], [p.answer for p in problems]
+    )
+    assert [p.id for p, s in zip(problems, right, strict=True) if (s.reward, s.status) != (1.0, "ok")] == []
     stubs = verifier.score_batch([_block(tasks[p.id]["prompt"] + "    pass") for p in problems[:20]], [p.answer for p in problems[:20]])
     assert all(s.reward == 0.0 and s.status == "ok" for s in stubs)
 
@@ -139,6 +145,8 @@ def test_rlvr_score_verifier_code(tmp_path):
     assert bad.returncode == 2 and "option memory_mb" in bad.stdout and "Traceback" not in bad.stdout + bad.stderr
     refused = subprocess.run([*command, "--option", "bwrap=/nonexistent"], capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "refusing to run untrusted code" in refused.stdout
-    weak = subprocess.run([*command, "--option", "bwrap=/nonexistent", "--option", "isolation=weak"], capture_output=True, text=True, timeout=120)
+    weak = subprocess.run(
+        [*command, "--option", "bwrap=/nonexistent", "--option", "isolation=weak"], capture_output=True, text=True, timeout=120
+    )
     assert weak.returncode == 0 and "WARNING sandbox isolation weak: no namespaces" in weak.stderr
     assert all("isolation weak: no namespaces" in json.loads(line).get("detail", "") for line in out_path.read_text().splitlines()[:1])

@@ -142,7 +142,9 @@ while True:
         solution = _CANONICAL[problem.id]
         rows.append({"name": f"honest {problem.id}", "response": _python(solution), "answer": problem.answer, "expect": 1.0})
     wrong = load_humaneval(limit=1)[0]
-    rows.append({"name": "honest but wrong", "response": _python(wrong.question + "    return None\n"), "answer": wrong.answer, "expect": 0.0})
+    rows.append(
+        {"name": "honest but wrong", "response": _python(wrong.question + "    return None\n"), "answer": wrong.answer, "expect": 0.0}
+    )
     return rows
 
 

@@ -72,7 +72,9 @@ class Plan:
         return "strict" if not self.missing else "weak: " + "; ".join(self.missing)
 
     def without_namespaces(self, reason: str) -> Plan:
-        return replace(self, bwrap=None, missing=(*self.missing, f"no namespaces ({reason}): the program sees the host's files, network and processes"))
+        return replace(
+            self, bwrap=None, missing=(*self.missing, f"no namespaces ({reason}): the program sees the host's files, network and processes")
+        )
 
     def environment(self, home: str, result_fd: int) -> dict[str, str]:
         return {"PATH": SANDBOX_PATH, "HOME": home, "TMPDIR": home, "LANG": "C.UTF-8", RESULT_FD_VAR: str(result_fd)}
@@ -155,8 +157,14 @@ def make_plan(config: SandboxConfig) -> Plan:
         )
         parents = {}
     if missing and config.isolation == "strict":
-        fix = "install bubblewrap (make setup: apt-get install bubblewrap)" if bwrap is None else "run as root on a machine with cgroup v1 memory, pids and cpu"
-        raise SandboxUnavailable(f"sandbox: refusing to run untrusted code: {missing[0].split(':')[0]}; {fix}, or set sandbox isolation=weak")
+        fix = (
+            "install bubblewrap (make setup: apt-get install bubblewrap)"
+            if bwrap is None
+            else "run as root on a machine with cgroup v1 memory, pids and cpu"
+        )
+        raise SandboxUnavailable(
+            f"sandbox: refusing to run untrusted code: {missing[0].split(':')[0]}; {fix}, or set sandbox isolation=weak"
+        )
     return Plan(
         config=config,
         python=python,

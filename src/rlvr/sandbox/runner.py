@@ -36,7 +36,7 @@ from typing import Literal
 
 from rlvr.config import SandboxConfig
 from rlvr.sandbox import cgroups
-from rlvr.sandbox.isolation import SYSTEM_PATH, Plan, SandboxUnavailable, make_plan
+from rlvr.sandbox.isolation import SYSTEM_PATH, SandboxUnavailable, make_plan
 
 RESULT_BYTES = 64 * 1024
 _READ_CHUNK = 1 << 20
@@ -146,7 +146,7 @@ class Sandbox:
                 max_processes=cfg.max_processes,
                 cpus=cfg.cpus,
             )
-        workdir = None
+        workdir = process = None
         result_r, result_w = os.pipe()
         try:
             if plan.bwrap:
@@ -166,6 +166,9 @@ class Sandbox:
             result_w = -1
             return self._supervise(process, framed, result_r, groups, started)
         finally:
+            if process is not None and process.returncode is None:  # supervision itself failed
+                _kill_group(process.pid)
+                process.wait()
             for fd in (result_r, result_w):
                 if fd >= 0:
                     os.close(fd)
@@ -174,7 +177,9 @@ class Sandbox:
             if workdir is not None:
                 shutil.rmtree(workdir, ignore_errors=True)
 
-    def _supervise(self, process: subprocess.Popen, framed: bytes, result_r: int, groups, started: float) -> SandboxResult:
+    def _supervise(
+        self, process: subprocess.Popen, framed: bytes, result_r: int, groups: cgroups.RunGroups | None, started: float
+    ) -> SandboxResult:
         cfg = self.config
         deadline = started + cfg.wall_s
         streams = {
@@ -210,10 +215,7 @@ class Sandbox:
         if not process.stdin.closed:
             process.stdin.close()
         if timed_out or not self.plan.bwrap:  # without a PID namespace, the session's leftovers die here too
-            try:
-                os.killpg(process.pid, signal.SIGKILL)  # bubblewrap's group, or the program's session
-            except ProcessLookupError:
-                pass
+            _kill_group(process.pid)
         _, status, usage = os.wait4(process.pid, 0)
         os.close(pidfd)
         process.returncode = os.waitstatus_to_exitcode(status)
@@ -224,12 +226,24 @@ class Sandbox:
             stream.read()
         process.stdout.close()
         process.stderr.close()
-        # without cgroups, wait4 sees the CPU time of all that bubblewrap's PID namespace ran
-        # only when there is no bubblewrap
-        cpu_s = groups.cpu_seconds() if groups else None if self.plan.bwrap else usage.ru_utime + usage.ru_stime
+        if groups is not None:
+            cpu_s = groups.cpu_seconds()
+        elif self.plan.bwrap:
+            cpu_s = None  # wait4 does not see past bubblewrap's PID-namespace init
+        else:
+            cpu_s = usage.ru_utime + usage.ru_stime
         return self._result(process.returncode, timed_out, streams, result_r, groups, wall_s, cpu_s)
 
-    def _result(self, returncode: int, timed_out: bool, streams: dict, result_r: int, groups, wall_s: float, cpu_s: float | None) -> SandboxResult:
+    def _result(
+        self,
+        returncode: int,
+        timed_out: bool,
+        streams: dict,
+        result_r: int,
+        groups: cgroups.RunGroups | None,
+        wall_s: float,
+        cpu_s: float | None,
+    ) -> SandboxResult:
         cfg = self.config
         out, err = (streams[fd] for fd in streams if fd != result_r)
         exit_code = None if timed_out else (returncode if returncode >= 0 else 128 - returncode)
@@ -258,6 +272,14 @@ class Sandbox:
             cpu_s=cpu_s,
             isolation=self.plan.isolation,
         )
+
+
+def _kill_group(pid: int) -> None:
+    """SIGKILL the process group `pid` leads: bubblewrap's, or the program's own session without it."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _feed(fd: int, pending: memoryview) -> memoryview:
