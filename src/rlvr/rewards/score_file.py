@@ -2,7 +2,9 @@
 
 Each input row is a JSON object with string fields "response" and "answer" and an optional
 "verifier" (overrides `verifier` for that row). Each output row is the input row plus "reward"
-(float), "status" and "extracted" (the answer read, or null). A bad row (not JSON, not an
+(float), "status" and "extracted" (the answer read, or null), and "detail" where the verifier
+gives one. `options` configure the default verifier; for `code` rows `timeout_s` is the
+sandbox's wall-clock limit per program, and the sandbox is checked before any worker starts. A bad row (not JSON, not an
 object, a missing or non-string field) raises ValueError naming `file:line` and the key; with
 `skip_bad` it is reported on stderr and left out of the output. The output is written to a
 temporary file and renamed, so a failed run leaves no half-written file.
@@ -19,6 +21,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from rlvr.rewards.pool import ScoringPool
+from rlvr.rewards.verifiers import VERIFIERS, get_verifier
 
 BATCH_ROWS = 256
 _REQUIRED = ("response", "answer")
@@ -64,16 +67,27 @@ def score_file(
     skip_bad: bool = False,
     workers: int = 2,
     timeout_s: float = 2.0,
+    options: dict | None = None,
 ) -> dict:
     """Score `in_path` into `out_path`; returns counts by status (plus "skipped")."""
     in_path, out_path = Path(in_path), Path(out_path)
     console = Console(stderr=True)
     rows, skipped = _read_rows(in_path, skip_bad, console)
+    item_timeout_s = timeout_s
+    if verifier == "code" or any(r.get("verifier") == "code" for r in rows):
+        from rlvr.rewards.code_tests import prepare_scoring
+
+        code_options, item_timeout_s, isolation = prepare_scoring((options or {}) if verifier == "code" else {}, timeout_s)
+        options = code_options if verifier == "code" else options
+        if isolation != "strict":
+            console.print(f"WARNING sandbox isolation {isolation}", markup=False, highlight=False)
+    if options and verifier in VERIFIERS and verifier != "code":
+        get_verifier(verifier, **options)  # bad options: one line here, not an error on every row
     counts: Counter = Counter({s: 0 for s in ("ok", "no_answer", "timeout", "error")})
     tmp_path = out_path.with_name(out_path.name + ".tmp")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with ScoringPool(verifier, workers=workers, timeout_s=timeout_s) as pool, tmp_path.open("w", encoding="utf-8") as out:
+        with ScoringPool(verifier, workers=workers, timeout_s=item_timeout_s, options=options) as pool, tmp_path.open("w", encoding="utf-8") as out:
             with Progress(console=console, transient=True) as progress:
                 task = progress.add_task("scoring", total=len(rows))
                 for start in range(0, len(rows), BATCH_ROWS):
@@ -86,6 +100,8 @@ def score_file(
                     for row, score in zip(batch, scores):
                         counts[score.status] += 1
                         scored = {**row, "reward": score.reward, "status": score.status, "extracted": score.extracted}
+                        if score.detail is not None:
+                            scored["detail"] = score.detail
                         out.write(json.dumps(scored) + "\n")
                     progress.advance(task, len(batch))
         os.replace(tmp_path, out_path)

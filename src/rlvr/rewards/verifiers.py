@@ -17,6 +17,8 @@ until one finds something: "boxed" (the last `\\boxed{}`), "answer" (`Answer: ..
 - `exact` (extract=("boxed",), ignore_case=False): stripped strings equal.
 - `regex` (extract=("boxed",), ignore_case=False): the reference is a regular expression the
   final answer must match in full.
+- `code`: the response's last python block run against test code in the sandbox
+  (`code_tests.py`; options: `fraction` and SandboxConfig's fields).
 - `module:function` or `file.py:function`: a custom reward (`custom.py`).
 """
 
@@ -160,12 +162,19 @@ def regex_verifier(*, extract: Sequence[str] = ("boxed",), ignore_case: bool = F
     return score
 
 
+def code_verifier(**options) -> Verifier:
+    from rlvr.rewards.code_tests import code_verifier  # the sandbox is imported only where code is scored
+
+    return code_verifier(**options)
+
+
 VERIFIERS: dict[str, Callable[..., Verifier]] = {
     "math": math_verifier,
     "aime": aime_verifier,
     "gsm8k": gsm8k_verifier,
     "exact": exact_verifier,
     "regex": regex_verifier,
+    "code": code_verifier,
 }
 
 

