@@ -378,6 +378,7 @@ class RunConfig(Section):
     engine: EngineConfig = Field(EngineConfig(), description="the rollout engine")
     rollout: RolloutConfig = Field(RolloutConfig(), description="what each step samples")
     env: EnvConfig = Field(EnvConfig(), description="what a trajectory is: single turn, or turns with tools")
+    sandbox: SandboxConfig = Field(SandboxConfig(), description="isolation and limits for model-written code (tools, code tests)")
     reward: RewardConfig = Field(RewardConfig(), description="how samples are scored")
     algorithm: AlgorithmConfig = Field(AlgorithmConfig(), description="advantages and policy loss")
     trainer: TrainerConfig = Field(TrainerConfig(), description="trainer ranks and optimizer")
