@@ -1,0 +1,83 @@
+"""Multi-turn trajectories through the real engine: every sampled token where it was sampled
+(its sampler logprob is what the model gives it in place), every observation token masked; and
+skyrl-gym's environments, unchanged, in RL runs."""
+
+import json
+
+import pytest
+import torch
+from engine_fixtures import start_engine
+from run_fixtures import small_config, step_rows, train
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rlvr.config import DataConfig, EnvConfig, SandboxConfig
+from rlvr.envs import EnvContext, make_env
+from rlvr.models.tiny import build_tiny_model
+from rlvr.records import Problem, Sampling
+from rlvr.rollout.prompts import Renderer
+from rlvr.rollout.trajectories import Start, TrajectoryRunner
+
+GSM8K_ROW = Problem(id="g", question="Tom has 3 apples and buys 4 more. How many now?", answer="7")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("m") / "tiny", "qwen2", hidden_size=128, num_layers=2, intermediate_size=256)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lockstep", [False, True])
+def test_multi_turn_trajectories_keep_sampled_tokens_in_place_and_mask_observations(tiny, lockstep):
+    tokenizer = AutoTokenizer.from_pretrained(tiny)
+    config = EnvConfig(name="skyrl:gsm8k_multi_turn", max_turns=3, lockstep=lockstep)
+    renderer = Renderer(tokenizer, DataConfig(train="-"))
+    with start_engine("vllm", tiny, max_model_len=512, kv_cache_gb=0.5) as engine:
+        runner = TrajectoryRunner(engine, renderer, config, EnvContext(config, SandboxConfig()), max_model_len=512)
+        starts = [Start(GSM8K_ROW, renderer.prompt(GSM8K_ROW)), Start(GSM8K_ROW, renderer.prompt(GSM8K_ROW))]
+        trajectories = runner.run(starts, 3, Sampling(temperature=1.0, max_tokens=24, seed=5))
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+    assert len(trajectories) == 6
+    for t in trajectories:
+        assert t.turns == 3  # a random model never answers "#### 7": the environment asks again
+        assert len(t.completion_ids) == len(t.mask) == len(t.logprobs)
+        assert t.mask[0] == 1 and 0 in t.mask  # starts with a sampled turn; observations in between
+        sequence = torch.tensor([t.prompt_ids + t.completion_ids])
+        with torch.no_grad():
+            logits = model(sequence).logits[0, len(t.prompt_ids) - 1 : -1].float()
+        logprobs = torch.log_softmax(logits, -1).gather(-1, torch.tensor(t.completion_ids)[:, None])[:, 0]
+        sampled = torch.tensor(t.mask).bool()
+        # every sampled token, in its place in the trajectory, has the logprob the sampler gave it
+        assert (logprobs[sampled] - torch.tensor(t.logprobs)[sampled]).abs().max() < 1e-3
+        assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.mask) if not m)
+        assert t.reward is not None  # skyrl's per-turn rewards, summed
+
+
+@pytest.mark.slow
+def test_skyrl_python_tool_runs_in_rlvrs_sandbox():
+    """skyrl-gym's searchcode environment (search + python) with its Python tool pointed at the sandbox:
+    the model's code cannot see this machine's files, and errors come back in the tool's words."""
+    config = EnvConfig(name="skyrl:searchcode", max_turns=3)
+    env = make_env(config.name, GSM8K_ROW, EnvContext(config, SandboxConfig()))
+    env.reset(GSM8K_ROW)
+    step = env.step("<tool><python>print(3 + 4)</python></tool>")
+    assert (step.done, step.tool_calls, step.tool_errors) == (False, 1, 0) and "7" in step.observation[0]["content"]
+    step = env.step("<tool><python>print(open('/etc/hostname').read())</python></tool>")
+    assert step.tool_errors == 1 and "Error executing Python code" in step.observation[0]["content"]
+    assert env.step("<solution>#### 7</solution>").done
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("env", ["skyrl:gsm8k_multi_turn", "skyrl:searchcode"])
+def test_skyrl_environments_in_two_rl_steps(tmp_path, env):
+    config = small_config(tmp_path, "run", 2, env={"name": env, "max_turns": 2},
+                          rollout={"sampling": {"max_tokens": 24}}, engine={"max_model_len": 512})
+    done = train(config)
+    assert done.returncode == 0, done.stdout[-3000:]
+    steps = step_rows(tmp_path / "run")
+    assert [s["step"] for s in steps] == [1, 2]
+    for s in steps:
+        assert s["env/turns_mean"] > 1  # the environment asked again: trajectories took several turns
+        assert s["sync/sampler_trainer_gap"] <= 1e-3  # the trainer scored exactly the sampled tokens, in place
+        assert s["sync/logprob_gap"] <= 1e-3
+    rows = [json.loads(line) for line in (tmp_path / "run" / "eval" / "after.jsonl").read_text().splitlines()]
+    assert rows and all(row["turns"] >= 1 for row in rows)
