@@ -80,4 +80,4 @@ def test_skyrl_environments_in_two_rl_steps(tmp_path, env):
         assert s["sync/sampler_trainer_gap"] <= 1e-3  # the trainer scored exactly the sampled tokens, in place
         assert s["sync/logprob_gap"] <= 1e-3
     rows = [json.loads(line) for line in (tmp_path / "run" / "eval" / "after.jsonl").read_text().splitlines()]
-    assert rows and all(row["turns"] >= 1 for row in rows)
+    assert rows and any(row["turns"] and row["turns"] > 1 for row in rows)  # transcripts of several turns
