@@ -292,7 +292,8 @@ def _print_summary(summary: dict, cfg, report: Path, logs: bool) -> None:
     console.print(f"done: {steps} steps in {summary['wall_seconds']:.0f} s (engine {summary.get('engine')}, "
                   f"{summary.get('trainer_ranks')} trainer ranks, {summary.get('base_format')} base, {lora})", highlight=False)
     before, after = summary.get("eval_before") or {}, summary.get("eval_after") or {}
-    for key in [k for k in after if k.split("@")[0] in ("avg", "pass", "maj") and k in before]:
+    k = max(cfg.eval.k)
+    for key in [f"{m}@{k}" for m in ("avg", "pass", "maj") if f"{m}@{k}" in after and f"{m}@{k}" in before]:
         change = after[key] - before[key]
         console.print(f"held-out {key}: {before[key]:.3f} -> {after[key]:.3f} ({change * 100:+.1f} points)", highlight=False)
     run_dir = Path(cfg.run_dir)

@@ -43,6 +43,7 @@ class SyntheticTaskSpec(Section):
     operations: list[Literal["+", "-", "*"]] = Field(["+"], description="operators drawn for each problem")
     min_digits: int = Field(1, ge=1, description="fewest digits of an operand")
     max_digits: int = Field(2, ge=1, description="most digits of an operand")
+    second_operand_digits: int | None = Field(None, ge=1, description="digits of the second operand (null: as the first's)")
     train_size: int = Field(2000, gt=0, description="problems written to data.train")
     test_size: int = Field(100, gt=0, description="held-out problems written to data.test (none repeats a train problem)")
 
@@ -54,6 +55,10 @@ class WarmStartSpec(Section):
     batch_size: int = Field(32, gt=0, description="examples per warm-start step")
     lr: float = Field(3e-3, gt=0, description="AdamW learning rate of the warm start")
     examples: int = Field(2000, gt=0, description="train problems the warm start draws its examples from")
+    tool_calls: float = Field(
+        0.0, ge=0, le=1, description="fraction of examples whose worked answer calls the calculator environment "
+        "(env.name: calculator) and boxes its result; the rest answer directly"
+    )
 
 
 class DemoSpec(Section):

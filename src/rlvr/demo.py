@@ -33,13 +33,33 @@ def ensure_demo_assets(cfg: RunConfig, console) -> None:
         _build_model(cfg, model_dir, console)
 
 
+def _worked_example(problem, tokenizer, cfg: RunConfig, use_tool: bool) -> tuple[list[int], list[int], list[int]]:
+    """(prompt ids, target ids, target loss mask) of one warm-start example: the worked answer;
+    with `use_tool`, a call of the calculator, its answer (rendered as a trajectory renders it,
+    masked out of the loss) and the boxed result, as the calculator environment plays it."""
+    from rlvr.data.synthetic import solution_text
+    from rlvr.envs.builtin import Calculator
+    from rlvr.rollout.prompts import Renderer, encode_prompt
+
+    prompt = encode_prompt(problem, tokenizer, cfg.data)
+    answer = tokenizer(solution_text(problem.question, problem.answer), add_special_tokens=False).input_ids
+    if not use_tool:
+        return prompt, answer + [tokenizer.eos_token_id], [1] * (len(answer) + 1)
+    if cfg.env.name != "calculator":
+        raise ValueError(f"demo.warm_start.tool_calls needs env.name: calculator, not {cfg.env.name!r}")
+    expression = problem.question.removeprefix("What is ").split("?")[0]
+    call = tokenizer(f"<calc>{expression}</calc>", add_special_tokens=False).input_ids  # stopped at </calc>: no EOS
+    observation = Renderer(tokenizer, cfg.data).observation(
+        [{"role": cfg.env.observation_role, "content": Calculator.evaluate(expression)}], ended_turn=False)
+    final = tokenizer(f"\\boxed{{{problem.answer}}}", add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+    return prompt, call + observation + final, [1] * len(call) + [0] * len(observation) + [1] * len(final)
+
+
 def _build_model(cfg: RunConfig, model_dir: Path, console) -> None:
     from rich.progress import Progress
     from transformers import AutoTokenizer
 
     from rlvr.data.datasets import load_problems
-    from rlvr.data.synthetic import solution_text
-    from rlvr.rollout.prompts import encode_prompt
     from rlvr.models.tiny import build_tiny_model
     from rlvr.training.sft import warm_start
 
@@ -60,14 +80,8 @@ def _build_model(cfg: RunConfig, model_dir: Path, console) -> None:
     )
     tokenizer = AutoTokenizer.from_pretrained(staging)
     problems = load_problems(str(cfg.data.train), limit=spec.warm_start.examples)
-    pairs = [
-        (
-            encode_prompt(p, tokenizer, cfg.data),
-            tokenizer(solution_text(p.question, p.answer), add_special_tokens=False).input_ids + [tokenizer.eos_token_id],
-        )
-        for p in problems
-    ]
     w = spec.warm_start
+    pairs = [_worked_example(p, tokenizer, cfg, use_tool=k < w.tool_calls * len(problems)) for k, p in enumerate(problems)]
     with Progress(console=console) as bar:
         task = bar.add_task(f"warm start ({len(pairs)} examples)", total=w.steps)
         losses = warm_start(

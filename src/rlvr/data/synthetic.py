@@ -51,13 +51,16 @@ def arithmetic_problems(
     max_digits: int,
     train_size: int,
     test_size: int,
+    second_operand_digits: int | None = None,
 ) -> tuple[list[Problem], list[Problem]]:
     """Draw distinct problems and split them into (train, test) by seed."""
     if min_digits > max_digits:
         raise ValueError(f"min_digits={min_digits} is larger than max_digits={max_digits}")
     rng = random.Random(seed)
     low, high = 10 ** (min_digits - 1) if min_digits > 1 else 0, 10**max_digits - 1
-    pool_size = len(operations) * (high - low + 1) ** 2
+    second = second_operand_digits
+    low_b, high_b = (low, high) if second is None else (10 ** (second - 1) if second > 1 else 0, 10**second - 1)
+    pool_size = len(operations) * (high - low + 1) * (high_b - low_b + 1)
     wanted = train_size + test_size
     if wanted > pool_size // 2:
         raise ValueError(f"{wanted} problems asked from a pool of {pool_size}: widen the digits or ask for fewer")
@@ -65,7 +68,7 @@ def arithmetic_problems(
     problems: list[Problem] = []
     while len(problems) < wanted:
         op = rng.choice(operations)
-        a, b = rng.randint(low, high), rng.randint(low, high)
+        a, b = rng.randint(low, high), rng.randint(low_b, high_b)
         key = (op, min(a, b), max(a, b)) if op in "+*" else (op, a, b)
         if key in seen:
             continue

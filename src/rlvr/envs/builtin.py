@@ -94,9 +94,13 @@ class Calculator(ToolEnv):
 
     def run(self, call: str) -> tuple[str, bool]:
         try:
-            return _format(_arithmetic(ast.parse(call, mode="eval").body)), True
+            return self.evaluate(call), True
         except (SyntaxError, ValueError, ZeroDivisionError, OverflowError, RecursionError) as err:
             return f"error: {err.__class__.__name__}: {err}", False
+
+    @staticmethod
+    def evaluate(expression: str) -> str:
+        return _format(_arithmetic(ast.parse(expression, mode="eval").body))
 
 
 @register("python_tool")

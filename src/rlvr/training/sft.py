@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 
 def warm_start(
     model_dir: str | Path,
-    pairs: list[tuple[list[int], list[int]]],
+    pairs: list[tuple[list[int], list[int], list[int]]],
     *,
     steps: int,
     batch_size: int,
@@ -27,7 +27,8 @@ def warm_start(
     out_dir: str | Path | None = None,
     progress=None,
 ) -> list[float]:
-    """Train on `pairs` of (prompt ids, target ids), loss on targets only; save to out_dir."""
+    """Train on (prompt ids, target ids, target loss mask) triples, loss on the targets' masked-in
+    tokens only (an environment's observations inside a target are masked out); save to out_dir."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -52,12 +53,12 @@ def warm_start(
     return losses
 
 
-def _collate(batch: list[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(p) + len(t) for p, t in batch)
+def _collate(batch: list[tuple[list[int], list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) + len(t) for p, t, _ in batch)
     ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     labels = torch.full((len(batch), width), -100, dtype=torch.long)
-    for row, (prompt, target) in enumerate(batch):
+    for row, (prompt, target, mask) in enumerate(batch):
         seq = prompt + target
         ids[row, : len(seq)] = torch.tensor(seq)
-        labels[row, len(prompt) : len(seq)] = torch.tensor(target)
+        labels[row, len(prompt) : len(seq)] = torch.tensor([t if m else -100 for t, m in zip(target, mask)])
     return ids, labels
