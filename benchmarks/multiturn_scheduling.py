@@ -1,0 +1,113 @@
+"""Multi-turn rollouts: continuous scheduling (a trajectory's next turn goes to the engine as soon as
+its environment answers) against lockstep (every next turn waits for the whole batch), side by side.
+
+The environment is a stand-in for a tool with latency: each step takes a random U(0, --latency)
+seconds (a sandboxed program, a search call) and asks for another turn, for --turns turns. The
+model is the demo's tiny Qwen2 with random weights, served by vLLM (in-process, as training runs
+it); the same seeded requests in both modes, alternating A B A B over --rounds rounds.
+
+    python benchmarks/multiturn_scheduling.py --out runs/bench_multiturn.json
+
+Appends a line to docs/benchmarks.md (command, machine, date, figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import random
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from _ledger import append_line, provenance, write_result
+
+from rlvr.config import DataConfig, EngineConfig, EnvConfig, ModelConfig, SandboxConfig
+from rlvr.engines import make_engine
+from rlvr.envs import EnvContext, EnvStep
+from rlvr.envs.base import register
+from rlvr.models.tiny import build_tiny_model
+from rlvr.records import Problem, Sampling
+from rlvr.rollout.prompts import Renderer
+from rlvr.rollout.trajectories import Start, TrajectoryRunner
+
+
+_INSTANCES = itertools.count()
+
+
+@register("bench_slow_tool")
+class SlowTool:
+    """Answers every turn after a random delay, like a tool call, and asks for another turn."""
+
+    stop: tuple[str, ...] = ()
+
+    def __init__(self, problem: Problem, context: EnvContext):
+        self.latency = float(context.config.options["latency"])
+        self.rng = random.Random(f"{problem.id}-{next(_INSTANCES)}")
+
+    def reset(self, problem):
+        return None
+
+    def step(self, action: str) -> EnvStep:
+        time.sleep(self.rng.uniform(0.0, self.latency))
+        return EnvStep([{"role": "user", "content": "go on"}], done=False, tool_calls=1)
+
+    def close(self) -> None:
+        pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--latency", type=float, default=0.2, help="seconds: each environment step takes U(0, this)")
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+
+    model_dir = build_tiny_model(Path(tempfile.mkdtemp(prefix="rlvr-bench-")) / "model", "qwen2", hidden_size=128,
+                                 num_layers=4, intermediate_size=512)
+    model = ModelConfig(path=str(model_dir))
+    data = DataConfig(train="-", template="plain")
+    problems = [Problem(id=f"q{i}", question=f"count to {i}", answer="") for i in range(args.prompts)]
+    seconds: dict[str, list[float]] = {"continuous": [], "lockstep": []}
+    turns = 0
+    with make_engine(model, EngineConfig(max_model_len=2048, kv_cache_gb=1), seed=0) as engine:
+        from transformers import AutoTokenizer
+
+        renderer = Renderer(AutoTokenizer.from_pretrained(model_dir), data)
+        for round_index in range(args.rounds):
+            for mode in ("continuous", "lockstep"):
+                config = EnvConfig(name="bench_slow_tool", max_turns=args.turns, lockstep=mode == "lockstep", workers=64,
+                                   options={"latency": args.latency})
+                runner = TrajectoryRunner(engine, renderer, config, EnvContext(config, SandboxConfig()), max_model_len=2048)
+                starts = [Start(p, renderer.prompt(p)) for p in problems]
+                started = time.perf_counter()
+                trajectories = runner.run(starts, args.samples, Sampling(max_tokens=args.max_tokens, seed=round_index))
+                seconds[mode].append(time.perf_counter() - started)
+                turns = sum(t.turns for t in trajectories)
+                print(f"round {round_index} {mode}: {seconds[mode][-1]:.2f} s, {turns} turns", flush=True)
+    median = {mode: statistics.median(values) for mode, values in seconds.items()}
+    result = {
+        "setting": vars(args) | {"out": str(args.out)},
+        "seconds": seconds,
+        "median_s": median,
+        "speedup": median["lockstep"] / median["continuous"],
+        "turns_per_run": turns,
+        **provenance(),
+    }
+    write_result(args.out, result)
+    append_line(
+        f"multi-turn rollouts, continuous vs lockstep scheduling ({args.prompts} prompts x {args.samples} samples, "
+        f"{args.turns} turns of up to {args.max_tokens} tokens, environment steps U(0, {args.latency}) s, vLLM in-process, "
+        f"tiny random Qwen2): continuous {median['continuous']:.2f} s vs lockstep {median['lockstep']:.2f} s per batch "
+        f"(medians of {args.rounds}), **{result['speedup']:.2f}x**",
+        result,
+    )
+
+
+if __name__ == "__main__":
+    main()
