@@ -13,8 +13,7 @@ import psutil
 import pytest
 
 from rlvr.config import SandboxConfig
-from rlvr.sandbox import Sandbox, SandboxPool, SandboxUnavailable
-from rlvr.sandbox import cgroups
+from rlvr.sandbox import Sandbox, SandboxPool, SandboxUnavailable, cgroups
 from rlvr.sandbox.cgroups import parse_mountinfo, parse_self_cgroup
 
 
