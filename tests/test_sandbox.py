@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -12,7 +13,7 @@ import psutil
 import pytest
 
 from rlvr.config import SandboxConfig
-from rlvr.sandbox import Sandbox, SandboxPool, SandboxUnavailable
+from rlvr.sandbox import Sandbox, SandboxPool, SandboxUnavailable, cgroups
 from rlvr.sandbox.cgroups import parse_mountinfo, parse_self_cgroup
 
 
@@ -173,3 +174,14 @@ def test_cgroup_discovery_parses_v1_and_co_mounted_controllers():
         "memory": "/outer/job", "cpu": "/", "cpuacct": "/", "": "/user.slice",
     }  # fmt: skip
     assert parse_mountinfo("41 31 0:38 / /sys/fs/cgroup rw - cgroup2 cgroup2 rw\n") == {}
+
+
+def test_groups_left_by_a_dead_process_are_removed(sandbox):
+    parents = sandbox.plan.cgroup_parents
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    name = cgroups.group_name(gone.pid, 0)
+    for parent in set(parents.values()):
+        (parent / name).mkdir()
+    assert cgroups.remove_stale(parents) == len(set(parents.values()))
+    assert not any((parent / name).exists() for parent in parents.values())

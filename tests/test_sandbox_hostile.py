@@ -212,11 +212,12 @@ def test_hostile_battery_is_contained(tmp_path):
         assert {scored[n]["status"] for n in ("loop_ignoring_signals", "fork_bomb", "stdout_flood")} == {"timeout"}
         assert "processes" in scored["fork_bomb"]["detail"] and "output" in scored["stdout_flood"]["detail"]
         # one block: MemoryError where the scoring worker's own RLIMIT_AS (inherited) is lower, else
-        # the cgroup's OOM kill; in steps that each fit, the cgroup's OOM kill
+        # the cgroup's OOM kill; in steps that each fit, the cgroup's OOM kill, or the wall clock
+        # when the kernel reclaims (re-reading the interpreter's pages) before it kills
         big = scored["allocate_12_gb"]
         assert big["reward"] == 0.0 and ((big["status"] == "error" and "memory" in big["detail"]) or "MemoryError" in big["detail"]), big
         steps = scored["allocate_12_gb_in_steps"]
-        assert (steps["status"], steps["reward"]) == ("error", 0.0) and "limits hit: memory" in steps["detail"], steps
+        assert steps["reward"] == 0.0 and ("limits hit: memory" in steps["detail"] or steps["status"] == "timeout"), steps
         # nothing leaked, nothing written: the attacks' own tests failed
         for name in ("write_and_delete_outside", "read_outside", "connect_to_host", "read_scorer_environment"):
             assert (scored[name]["status"], scored[name]["reward"]) == ("ok", 0.0), (name, scored[name])
