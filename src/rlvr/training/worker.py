@@ -219,12 +219,12 @@ class _Rank:
         sampler = _padded([torch.tensor(step.sampler_logprobs[i], dtype=lp.dtype) for i in mb.sequences])
         adv = torch.tensor([step.advantages[i] for i in mb.sequences], dtype=lp.dtype)
         loss, metrics, is_weights = self._loss(mb, lp, old_lp, sampler, adv, mask, step)
-        share = self._share(mask, mb, mini)
+        weight, denominator = self._share(mask, mb, mini)
         # FSDP averages gradients over ranks; the world_size factor turns that into a sum,
         # so the update's loss is normalised once, by the mini-batch's global denominator.
-        (loss * share * self.world_size).backward()
+        (loss * (weight / denominator) * self.world_size).backward()
         tokens = mask.sum().item()
-        self._accumulate(sums, "loss", loss.item() * share)
+        self._accumulate(sums, "loss", loss.item() * weight / denominator)
         self._accumulate(sums, "tokens", tokens)
         self._accumulate(sums, "entropy_sum", float((_padded(unpack(entropy, mb)) * mask).sum()))
         self._accumulate(sums, "sampler_gap_sum", ((old_lp - sampler).abs() * mask).sum().item())
@@ -234,15 +234,16 @@ class _Rank:
         if is_weights is not None:
             self._accumulate(sums, "is_weight_sum", float(torch.where(mask, is_weights, 0.0).sum()))
 
-    def _share(self, mask: torch.Tensor, mb: MicroBatch, mini: MiniBatch) -> float:
-        """The micro-batch's weight in its update: its aggregated loss times this is its part of
-        the update's (token means by tokens, sequence means by rows; sums simply add)."""
+    def _share(self, mask: torch.Tensor, mb: MicroBatch, mini: MiniBatch) -> tuple[float, float]:
+        """The micro-batch's share of its update, as (weight, denominator): its aggregated loss
+        times weight / denominator is its part of the update's (token means by tokens, sequence
+        means by rows; sums simply add)."""
         agg = self.spec.algorithm.agg
         if agg == "token_sum":
-            return 1.0
+            return 1, 1
         if agg == "token_mean":
-            return mask.sum().item() / mini.num_tokens
-        return len(mb.sequences) / mini.num_sequences
+            return mask.sum().item(), mini.num_tokens
+        return len(mb.sequences), mini.num_sequences
 
     def _step_logprobs(self, step: StepInput) -> dict[int, torch.Tensor]:
         """The current policy's logprob of every completion token of the step (no gradient)."""
