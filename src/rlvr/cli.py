@@ -78,12 +78,19 @@ def score(
     skip_bad: bool = typer.Option(False, "--skip-bad", help="report and skip bad rows instead of stopping"),
     workers: int = typer.Option(2, "--workers"),
     timeout_s: float = typer.Option(2.0, "--timeout", help="seconds per item"),
+    option: Optional[list[str]] = typer.Option(
+        None, "--option", help="verifier option KEY=VALUE, repeatable; a comma makes a list: extract=boxed,answer,last_number"
+    ),
 ):
     """Score a JSONL file of responses with a verifier, in the sandboxed pool."""
     from rlvr.rewards.score_file import score_file
+    from rlvr.rewards.verifiers import parse_option
 
     try:
-        score_file(input_path, output, verifier=verifier, skip_bad=skip_bad, workers=workers, timeout_s=timeout_s)
+        options = dict(parse_option(text) for text in option or [])
+        score_file(
+            input_path, output, verifier=verifier, skip_bad=skip_bad, workers=workers, timeout_s=timeout_s, options=options
+        )
     except (ValueError, FileNotFoundError) as err:
         console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None

@@ -139,6 +139,12 @@ class RewardConfig(Section):
     workers: int = Field(2, ge=1)
     timeout_s: float = Field(2.0, gt=0)
     memory_limit_mb: int = Field(1024, gt=0)
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="options for the verifier, checked when the scoring pool starts; math: extract (modes tried in "
+        "order: boxed, answer, last_number, whole), reasoning_end, ignore_case, percent (either|ratio|number), "
+        "decimal_comma (auto|never|always); see docs/rewards.md",
+    )
 
 
 class AlgorithmConfig(Section):

@@ -12,8 +12,10 @@ Rules:
   replaced, its item gets "timeout", the rest of its chunk is handed out again.
 - A worker that dies (segfault, abort) costs its item status "error"; an exception inside a
   verifier is status "error" too. Every failure scores 0 and the batch goes on.
-- Rows may name their own verifier; `options` apply to the pool's default verifier only.
-  Loading a verifier (importing a custom module) gets `STARTUP_TIMEOUT_S`. A verifier with
+- Rows may name their own verifier; `options` apply to the pool's default verifier only. A
+  built-in default verifier is built once in the parent first, so an unknown option or a bad
+  value raises ValueError (naming the option) before any worker starts. Loading a verifier
+  (importing a custom module) in a worker gets `STARTUP_TIMEOUT_S`. A verifier with
   `.score_batch` (a batched custom reward) gets a chunk's items in one call, with `timeout_s`
   per item in the call.
 """
@@ -150,6 +152,10 @@ class ScoringPool:
     ) -> None:
         if workers < 1 or timeout_s <= 0 or memory_limit_mb <= 0:
             raise ValueError("ScoringPool needs workers >= 1, timeout_s > 0 and memory_limit_mb > 0")
+        from rlvr.rewards.verifiers import VERIFIERS, get_verifier
+
+        if verifier in VERIFIERS:
+            get_verifier(verifier, **(options or {}))  # a bad option fails here, in one line
         self.verifier = verifier
         self.timeout_s = timeout_s
         self._args = (verifier, dict(options or {}), timeout_s, memory_limit_mb)

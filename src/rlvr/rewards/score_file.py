@@ -64,8 +64,11 @@ def score_file(
     skip_bad: bool = False,
     workers: int = 2,
     timeout_s: float = 2.0,
+    options: dict | None = None,
 ) -> dict:
-    """Score `in_path` into `out_path`; returns counts by status (plus "skipped")."""
+    """Score `in_path` into `out_path`; returns counts by status (plus "skipped").
+
+    `options` configure `verifier` (not the rows that name their own)."""
     in_path, out_path = Path(in_path), Path(out_path)
     console = Console(stderr=True)
     rows, skipped = _read_rows(in_path, skip_bad, console)
@@ -73,7 +76,7 @@ def score_file(
     tmp_path = out_path.with_name(out_path.name + ".tmp")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with ScoringPool(verifier, workers=workers, timeout_s=timeout_s) as pool, tmp_path.open("w", encoding="utf-8") as out:
+        with ScoringPool(verifier, workers=workers, timeout_s=timeout_s, options=options) as pool, tmp_path.open("w", encoding="utf-8") as out:
             with Progress(console=console, transient=True) as progress:
                 task = progress.add_task("scoring", total=len(rows))
                 for start in range(0, len(rows), BATCH_ROWS):

@@ -5,12 +5,16 @@ Every verifier reads the final answer with the extraction modes in `extract`, tr
 until one finds something: "boxed" (the last `\\boxed{}`), "answer" (`Answer: ...`),
 "last_number", "whole" (the whole response, stripped). No answer -> status "no_answer".
 
-- `math` (extract=("boxed",)): `equivalence.equivalent`. Hedges score 0 (`hedging.py`):
-  several boxed answers that are not all equivalent, or a list of candidates for a
-  single-valued reference. For a multi-valued reference (`3, 5`), distinct boxes are joined
-  with ", " and compared as one answer.
-- `aime` (extract=("boxed",)): the answer must be an integer literal 0-999 (after
-  normalisation, so `\\boxed{025}` and `$25$` count); compared as integers with the reference.
+- `math`: `equivalence.equivalent`. Hedges score 0 (`hedging.py`): several boxed answers that
+  are not all equivalent, or a list of candidates for a single-valued reference. For a
+  multi-valued reference (`3, 5`), distinct boxes are joined with ", " and compared as one
+  answer. Options: `extract` (modes, default ("boxed",)); `reasoning_end` (default "</think>":
+  only the text after it is read, see `extract.after_reasoning`; "" reads everything);
+  `ignore_case`, `percent`, `decimal_comma` (`equivalence.Rules`). A reference holding boxes
+  is reduced to them (`extract.reference_answer`).
+- `aime` (extract=("boxed",), reasoning_end="</think>"): the answer must be an integer literal
+  0-999 (after normalisation, so `\\boxed{025}` and `$25$` count); compared as integers with
+  the reference.
 - `gsm8k`: the number after `####`, else the last box, else the last number; commas, `$` and
   a trailing `.` ignored; compared as exact numbers. A reference holding `####` (a dataset
   solution) is reduced to the number after it.
@@ -22,13 +26,14 @@ until one finds something: "boxed" (the last `\\boxed{}`), "answer" (`Answer: ..
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections.abc import Callable, Sequence
 
 from rlvr.records import Score
 from rlvr.rewards.custom import load_custom
-from rlvr.rewards.equivalence import equivalent, normalize, numeric_values
-from rlvr.rewards.extract import after_hashes, answer_line, boxed_answers, last_number
+from rlvr.rewards.equivalence import DEFAULT_RULES, Rules, equivalent, normalize, numeric_values
+from rlvr.rewards.extract import after_hashes, after_reasoning, answer_line, boxed_answers, last_number, reference_answer
 from rlvr.rewards.hedging import hedges, is_scalar
 
 Verifier = Callable[[str, str], Score]
@@ -42,10 +47,10 @@ _EXTRACTORS: dict[str, Callable[[str], list[str]]] = {
 
 
 def _check_modes(extract: Sequence[str]) -> tuple[str, ...]:
-    modes = (extract,) if isinstance(extract, str) else tuple(extract)
+    modes = tuple(m.strip() for m in extract.split(",")) if isinstance(extract, str) else tuple(extract)
     unknown = [m for m in modes if m not in _EXTRACTORS]
     if unknown or not modes:
-        raise ValueError(f"unknown extract mode(s) {unknown or modes!r}; choose from {sorted(_EXTRACTORS)}")
+        raise ValueError(f"option extract: unknown mode(s) {unknown or list(modes)}; choose from {', '.join(_EXTRACTORS)}")
     return modes
 
 
@@ -58,28 +63,40 @@ def _candidates(response: str, modes: tuple[str, ...]) -> list[str]:
     return []
 
 
-def _final_answer(candidates: list[str], reference: str) -> tuple[str, bool]:
+def _final_answer(candidates: list[str], reference: str, rules: Rules = DEFAULT_RULES) -> tuple[str, bool]:
     """(the final answer, whether the boxes disagree) following the module-doc rules."""
     final = candidates[-1]
-    distinct = list(dict.fromkeys(normalize(c) for c in candidates))
+    distinct = list(dict.fromkeys(normalize(c, rules) for c in candidates))
     if len(distinct) == 1:
         return final, False
-    if not is_scalar(reference):
+    if not is_scalar(reference, rules):
         return ", ".join(distinct), False
-    return final, not all(equivalent(c, final) for c in distinct)
+    return final, not all(equivalent(c, final, rules) for c in distinct)
 
 
-def math_verifier(*, extract: Sequence[str] = ("boxed",)) -> Verifier:
+def math_verifier(
+    *,
+    extract: Sequence[str] = ("boxed",),
+    reasoning_end: str = "</think>",
+    ignore_case: bool = False,
+    percent: str = "either",
+    decimal_comma: str = "auto",
+) -> Verifier:
     modes = _check_modes(extract)
+    if not isinstance(reasoning_end, str):
+        raise ValueError(f"option reasoning_end={reasoning_end!r}: expected a string ('' reads the whole response)")
+    rules = Rules(percent=percent, decimal_comma=decimal_comma, ignore_case=ignore_case)
 
     def score(response: str, reference: str) -> Score:
-        candidates = _candidates(response, modes)
+        text = after_reasoning(response, reasoning_end)
+        candidates = _candidates(text, modes) if text is not None else []
         if not candidates:
             return Score(0.0, "no_answer", None)
-        final, disagree = _final_answer(candidates, reference)
-        if disagree or hedges(final, reference):
+        reference = reference_answer(reference)
+        final, disagree = _final_answer(candidates, reference, rules)
+        if disagree or hedges(final, reference, rules):
             return Score(0.0, "ok", final)
-        return Score(float(equivalent(final, reference)), "ok", final)
+        return Score(float(equivalent(final, reference, rules)), "ok", final)
 
     return score
 
@@ -87,17 +104,18 @@ def math_verifier(*, extract: Sequence[str] = ("boxed",)) -> Verifier:
 _INTEGER = re.compile(r"\d+")
 
 
-def aime_verifier(*, extract: Sequence[str] = ("boxed",)) -> Verifier:
+def aime_verifier(*, extract: Sequence[str] = ("boxed",), reasoning_end: str = "</think>") -> Verifier:
     modes = _check_modes(extract)
 
     def score(response: str, reference: str) -> Score:
-        ref = normalize(reference)
+        ref = normalize(reference_answer(reference))
         if not _INTEGER.fullmatch(ref):
             return Score(0.0, "error", None)
-        candidates = _candidates(response, modes)
+        text = after_reasoning(response, reasoning_end)
+        candidates = _candidates(text, modes) if text is not None else []
         if not candidates:
             return Score(0.0, "no_answer", None)
-        final, disagree = _final_answer(candidates, reference)
+        final, disagree = _final_answer(candidates, ref)
         answer = normalize(final)
         valid = _INTEGER.fullmatch(answer) is not None and int(answer) <= 999
         return Score(float(valid and not disagree and int(answer) == int(ref)), "ok", final)
@@ -170,12 +188,35 @@ VERIFIERS: dict[str, Callable[..., Verifier]] = {
 
 
 def get_verifier(name: str, **options) -> Verifier:
-    """The verifier called `name` (a built-in or `module:function`), configured by `options`."""
+    """The verifier called `name` (a built-in or `module:function`), configured by `options`.
+
+    Unknown option names and bad values raise ValueError naming the option."""
     if name in VERIFIERS:
-        try:
-            return VERIFIERS[name](**options)
-        except TypeError as e:
-            raise ValueError(f"verifier {name!r}: bad options {sorted(options)} ({e})") from None
+        factory = VERIFIERS[name]
+        accepted = list(inspect.signature(factory).parameters)
+        for key in options:
+            if key not in accepted:
+                raise ValueError(f"verifier {name!r}: unknown option {key!r}; options: {', '.join(accepted) or 'none'}")
+        return factory(**options)
     if ":" in name:
         return load_custom(name, **options)
     raise ValueError(f"unknown verifier {name!r}; choose from {sorted(VERIFIERS)} or 'module:function'")
+
+
+def parse_option(text: str) -> tuple[str, object]:
+    """`key=value` from a command line as (key, value): `true`/`false` become bools, numbers
+    numbers, and a value with commas a list (`extract=boxed,answer` -> ["boxed", "answer"])."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"option {text!r}: expected key=value")
+    key, value = key.strip(), value.strip()
+    if value.lower() in ("true", "false"):
+        return key, value.lower() == "true"
+    if "," in value:
+        return key, [v.strip() for v in value.split(",") if v.strip()]
+    for number in (int, float):
+        try:
+            return key, number(value)
+        except ValueError:
+            pass
+    return key, value
