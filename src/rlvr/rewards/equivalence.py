@@ -4,13 +4,16 @@
 
 1. Multiple-choice letters: when one side is a bare choice letter (`C`, `(C)`, `\\text{C}`), the
    other side counts by its leading choice label (`C`, `(C) Cecile`, `C. x = 42`).
-2. Normalised strings are equal (`normalize`, below; `rules.ignore_case` folds case here).
+2. Normalised strings are equal. Letter case: math-verify compares symbols case-insensitively,
+   so by default (`rules.ignore_case=True`) `X` and `x` match everywhere; with
+   `ignore_case=False`, answers whose letters differ only in case are different.
 3. An assignment `x = 3` against a bare `3` compares its right-hand side.
 4. Both are plain numbers (integers, decimals, `a/b`, `\\frac{a}{b}`, `\\frac12`, signs, `%`,
    mixed numbers) -> exact rational comparison decides. Decimals are exact: `0.333` is not
    `\\frac13`. `X%` means X or X/100 (`rules.percent="either"`), only X/100 ("ratio") or only X
    ("number").
-5. Otherwise math-verify parses both with latex2sympy2_extended (an ANTLR grammar: no `eval`,
+5. Bare lists with the same items (in any order, `,` or `;` between them) are equal.
+6. Otherwise math-verify parses both with latex2sympy2_extended (an ANTLR grammar: no `eval`,
    no `parse_expr`; plain numbers skip it) and compares symbolically: sets and bare lists ignore
    order, tuples do not, open and closed interval ends differ, an interval equals the inequality
    it solves, matrices compare entry-wise. Before that, two constants whose difference is
@@ -65,7 +68,7 @@ class Rules:
 
     percent: str = "either"
     decimal_comma: str = "auto"
-    ignore_case: bool = False
+    ignore_case: bool = True
 
     def __post_init__(self) -> None:
         for name, allowed in (("percent", PERCENT_POLICIES), ("decimal_comma", DECIMAL_COMMA_POLICIES)):
@@ -89,7 +92,8 @@ _FRAC_VARIANT = re.compile(r"\\[dtc]frac(?![A-Za-z])")
 _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°|\\degree(?![A-Za-z])")
 _TEXT_CMD = r"\\(?:text|textbf|textrm|textnormal|mathrm|mbox)"
 _PERCENT_WORD = re.compile(
-    rf"(?<=\d)\s*(?:{_TEXT_CMD}\s*\{{\s*(?:percent(?:age)?|pct|per\s*cent)\s*\}}|(?:percent(?:age)?|pct|per\s*cent)(?![A-Za-z]))"
+    rf"(?<=\d)\s*(?:{_TEXT_CMD}\s*\{{\s*(?:percent(?:age)?|pct|per\s*cent)\s*\}}|(?:percent(?:age)?|pct|per\s*cent)(?![A-Za-z]))",
+    re.IGNORECASE,
 )
 _GROUP_SEPARATOR = re.compile(r"(?<=\d)(?:\{\s*,\s*\}|,\\!\s*)(?=\d)")
 _THOUSANDS = re.compile(r"(?<![\d.])(?<!\d,)[1-9]\d{0,2}(?:,\d{3})+(?!\d|,\d)")
@@ -108,6 +112,7 @@ _ASSIGNMENT = re.compile(r"^(?:[A-Za-z]|\\[A-Za-z]+)(?:_\{?\w+\}?)?=([^=]+)$")
 _CHOICE_ONLY = re.compile(rf"^\s*(?:{_TEXT_CMD}\s*\{{\s*)?\(?([A-Z])\)?\s*\}}?\s*\.?\s*$")
 _CHOICE_LABEL = re.compile(rf"^\s*(?:{_TEXT_CMD}\s*\{{\s*)?(?:\(([A-Z])\)|([A-Z])(?:[.:)]|\s+(?=[A-Za-z]{{2}})))")
 
+_COMMAND = re.compile(r"\\[A-Za-z]+")
 _UNSIGNED = re.compile(r"\d+(?:\.\d+)?|\.\d+")
 _SLASH = re.compile(r"(\d+)/(\d+)")
 _FRAC = re.compile(r"\\frac\{(-?\d+)\}\{(-?\d+)\}|\\frac(\d)(\d)")
@@ -218,6 +223,28 @@ def decimal_comma_values(s: str, percent: str = "either") -> frozenset[Fraction]
     return numeric_values(f"{m.group(1)}.{m.group(2)}{m.group(3)}", percent) if m else None
 
 
+def top_level_items(s: str, *, sets_shelter: bool = True) -> list[str]:
+    """`s` split at `,` and `;` outside parentheses, brackets and groups; with `sets_shelter`
+    False, the commas of a set `\\{...\\}` split too (a set lists its members)."""
+    items, depth, start, i = [], 0, 0, 0
+    while i < len(s):
+        ch = s[i]
+        if ch == "\\":
+            if s[i + 1 : i + 2] in ("{", "}") and sets_shelter:
+                depth += 1 if s[i + 1] == "{" else -1
+            i += 2 if s[i + 1 : i + 2] in ("{", "}") else 1
+            continue
+        if ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth = max(0, depth - 1)
+        elif depth <= 0 and ch in ",;":
+            items.append(s[start:i].strip())
+            start = i + 1
+        i += 1
+    return [*items, s[start:].strip()]
+
+
 def as_list(s: str) -> str:
     """`s` with its ambiguous digit commas read as list separators."""
     return _COMMA_BETWEEN_DIGITS.sub(", ", s)
@@ -282,6 +309,16 @@ def _same_text(p: str, r: str, rules: Rules) -> bool:
     return p == r or (rules.ignore_case and p.casefold() == r.casefold())
 
 
+def _letters(s: str) -> list[str]:
+    return sorted(ch for ch in _COMMAND.sub("", s) if ch.isalpha())
+
+
+def _differ_in_case_only(p: str, r: str) -> bool:
+    """True when the two answers' letters (outside commands) are the same but for case."""
+    lp, lr = _letters(p), _letters(r)
+    return lp != lr and sorted(c.casefold() for c in lp) == sorted(c.casefold() for c in lr)
+
+
 @lru_cache(maxsize=8192)
 def equivalent(pred: str, ref: str, rules: Rules = DEFAULT_RULES) -> bool:
     """True when `pred` and `ref` denote the same answer (rules in the module doc)."""
@@ -292,6 +329,8 @@ def equivalent(pred: str, ref: str, rules: Rules = DEFAULT_RULES) -> bool:
         return False
     if _same_text(p, r, rules):
         return True
+    if not rules.ignore_case and _differ_in_case_only(p, r):
+        return False
     if "=" not in r and (m := _ASSIGNMENT.match(p)) is not None:
         p = m.group(1)
     if "=" not in p and (m := _ASSIGNMENT.match(r)) is not None:
@@ -305,7 +344,12 @@ def equivalent(pred: str, ref: str, rules: Rules = DEFAULT_RULES) -> bool:
     if p_values is not None and r_values is not None:
         return not p_values.isdisjoint(r_values)
     p, r = as_list(p), as_list(r)
-    return _same_text(p, r, rules) or _symbolically_equal(p, r)
+    if _same_text(p, r, rules):
+        return True
+    p_items, r_items = top_level_items(p), top_level_items(r)
+    if len(p_items) > 1 and len(p_items) == len(r_items) and _same_text("\x00".join(sorted(p_items)), "\x00".join(sorted(r_items)), rules):
+        return True  # the same items in another order, or with `;` for `,`
+    return _symbolically_equal(p, r)
 
 
 def warm_up() -> None:

@@ -78,7 +78,7 @@ def math_verifier(
     *,
     extract: Sequence[str] = ("boxed",),
     reasoning_end: str = "</think>",
-    ignore_case: bool = False,
+    ignore_case: bool = True,
     percent: str = "either",
     decimal_comma: str = "auto",
 ) -> Verifier:
