@@ -35,10 +35,13 @@ number, `\\text{}` wrappers, a wrapping `{}` group, a final period. Commas betwe
 - Spaced thousands (`1 000`, `2\\,000`) are one number; `4 4/9` is the mixed number 40/9 when the
   fraction is proper (numerator below denominator), as `4\\frac{4}{9}` is.
 
-List commas are spelled `, ` after normalisation. Answers that could make sympy run away are
-compared as strings only: longer than `MAX_SYMBOLIC_CHARS`, power towers (`10^{10^{10}}`),
-exponents or factorials of 5+ digits. Results are cached per (pred, ref, rules), since a group
-of samples often repeats an answer. No timeout is set here: the scoring pool bounds each item.
+List commas are spelled `, ` after normalisation. Answers that could make the parser or sympy run away
+are compared as strings only: longer than `MAX_SYMBOLIC_CHARS`, nested deeper than
+`MAX_SYMBOLIC_DEPTH` brackets or braces (the grammar's cost grows steeply with depth: ~1.5 s at
+10 levels), power towers (`10^{10^{10}}`), exponents or factorials of 5+ digits. Numbers longer
+than `MAX_NUMBER_DIGITS` digits are not read as numbers (Python refuses int conversions over 4300
+digits, and the work is quadratic): they match their own spelling only. Results are cached per (pred, ref, rules) for answers up to
+`MAX_CACHED_CHARS` together, since a group of samples often repeats an answer. No timeout is set here: the scoring pool bounds each item.
 """
 
 from __future__ import annotations
@@ -53,6 +56,9 @@ import sympy
 from math_verify import LatexExtractionConfig, parse, verify
 
 MAX_SYMBOLIC_CHARS = 300
+MAX_SYMBOLIC_DEPTH = 6
+MAX_NUMBER_DIGITS = 1000
+MAX_CACHED_CHARS = 2000
 PERCENT_POLICIES = ("either", "ratio", "number")
 DECIMAL_COMMA_POLICIES = ("auto", "never", "always")
 
@@ -196,6 +202,8 @@ def _closes_at_end(s: str) -> bool:
 
 def numeric_values(s: str, percent: str = "either") -> frozenset[Fraction] | None:
     """The exact values a normalised plain number can mean (two for a percentage), or None."""
+    if len(s) > MAX_NUMBER_DIGITS + 8:
+        return None
     is_percent = s.endswith("%")
     body = s.removesuffix("%")
     sign = -1 if body.startswith("-") else 1
@@ -250,8 +258,19 @@ def as_list(s: str) -> str:
     return _COMMA_BETWEEN_DIGITS.sub(", ", s)
 
 
+def _nesting_depth(s: str) -> int:
+    depth = deepest = 0
+    for ch in s:
+        if ch in "({[":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in ")}]":
+            depth -= 1
+    return deepest
+
+
 def _symbolic_safe(s: str) -> bool:
-    return len(s) <= MAX_SYMBOLIC_CHARS and _RUNAWAY.search(s) is None
+    return len(s) <= MAX_SYMBOLIC_CHARS and _RUNAWAY.search(s) is None and _nesting_depth(s) <= MAX_SYMBOLIC_DEPTH
 
 
 @lru_cache(maxsize=4096)
@@ -319,9 +338,14 @@ def _differ_in_case_only(p: str, r: str) -> bool:
     return lp != lr and sorted(c.casefold() for c in lp) == sorted(c.casefold() for c in lr)
 
 
-@lru_cache(maxsize=8192)
 def equivalent(pred: str, ref: str, rules: Rules = DEFAULT_RULES) -> bool:
     """True when `pred` and `ref` denote the same answer (rules in the module doc)."""
+    if len(pred) + len(ref) > MAX_CACHED_CHARS:  # a cache of megabyte answers would fill the memory limit
+        return _equivalent(pred, ref, rules)
+    return _equivalent_cached(pred, ref, rules)
+
+
+def _equivalent(pred: str, ref: str, rules: Rules) -> bool:
     if (choice := _choice_verdict(pred, ref)) is not None:
         return choice
     p, r = normalize(pred, rules), normalize(ref, rules)
@@ -350,6 +374,9 @@ def equivalent(pred: str, ref: str, rules: Rules = DEFAULT_RULES) -> bool:
     if len(p_items) > 1 and len(p_items) == len(r_items) and _same_text("\x00".join(sorted(p_items)), "\x00".join(sorted(r_items)), rules):
         return True  # the same items in another order, or with `;` for `,`
     return _symbolically_equal(p, r)
+
+
+_equivalent_cached = lru_cache(maxsize=8192)(_equivalent)
 
 
 def warm_up() -> None:

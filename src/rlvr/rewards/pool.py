@@ -18,6 +18,9 @@ Rules:
   (importing a custom module) in a worker gets `STARTUP_TIMEOUT_S`. A verifier with
   `.score_batch` (a batched custom reward) gets a chunk's items in one call, with `timeout_s`
   per item in the call.
+- After each `score()`, `item_seconds[i]` is how long item i held its worker (from the worker's
+  previous message, or the hand-out of its chunk, to its answer or its kill), and `restarts`
+  counts the workers killed and replaced so far.
 """
 
 from __future__ import annotations
@@ -131,6 +134,7 @@ class _Worker:
     ready: bool = False
     chunk: list[int] = field(default_factory=list)  # item indices not yet answered
     deadline: float = 0.0
+    item_started: float = 0.0  # when the worker began its current item, as far as the parent can tell
 
 
 class ScoringPool:
@@ -162,6 +166,8 @@ class ScoringPool:
         self._ctx = mp.get_context("spawn")
         self._workers = [self._start_worker() for _ in range(workers)]
         self._closed = False
+        self.restarts = 0
+        self.item_seconds: list[float] = []
 
     def _start_worker(self) -> _Worker:
         parent_conn, child_conn = self._ctx.Pipe()
@@ -171,6 +177,7 @@ class ScoringPool:
         return _Worker(process, parent_conn, deadline=time.monotonic() + STARTUP_TIMEOUT_S)
 
     def _replace(self, worker: _Worker) -> _Worker:
+        self.restarts += 1
         worker.process.kill()
         worker.process.join()
         worker.conn.close()
@@ -205,6 +212,7 @@ class ScoringPool:
         names = verifiers or [self.verifier] * len(responses)
         items = [(names[i], str(responses[i]), str(answers[i])) for i in range(len(responses))]
         results: list[Score | None] = [None] * len(items)
+        self.item_seconds = [0.0] * len(items)
         # Several chunks per worker keep both busy when item costs differ.
         size = max(1, min(64, -(-len(items) // (4 * len(self._workers)))))
         pending = deque(list(range(i, min(i + size, len(items)))) for i in range(0, len(items), size))
@@ -213,7 +221,8 @@ class ScoringPool:
             for worker in self._workers:
                 if worker.ready and not worker.chunk and pending:
                     worker.chunk = pending.popleft()
-                    worker.deadline = time.monotonic() + self.timeout_s + KILL_GRACE_S
+                    now = time.monotonic()
+                    worker.item_started, worker.deadline = now, now + self.timeout_s + KILL_GRACE_S
                     worker.conn.send([items[i] for i in worker.chunk])
             busy = [w for w in self._workers if w.chunk or not w.ready]
             now = time.monotonic()
@@ -237,12 +246,21 @@ class ScoringPool:
         if message == "ready":
             worker.ready = True
             return 0
+        now = time.monotonic()
         if isinstance(message, tuple) and message[0] == "budget":
-            worker.deadline = time.monotonic() + message[1] + KILL_GRACE_S
+            worker.deadline = now + message[1] + KILL_GRACE_S
+            worker.item_started = now
             return 0
-        results[worker.chunk.pop(0)] = message
-        worker.deadline = time.monotonic() + self.timeout_s + KILL_GRACE_S
+        self._settle(worker, results, message, now)
+        worker.deadline = now + self.timeout_s + KILL_GRACE_S
         return 1
+
+    def _settle(self, worker: _Worker, results: list, outcome: Score, now: float) -> None:
+        """`worker`'s running item gets `outcome`, and its time on the worker is recorded."""
+        index = worker.chunk.pop(0)
+        results[index] = outcome
+        self.item_seconds[index] = now - worker.item_started
+        worker.item_started = now
 
     def _fail(self, worker: _Worker, results: list, pending: deque, outcome: Score) -> int:
         """Kill and replace `worker`; its running item gets `outcome`, the rest go back."""
@@ -250,7 +268,7 @@ class ScoringPool:
             raise RuntimeError(f"scoring worker failed to start (exit code {worker.process.exitcode})")
         settled = 0
         if worker.chunk:
-            results[worker.chunk.pop(0)] = outcome
+            self._settle(worker, results, outcome, time.monotonic())
             settled = 1
         if worker.chunk:
             pending.appendleft(worker.chunk)

@@ -8,10 +8,12 @@ until one finds something: "boxed" (the last `\\boxed{}`), "answer" (`Answer: ..
 - `math`: `equivalence.equivalent`. Hedges score 0 (`hedging.py`): several boxed answers that
   are not all equivalent, or a list of candidates for a single-valued reference. For a
   multi-valued reference (`3, 5`), distinct boxes are joined with ", " and compared as one
-  answer. Options: `extract` (modes, default ("boxed",)); `reasoning_end` (default "</think>":
-  only the text after it is read, see `extract.after_reasoning`; "" reads everything);
-  `ignore_case`, `percent`, `decimal_comma` (`equivalence.Rules`). A reference holding boxes
-  is reduced to them (`extract.reference_answer`).
+  answer; more than `MAX_DISTINCT_ANSWERS` different boxes are a hedge. A final answer or
+  reference over `MAX_ANSWER_CHARS` characters is compared as a plain string. A reference
+  holding boxes is reduced to them (`extract.reference_answer`). Options: `extract` (modes,
+  default ("boxed",)); `reasoning_end` (default "</think>": only the text after it is read, see
+  `extract.after_reasoning`; "" reads everything); `ignore_case`, `percent`, `decimal_comma`
+  (`equivalence.Rules`).
 - `aime` (extract=("boxed",), reasoning_end="</think>"): the answer must be an integer literal
   0-999 (after normalisation, so `\\boxed{025}` and `$25$` count); compared as integers with
   the reference.
@@ -37,6 +39,8 @@ from rlvr.rewards.extract import after_hashes, after_reasoning, answer_line, box
 from rlvr.rewards.hedging import hedges, is_scalar
 
 Verifier = Callable[[str, str], Score]
+MAX_ANSWER_CHARS = 10_000  # longer final answers (or references) are compared as plain strings
+MAX_DISTINCT_ANSWERS = 64  # more different boxes than this are a hedge, whatever the reference
 
 _EXTRACTORS: dict[str, Callable[[str], list[str]]] = {
     "boxed": boxed_answers,
@@ -66,7 +70,12 @@ def _candidates(response: str, modes: tuple[str, ...]) -> list[str]:
 def _final_answer(candidates: list[str], reference: str, rules: Rules = DEFAULT_RULES) -> tuple[str, bool]:
     """(the final answer, whether the boxes disagree) following the module-doc rules."""
     final = candidates[-1]
-    distinct = list(dict.fromkeys(normalize(c, rules) for c in candidates))
+    spellings = list(dict.fromkeys(candidates))
+    if len(spellings) == 1:
+        return final, False
+    if len(spellings) > MAX_DISTINCT_ANSWERS:
+        return final, True
+    distinct = list(dict.fromkeys(normalize(c, rules) for c in spellings))
     if len(distinct) == 1:
         return final, False
     if not is_scalar(reference, rules):
@@ -94,6 +103,8 @@ def math_verifier(
             return Score(0.0, "no_answer", None)
         reference = reference_answer(reference)
         final, disagree = _final_answer(candidates, reference, rules)
+        if max(len(final), len(reference)) > MAX_ANSWER_CHARS:
+            return Score(float(not disagree and final.strip() == reference.strip()), "ok", final)
         if disagree or hedges(final, reference, rules):
             return Score(0.0, "ok", final)
         return Score(float(equivalent(final, reference, rules)), "ok", final)
@@ -101,24 +112,27 @@ def math_verifier(
     return score
 
 
-_INTEGER = re.compile(r"\d+")
+def _small_integer(text: str) -> int | None:
+    """The value of an integer literal with at most 9 significant digits, else None (int() of
+    4300+ digits raises, and an AIME answer has 3)."""
+    return int(text) if text.isdigit() and text.isascii() and len(text.lstrip("0")) <= 9 else None
 
 
 def aime_verifier(*, extract: Sequence[str] = ("boxed",), reasoning_end: str = "</think>") -> Verifier:
     modes = _check_modes(extract)
 
     def score(response: str, reference: str) -> Score:
-        ref = normalize(reference_answer(reference))
-        if not _INTEGER.fullmatch(ref):
+        ref = _small_integer(normalize(reference_answer(reference)))
+        if ref is None:
             return Score(0.0, "error", None)
         text = after_reasoning(response, reasoning_end)
         candidates = _candidates(text, modes) if text is not None else []
         if not candidates:
             return Score(0.0, "no_answer", None)
-        final, disagree = _final_answer(candidates, ref)
-        answer = normalize(final)
-        valid = _INTEGER.fullmatch(answer) is not None and int(answer) <= 999
-        return Score(float(valid and not disagree and int(answer) == int(ref)), "ok", final)
+        final, disagree = _final_answer(candidates, str(ref))
+        answer = _small_integer(normalize(final)) if len(final) <= MAX_ANSWER_CHARS else None
+        valid = answer is not None and answer <= 999
+        return Score(float(valid and not disagree and answer == ref), "ok", final)
 
     return score
 
@@ -137,7 +151,8 @@ def gsm8k_verifier() -> Verifier:
         final = marked or (boxes[-1] if boxes else None) or last_number(response)
         if final is None:
             return Score(0.0, "no_answer", None)
-        if len({normalize(b) for b in boxes}) > 1:
+        spellings = set(boxes)
+        if len(spellings) > MAX_DISTINCT_ANSWERS or len({normalize(b) for b in spellings}) > 1:
             return Score(0.0, "ok", final)
         value = _gsm8k_number(final)
         return Score(float(value is not None and not value.isdisjoint(ref)), "ok", final)
@@ -167,7 +182,7 @@ def regex_verifier(*, extract: Sequence[str] = ("boxed",), ignore_case: bool = F
     def score(response: str, reference: str) -> Score:
         try:
             pattern = re.compile(reference.strip(), flags)
-        except re.error:
+        except (re.error, OverflowError, RecursionError):  # not a usable pattern: a bad reference
             return Score(0.0, "error", None)
         candidates = _candidates(response, modes)
         if not candidates:
