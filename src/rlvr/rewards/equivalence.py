@@ -106,9 +106,9 @@ _THOUSANDS = re.compile(r"(?<![\d.])(?<!\d,)[1-9]\d{0,2}(?:,\d{3})+(?!\d|,\d)")
 _SPACED_THOUSANDS = re.compile(r"(?<![\d.,/])\d{1,3}(?:[ \t]\d{3})+(?![\d/]|[ \t]?[.,]\d)")
 _MIXED = re.compile(r"(?<![\w.,/)])([+-]?)(\d+)[ \t]+(\d+)/(\d+)(?![\w./(])")
 _COMMA_BETWEEN_DIGITS = re.compile(r"(?<=\d),(?=\d)")
-_LIST_COMMA = re.compile(
-    rf"\s*(?:,\s+|,(?!\d)|(?<!\d),|{_TEXT_CMD}\s*\{{\s*(?:and|or)\s*\}}|(?<![A-Za-z\\])(?:and|or)(?![A-Za-z]))\s*"
-)
+# No leading `\s*`: tried at every space of a long run it would cost quadratic time; the spaces
+# around a list mark go with the other spaces.
+_LIST_COMMA = re.compile(rf",\s+|,(?!\d)|(?<!\d),|{_TEXT_CMD}\s*\{{\s*(?:and|or)\s*\}}|(?<![A-Za-z\\])(?:and|or)(?![A-Za-z])")
 _LIST_MARK = "\ue000"  # a private-use character stands for ", " while spaces are dropped
 _UNIT_AFTER_NUMBER = re.compile(rf"^(.*\d)\s*{_TEXT_CMD}\{{\s*[A-Za-z ]+\s*\}}(?:\^\{{?[23]\}}?)?$")
 _TEXT_WRAPPER = re.compile(rf"{_TEXT_CMD}\{{([^{{}}]*)\}}")
@@ -158,7 +158,9 @@ def _mixed_number(m: re.Match) -> str:
 def normalize(answer: str, rules: Rules = DEFAULT_RULES) -> str:
     """A canonical spelling of `answer` that keeps its meaning (rules in the module doc)."""
     s = answer.strip()
-    while (m := _DELIMITERS.match(s)) is not None:
+    for _ in range(3):  # `$\(x\)$` at most; `$ $ $ ...` would otherwise peel one layer per pass
+        if (m := _DELIMITERS.match(s)) is None:
+            break
         s = m.group(1)
     s = _DOUBLE_ESCAPE.sub(r"\\", s)
     s = _STRAY_DOLLAR.sub("", s)

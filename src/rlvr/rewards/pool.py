@@ -11,7 +11,8 @@ Rules:
   regex) is caught by the parent: a worker silent for `timeout_s + KILL_GRACE_S` is killed and
   replaced, its item gets "timeout", the rest of its chunk is handed out again.
 - A worker that dies (segfault, abort) costs its item status "error"; an exception inside a
-  verifier is status "error" too. Every failure scores 0 and the batch goes on.
+  verifier is status "error" too. Each worker leads its own process group, and a kill (timeout,
+  `close`) takes the whole group: processes a custom reward started die with its worker. Every failure scores 0 and the batch goes on.
 - Rows may name their own verifier; `options` apply to the pool's default verifier only. A
   built-in default verifier is built once in the parent first, so an unknown option or a bad
   value raises ValueError (naming the option) before any worker starts. Loading a verifier
@@ -26,6 +27,7 @@ Rules:
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import resource
 import signal
 import time
@@ -70,6 +72,7 @@ def _worker_main(conn: Connection, default: str, options: dict, timeout_s: float
     from rlvr.rewards.equivalence import warm_up
     from rlvr.rewards.verifiers import get_verifier
 
+    os.setsid()  # its own process group: a kill takes any processes a custom reward started, too
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     signal.signal(signal.SIGALRM, _on_alarm)
     warm_up()
@@ -111,6 +114,15 @@ def _safe(fn, seconds: float):
         return _TIMEOUT
     except Exception:  # includes MemoryError from RLIMIT_AS
         return _ERROR
+
+
+def _kill_group(worker: _Worker) -> None:
+    """SIGKILL the worker's process group (the worker and every process it started)."""
+    try:
+        os.killpg(worker.process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # no such group: gone already, or not yet made (a worker still starting)
+    worker.process.kill()
 
 
 def _group_by_verifier(chunk: list[tuple[str, str, str]]):
@@ -178,7 +190,7 @@ class ScoringPool:
 
     def _replace(self, worker: _Worker) -> _Worker:
         self.restarts += 1
-        worker.process.kill()
+        _kill_group(worker)
         worker.process.join()
         worker.conn.close()
         fresh = self._start_worker()
@@ -287,9 +299,8 @@ class ScoringPool:
                 pass
         for worker in self._workers:
             worker.process.join(timeout=2.0)
-            if worker.process.is_alive():
-                worker.process.kill()
-                worker.process.join()
+            _kill_group(worker)  # the worker if it hangs, and whatever it left running
+            worker.process.join()
             worker.conn.close()
 
     def __enter__(self) -> ScoringPool:
