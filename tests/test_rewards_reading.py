@@ -82,38 +82,29 @@ def test_hedge_rules():
 
 
 @pytest.mark.parametrize(
-    "response, answer, policy, expected",
+    "response, answer, options, expected",
     [
-        ("\\boxed{1000,99}", "1000.99", "auto", 1),
-        ("\\boxed{0,5}", "\\frac12", "auto", 1),
-        ("\\boxed{3{,}14}", "3.14", "auto", 1),
-        ("\\boxed{1,5}", "1, 5", "auto", 1),  # against a list the comma lists
-        ("\\boxed{-2, 1}", "-2,1", "auto", 1),
-        ("\\boxed{1,5}", "5", "auto", 0),  # neither 1.5 nor a single 5
-        ("\\boxed{1000,99}", "1000.99", "never", 0),
-        ("\\boxed{3{,}14}", "3.14", "never", 0),
-        ("\\boxed{1,234}", "1.234", "always", 1),
-        ("\\boxed{1,234}", "1234", "always", 0),
-        ("\\boxed{1,234}", "1234", "auto", 1),
+        ("\\boxed{1000,99}", "1000.99", {"decimal_comma": "auto"}, 1),
+        ("\\boxed{0,5}", "\\frac12", {"decimal_comma": "auto"}, 1),
+        ("\\boxed{3{,}14}", "3.14", {"decimal_comma": "auto"}, 1),
+        ("\\boxed{1,5}", "1, 5", {"decimal_comma": "auto"}, 1),  # against a list the comma lists
+        ("\\boxed{-2, 1}", "-2,1", {"decimal_comma": "auto"}, 1),
+        ("\\boxed{1,5}", "5", {"decimal_comma": "auto"}, 0),  # neither 1.5 nor a single 5
+        ("\\boxed{1000,99}", "1000.99", {"decimal_comma": "never"}, 0),
+        ("\\boxed{3{,}14}", "3.14", {"decimal_comma": "never"}, 0),
+        ("\\boxed{1,234}", "1.234", {"decimal_comma": "always"}, 1),
+        ("\\boxed{1,234}", "1234", {"decimal_comma": "always"}, 0),
+        ("\\boxed{1,234}", "1234", {"decimal_comma": "auto"}, 1),
+        ("\\boxed{28\\%}", "28", {"percent": "either"}, 1),
+        ("\\boxed{28\\%}", "0.28", {"percent": "either"}, 1),
+        ("\\boxed{28\\%}", "28", {"percent": "ratio"}, 0),
+        ("\\boxed{28\\%}", "\\frac{7}{25}", {"percent": "ratio"}, 1),
+        ("\\boxed{28\\%}", "0.28", {"percent": "number"}, 0),
+        ("\\boxed{28 pct}", "28", {"percent": "number"}, 1),
     ],
 )
-def test_decimal_comma_policy(response, answer, policy, expected):
-    assert reward(response, answer, decimal_comma=policy) == expected
-
-
-@pytest.mark.parametrize(
-    "response, answer, policy, expected",
-    [
-        ("\\boxed{28\\%}", "28", "either", 1),
-        ("\\boxed{28\\%}", "0.28", "either", 1),
-        ("\\boxed{28\\%}", "28", "ratio", 0),
-        ("\\boxed{28\\%}", "\\frac{7}{25}", "ratio", 1),
-        ("\\boxed{28\\%}", "0.28", "number", 0),
-        ("\\boxed{28 pct}", "28", "number", 1),
-    ],
-)
-def test_percent_policy(response, answer, policy, expected):
-    assert reward(response, answer, percent=policy) == expected
+def test_decimal_comma_and_percent_policies(response, answer, options, expected):
+    assert reward(response, answer, **options) == expected
 
 
 @pytest.mark.parametrize(
