@@ -122,9 +122,14 @@ def running(pid: int) -> bool:
 
 
 def test_options_reach_the_default_verifier_and_bad_ones_fail_first():
+    from rlvr.config import load_config
+
+    demo = Path(__file__).parents[1] / "configs" / "demo.yaml"
+    bad = load_config(demo, ["reward.options.colour=red"]).reward
     with pytest.raises(ValueError, match="unknown option 'colour'"):
-        ScoringPool("math", options={"colour": "red"})
-    with ScoringPool("math", workers=1, options={"extract": ["boxed", "answer", "last_number"]}) as p:
+        ScoringPool(bad.verifier, options=bad.options)
+    reward = load_config(demo, ["reward.verifier=math", "reward.options.extract=[boxed,answer,last_number]"]).reward
+    with ScoringPool(reward.verifier, workers=1, options=reward.options) as p:
         assert p.score(["The answer is 5.", "\\boxed{28 pct}"], ["5", "28\\%"], ["math", "math"])[0].reward == 1.0
         assert p.score(["The answer is 5."], ["5"], ["gsm8k"])[0].reward == 1.0  # rows naming a verifier get no options
 

@@ -23,7 +23,8 @@
 `normalize` keeps meaning and drops spelling: math delimiters and stray `$`, doubled escapes
 (`\\\\frac` -> `\\frac`), `\\left`/`\\right`, spacing commands, `\\dfrac`/`\\tfrac`/`\\cfrac`, degree
 marks, `\\$`, percent words (`28 percent`, `pct`, `percentage` -> `28%`), `\\text{}` units after a
-number, `\\text{}` wrappers, a wrapping `{}` group, a final period. Commas between digits:
+number, `\\text{}` wrappers, a wrapping `{}` group, a final `.`, `,` or `;` (sentence punctuation).
+Commas between digits:
 
 - `{,}` and `,\\!` are number separators: thousands before exactly three digits (`14{,}916`),
   else a decimal comma (`3{,}14`) unless `rules.decimal_comma="never"`.
@@ -176,7 +177,9 @@ def normalize(answer: str, rules: Rules = DEFAULT_RULES) -> str:
     if rules.decimal_comma == "never":
         s = s.replace(",", _LIST_MARK)
     s = _SPACE.sub("", s).replace(_LIST_MARK, ", ")
-    s = s.strip().removesuffix(".").strip()
+    s = s.strip()
+    if s.endswith((".", ",", ";")) and not s.endswith(".."):
+        s = s[:-1].strip()  # sentence punctuation written inside the math, not part of the answer
     if s.endswith("\\") and not s.endswith("\\\\"):
         s = s[:-1]  # a dangling escape
     if (m := _UNIT_AFTER_NUMBER.match(s)) is not None:
