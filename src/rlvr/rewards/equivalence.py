@@ -36,13 +36,14 @@ Commas between digits:
 - Spaced thousands (`1 000`, `2\\,000`) are one number; `4 4/9` is the mixed number 40/9 when the
   fraction is proper (numerator below denominator), as `4\\frac{4}{9}` is.
 
-List commas are spelled `, ` after normalisation. Answers that could make the parser or sympy run away
-are compared as strings only: longer than `MAX_SYMBOLIC_CHARS`, nested deeper than
+List commas are spelled `, ` after normalisation. Answers that could make the parser or sympy
+run away are compared as strings only: longer than `MAX_SYMBOLIC_CHARS`, nested deeper than
 `MAX_SYMBOLIC_DEPTH` brackets or braces (the grammar's cost grows steeply with depth: ~1.5 s at
 10 levels), power towers (`10^{10^{10}}`), exponents or factorials of 5+ digits. Numbers longer
-than `MAX_NUMBER_DIGITS` digits are not read as numbers (Python refuses int conversions over 4300
-digits, and the work is quadratic): they match their own spelling only. Results are cached per (pred, ref, rules) for answers up to
-`MAX_CACHED_CHARS` together, since a group of samples often repeats an answer. No timeout is set here: the scoring pool bounds each item.
+than `MAX_NUMBER_DIGITS` digits are not read as numbers (Python refuses int conversions over
+4300 digits, and the work is quadratic): they match their own spelling only. Results are cached
+per (pred, ref, rules) for answers up to `MAX_CACHED_CHARS` together, since a group of samples
+often repeats an answer. No timeout is set here: the scoring pool bounds each item.
 """
 
 from __future__ import annotations
@@ -89,9 +90,10 @@ DEFAULT_RULES = Rules()
 
 _DELIMITERS = re.compile(r"^(?:\$+|\\\(|\\\[)\s*(.*?)\s*(?:\$+|\\\)|\\\])$", re.DOTALL)
 _STRAY_DOLLAR = re.compile(r"(?<!\\)\$")
-# `\\frac` from doubly escaped text (JSON, Python literals): LaTeX's line break never precedes these.
+# `\\frac` from doubly escaped text (JSON, Python literals): LaTeX's line break never precedes these
+# directly. `\\\frac` (a matrix row break, then `\frac`) is left alone.
 _DOUBLE_ESCAPE = re.compile(
-    r"\\\\(?=(?:[dtc]?frac|sqrt|left|right|text\w*|mathrm|mbox|boxed|pi|infty|cdot|times|le|leq|ge|geq|lt|gt|neq|ne"
+    r"(?<!\\)\\\\(?=(?:[dtc]?frac|sqrt|left|right|text\w*|mathrm|mbox|boxed|pi|infty|cdot|times|le|leq|ge|geq|lt|gt|neq|ne"
     r"|in|cup|cap|pm|mp|circ|sin|cos|tan|log|ln|quad|qquad|alpha|beta|gamma|theta)(?![A-Za-z]))"
 )
 _SPACING = re.compile(r"\\(?:left|right|displaystyle)(?![A-Za-z])|(?<!\\)\\[!,;: ]|\\q?quad(?![A-Za-z])|~")
@@ -163,7 +165,8 @@ def normalize(answer: str, rules: Rules = DEFAULT_RULES) -> str:
         if (m := _DELIMITERS.match(s)) is None:
             break
         s = m.group(1)
-    s = _DOUBLE_ESCAPE.sub(r"\\", s)
+    if "\\begin" not in s:  # in a matrix `\\` is a row break
+        s = _DOUBLE_ESCAPE.sub(r"\\", s)
     s = _STRAY_DOLLAR.sub("", s)
     s = _GROUP_SEPARATOR.sub(lambda m: "{,}", s)  # `,\!` before `\!` is read as spacing
     s = _SPACING.sub(" ", s)
