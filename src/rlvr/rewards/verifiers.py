@@ -1,22 +1,21 @@
 """The verifier registry: `get_verifier(name, **options)` -> `(response, reference) -> Score`.
 
 Verifiers are pure and in-process; the scoring pool (`pool.py`) adds timeouts and isolation.
-Every verifier reads the final answer with the extraction modes in `extract`, tried in order
-until one finds something: "boxed" (the last `\\boxed{}`), "answer" (`Answer: ...`),
-"last_number", "whole" (the whole response, stripped). No answer -> status "no_answer".
+Every verifier reads only the text after `reasoning_end` (default "</think>"; a response whose
+`<think>` never closes has no answer; "" reads everything), with the extraction modes in
+`extract`, tried in order until one finds something: "boxed" (the last `\\boxed{}`), "answer"
+(`Answer: ...`), "last_number", "whole" (the whole response, stripped). No answer -> status
+"no_answer".
 
 - `math`: `equivalence.equivalent`. Hedges score 0 (`hedging.py`): several boxed answers that
   are not all equivalent, or a list of candidates for a single-valued reference. For a
   multi-valued reference (`3, 5`), distinct boxes are joined with ", " and compared as one
   answer; more than `MAX_DISTINCT_ANSWERS` different boxes are a hedge. A final answer or
   reference over `MAX_ANSWER_CHARS` characters is compared as a plain string. A reference
-  holding boxes is reduced to them (`extract.reference_answer`). Options: `extract` (modes,
-  default ("boxed",)); `reasoning_end` (default "</think>": only the text after it is read, see
-  `extract.after_reasoning`; "" reads everything); `ignore_case`, `percent`, `decimal_comma`
-  (`equivalence.Rules`).
-- `aime` (extract=("boxed",), reasoning_end="</think>"): the answer must be an integer literal
-  0-999 (after normalisation, so `\\boxed{025}` and `$25$` count); compared as integers with
-  the reference.
+  holding boxes is reduced to them (`extract.reference_answer`). Options: `extract` (default
+  ("boxed",)), `reasoning_end`, `ignore_case`, `percent`, `decimal_comma` (`equivalence.Rules`).
+- `aime` (extract=("boxed",)): the answer must be an integer literal 0-999 (after
+  normalisation, so `\\boxed{025}` and `$25$` count); compared as integers with the reference.
 - `gsm8k`: the number after `####`, else the last box, else the last number; commas, `$` and
   a trailing `.` ignored; compared as exact numbers. A reference holding `####` (a dataset
   solution) is reduced to the number after it.
@@ -50,21 +49,28 @@ _EXTRACTORS: dict[str, Callable[[str], list[str]]] = {
 }
 
 
-def _check_modes(extract: Sequence[str]) -> tuple[str, ...]:
+def _check_reasoning_end(marker: object) -> None:
+    if not isinstance(marker, str):
+        raise ValueError(f"option reasoning_end={marker!r}: expected a string ('' reads the whole response)")
+
+
+def _reader(extract: Sequence[str] | str, reasoning_end: str) -> Callable[[str], list[str]]:
+    """`response -> candidates`: the text after `reasoning_end` (`extract.after_reasoning`), read
+    by the first extraction mode that finds something (several candidates only for boxes)."""
     modes = tuple(m.strip() for m in extract.split(",")) if isinstance(extract, str) else tuple(extract)
     unknown = [m for m in modes if m not in _EXTRACTORS]
     if unknown or not modes:
         raise ValueError(f"option extract: unknown mode(s) {unknown or list(modes)}; choose from {', '.join(_EXTRACTORS)}")
-    return modes
+    _check_reasoning_end(reasoning_end)
 
+    def candidates(response: str) -> list[str]:
+        text = after_reasoning(response, reasoning_end)
+        for mode in modes if text is not None else ():
+            if found := _EXTRACTORS[mode](text):
+                return found
+        return []
 
-def _candidates(response: str, modes: tuple[str, ...]) -> list[str]:
-    """The answers the first successful extraction mode finds (several only for boxes)."""
-    for mode in modes:
-        found = _EXTRACTORS[mode](response)
-        if found:
-            return found
-    return []
+    return candidates
 
 
 def _final_answer(candidates: list[str], reference: str, rules: Rules = DEFAULT_RULES) -> tuple[str, bool]:
@@ -91,14 +97,11 @@ def math_verifier(
     percent: str = "either",
     decimal_comma: str = "auto",
 ) -> Verifier:
-    modes = _check_modes(extract)
-    if not isinstance(reasoning_end, str):
-        raise ValueError(f"option reasoning_end={reasoning_end!r}: expected a string ('' reads the whole response)")
+    read = _reader(extract, reasoning_end)
     rules = Rules(percent=percent, decimal_comma=decimal_comma, ignore_case=ignore_case)
 
     def score(response: str, reference: str) -> Score:
-        text = after_reasoning(response, reasoning_end)
-        candidates = _candidates(text, modes) if text is not None else []
+        candidates = read(response)
         if not candidates:
             return Score(0.0, "no_answer", None)
         reference = reference_answer(reference)
@@ -119,14 +122,13 @@ def _small_integer(text: str) -> int | None:
 
 
 def aime_verifier(*, extract: Sequence[str] = ("boxed",), reasoning_end: str = "</think>") -> Verifier:
-    modes = _check_modes(extract)
+    read = _reader(extract, reasoning_end)
 
     def score(response: str, reference: str) -> Score:
         ref = _small_integer(normalize(reference_answer(reference)))
         if ref is None:
             return Score(0.0, "error", None)
-        text = after_reasoning(response, reasoning_end)
-        candidates = _candidates(text, modes) if text is not None else []
+        candidates = read(response)
         if not candidates:
             return Score(0.0, "no_answer", None)
         final, disagree = _final_answer(candidates, str(ref))
@@ -141,11 +143,16 @@ def _gsm8k_number(text: str) -> frozenset | None:
     return numeric_values(text.replace(",", "").replace("$", "").strip().removesuffix("."))
 
 
-def gsm8k_verifier() -> Verifier:
+def gsm8k_verifier(*, reasoning_end: str = "</think>") -> Verifier:
+    _check_reasoning_end(reasoning_end)
+
     def score(response: str, reference: str) -> Score:
         ref = _gsm8k_number(after_hashes(reference) or reference)
         if ref is None:
             return Score(0.0, "error", None)
+        response = after_reasoning(response, reasoning_end)
+        if response is None:
+            return Score(0.0, "no_answer", None)
         marked = after_hashes(response)
         boxes = [] if marked else boxed_answers(response)
         final = marked or (boxes[-1] if boxes else None) or last_number(response)
@@ -160,11 +167,11 @@ def gsm8k_verifier() -> Verifier:
     return score
 
 
-def exact_verifier(*, extract: Sequence[str] = ("boxed",), ignore_case: bool = False) -> Verifier:
-    modes = _check_modes(extract)
+def exact_verifier(*, extract: Sequence[str] = ("boxed",), ignore_case: bool = False, reasoning_end: str = "</think>") -> Verifier:
+    read = _reader(extract, reasoning_end)
 
     def score(response: str, reference: str) -> Score:
-        candidates = _candidates(response, modes)
+        candidates = read(response)
         if not candidates:
             return Score(0.0, "no_answer", None)
         final, ref = candidates[-1].strip(), reference.strip()
@@ -175,8 +182,8 @@ def exact_verifier(*, extract: Sequence[str] = ("boxed",), ignore_case: bool = F
     return score
 
 
-def regex_verifier(*, extract: Sequence[str] = ("boxed",), ignore_case: bool = False) -> Verifier:
-    modes = _check_modes(extract)
+def regex_verifier(*, extract: Sequence[str] = ("boxed",), ignore_case: bool = False, reasoning_end: str = "</think>") -> Verifier:
+    read = _reader(extract, reasoning_end)
     flags = re.IGNORECASE if ignore_case else 0
 
     def score(response: str, reference: str) -> Score:
@@ -184,7 +191,7 @@ def regex_verifier(*, extract: Sequence[str] = ("boxed",), ignore_case: bool = F
             pattern = re.compile(reference.strip(), flags)
         except (re.error, OverflowError, RecursionError):  # not a usable pattern: a bad reference
             return Score(0.0, "error", None)
-        candidates = _candidates(response, modes)
+        candidates = read(response)
         if not candidates:
             return Score(0.0, "no_answer", None)
         final = candidates[-1].strip()
