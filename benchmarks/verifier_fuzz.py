@@ -93,7 +93,8 @@ REGEX_BOMBS = ["(a+)+$", "(a|aa)*b", "(x+x+)+y", "(\\d+)*\\.$", "((a*)*)*c", "["
 
 
 def load_seeds() -> list[tuple[str, str]]:
-    """(response, answer) pairs from rlvr's and peers' labelled sets and MATH-500 solutions."""
+    """(response, answer) pairs from rlvr's and peers' labelled sets and MATH-500 solutions;
+    those whose answer is an integer come first, `integer_count` of them."""
     seeds = []
     for name in ("verifier_cases.jsonl", "peer_cases.jsonl"):
         for line in (ROOT / "tests" / "data" / name).open():
@@ -102,7 +103,11 @@ def load_seeds() -> list[tuple[str, str]]:
     for line in builtin_path("math500").open():
         row = json.loads(line)
         seeds.append((row["solution"], row["answer"]))
-    return seeds
+    return sorted(seeds, key=lambda seed: not seed[1].strip().isdigit())
+
+
+def integer_count(seeds: list[tuple[str, str]]) -> int:
+    return sum(answer.strip().isdigit() for _, answer in seeds)
 
 
 def latex(rng: random.Random, depth: int) -> str:
@@ -156,7 +161,9 @@ def make_item(seed: int, index: int, seeds: list[tuple[str, str]]) -> dict:
     rng = random.Random(f"{seed}:{index}")
     kind = rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
     verifier = rng.choices(list(VERIFIER_WEIGHTS), weights=list(VERIFIER_WEIGHTS.values()))[0]
-    response, answer = rng.choice(seeds)
+    # aime and gsm8k call a non-number reference bad: mostly give them integer references
+    integers = integer_count(seeds) if verifier in ("aime", "gsm8k") and rng.random() < 0.8 else len(seeds)
+    response, answer = seeds[rng.randrange(integers)]
     words = response[: rng.randint(0, 300)]
     if kind == "grammar":
         expression = latex(rng, rng.choice([2, 3, 4, 4, 6, 12]))
