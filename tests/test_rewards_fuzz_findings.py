@@ -1,6 +1,5 @@
-"""Inputs the fuzz campaign (benchmarks/verifier_fuzz.py) broke, each now a fixed case.
-
-Found with seed 0 (`python benchmarks/verifier_fuzz.py --seed 0 --show I` prints item I)."""
+"""Inputs the fuzz campaign (benchmarks/verifier_fuzz.py) broke while it was being built, each
+now a fixed case; the generator has changed since, so these are the inputs themselves."""
 
 import pytest
 
@@ -11,7 +10,7 @@ BIG = "7" + "3" * 5000  # Python refuses int() of more than 4300 digits
 
 @pytest.mark.parametrize("name", ["math", "gsm8k", "aime"])
 def test_numbers_past_the_int_conversion_limit_are_text(name):
-    """Items 208, 478, 1019: a 5,001- or 100,001-digit number raised ValueError inside the verifier."""
+    """A 5,001- or 100,001-digit number raised ValueError inside math, gsm8k and aime."""
     verify = get_verifier(name)
     assert verify(f"so \\boxed{{{BIG}}}", "5").reward == 0
     assert verify(f"so \\boxed{{{BIG}}}", BIG).status in ("ok", "error")  # aime/gsm8k refuse such a reference
@@ -19,7 +18,7 @@ def test_numbers_past_the_int_conversion_limit_are_text(name):
 
 
 def test_regex_reference_with_an_impossible_repeat_is_a_bad_reference():
-    """Item 1129: `re.compile` raised OverflowError ("the repetition number is too large")."""
+    """`re.compile` raised OverflowError ("the repetition number is too large")."""
     score = get_verifier("regex")("\\boxed{aaa}", "a{4294967296}")
     assert (score.reward, score.status) == (0.0, "error")
 
@@ -30,7 +29,7 @@ def refuse(*args, **kwargs):
 
 @pytest.mark.parametrize("depth", [7, 11, 40])
 def test_deeply_nested_groups_skip_the_grammar(depth, monkeypatch):
-    """Items 304, 908: 11 nested brace groups cost the LaTeX grammar ~1.5 s per parse (item past 2 s)."""
+    """11 nested brace groups cost the LaTeX grammar ~1.5 s per parse: two parses passed the 2 s limit."""
     monkeypatch.setattr("rlvr.rewards.equivalence.parse", refuse)
     answer = "{" * depth + "\\frac{1}{2}" + "}" * depth
     assert get_verifier("math")(f"\\boxed{{{answer}}}", "10, 4, 2").reward == 0
