@@ -35,6 +35,13 @@ def test_deeply_nested_groups_skip_the_grammar(depth, monkeypatch):
     assert get_verifier("math")(f"\\boxed{{{answer}}}", "10, 4, 2").reward == 0
 
 
+def test_binomials_with_huge_arguments_skip_the_grammar(monkeypatch):
+    """`\\binom{y}{128910}` made sympy expand a degree-128910 polynomial (minutes; the pool's timeout
+    caught it)."""
+    monkeypatch.setattr("rlvr.rewards.equivalence.parse", refuse)
+    assert get_verifier("math")("\\boxed{\\binom{y}{128910}}", "\\binom{y}{2}").reward == 0
+
+
 @pytest.mark.parametrize(
     "response",
     ["\\boxed{" + "1 1/2 " * 150_000 + "}", "\\boxed{" + "1" * 1_000_000 + "}"],

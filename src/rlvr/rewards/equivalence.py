@@ -39,7 +39,8 @@ Commas between digits:
 List commas are spelled `, ` after normalisation. Answers that could make the parser or sympy
 run away are compared as strings only: longer than `MAX_SYMBOLIC_CHARS`, nested deeper than
 `MAX_SYMBOLIC_DEPTH` brackets or braces (the grammar's cost grows steeply with depth: ~1.5 s at
-10 levels), power towers (`10^{10^{10}}`), exponents or factorials of 5+ digits. Numbers longer
+10 levels), power towers (`10^{10^{10}}`), exponents or factorials of 5+ digits, binomials with
+4+ digit arguments (sympy expands `\\binom{y}{128910}`). Numbers longer
 than `MAX_NUMBER_DIGITS` digits are not read as numbers (Python refuses int conversions over
 4300 digits, and the work is quadratic): they match their own spelling only. Results are cached
 per (pred, ref, rules) for answers up to `MAX_CACHED_CHARS` together, since a group of samples
@@ -127,7 +128,7 @@ _SLASH = re.compile(r"(\d+)/(\d+)")
 _FRAC = re.compile(r"\\frac\{(-?\d+)\}\{(-?\d+)\}|\\frac(\d)(\d)")
 _AMBIGUOUS_COMMA_NUMBER = re.compile(r"([+-]?\d+),(\d+)(%?)")
 
-_RUNAWAY = re.compile(r"\^\s*\{[^{}]*\^|\^\s*\{?\d{5,}|\d{5,}\s*!")
+_RUNAWAY = re.compile(r"\^\s*\{[^{}]*\^|\^\s*\{?\d{5,}|\d{5,}\s*!|\\binom\s*\{[^{}]*\}?\s*\{?[^{}]*\d{4,}")
 
 
 def _numeric_separators(s: str, decimal_comma: str) -> str:
