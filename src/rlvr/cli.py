@@ -100,19 +100,6 @@ def demo(
     _run(cfg, verbose=verbose, prepare=lambda terminal: ensure_demo_assets(cfg, terminal))
 
 
-def _key_values(items: list[str], flag: str) -> dict:
-    """`KEY=VALUE` strings as a dict, each value read as YAML (true, 3, 0.5, [a, b], text)."""
-    import yaml
-
-    pairs = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"{flag} {item!r}: expected KEY=VALUE")
-        pairs[key.strip()] = yaml.safe_load(value)
-    return pairs
-
-
 @app.command()
 def score(
     input_path: Path = typer.Argument(..., metavar="IN.jsonl", help='rows with "response" and "answer"'),
@@ -122,15 +109,19 @@ def score(
     workers: int = typer.Option(2, "--workers"),
     timeout_s: float = typer.Option(2.0, "--timeout", help="seconds per item (code: the sandbox's wall-clock limit per program)"),
     option: Optional[list[str]] = typer.Option(
-        None, "--option", help="KEY=VALUE for the verifier, repeatable (code: fraction=true, memory_mb=256, isolation=weak, ...)"
+        None, "--option", help="KEY=VALUE for the verifier, repeatable; a comma makes a list: extract=boxed,answer,last_number "
+        "(code: fraction=true, memory_mb=256, isolation=weak, ...)"
     ),
 ):
     """Score a JSONL file of responses with a verifier, in the sandboxed pool."""
     from rlvr.rewards.score_file import score_file
+    from rlvr.rewards.verifiers import parse_option
 
     try:
-        options = _key_values(option or [], "--option")
-        score_file(input_path, output, verifier=verifier, skip_bad=skip_bad, workers=workers, timeout_s=timeout_s, options=options)
+        options = dict(parse_option(text) for text in option or [])
+        score_file(
+            input_path, output, verifier=verifier, skip_bad=skip_bad, workers=workers, timeout_s=timeout_s, options=options
+        )
     except (ValueError, FileNotFoundError) as err:
         console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None

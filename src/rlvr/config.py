@@ -197,6 +197,12 @@ class RewardConfig(Section):
     workers: int = Field(2, ge=1, description="scoring worker processes")
     timeout_s: float = Field(2.0, gt=0, description="seconds one item may take; past it the item scores 0 with status timeout")
     memory_limit_mb: int = Field(1024, gt=0, description="address-space limit of each scoring worker")
+    options: dict[str, Any] = Field(
+        {},
+        description="options for the verifier, checked when the scoring pool starts; math: extract (modes tried in "
+        "order: boxed, answer, last_number, whole), reasoning_end, ignore_case, percent (either|ratio|number), "
+        "decimal_comma (auto|never|always); see docs/rewards.md",
+    )
 
 
 class OverlongPenaltyConfig(Section):

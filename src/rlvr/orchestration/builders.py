@@ -125,7 +125,7 @@ def build_scoring_pool(cfg: RunConfig):
     from rlvr.rewards import ScoringPool
 
     r = cfg.reward
-    return ScoringPool(r.verifier, workers=r.workers, timeout_s=r.timeout_s, memory_limit_mb=r.memory_limit_mb)
+    return ScoringPool(r.verifier, workers=r.workers, timeout_s=r.timeout_s, memory_limit_mb=r.memory_limit_mb, options=r.options)
 
 
 def _check_context(cfg: RunConfig) -> None:
