@@ -67,9 +67,9 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     timer = StepTimer()
     checkpoints = RunCheckpoints(cfg, timer, log)
     resume_from = checkpoints.resumable() if resume else None
+    pool = stack.enter_context(build_scoring_pool(cfg))  # first: a bad reward.options fails before the slow starts
     trainer = stack.enter_context(build_trainer(cfg))
     engine = stack.enter_context(build_engine(cfg, log))
-    pool = stack.enter_context(build_scoring_pool(cfg))
     logger = stack.enter_context(MetricsLogger(run_dir, cfg.tracking.backends, config=cfg.model_dump(mode="json")))
     sampler = EpochSampler(len(train_set.problems), cfg.seed)
     context = EnvContext(cfg.env, cfg.sandbox)

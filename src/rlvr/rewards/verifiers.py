@@ -224,10 +224,12 @@ def get_verifier(name: str, **options) -> Verifier:
     Unknown option names and bad values raise ValueError naming the option."""
     if name in VERIFIERS:
         factory = VERIFIERS[name]
-        accepted = list(inspect.signature(factory).parameters)
+        parameters = inspect.signature(factory).parameters
+        named = [p.name for p in parameters.values() if p.kind is not p.VAR_KEYWORD]
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())  # it checks its own (code: SandboxConfig's)
         for key in options:
-            if key not in accepted:
-                raise ValueError(f"verifier {name!r}: unknown option {key!r}; options: {', '.join(accepted) or 'none'}")
+            if key not in named and not takes_any:
+                raise ValueError(f"verifier {name!r}: unknown option {key!r}; options: {', '.join(named) or 'none'}")
         return factory(**options)
     if ":" in name:
         return load_custom(name, **options)
