@@ -1,4 +1,4 @@
-"""`rlvr` command line: train, demo, eval, score, quantize, export, report."""
+"""`rlvr` command line: train, demo, eval, score, import, quantize, export, report."""
 
 from __future__ import annotations
 
@@ -155,6 +155,23 @@ def eval_command(
         out.write_text(json.dumps(headline | {"problems": result.get("problems", [])}, indent=2, allow_nan=False))
         console.print(f"wrote {out}")
     console.print_json(json.dumps(headline, allow_nan=False))
+
+
+@app.command("import")
+def import_command(
+    source: Path = typer.Argument(..., metavar="FILE.gguf", help="a GGUF model file (llama.cpp's format)"),
+    out: Path = typer.Argument(..., help="output folder: a float HF model with its tokenizer"),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 | float16: the weights' dtype in OUT"),
+):
+    """Write a GGUF file as a float HF model folder (config, safetensors, tokenizer, chat template)."""
+    from rlvr.models.gguf_import import import_gguf
+
+    try:
+        path = import_gguf(source, out, dtype=dtype)
+    except (ValueError, OSError) as err:
+        console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    console.print(f"wrote {path}")
 
 
 @app.command()
