@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -89,13 +89,38 @@ class ModelConfig(Section):
 
 
 class DataConfig(Section):
-    train: str = Field(..., description="built-in set name or a .jsonl/.json/.parquet file")
+    train: str = Field(
+        ..., description="built-in set name, a .jsonl/.json/.parquet file, a datasets save_to_disk folder, "
+        "or reasoning_gym:TASK[?key=value&...] (rlvr.data.datasets)"
+    )
     test: str | None = None
     problem_field: str | None = None
     answer_field: str | None = None
-    template: str = "boxed"
+    template: str = Field(
+        "boxed", description="a built-in name (boxed, boxed_system, gsm8k, plain) or inline text containing {question}, "
+        "e.g. 'Q: {question}\\nA:'"
+    )
+    system_prompt: str | None = Field(
+        None, description="the system message of every prompt, replacing the template's own; rows that bring "
+        "their own chat messages get it only when they have no system message"
+    )
     chat_template: bool = True
     max_prompt_tokens: int = Field(256, gt=0)
+
+    @field_validator("template")
+    @classmethod
+    def _known_template(cls, template: str) -> str:
+        from rlvr.data.templates import get_template  # plain data, no engine
+
+        get_template(template)
+        return template
+
+    @model_validator(mode="after")
+    def _test_differs_from_train(self) -> DataConfig:
+        # reasoning-gym tasks are drawn by seed: the same spec is the same problems
+        if self.test == self.train and self.train.startswith("reasoning_gym:"):
+            raise ValueError("data.test is the same reasoning-gym task and seed as data.train; give the test set its own seed")
+        return self
 
 
 class SamplingConfig(Section):
