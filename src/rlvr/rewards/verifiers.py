@@ -17,6 +17,7 @@ until one finds something: "boxed" (the last `\\boxed{}`), "answer" (`Answer: ..
 - `exact` (extract=("boxed",), ignore_case=False): stripped strings equal.
 - `regex` (extract=("boxed",), ignore_case=False): the reference is a regular expression the
   final answer must match in full.
+- `reasoning_gym`: the referenced reasoning-gym task's own scorer (`reasoning_gym.py`).
 - `module:function` or `file.py:function`: a custom reward (`custom.py`).
 """
 
@@ -30,6 +31,7 @@ from rlvr.rewards.custom import load_custom
 from rlvr.rewards.equivalence import equivalent, normalize, numeric_values
 from rlvr.rewards.extract import after_hashes, answer_line, boxed_answers, last_number
 from rlvr.rewards.hedging import hedges, is_scalar
+from rlvr.rewards.reasoning_gym import reasoning_gym_verifier
 
 Verifier = Callable[[str, str], Score]
 
@@ -166,6 +168,7 @@ VERIFIERS: dict[str, Callable[..., Verifier]] = {
     "gsm8k": gsm8k_verifier,
     "exact": exact_verifier,
     "regex": regex_verifier,
+    "reasoning_gym": reasoning_gym_verifier,  # reasoning-gym's own scorers (reasoning_gym.py)
 }
 
 
