@@ -231,3 +231,23 @@ def test_reasoning_gym_scores_in_the_sandboxed_pool():
     with ScoringPool("math", workers=1, timeout_s=10.0) as pool:
         scores = pool.score(responses, [p.answer for p in problems], [p.meta["verifier"] for p in problems])
     assert [s.reward for s in scores] == [1.0, 0.0, 1.0, 0.0] and {s.status for s in scores} == {"ok"}
+
+
+@pytest.mark.slow
+def test_a_run_trains_and_evaluates_on_a_reasoning_gym_task(tmp_path):
+    """The whole path: prompts from the task, rewards from its scorer in the pool, eval rows."""
+    pytest.importorskip("reasoning_gym")
+    from run_fixtures import small_config, step_rows, train
+
+    task = "reasoning_gym:chain_sum?min_terms=2&max_terms=2&max_digits=1"
+    config = small_config(
+        tmp_path, "rg", steps=1,
+        data={"train": f"{task}&size=16&seed=0", "test": f"{task}&size=2&seed=1", "template": "{question} Answer in \\boxed{}."},
+        reward={"verifier": "reasoning_gym"},
+    )
+    result = train(config)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert len(step_rows(tmp_path / "rg")) == 1
+    rows = [json.loads(line) for line in (tmp_path / "rg" / "eval" / "after.jsonl").read_text().splitlines()]
+    assert rows and all(json.loads(r["answer"])["task"] == "chain_sum" for r in rows)
+    assert {r["status"] for r in rows} <= {"ok", "no_answer"}  # "error" would mean the pool could not rebuild the entry

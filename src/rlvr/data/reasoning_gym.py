@@ -40,7 +40,7 @@ def parse_spec(spec: str) -> tuple[str, dict]:
         try:
             options[key] = yaml.safe_load(text)
         except yaml.YAMLError:
-            raise ValueError(f"{spec}: cannot read the value of {key!r} ({text!r})") from None
+            raise ValueError(f"{spec}: cannot read the value of {key!r} ({text!r}) as YAML; quote odd items, e.g. ['*']") from None
     if not task:
         raise ValueError(f"{spec}: no task name after {PREFIX!r}")
     return task, options
