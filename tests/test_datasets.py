@@ -178,6 +178,8 @@ def test_reasoning_gym_tasks_are_scored_by_their_own_scorer():
     for problem, entry in zip(problems, entries):
         assert verifier(f"so <answer>{entry['answer']}</answer>", problem.answer) == Score(1.0, "ok", entry["answer"])
         assert verifier(f"\\boxed{{{entry['answer']}}}", problem.answer).reward == 1.0
+        assert verifier(f"so 3 and 4 give {entry['answer']}.", problem.answer).reward == 1.0  # the last number
+        assert get_verifier("reasoning_gym", extract=["answer_tag"])(f"it is {entry['answer']}", problem.answer).status == "no_answer"
         assert verifier("I do not know", problem.answer).status == "no_answer"
         assert verifier("<answer>nonsense</answer>", problem.answer).reward == 0.0
     assert get_verifier("reasoning_gym")("<answer>1</answer>", "42").status == "error"  # not a reasoning-gym reference

@@ -8,8 +8,10 @@ rebuilds the entry as `create_dataset(task, **config)[index]` (reasoning-gym dra
 `score_answer(answer, entry)`, which may give partial credit.
 
 The answer is read, in the order of `extract`, from the last `<answer>...</answer>`
-("answer_tag", reasoning-gym's convention), the last `\\boxed{}` ("boxed") or the whole
-response ("whole"). None found -> status "no_answer".
+("answer_tag", reasoning-gym's convention), the last `\\boxed{}` ("boxed"), the last number
+written ("last_number", the lenient match GSM8K scorers fall back to, so that a model that has
+not learnt a format yet still earns its right numbers) or the whole response ("whole"). None
+found -> status "no_answer". A task whose answers are not numbers usually scores a stray number 0.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from rlvr.records import Score
-from rlvr.rewards.extract import boxed_answers
+from rlvr.rewards.extract import boxed_answers, last_number
 
 VERIFIER = "reasoning_gym"
-EXTRACT_MODES = ("answer_tag", "boxed", "whole")
+EXTRACT_MODES = ("answer_tag", "boxed", "last_number", "whole")
 
 
 def reference(task: str, config: dict, index: int) -> str:
@@ -50,6 +52,8 @@ def _extract(response: str, modes: tuple[str, ...]) -> str | None:
             found = extract_answer(response)
         elif mode == "boxed":
             found = (boxed_answers(response) or [None])[-1]
+        elif mode == "last_number":
+            found = last_number(response)
         else:
             found = response.strip()
         if found:
@@ -57,7 +61,7 @@ def _extract(response: str, modes: tuple[str, ...]) -> str | None:
     return None
 
 
-def reasoning_gym_verifier(*, extract: Sequence[str] = ("answer_tag", "boxed")):
+def reasoning_gym_verifier(*, extract: Sequence[str] = ("answer_tag", "boxed", "last_number")):
     """`(response, reference) -> Score` with the referenced task's own scorer (module doc)."""
     modes = (extract,) if isinstance(extract, str) else tuple(extract)
     if not modes or any(m not in EXTRACT_MODES for m in modes):
