@@ -213,13 +213,20 @@ def test_bad_reasoning_gym_specs_are_one_line_errors(spec, message):
         load_problems(spec)
 
 
-def test_the_same_reasoning_gym_spec_for_train_and_test_is_a_config_error(tmp_path):
+def test_a_test_set_that_shares_entries_with_train_is_a_config_error(tmp_path):
+    """reasoning-gym draws entry i from seed + i: seed 1's entries are seed 0's, shifted by one."""
+    pytest.importorskip("reasoning_gym")
+    train = "reasoning_gym:chain_sum?size=50"
+    assert load_problems("reasoning_gym:chain_sum?seed=1&size=3")[0].question == load_problems(train)[1].question
     config = tmp_path / "c.yaml"
-    config.write_text("model: {path: m}\ndata: {train: 'reasoning_gym:chain_sum', test: 'reasoning_gym:chain_sum'}\n")
-    with pytest.raises(ConfigError, match="give the test set its own seed"):
-        load_config(config)
-    config.write_text("model: {path: m}\ndata: {train: 'reasoning_gym:chain_sum', test: 'reasoning_gym:chain_sum?seed=1'}\n")
-    assert load_config(config).data.test.endswith("seed=1")
+    for test, refused in [("seed=1", True), ("seed=49&size=10", True), ("seed=0", True), ("seed=50", False),
+                          ("seed=1&max_terms=3", False)]:
+        config.write_text(f"model: {{path: m}}\ndata: {{train: '{train}', test: 'reasoning_gym:chain_sum?{test}'}}\n")
+        if refused:
+            with pytest.raises(ConfigError, match="shares entries with data.train"):
+                load_config(config)
+        else:
+            assert load_config(config).data.test.endswith(test)
 
 
 def test_reasoning_gym_scores_in_the_sandboxed_pool():

@@ -116,10 +116,12 @@ class DataConfig(Section):
         return template
 
     @model_validator(mode="after")
-    def _test_differs_from_train(self) -> DataConfig:
-        # reasoning-gym tasks are drawn by seed: the same spec is the same problems
-        if self.test == self.train and self.train.startswith("reasoning_gym:"):
-            raise ValueError("data.test is the same reasoning-gym task and seed as data.train; give the test set its own seed")
+    def _test_held_out(self) -> DataConfig:
+        from rlvr.data.reasoning_gym import draws_overlap, is_reasoning_gym_spec
+
+        if self.test and is_reasoning_gym_spec(self.train) and is_reasoning_gym_spec(self.test) and draws_overlap(self.train, self.test):
+            raise ValueError("data.test shares entries with data.train: reasoning-gym draws entry i from seed + i, "
+                             "so give the test set a seed past the training range (seed + size)")
         return self
 
 

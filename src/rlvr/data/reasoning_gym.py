@@ -4,7 +4,9 @@
 the `key=value` pairs are that task's config fields (values read as YAML scalars or lists,
 e.g. `?size=200&seed=1&max_terms=3&operators=[+,-]`). `seed` defaults to 0 (reasoning-gym's own
 default is a random seed, which no scoring worker could reproduce), `size` to the task's default.
-Give a held-out set its own seed: the same spec gives the same problems.
+reasoning-gym draws entry i from the random seed `seed + i`, so two specs of a task share entries
+when their ranges [seed, seed + size) overlap (seed 1's entry 0 is seed 0's entry 1): a held-out
+set needs a seed past the training range, e.g. train `seed=0&size=2000`, test `seed=100000`.
 
 Problem i is the task's entry i: its `question`, and as the answer the entry's address (task,
 config, index), from which the `reasoning_gym` verifier rebuilds the entry and scores with the
@@ -74,6 +76,22 @@ def task_config(spec: str) -> tuple[str, dict]:
         return task, json.loads(json.dumps(options))
     except TypeError as err:
         raise ValueError(f"{spec}: {task}'s config cannot be written as JSON ({err})") from None
+
+
+def draws_overlap(train_spec: str, test_spec: str) -> bool:
+    """Whether two specs share entries: the same task and options, overlapping seed ranges."""
+    (task_a, a), (task_b, b) = task_config(train_spec), task_config(test_spec)
+    same_options = {k: v for k, v in a.items() if k not in ("seed", "size")} == {k: v for k, v in b.items() if k not in ("seed", "size")}
+    if task_a != task_b or not same_options or "seed" not in a:
+        return False
+    sizes = [c.get("size", _default_size(task_a)) for c in (a, b)]
+    return a["seed"] < b["seed"] + sizes[1] and b["seed"] < a["seed"] + sizes[0]
+
+
+def _default_size(task: str) -> int:
+    from reasoning_gym.factory import DATASETS
+
+    return DATASETS[task][1]().size
 
 
 def reasoning_gym_problems(spec: str, limit: int | None = None) -> list[Problem]:
