@@ -1,4 +1,4 @@
-"""`rlvr` command line: train, demo, eval, score, quantize, export, report."""
+"""`rlvr` command line: train, demo, eval, score, import, quantize, export, report."""
 
 from __future__ import annotations
 
@@ -220,6 +220,18 @@ def _eval_config(model: str | None, dataset: str | None, adapter: Path | None, r
 
 def _ks(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
+
+
+@app.command("import")
+def import_command(
+    source: Path = typer.Argument(..., metavar="FILE.gguf", help="a GGUF model file (llama.cpp's format)"),
+    out: Path = typer.Argument(..., help="output folder: a float HF model with its tokenizer"),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 | float16: the weights' dtype in OUT"),
+):
+    """Write a GGUF file as a float HF model folder (config, safetensors, tokenizer, chat template)."""
+    from rlvr.models.gguf_import import import_gguf
+
+    console.print(f"wrote {import_gguf(source, out, dtype=dtype)}")
 
 
 @app.command()

@@ -213,7 +213,7 @@ class ScoringPool:
         verifiers: list[str] | None = None,
         progress: Callable[[int], None] | None = None,
     ) -> list[Score]:
-        """One Score per response, in order; `verifiers` overrides the verifier per row.
+        """One Score per response, in order; `verifiers` overrides the verifier per row (None: the pool's).
 
         `progress` is called with the number of items settled (scored, timed out or failed)
         each time some are, so its calls add up to len(responses)."""
@@ -221,7 +221,7 @@ class ScoringPool:
             raise RuntimeError("ScoringPool is closed")
         if len(responses) != len(answers) or (verifiers is not None and len(verifiers) != len(responses)):
             raise ValueError("responses, answers and verifiers must have the same length")
-        names = verifiers or [self.verifier] * len(responses)
+        names = [name or self.verifier for name in verifiers] if verifiers else [self.verifier] * len(responses)
         items = [(names[i], str(responses[i]), str(answers[i])) for i in range(len(responses))]
         results: list[Score | None] = [None] * len(items)
         self.item_seconds = [0.0] * len(items)

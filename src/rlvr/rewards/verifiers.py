@@ -24,6 +24,7 @@ Every verifier reads only the text after `reasoning_end` (default "</think>"; a 
   final answer must match in full.
 - `code`: the response's last python block run against test code in the sandbox
   (`code_tests.py`; options: `fraction` and SandboxConfig's fields).
+- `reasoning_gym`: the referenced reasoning-gym task's own scorer (`reasoning_gym.py`).
 - `module:function` or `file.py:function`: a custom reward (`custom.py`).
 """
 
@@ -38,6 +39,7 @@ from rlvr.rewards.custom import load_custom
 from rlvr.rewards.equivalence import DEFAULT_RULES, Rules, equivalent, normalize, numeric_values
 from rlvr.rewards.extract import after_hashes, after_reasoning, answer_line, boxed_answers, last_number, reference_answer
 from rlvr.rewards.hedging import hedges, is_scalar
+from rlvr.rewards.reasoning_gym import reasoning_gym_verifier
 
 Verifier = Callable[[str, str], Score]
 MAX_ANSWER_CHARS = 10_000  # longer final answers (or references) are compared as plain strings
@@ -215,6 +217,7 @@ VERIFIERS: dict[str, Callable[..., Verifier]] = {
     "exact": exact_verifier,
     "regex": regex_verifier,
     "code": code_verifier,
+    "reasoning_gym": reasoning_gym_verifier,  # reasoning-gym's own scorers (reasoning_gym.py)
 }
 
 
