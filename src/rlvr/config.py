@@ -164,6 +164,11 @@ class LoraConfig(Section):
     alpha: float = Field(32.0, gt=0)
     dropout: float = Field(0.0, ge=0, lt=1)
     target_modules: list[str] | Literal["all-linear"] = "all-linear"
+    target_experts: bool = Field(
+        False,
+        description="MoE: also train a LoRA pair per routed expert (gate/up and down), in peft's target_parameters "
+        "layout; attention, MLA and shared experts are covered by target_modules. Needs dropout 0",
+    )
 
 
 class TrainerConfig(Section):
