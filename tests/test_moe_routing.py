@@ -11,7 +11,10 @@ from transformers import AutoModelForCausalLM
 
 from rlvr.models.moe import moe_layers
 from rlvr.models.tiny import build_tiny_model
+from rlvr.quant import load_quantized_model, quantize_checkpoint
+from rlvr.quant.experts import packed_experts_names
 from rlvr.training.packing import plan
+from rlvr.training.policy import apply_lora
 from rlvr.training.routing import (
     agreement_counts,
     expert_load_max_over_mean,
@@ -119,6 +122,35 @@ def _expected_gate_weights(layer, hidden, index):
     return weights / weights.sum(-1, keepdim=True) if normalise else weights
 
 
+def test_record_and_replay_through_lora_wrappers_on_a_packed_base(model_dir, tmp_path):
+    model = apply_lora(load_quantized_model(quantize_checkpoint(model_dir, tmp_path)), 4, 8.0, 0.0, "all-linear", target_experts=True)
+    assert [layer.experts_name for layer in moe_layers(model)] == packed_experts_names(model)
+    with torch.no_grad(), record_routing(model) as record:
+        logits = model(IDS).logits
+    with torch.no_grad(), replay_routing(model, record.stacked()):
+        assert torch.equal(model(IDS).logits, logits)
+
+
+def test_recomputed_forwards_replay_the_same_routes(model_dir):
+    """With activation checkpointing the backward reruns each layer's forward: under replay it
+    routes as the first forward did, so the gradients are those without checkpointing."""
+    layers = moe_layers(_load(model_dir))
+    scores = torch.rand(IDS.numel(), len(layers), layers[0].num_experts, generator=torch.Generator().manual_seed(2))
+    routes = scores.argsort(dim=-1)[..., : layers[0].top_k]  # k distinct random experts per token and layer
+    grads = []
+    for checkpointing in (False, True):
+        model = _load(model_dir, perturb_routers=1.0).train()
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        with replay_routing(model, routes) as own:
+            model(IDS, labels=IDS).loss.backward()
+        assert own.stacked().shape == routes.shape
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    assert grads[0].keys() == grads[1].keys()
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
 def test_negative_routes_leave_those_tokens_to_the_trainers_router(model_dir):
     model = _load(model_dir)
     with torch.no_grad(), record_routing(model) as record:
@@ -147,7 +179,7 @@ def test_expert_load_max_over_mean():
     # layer 0: counts 4, 2, 1, 1 (mean 2) -> 2.0; layer 1: 2, 2, 2, 2 -> 1.0
     assert expert_load_max_over_mean(choices, num_experts=4).tolist() == [2.0, 1.0]
     assert routing_agreement(choices, choices.flip(-1)) == 1.0  # a set, not an order
-    assert agreement_counts(choices, torch.roll(choices, 1, dims=0)) == (2, 8)
+    assert agreement_counts(choices, torch.roll(choices, 1, dims=0)) == (1, 8)  # token 0, layer 0 only
 
 
 def test_row_routes_follow_packed_rows_with_shared_prompts():
@@ -169,7 +201,10 @@ def test_row_routes_follow_packed_rows_with_shared_prompts():
                 sequence, position = divmod(int(row[t, 0, 0]), 100)
                 assert position == positions[t] and sequences[sequence][position] == tokens[t]
                 assert row[t, 1].tolist() == [100 * sequence + position, 2]
-        # every completion token reads the routes of its own sequence
+        # every completion token reads the routes of its own sequence (the last is never fed back)
         for i, (start, count) in zip(micro_batch.sequences, micro_batch.spans):
             at = micro_batch.score_positions[start + 1 : start + count]  # rows of its tokens (but the last)
             assert all(int(row[a, 0, 0]) // 100 == i for a in at.tolist())
+    # a rank with nothing to do runs an empty micro-batch: nothing to replay
+    lone = plan(sequences[:1], prompt_lens[:1], world_size=2, token_budget=64)
+    assert [row_routes(mb, routes) is None for rank in lone for mb in rank] == [False, True]

@@ -60,8 +60,12 @@ def moe_layers(model: nn.Module) -> list[MoELayer]:
     names = {id(module): name for name, module in model.named_modules()}
     layers = []
     for parent in model.modules():
+        if hasattr(parent, "get_base_layer"):  # a peft wrapper: its base is found from its own parent
+            continue
         children = dict(parent.named_children())
-        for experts in children.values():
+        for child in children.values():
+            # a LoRA'd experts module sits under peft wrappers (rlvr.quant.experts.ExpertsLora)
+            experts = child.get_base_layer() if hasattr(child, "get_base_layer") else child
             if not is_experts_module(experts):
                 continue
             routers = [m for m in children.values() if router_classes and isinstance(m, router_classes)]

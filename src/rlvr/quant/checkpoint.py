@@ -245,20 +245,25 @@ def _plan(model: nn.Module, model_dir: Path, ignore: Sequence[str], multiple: in
     def disk(name: str, module: nn.Module) -> str:
         return disk_name(model, f"{name}.weight", module.weight.shape).removesuffix(".weight")
 
-    routers = [disk(name, m) for name, m in model.named_modules() if in_router(name) and isinstance(getattr(m, "weight", None), nn.Parameter)]
+    routers = [
+        disk(name, m) for name, m in model.named_modules() if in_router(name) and isinstance(getattr(m, "weight", None), nn.Parameter)
+    ]
     linears, linear_disk = {}, {}
     embedding_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
     for name, module in model.named_modules():
-        if not isinstance(module, nn.Linear) or in_router(name) or is_ignored(disk(name, module), ignore):
+        if not isinstance(module, nn.Linear) or in_router(name):
+            continue
+        on_disk = disk(name, module)
+        if is_ignored(on_disk, ignore):
             continue
         if id(module.weight) in embedding_weights:
-            raise ValueError(f"{model_dir}: {name}.weight is tied to an embedding; add {disk(name, module)!r} to ignore")
+            raise ValueError(f"{model_dir}: {name}.weight is tied to an embedding; add {on_disk!r} to ignore")
         if module.in_features % multiple:
             raise ValueError(
                 f"{model_dir}: {name} has {module.in_features} input features, not a multiple of {multiple}; "
-                f"add {disk(name, module)!r} to ignore"
+                f"add {on_disk!r} to ignore"
             )
-        linears[name], linear_disk[name] = module, disk(name, module)
+        linears[name], linear_disk[name] = module, on_disk
 
     experts, expert_disk = {}, {}
     for layer in layers if pack_experts else []:
@@ -311,14 +316,17 @@ def quantize_checkpoint(
     dtypes = {key: tensor.dtype for key, tensor in model.state_dict().items()}
     model.float().eval()
     plan = _plan(model, model_dir, ignore, FORMATS[format], pack_experts=format == "nvfp4")
+    kept_float = [*ignore, *(r for r in plan.routers if not is_ignored(r, ignore))]
     if format == "nf4":
-        state = {f"{plan.linear_disk[name]}.{suffix}": tensor for name, module in plan.linears.items()
-                 for suffix, tensor in nf4.to_checkpoint(nf4.quantize(module.weight.detach()), source_dtype).items()}
-        quantization_config = nf4.quantization_config([*ignore, *plan.routers], source_dtype)
+        state = {}
+        for name, module in plan.linears.items():
+            stored = nf4.to_checkpoint(nf4.quantize(module.weight.detach()), source_dtype)
+            state.update({f"{plan.linear_disk[name]}.{suffix}": tensor for suffix, tensor in stored.items()})
+        quantization_config = nf4.quantization_config(kept_float, source_dtype)
     else:
-        state = _nvfp4_tensors(model, plan, model_dir, source_dtype, calibration_texts)
-        quantization_config = nvfp4_quantization_config([*ignore, *(r for r in plan.routers if not is_ignored(r, ignore))])
-    state.update(_float_tensors_on_disk(model, plan, dtypes))
+        state = _nvfp4_tensors(model, plan, model_dir, calibration_texts)
+        quantization_config = nvfp4_quantization_config(kept_float)
+    state.update(_float_tensors_on_disk(model, plan, dtypes))  # biases of packed Linears included
     out_dir.mkdir(parents=True, exist_ok=True)
     _copy_non_weight_files(model_dir, out_dir)
     model.save_pretrained(out_dir, state_dict=state, save_original_format=False)
@@ -332,7 +340,7 @@ def _stored(prefix: str, weight: nvfp4.NVFP4Weight, input_global_scale: torch.Te
     return {f"{prefix}.{suffix}": tensor for suffix, tensor in zip(QUANTIZED_TENSOR_SUFFIXES, tensors, strict=True)}
 
 
-def _nvfp4_tensors(model: nn.Module, plan: _Plan, model_dir: Path, source_dtype, texts) -> dict[str, torch.Tensor]:
+def _nvfp4_tensors(model: nn.Module, plan: _Plan, model_dir: Path, texts: Sequence[str]) -> dict[str, torch.Tensor]:
     """The packed tensors of every planned Linear and expert projection, under on-disk names."""
     inputs, _source = calibration_inputs(model_dir, model.config.get_text_config().vocab_size, texts)
     input_amax, shared_groups, expert_amax = _calibrate(model, plan.linears, plan.experts, inputs)
@@ -347,8 +355,6 @@ def _nvfp4_tensors(model: nn.Module, plan: _Plan, model_dir: Path, source_dtype,
         weight = nvfp4.quantize(module.weight.detach(), weight_global_scale[name])
         # an uncalibrated layer gets 1.0, as in llm-compressor
         state.update(_stored(plan.linear_disk[name], weight, nvfp4.global_scale_for(input_amax.get(name, torch.tensor(0.0)))))
-        if module.bias is not None:
-            state[f"{plan.linear_disk[name]}.bias"] = module.bias.detach().to(source_dtype)
     for (name, projection), pieces in plan.expert_disk.items():
         weights = getattr(plan.experts[name], projection).detach()
         input_global_scale = [nvfp4.global_scale_for(amax) for amax in expert_amax[(name, projection)]]

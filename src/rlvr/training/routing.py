@@ -42,9 +42,9 @@ _TOPK = (torch.topk, torch.Tensor.topk)
 class _ExpertChoice(TorchFunctionMode):
     """Active while one router runs: records its expert top-k, and under replay substitutes it."""
 
-    def __init__(self, layer: MoELayer, seen: list[torch.Tensor], replay: torch.Tensor | None):
+    def __init__(self, layer: MoELayer, seen: list[torch.Tensor], replay: torch.Tensor | None, every_call: bool):
         super().__init__()
-        self.layer, self.seen, self.replay = layer, seen, replay
+        self.layer, self.seen, self.replay, self.every_call = layer, seen, replay, every_call
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -56,7 +56,8 @@ class _ExpertChoice(TorchFunctionMode):
         own = func(*args, **kwargs)
         if not is_choice:
             return own
-        self.seen.append(own.indices.detach())
+        if self.every_call or not self.seen:  # under replay, a recomputation repeats the first forward
+            self.seen.append(own.indices.detach())
         if self.replay is None:
             return own
         if self.replay.shape != own.indices.shape:
@@ -101,7 +102,7 @@ class RoutingRecord:
 
 
 @contextmanager
-def _watch_routers(model: nn.Module, routes: torch.Tensor | None) -> Iterator[RoutingRecord]:
+def _watch_routers(model: nn.Module, routes: torch.Tensor | None, every_call: bool) -> Iterator[RoutingRecord]:
     layers = moe_layers(model)
     if not layers:
         raise ValueError(f"{type(model).__name__} has no MoE layers to route")
@@ -110,7 +111,7 @@ def _watch_routers(model: nn.Module, routes: torch.Tensor | None) -> Iterator[Ro
     record = RoutingRecord([layer.router_name for layer in layers], [[] for _ in layers])
     handles = []
     for i, layer in enumerate(layers):
-        mode = _ExpertChoice(layer, record.calls[i], None if routes is None else routes[:, i])
+        mode = _ExpertChoice(layer, record.calls[i], None if routes is None else routes[:, i], every_call)
         # hooks that return nothing, so that the router's inputs and outputs stay its own
         handles.append(layer.router.register_forward_pre_hook(lambda *_, mode=mode: _enter(mode)))
         handles.append(layer.router.register_forward_hook(lambda *_, mode=mode: _exit(mode), always_call=True))
@@ -128,31 +129,40 @@ def record_routing(model: nn.Module):
             model.generate(ids, ...)
         routes = record.per_sequence(batch_size=ids.shape[0])  # [B, positions, layers, k]
     """
-    return _watch_routers(model, None)
+    return _watch_routers(model, None, every_call=True)
 
 
-def replay_routing(model: nn.Module, routes: torch.Tensor):
+def replay_routing(model: nn.Module, routes: torch.Tensor | None):
     """Context manager: within it, every forward of `model` over `routes.shape[0]` tokens routes
     token t in MoE layer l to the experts `routes[t, l]` (where they are >= 0), with gate weights
-    from its own router's scores. It yields the record of the router's *own* choices, for
-    `routing_agreement`. Recomputation (activation checkpointing) replays the same routes."""
-    return _watch_routers(model, routes)
+    from its own router's scores. It yields the record of the router's *own* choices in the
+    first forward, for `routing_agreement`. `routes=None` (nothing to replay, e.g. a rank's
+    empty micro-batch) lets the model route itself and only records.
+
+    Keep the block open through `backward()` when the model recomputes activations (gradient
+    checkpointing): the recomputed forward must route as the first one did.
+
+        with replay_routing(model, routes) as own:
+            loss = loss_fn(model(ids))
+            loss.backward()
+        agreeing, compared = agreement_counts(own.stacked(), routes)
+    """
+    return _watch_routers(model, routes, every_call=False)
 
 
-def row_routes(micro_batch, routes: Mapping[int, torch.Tensor]) -> torch.Tensor:
+def row_routes(micro_batch, routes: Mapping[int, torch.Tensor]) -> torch.Tensor | None:
     """The routes of a packed trainer row (rlvr.training.packing.MicroBatch) `[L, layers, k]`
     from each sequence's routes `[positions, layers, k]` (keyed by sequence index, as the sampler
-    returned them; positions past a sequence's routes are -1).
+    returned them; positions past a sequence's routes are -1); None for an empty micro-batch.
 
     Rows are units of a prompt and its completions: a token whose position restarts at 0 opens
     a unit (its prompt belongs to the unit's first sequence), one whose position steps back
     otherwise starts the next completion of the same prompt; a token takes the routes of its
     sequence at its position.
     """
-    positions = micro_batch.position_ids[0].tolist()
     if micro_batch.is_empty:
-        any_routes = next(iter(routes.values()))
-        return torch.full((len(positions), *any_routes.shape[1:]), -1, dtype=torch.long)
+        return None
+    positions = micro_batch.position_ids[0].tolist()
     members = iter(micro_batch.sequences)
     first = routes[micro_batch.sequences[0]]
     out = torch.full((len(positions), *first.shape[1:]), -1, dtype=torch.long)
