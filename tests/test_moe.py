@@ -26,6 +26,7 @@ from transformers import AutoModelForCausalLM
 from rlvr.models.moe import moe_layers
 from rlvr.models.tiny import build_tiny_model
 from rlvr.quant import load_quantized_model, nvfp4, peft_targets_as_given, prepare_lora_config, quantize_checkpoint
+from rlvr.quant import quantized_linear_names
 from rlvr.quant import write_dequantized_checkpoint
 from rlvr.quant.experts import NAME, packed_experts_names, packed_projection
 from rlvr.training.policy import apply_lora
@@ -188,6 +189,8 @@ def _lora_pair(nvfp4_dir, dequantized_dir):
 def test_packed_experts_with_lora_give_the_float_models_logits_and_gradients(nvfp4_dir, dequantized_dir):
     packed, reference = _lora_pair(nvfp4_dir, dequantized_dir)
     assert all(not p.requires_grad for n, p in packed.named_parameters() if "lora_" not in n)
+    # every packed Linear (attention, MLA's low-rank projections, shared experts, dense MLPs) has LoRA
+    assert all(name.endswith(".base_layer") for name in quantized_linear_names(packed))
     ids = torch.randint(4, 300, (2, 24), generator=torch.Generator().manual_seed(1))
     logits, expected = packed(ids).logits, reference(ids).logits
     torch.testing.assert_close(logits, expected, rtol=0, atol=1e-5)
@@ -200,6 +203,27 @@ def test_packed_experts_with_lora_give_the_float_models_logits_and_gradients(nvf
         torch.testing.assert_close(grad, reference_grads[name], rtol=1e-5, atol=1e-5, msg=name)
     with torch.no_grad(), packed.disable_adapter(), reference.disable_adapter():  # the KL reference: the base
         torch.testing.assert_close(packed(ids).logits, reference(ids).logits, rtol=0, atol=1e-5)
+
+
+def test_lora_stays_on_shared_experts_and_dense_mlps_where_peft_alone_would_move_it(tmp_path):
+    """peft 0.21 remaps `gate_proj`/`up_proj`/`down_proj` targets of a DeepSeek/Qwen-MoE model to
+    the fused routed experts (a transformers-4 compatibility rewrite), dropping the shared
+    experts' and dense MLPs' LoRA; rlvr's `apply_lora` puts LoRA where its targets say."""
+    model_dir = build_tiny_model(tmp_path, "deepseek_v3", **SIZES)
+    mlps = {"model.layers.0.mlp.gate_proj", "model.layers.1.mlp.shared_experts.down_proj"}
+
+    plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    by_peft = get_peft_model(plain, prepare_lora_config(LoraConfig(r=4, target_modules="all-linear"), plain))
+    assert not mlps & _lora_targets(by_peft) and "model.layers.1.mlp.experts" in _lora_targets(by_peft)
+
+    ours = apply_lora(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), 4, 8.0, 0.0, "all-linear")
+    assert mlps <= _lora_targets(ours) and not any(".experts" in name for name in _lora_targets(ours))
+
+
+def _lora_targets(peft_model) -> set[str]:
+    """Model names of the modules holding a LoRA pair."""
+    names = {n.rsplit(".lora_A.", 1)[0] for n, _ in peft_model.named_parameters() if ".lora_A." in n}
+    return {n.removeprefix("base_model.model.").removesuffix(".base_layer") for n in names}
 
 
 def test_only_experts_that_received_tokens_dequantize_and_backward_keeps_no_float_weights(nvfp4_dir, monkeypatch):

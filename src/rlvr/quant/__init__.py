@@ -1,4 +1,4 @@
-"""Quantized frozen bases: NVFP4 (compressed-tensors) or NF4 (bitsandbytes), the packed Linears, checkpoint I/O."""
+"""Quantized frozen bases: NVFP4 (compressed-tensors, MoE experts included) or NF4 (bitsandbytes), the packed Linears and experts, checkpoint I/O."""
 
 from rlvr.quant.checkpoint import (
     dequantized_state_dict,
