@@ -241,7 +241,9 @@ def quantize(
     format: str = typer.Option(
         "nvfp4", "--format", help="nvfp4 (compressed-tensors nvfp4-pack-quantized) or nf4 (bitsandbytes 4-bit NF4)"
     ),
-    ignore: str = typer.Option("lm_head", "--ignore", help="comma-separated Linear names kept in float"),
+    ignore: str = typer.Option(
+        "lm_head", "--ignore", help="comma-separated on-disk module names (or re:patterns) kept in float; routers always are"
+    ),
 ):
     """Write MODEL as a 4-bit checkpoint that vLLM and rlvr's trainer load."""
     from rlvr.quant.checkpoint import quantize_checkpoint

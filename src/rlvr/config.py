@@ -331,6 +331,11 @@ class LoraConfig(Section):
     target_modules: list[str] | Literal["all-linear"] = Field(
         "all-linear", description="module names to adapt, or all-linear (every Linear of the decoder blocks)"
     )
+    target_experts: bool = Field(
+        False,
+        description="MoE: also train a LoRA pair per routed expert (gate/up and down), in peft's target_parameters "
+        "layout; attention, MLA and shared experts are covered by target_modules. Needs dropout 0",
+    )
 
 
 class TrainerConfig(Section):
