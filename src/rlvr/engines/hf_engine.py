@@ -179,9 +179,12 @@ class HFEngine(Engine):
         """Wrap the model with PEFT on first use, then load the adapter's tensors."""
         from peft import PeftModel, get_peft_config, get_peft_model, set_peft_model_state_dict
 
+        from rlvr.quant import peft_targets_as_given
+
         self._check_open("update_lora")
         if not isinstance(self.model, PeftModel):
-            self.model = get_peft_model(self.model, get_peft_config(dict(adapter.config)))
+            with peft_targets_as_given():  # the trainer's targets, also on MoE models (dense MLPs, shared experts)
+                self.model = get_peft_model(self.model, get_peft_config(dict(adapter.config)))
             self.model.eval()
         result = set_peft_model_state_dict(self.model, adapter.tensors)
         if result.unexpected_keys:
