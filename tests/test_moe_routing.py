@@ -17,6 +17,7 @@ from rlvr.training.packing import plan
 from rlvr.training.policy import apply_lora
 from rlvr.training.routing import (
     agreement_counts,
+    expert_counts,
     expert_load_max_over_mean,
     record_routing,
     replay_routing,
@@ -177,7 +178,8 @@ def test_routes_of_the_wrong_length_are_refused(model_dir):
 def test_expert_load_max_over_mean():
     choices = torch.tensor([[[0, 1], [0, 1]], [[0, 2], [2, 3]], [[0, 3], [1, 0]], [[0, 1], [3, 2]]])  # [4 tokens, 2 layers, 2]
     # layer 0: counts 4, 2, 1, 1 (mean 2) -> 2.0; layer 1: 2, 2, 2, 2 -> 1.0
-    assert expert_load_max_over_mean(choices, num_experts=4).tolist() == [2.0, 1.0]
+    assert expert_load_max_over_mean(expert_counts(choices, num_experts=4)).tolist() == [2.0, 1.0]
+    assert expert_counts(torch.tensor([[[0, -1]]]), num_experts=2).tolist() == [[1.0, 0.0]]  # -1: no choice
     assert routing_agreement(choices, choices.flip(-1)) == 1.0  # a set, not an order
     assert agreement_counts(choices, torch.roll(choices, 1, dims=0)) == (1, 8)  # token 0, layer 0 only
 

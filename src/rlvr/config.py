@@ -365,6 +365,12 @@ class TrainerConfig(Section):
     )
     epochs: int = Field(1, ge=1, description="passes over the step's mini-batches (PPO epochs; verl's ppo_epochs)")
     lora: LoraConfig | None = Field(None, description="train a LoRA adapter on the frozen base (null: full fine-tuning)")
+    routing_replay: bool = Field(
+        False, description="MoE: the trainer's forwards route each token to the experts the engine chose for it (R3, "
+        "Ma et al. 2025), with its own router's gate weights, so that sampler and trainer score tokens under the same "
+        "experts; needs an engine that returns routes (hf; vllm on GPU). Without it the trainer routes itself; either "
+        "way the moe/ metrics compare the two"
+    )
     max_consecutive_skips: int = Field(
         3, ge=1, description="stop the run after this many steps in a row skipped for a non-finite loss or gradient"
     )

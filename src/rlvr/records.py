@@ -66,6 +66,11 @@ class Rollout:
     transcript: str | None = None  # a multi-turn trajectory decoded whole: turns, tool calls, tool output
     turns: int = 1
     tool_calls: int = 0
+    # MoE: the experts each router chose at every position the engine ran, `[len(prompt_ids) +
+    # len(completion_ids) - 1, MoE layers, top-k]` (the last token is never fed back), as small
+    # integers (rlvr.training.routing.compact_routes); None for a dense model or an engine that
+    # does not record them
+    routes: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -104,6 +109,8 @@ class TrainBatch:
     # per completion token, whether the loss trains on it (1) or not (0: a filtered response, an
     # observation inserted between turns); None: every completion token
     loss_mask: list[list[int]] | None = None
+    # MoE: each sequence's Rollout.routes, for routing replay and its metrics; None: not recorded
+    routes: list[torch.Tensor] | None = None
 
     def __len__(self) -> int:
         return len(self.completion_ids)

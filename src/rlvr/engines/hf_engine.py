@@ -3,12 +3,16 @@
 Same interface and logprob convention as the vLLM engine (see `Engine`): rows are batched
 with left padding and a KV cache; the sampler's logprobs come from `output_scores`, which
 are the logits after temperature and top-p, i.e. the distribution each token was drawn from.
+For a mixture-of-experts model every rollout also carries the experts each router chose at
+each of its positions (`Rollout.routes`), recorded during `generate` by rlvr.training.routing:
+what the trainer replays with `trainer.routing_replay`.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from contextlib import nullcontext
 from dataclasses import replace
 
 import torch
@@ -35,6 +39,10 @@ class HFEngine(Engine):
         self.tokenizer = AutoTokenizer.from_pretrained(model.path)
         self.model = AutoModelForCausalLM.from_pretrained(model.path, dtype=getattr(torch, model.dtype)).to(self.device)
         self.model.eval()
+        from rlvr.models.moe import moe_layers
+
+        layers = moe_layers(self.model)
+        self.num_experts = layers[0].num_experts if layers else None  # None: a dense model, no routes
         self.seed = seed
         self.batch_size = engine.hf_batch_size
         self._queue: list[tuple[Request, bool]] = []  # (request, ignore_eos)
@@ -108,21 +116,26 @@ class HFEngine(Engine):
         attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for _, p, _ in rows], device=self.device)
         greedy = sampling.temperature == 0
         torch.manual_seed((self.seed if sampling.seed is None else sampling.seed) + batch_index)
-        out = self.model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            max_new_tokens=max(m for _, _, m in rows),
-            do_sample=not greedy,
-            temperature=None if greedy else sampling.temperature,
-            top_p=None if greedy else sampling.top_p,
-            top_k=None,
-            stop_strings=list(sampling.stop) or None,
-            tokenizer=self.tokenizer if sampling.stop else None,
-            eos_token_id=None if ignore_eos else eos,
-            pad_token_id=pad,
-            output_scores=True,
-            return_dict_in_generate=True,
-        )
+        from rlvr.training.routing import compact_routes, record_routing
+
+        with record_routing(self.model) if self.num_experts else nullcontext() as record:
+            out = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                max_new_tokens=max(m for _, _, m in rows),
+                do_sample=not greedy,
+                temperature=None if greedy else sampling.temperature,
+                top_p=None if greedy else sampling.top_p,
+                top_k=None,
+                stop_strings=list(sampling.stop) or None,
+                tokenizer=self.tokenizer if sampling.stop else None,
+                eos_token_id=None if ignore_eos else eos,
+                pad_token_id=pad,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
+        # [rows, positions fed (left padding, prompt, new tokens but the last), MoE layers, k]
+        routes = compact_routes(record.per_sequence(len(rows)).cpu(), self.num_experts) if self.num_experts else None
         new_tokens = out.sequences[:, width:]
         logprobs = torch.log_softmax(torch.stack(out.scores, dim=1).float(), dim=-1)
         logprobs = logprobs.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
@@ -139,6 +152,7 @@ class HFEngine(Engine):
                     logprobs=logprobs[row, :length].tolist(),
                     finish_reason=finish,
                     text=self.tokenizer.decode(ids, skip_special_tokens=True),
+                    routes=None if routes is None else routes[row, width - len(prompt) : width + length - 1].clone(),
                 )
             )
         return rollouts

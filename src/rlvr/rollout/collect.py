@@ -187,6 +187,7 @@ class RolloutCollector:
                                   lengths=trained),
             group=group,
             loss_mask=None if all(all(m) for m in masks) else masks,  # None: every completion token trains
+            routes=[t.routes for t in trajectories] if trajectories[0].routes is not None else None,
         )
 
     def _metrics(self, groups: list[_Group]) -> dict[str, float]:

@@ -14,7 +14,9 @@ rlvr's sandbox, never in this process.
 Token-exactness: a trajectory is its prompt, then each turn's sampled tokens as sampled, then
 the observation's tokens as rendered by `Renderer.observation` (only the new messages, never
 earlier turns again), and so on. The loss trains on sampled tokens only (`mask` 1); observation
-tokens have mask 0 and no sampler logprob (0.0 in its place).
+tokens have mask 0 and no sampler logprob (0.0 in its place). An MoE engine's routes follow the
+same tokens: each turn adds the positions its request ran that earlier turns had not (the last
+sampled token of a turn and the observation after it are routed in the next turn's prefill).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from __future__ import annotations
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
+
+import torch
 
 from rlvr.config import EnvConfig
 from rlvr.envs import EnvContext, EnvStep, make_env
@@ -51,6 +55,7 @@ class Trajectory:
     tool_calls: int = 0
     tool_errors: int = 0
     env_seconds: float = 0.0
+    routes: torch.Tensor | None = None  # MoE: Rollout.routes of every position but the last
 
     def as_rollout(self, tokenizer) -> Rollout:
         """As an engine's Rollout (for evaluation); a multi-turn one with its transcript decoded."""
@@ -126,6 +131,8 @@ class TrajectoryRunner:
         t.logprobs += rollout.logprobs
         t.text, t.finish_reason = rollout.text, rollout.finish_reason
         t.turns += 1
+        if rollout.routes is not None:
+            t.routes = rollout.routes if t.routes is None else torch.cat([t.routes, rollout.routes[len(t.routes):]])
 
     def _follow(self, t: Trajectory, step: EnvStep, seconds: float, sampling: Sampling, key: tuple, seed_of: int) -> Request | None:
         """Record the environment's answer; the trajectory's next turn, or None when it ends."""

@@ -176,6 +176,13 @@ def row_routes(micro_batch, routes: Mapping[int, torch.Tensor]) -> torch.Tensor 
     return out
 
 
+def compact_routes(routes: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """Routes in the smallest integer type that holds every expert id, as vLLM returns them
+    (uint8 up to 256 experts, DeepSeek-V3's count; int16 beyond): what a Rollout carries to the
+    trainer ranks, 8x smaller than torch's int64 indices."""
+    return routes.to(torch.uint8 if num_experts <= 256 else torch.int16)
+
+
 def agreement_counts(own: torch.Tensor, recorded: torch.Tensor) -> tuple[int, int]:
     """(agreeing, compared): over the (token, MoE layer) pairs that have a recorded choice
     (`recorded >= 0`), how many the trainer's own top-k reproduces as a set. Both `[T, layers, k]`."""
@@ -191,13 +198,18 @@ def routing_agreement(own: torch.Tensor, recorded: torch.Tensor) -> float:
     return agreeing / compared if compared else float("nan")
 
 
-def expert_load_max_over_mean(choices: torch.Tensor, num_experts: int) -> torch.Tensor:
-    """`moe/expert_load_max_over_mean` per MoE layer `[layers]`: the busiest expert's token count
-    over the mean count `T·k / E` (1.0: perfectly balanced; E/k: every token to the same experts).
-    `choices` is `[T, layers, k]`; negative entries are not counted."""
+def expert_counts(choices: torch.Tensor, num_experts: int) -> torch.Tensor:
+    """`[layers, num_experts]`: how many tokens each MoE layer sent to each expert, from
+    `[T, layers, k]` choices; negative entries are not counted."""
     tokens, layers, k = choices.shape
     loads = torch.zeros(layers, num_experts + 1)
-    index = torch.where(choices >= 0, choices, num_experts).permute(1, 0, 2).reshape(layers, -1).cpu()
+    index = torch.where(choices >= 0, choices.long(), num_experts).permute(1, 0, 2).reshape(layers, -1).cpu()
     loads.scatter_add_(1, index, torch.ones(index.shape))
-    counted = loads[:, :num_experts]
-    return counted.max(dim=1).values / (counted.sum(dim=1) / num_experts).clamp(min=1e-12)
+    return loads[:, :num_experts]
+
+
+def expert_load_max_over_mean(counts: torch.Tensor) -> torch.Tensor:
+    """`moe/expert_load_max_over_mean` per MoE layer `[layers]` from `expert_counts`: the busiest
+    expert's token count over the mean count `T·k / E` (1.0: perfectly balanced; E/k: every token
+    to the same experts)."""
+    return counts.max(dim=1).values / counts.mean(dim=1).clamp(min=1e-12)

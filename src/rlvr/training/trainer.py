@@ -113,6 +113,7 @@ class Trainer:
                     loss_masks={i: batch.loss_mask[i] for i in mine} if batch.loss_mask is not None else None,
                     max_len=max(len(c) for c in batch.completion_ids),
                     temperature=temperature,
+                    routes={i: batch.routes[i] for i in mine} if batch.routes is not None else None,
                 )
             )
         self._send_each("train", inputs)
@@ -124,7 +125,7 @@ class Trainer:
         update; loss and grad_norm are the mean update's."""
         self._training = False
         results = self._gather()
-        total = {k: sum(r.get(k, 0.0) for r in results) for k in results[0]}
+        total = {k: sum(r.get(k, 0.0) for r in results) for k in dict.fromkeys(k for r in results for k in r)}
         tokens = max(total.pop("tokens", 0.0), 1.0)
         updates = results[0]["updates"]
         metrics = {
@@ -142,6 +143,8 @@ class Trainer:
                 metrics[f"policy/{key}"] = total[f"{key}_sum"] / tokens
         if "approx_kl_after_sum" in total:  # several updates: how far they moved the policy from π_old
             metrics["policy/approx_kl"] = total["approx_kl_after_sum"] / max(total["approx_kl_after_tokens"], 1.0)
+        if "routing_compared" in total:
+            metrics |= _moe_metrics(total)
         return metrics
 
     def logprobs(self, sequences: list[list[int]], prompt_lens: list[int], temperature: float = 1.0) -> list[list[float]]:
@@ -239,6 +242,20 @@ class Trainer:
                 self.close()
                 raise TrainerError(f"trainer rank {late} did not answer in time")
         return [answers[index][1] for index in range(len(self._ranks))]
+
+
+def _moe_metrics(total: dict) -> dict[str, float]:
+    """The ranks' routing sums as moe/ metrics (rlvr.training.worker, `_measure_routing`)."""
+    from rlvr.training.routing import expert_load_max_over_mean
+
+    tokens = max(total["gap_tokens"], 1.0)
+    load = expert_load_max_over_mean(total["expert_counts"])
+    return {
+        "moe/routing_agreement": total["routing_agreeing"] / max(total["routing_compared"], 1.0),
+        "moe/sampler_trainer_gap_replay": total["gap_replay_sum"] / tokens,
+        "moe/sampler_trainer_gap_no_replay": total["gap_no_replay_sum"] / tokens,
+        "moe/expert_load_max_over_mean": float(load.max()),  # the busiest layer's
+    } | {f"moe/expert_load_max_over_mean/layer{i}": float(v) for i, v in enumerate(load)}
 
 
 _POLL_S = 1.0

@@ -5,6 +5,11 @@ The controller (rlvr.training.trainer.Trainer) starts N of these itself, as loca
 torch.distributed group (gloo on CPU, NCCL on GPU), builds the same model, shards it with
 FSDP2 and then answers the controller's commands until told to close. Every rank receives every
 command (with its own micro-batches) because FSDP2's collectives need all ranks in step.
+
+Mixture-of-experts policies get the engine's routes with the step (rlvr.training.routing): with
+`trainer.routing_replay` every forward routes each token to the experts the engine chose for
+it, else the trainer's routers choose. Either way the step's π_old pass also runs the other way,
+once, without gradient, so that the moe/ metrics show what replay changes.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import os
 import signal
 import time
 import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
@@ -21,9 +27,11 @@ import torch
 import torch.distributed as dist
 
 from rlvr.config import AlgorithmConfig, ModelConfig, TrainerConfig
+from rlvr.models.moe import moe_layers
 from rlvr.training.attention import use_packed_attention
 from rlvr.training.packing import MicroBatch, unpack
 from rlvr.training.policy import TokenLogprobs, apply_lora, load_base, shard
+from rlvr.training.routing import agreement_counts, expert_counts, replay_routing, row_routes
 
 
 @dataclass
@@ -72,6 +80,7 @@ class StepInput:
     loss_masks: dict[int, list[int]] | None  # sequence index -> per-token 0/1; None: train on every token
     max_len: int
     temperature: float
+    routes: dict[int, torch.Tensor] | None = None  # MoE: sequence index -> the engine's routes; None: none recorded
 
 
 def run_rank(rank: int, world_size: int, port: int, spec: RankSpec, conn) -> None:
@@ -146,6 +155,10 @@ class _Rank:
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if config.lora:
             lm = apply_lora(lm, **config.lora.model_dump())
+        layers = moe_layers(lm)
+        self.num_experts = layers[0].num_experts if layers else None  # None: a dense model
+        if config.routing_replay and not layers:
+            raise ValueError(f"trainer.routing_replay: {spec.model.path} has no mixture-of-experts layers to replay")
         self.lm = lm
         self.policy = TokenLogprobs(lm).to(self.device)
         mesh = init_device_mesh(self.device.type, (world_size,))
@@ -187,11 +200,14 @@ class _Rank:
         the last update a second one measures how far the updates moved: policy/approx_kl."""
         started = time.perf_counter()
         updates = [mini for _ in range(step.epochs) for mini in step.mini_batches]
-        old = self._step_logprobs(step) if len(updates) > 1 else None
+        if self.spec.trainer.routing_replay and step.routes is None:
+            raise ValueError("trainer.routing_replay: the engine returned no routes (engine.backend: hf records them; "
+                             "vllm only on GPU)")
         sums: dict[str, float] = {"loss": 0.0}  # a rank whose micro-batches are all empty adds nothing
+        old = self._step_logprobs(step, measure=sums) if len(updates) > 1 else None
         for mini in updates:
             for mb in mini.micro_batches:
-                self._train_micro_batch(mb, mini, step, old, sums)
+                self._train_micro_batch(mb, mini, step, old, sums, measure=old is None)
             for key, value in self._optimizer_step().items():
                 self._accumulate(sums, key, value)
         self.scheduler.step()  # the schedule counts RL steps: N mini-batches x E epochs share one rate
@@ -205,24 +221,31 @@ class _Rank:
         sums["seconds"] = time.perf_counter() - started  # this rank's compute, for the overlap figures
         return sums
 
-    def _train_micro_batch(self, mb: MicroBatch, mini: MiniBatch, step: StepInput, old: dict | None, sums: dict) -> None:
-        """Forward and backward of one micro-batch, its loss scaled to its share of the update's."""
-        logprobs, entropy = self._forward(mb, step.temperature)
-        if mb.is_empty:  # keeps this rank in step with the others' collectives
-            (logprobs.sum() * 0.0).backward()
+    def _train_micro_batch(
+        self, mb: MicroBatch, mini: MiniBatch, step: StepInput, old: dict | None, sums: dict, measure: bool
+    ) -> None:
+        """Forward and backward of one micro-batch, its loss scaled to its share of the update's;
+        `measure`: this forward is π_old's, the one the moe/ metrics describe."""
+        # the routes stay replayed through backward, which recomputes checkpointed forwards
+        with self._routing(mb, step) as routing:
+            logprobs, entropy = self._forward(mb, step.temperature)
+            if mb.is_empty:  # keeps this rank in step with the others' collectives
+                (logprobs.sum() * 0.0).backward()
+            else:
+                lp = _padded(unpack(logprobs, mb))
+                mask = self._mask(mb, step)
+                old_lp = lp.detach() if old is None else _padded([old[i] for i in mb.sequences])
+                sampler = self._sampler(mb, step, lp.dtype)
+                adv = torch.tensor([step.advantages[i] for i in mb.sequences], dtype=lp.dtype)
+                loss, metrics, is_weights = self._loss(mb, lp, old_lp, sampler, adv, mask, step)
+                weight, denominator = self._share(mask, mb, mini)
+                # FSDP averages gradients over ranks; the world_size factor turns that into a sum,
+                # so the update's loss is normalised once, by the mini-batch's global denominator.
+                (loss * (weight / denominator) * self.world_size).backward()
+        if measure and routing is not None:
+            self._measure_routing(mb, step, routing, logprobs.detach(), sums)
+        if mb.is_empty:
             return
-        lp = _padded(unpack(logprobs, mb))
-        mask = _padded([torch.ones(c) for _, c in mb.spans]).bool()
-        if step.loss_masks is not None:
-            mask = mask & _padded([torch.tensor(step.loss_masks[i]) for i in mb.sequences]).bool()
-        old_lp = lp.detach() if old is None else _padded([old[i] for i in mb.sequences])
-        sampler = _padded([torch.tensor(step.sampler_logprobs[i], dtype=lp.dtype) for i in mb.sequences])
-        adv = torch.tensor([step.advantages[i] for i in mb.sequences], dtype=lp.dtype)
-        loss, metrics, is_weights = self._loss(mb, lp, old_lp, sampler, adv, mask, step)
-        weight, denominator = self._share(mask, mb, mini)
-        # FSDP averages gradients over ranks; the world_size factor turns that into a sum,
-        # so the update's loss is normalised once, by the mini-batch's global denominator.
-        (loss * (weight / denominator) * self.world_size).backward()
         tokens = mask.sum().item()
         self._accumulate(sums, "loss", loss.item() * weight / denominator)
         self._accumulate(sums, "tokens", tokens)
@@ -245,15 +268,69 @@ class _Rank:
             return mask.sum().item(), mini.num_tokens
         return len(mb.sequences), mini.num_sequences
 
-    def _step_logprobs(self, step: StepInput) -> dict[int, torch.Tensor]:
-        """The current policy's logprob of every completion token of the step (no gradient)."""
+    def _step_logprobs(self, step: StepInput, measure: dict | None = None) -> dict[int, torch.Tensor]:
+        """The current policy's logprob of every completion token of the step (no gradient);
+        with `measure`, this is π_old: its moe/ metrics are added there."""
         out: dict[int, torch.Tensor] = {}
         with torch.no_grad():
             for mini in step.mini_batches:
                 for mb in mini.micro_batches:
-                    logprobs, _ = self._forward(mb, step.temperature)
+                    with self._routing(mb, step) as routing:
+                        logprobs, _ = self._forward(mb, step.temperature)
+                    if measure is not None and routing is not None:
+                        self._measure_routing(mb, step, routing, logprobs, measure)
                     out.update(zip(mb.sequences, unpack(logprobs, mb)))
         return out
+
+    @contextmanager
+    def _routing(self, mb: MicroBatch, step: StepInput):
+        """Around a micro-batch's forward (and backward) of an MoE policy given the engine's routes:
+        replay them (trainer.routing_replay) or let the routers choose; yields (the row's recorded
+        routes, the record of the routers' own choices), or None without routes."""
+        if self.num_experts is None or step.routes is None:
+            yield None
+            return
+        recorded = row_routes(mb, step.routes)
+        with replay_routing(self.lm, recorded if self.spec.trainer.routing_replay else None) as own:
+            yield recorded, own
+
+    def _measure_routing(self, mb: MicroBatch, step: StepInput, routing, logprobs: torch.Tensor, sums: dict) -> None:
+        """The moe/ metrics of one micro-batch's π_old forward (`logprobs`, routed as configured), at
+        the positions that sampled a token: how often the trainer's routers chose the engine's experts,
+        the experts' load, and the sampler gap with and without replay (the other from one more
+        forward without gradient, on every rank: FSDP2's collectives need all ranks in it)."""
+        recorded, own = routing
+        replay = self.spec.trainer.routing_replay
+        with torch.no_grad(), replay_routing(self.lm, None if replay else recorded) as other_own:
+            other, _ = self._forward(mb, step.temperature)
+        if mb.is_empty:
+            return
+        at = mb.score_positions
+        # the routers' own choices in the forward without replay (under replay, a layer's own choice
+        # would see the replayed choices of the layers before it)
+        unreplayed = other_own if replay else own
+        agreeing, compared = agreement_counts(unreplayed.stacked()[at], recorded[at])
+        self._accumulate(sums, "routing_agreeing", agreeing)
+        self._accumulate(sums, "routing_compared", compared)
+        sums["expert_counts"] = sums.get("expert_counts", 0.0) + expert_counts(recorded[at], self.num_experts)
+        mask, sampler = self._mask(mb, step), self._sampler(mb, step, logprobs.dtype)
+        gaps = {"gap_replay_sum": logprobs, "gap_no_replay_sum": other} if replay else {
+            "gap_replay_sum": other, "gap_no_replay_sum": logprobs}
+        for key, values in gaps.items():
+            self._accumulate(sums, key, float(((_padded(unpack(values, mb)) - sampler).abs() * mask).sum()))
+        self._accumulate(sums, "gap_tokens", float(mask.sum()))
+
+    @staticmethod
+    def _mask(mb: MicroBatch, step: StepInput) -> torch.Tensor:
+        """`[sequences, tokens]`: the completion tokens the loss trains on."""
+        mask = _padded([torch.ones(c) for _, c in mb.spans]).bool()
+        if step.loss_masks is not None:
+            mask = mask & _padded([torch.tensor(step.loss_masks[i]) for i in mb.sequences]).bool()
+        return mask
+
+    @staticmethod
+    def _sampler(mb: MicroBatch, step: StepInput, dtype: torch.dtype) -> torch.Tensor:
+        return _padded([torch.tensor(step.sampler_logprobs[i], dtype=dtype) for i in mb.sequences])
 
     def _loss(self, mb: MicroBatch, lp, old, sampler, adv, mask, step: StepInput):
         """The policy loss of one micro-batch (plus the KL term), its metrics and the IS weights."""
