@@ -128,3 +128,14 @@ def test_a_full_disk_is_one_line(tmp_path, tiny):
                           capture_output=True, text=True, timeout=300)
     line = one_line_error(done)
     assert "No space left on device" in line, line
+
+
+def test_a_demo_model_folder_of_another_arch_is_one_line(tmp_path, tiny):
+    """`rlvr demo demo.model.arch=X` would otherwise train the folder built earlier for another arch."""
+    task = tmp_path / "task"
+    task.mkdir()
+    for name in ("train.jsonl", "test.jsonl"):
+        (task / name).write_text(json.dumps({"problem": "1+1", "answer": "2"}) + "\n")
+    line = one_line_error(rlvr("demo", f"model.path={tiny}", f"data.train={task / 'train.jsonl'}",
+                               f"data.test={task / 'test.jsonl'}", "demo.model.arch=deepseek_v3"))
+    assert f"{tiny} holds a qwen2 model, not demo.model.arch=deepseek_v3" in line, line

@@ -11,6 +11,7 @@ Each is skipped when its output already exists, so a second `make demo` goes str
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -31,6 +32,13 @@ def ensure_demo_assets(cfg: RunConfig, console) -> None:
     model_dir = Path(cfg.model.path)
     if not (model_dir / "config.json").is_file():
         _build_model(cfg, model_dir, console)
+        return
+    built = json.loads((model_dir / "config.json").read_text()).get("model_type")
+    if built != spec.model.arch:  # a folder built for another arch would be trained silently instead
+        from rlvr.config import ConfigError
+
+        raise ConfigError(f"{model_dir} holds a {built} model, not demo.model.arch={spec.model.arch}: give the demo "
+                          f"its own model.path (e.g. model.path=artifacts/demo_{spec.model.arch}/model) or delete the folder")
 
 
 def _worked_example(problem, tokenizer, cfg: RunConfig, use_tool: bool) -> tuple[list[int], list[int], list[int]]:
