@@ -32,7 +32,9 @@ class TinyModelSpec(Section):
     hidden_size: int = Field(128, gt=0, description="width of the residual stream")
     num_layers: int = Field(4, gt=0, description="decoder blocks")
     num_heads: int = Field(4, gt=0, description="query heads")
-    num_kv_heads: int = Field(2, gt=0, description="key/value heads (grouped-query attention when fewer than num_heads)")
+    num_kv_heads: int = Field(
+        2, gt=0, description="key/value heads (grouped-query attention when fewer than num_heads; deepseek_v3 ignores it: MLA has num_heads)"
+    )
     intermediate_size: int = Field(512, gt=0, description="width of the MLP's hidden layer")
     max_position_embeddings: int = Field(512, gt=0, description="longest sequence the model's positions cover")
 

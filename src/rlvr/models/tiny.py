@@ -84,6 +84,9 @@ def _scaled_extras(arch: str, hidden_size: int, num_heads: int, intermediate_siz
             "qk_nope_head_dim": head_dim // 2,
             "v_head_dim": head_dim,
             "moe_intermediate_size": intermediate_size // 4,
+            # MLA has no grouped K/V (every head's K and V come from the shared latent); with fewer kv
+            # heads, transformers' sdpa path under a padding mask repeats K/V past the query heads and fails
+            "num_key_value_heads": num_heads,
         }
     return {"head_dim": head_dim} if "head_dim" in _ARCH_EXTRAS[arch] else {}
 
@@ -105,14 +108,14 @@ def tiny_config(
 ):
     if arch not in _ARCH_EXTRAS:
         raise ValueError(f"unknown tiny architecture {arch!r}; known: {', '.join(sorted(_ARCH_EXTRAS))}")
-    extras = {**_ARCH_EXTRAS[arch], **_scaled_extras(arch, hidden_size, num_heads, intermediate_size)}
+    scaled = _scaled_extras(arch, hidden_size, num_heads, intermediate_size)
+    extras = {"num_key_value_heads": num_kv_heads, **_ARCH_EXTRAS[arch], **scaled}
     return AutoConfig.for_model(
         arch,
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
         intermediate_size=intermediate_size,
         max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=tie_word_embeddings,
