@@ -128,3 +128,21 @@ def test_vllm_routed_experts_become_rollout_routes_of_the_moe_blocks(model_dir):
     (rollout,) = engine._rollouts(Request(0, prompt, 1, Sampling()), SimpleNamespace(request_id="r", outputs=[sample]))
     assert rollout.routes.dtype == torch.uint8
     assert torch.equal(rollout.routes.long(), torch.from_numpy(experts[:, 1:].astype(np.int64)))
+
+
+def test_a_multi_turn_trajectory_keeps_each_turns_new_positions_routes():
+    """Turn 2's request is the trajectory so far (prompt, turn 1, observation): its routes repeat
+    turn 1's positions, and the trajectory takes from it only the positions turn 1 did not run."""
+    from rlvr.records import Rollout
+    from rlvr.rollout.trajectories import Trajectory, TrajectoryRunner
+
+    prompt, first, observation, second = [1, 2, 3], [4, 5], [6, 7], [8, 9, 10]
+    turn1 = torch.full((len(prompt) + len(first) - 1, 2, 2), 1, dtype=torch.uint8)
+    turn2 = torch.full((len(prompt + first + observation) + len(second) - 1, 2, 2), 2, dtype=torch.uint8)
+    trajectory = Trajectory(0, prompt)
+    TrajectoryRunner._append_turn(trajectory, Rollout(0, prompt, first, [-1.0] * 2, "stop", "", routes=turn1))
+    trajectory.completion_ids += observation
+    TrajectoryRunner._append_turn(trajectory, Rollout(0, prompt + first + observation, second, [-1.0] * 3, "stop", "",
+                                                      routes=turn2))
+    assert trajectory.routes.shape[0] == len(prompt + first + observation + second) - 1
+    assert trajectory.routes[:, 0, 0].tolist() == [1] * 4 + [2] * 5  # turn 1's own, then what turn 2 ran anew
