@@ -125,6 +125,7 @@ class Trainer:
         update; loss and grad_norm are the mean update's."""
         self._training = False
         results = self._gather()
+        # every key any rank reported: one whose micro-batches were all empty reports no routing sums
         total = {k: sum(r.get(k, 0.0) for r in results) for k in dict.fromkeys(k for r in results for k in r)}
         tokens = max(total.pop("tokens", 0.0), 1.0)
         updates = results[0]["updates"]
