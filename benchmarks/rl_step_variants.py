@@ -35,7 +35,7 @@ from rlvr.config import load_config
 from rlvr.demo import ensure_demo_assets
 
 ROOT = Path(__file__).resolve().parents[1]
-AVG8 = re.compile(r"^eval/.+/avg@8$")
+AVG8 = re.compile(r"^eval/(.+/)?avg@8$")
 
 
 def seed_config(work: Path, seed: int, eval_every: int) -> Path:
@@ -62,12 +62,14 @@ def run_variant(config: Path, run_dir: Path, overrides: list[str]) -> dict:
     if done.returncode != 0:
         sys.exit(f"{' '.join(command)} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    curve = {r["step"]: v for r in rows for k, v in r.items() if AVG8.match(k)}
+    summary = json.loads((run_dir / "summary.json").read_text())
     steps = [r for r in rows if "reward/mean" in r]
+    # before and every eval.every steps in metrics.jsonl; the final evaluation in summary.json
+    curve = {r["step"]: v for r in rows for k, v in r.items() if AVG8.match(k)} | {len(steps): summary["eval_after"]["avg@8"]}
     return {
         "avg8_curve": curve,
-        "avg8_before": curve[min(curve)],
-        "avg8_after": curve[max(curve)],
+        "avg8_before": summary["eval_before"]["avg@8"],
+        "avg8_after": summary["eval_after"]["avg@8"],
         "clip_nonzero_fraction": sum(r.get("policy/clip_fraction", 0.0) > 0 for r in steps) / len(steps),
         "optimizer_steps_mean": statistics.mean(r.get("optimizer/steps", 1.0) for r in steps),
         "informative_groups_mean": statistics.mean(r.get("rollout/informative_groups", 0) for r in steps),
