@@ -117,7 +117,16 @@ def main() -> None:
                   f"clip>0 on {run['clip_nonzero_fraction']:.0%} of steps, {run['seconds']:.0f} s", flush=True)
 
     summary = {name: summarise(rs) for name, rs in runs.items()}
-    result = {"variants": variants, "seeds": seeds, "summary": summary, "runs": runs} | provenance()
+    # Seeds differ in their task split and warm start, so the spread between seeds dwarfs the
+    # variants' difference: compare each variant with the first on the same seed.
+    first = next(iter(runs))
+    paired = {}
+    for name in list(runs)[1:]:
+        gaps = [b["avg8_after"] - a["avg8_after"] for a, b in zip(runs[first], runs[name])]
+        stderr = statistics.stdev(gaps) / len(gaps) ** 0.5 if len(gaps) > 1 else None
+        paired[f"{name} - {first}"] = {"per_seed": [round(g, 4) for g in gaps], "mean": round(statistics.mean(gaps), 4),
+                                       "stderr": None if stderr is None else round(stderr, 4)}
+    result = {"variants": variants, "seeds": seeds, "summary": summary, "paired": paired, "runs": runs} | provenance()
     write_result(args.out, result)
     figures = "; ".join(
         f"{name} ({' '.join(variants[name]) or 'demo as is'}): avg@8 after {s['avg8_after_mean']}"
@@ -126,7 +135,12 @@ def main() -> None:
         f"{s['optimizer_steps_mean']} optimizer steps/RL step, {s['informative_groups_mean']} informative groups, {s['seconds_mean']} s"
         for name, s in summary.items()
     )
-    append_line(f"demo, RL step variants over seeds {args.seeds} (held-out avg@8 after 80 steps, mean ± s.e.): {figures}", result)
+    differences = "; ".join(
+        f"**{pair}: {d['mean']:+}**" + (f" ± {d['stderr']}" if d["stderr"] is not None else "") + f" (per seed {d['per_seed']})"
+        for pair, d in paired.items()
+    )
+    append_line(f"demo, RL step variants over seeds {args.seeds} (held-out avg@8 after 80 steps, mean ± s.e.): {figures}; "
+                f"paired difference of avg@8 after: {differences}", result)
 
 
 if __name__ == "__main__":
