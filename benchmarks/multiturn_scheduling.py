@@ -28,6 +28,8 @@ from rlvr.engines import make_engine
 from rlvr.envs import EnvContext, EnvStep
 from rlvr.envs.base import register
 from rlvr.models.tiny import build_tiny_model
+
+MAX_MODEL_LEN = 2048  # room for --turns turns of --max-tokens plus the observations
 from rlvr.records import Problem, Sampling
 from rlvr.rollout.prompts import Renderer
 from rlvr.rollout.trajectories import Start, TrajectoryRunner
@@ -69,13 +71,13 @@ def main() -> None:
     args = parser.parse_args()
 
     model_dir = build_tiny_model(Path(tempfile.mkdtemp(prefix="rlvr-bench-")) / "model", "qwen2", hidden_size=128,
-                                 num_layers=4, intermediate_size=512)
+                                 num_layers=4, intermediate_size=512, max_position_embeddings=MAX_MODEL_LEN)
     model = ModelConfig(path=str(model_dir))
     data = DataConfig(train="-", template="plain")
     problems = [Problem(id=f"q{i}", question=f"count to {i}", answer="") for i in range(args.prompts)]
     seconds: dict[str, list[float]] = {"continuous": [], "lockstep": []}
     turns = 0
-    with make_engine(model, EngineConfig(max_model_len=2048, kv_cache_gb=1), seed=0) as engine:
+    with make_engine(model, EngineConfig(max_model_len=MAX_MODEL_LEN, kv_cache_gb=1), seed=0) as engine:
         from transformers import AutoTokenizer
 
         renderer = Renderer(AutoTokenizer.from_pretrained(model_dir), data)
@@ -83,7 +85,7 @@ def main() -> None:
             for mode in ("continuous", "lockstep"):
                 config = EnvConfig(name="bench_slow_tool", max_turns=args.turns, lockstep=mode == "lockstep", workers=64,
                                    options={"latency": args.latency})
-                runner = TrajectoryRunner(engine, renderer, config, EnvContext(config, SandboxConfig()), max_model_len=2048)
+                runner = TrajectoryRunner(engine, renderer, config, EnvContext(config, SandboxConfig()), max_model_len=MAX_MODEL_LEN)
                 starts = [Start(p, renderer.prompt(p)) for p in problems]
                 started = time.perf_counter()
                 trajectories = runner.run(starts, args.samples, Sampling(max_tokens=args.max_tokens, seed=round_index))

@@ -9,7 +9,8 @@ one (`deepseek_v3`: MLA, layer 0 dense, 8 routed + 1 shared expert per later lay
 
 Writes `{"bf16_weight_bytes", "nvfp4_weight_bytes", "ratio", "peak_rss_bf16", "peak_rss_nvfp4",
 "tokens_per_s", "nvfp4_local_bytes_1rank", "nvfp4_local_bytes_per_rank_2ranks",
-"nvfp4_local_bytes_ratio_2ranks"}` plus a few keys that say what was measured.
+"nvfp4_local_bytes_ratio_2ranks"}` plus a few keys that say what was measured, and appends a line to
+docs/benchmarks.md.
 
 - weight bytes: the bytes of every tensor in the model's checkpoint, each stored tensor once:
   the tied embedding / lm_head counts once on both sides (bf16 on both: it is not quantized),
@@ -39,6 +40,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _ledger import append_line, provenance, write_result
 
 # ~20.5M parameters: 7 blocks of 512 wide, 8 heads (2 KV heads), MLP 1536, tied embedding; the
 # MoE architectures take the same sizes (DeepSeek-V3: experts of 1536 / 4 = 384, MLA ranks 256)
@@ -203,9 +206,18 @@ def main() -> None:
         "compute_dtype": args.dtype,
         "train_shape": {"steps": args.steps, "batch": args.batch, "seq_len": args.seq_len, "lora_rank": 16},
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print(json.dumps(report, indent=2))
+    report |= provenance()
+    write_result(args.out, report)
+    append_line(
+        f"trainer memory, {args.arch} ({parameters / 1e6:.1f}M parameters, {active / 1e6:.1f}M active), bf16 vs NVFP4 base, "
+        f"LoRA r=16 all-linear, {args.dtype} compute: weights **{bf16_bytes:,} B bf16 vs {nvfp4_bytes:,} B nvfp4, ratio "
+        f"{report['ratio']:.3f}**; packed base per FSDP2 rank after a train step: 1 rank {local_1rank:,} B, 2 ranks "
+        f"{max(local_2ranks):,} B each (**ratio {report['nvfp4_local_bytes_ratio_2ranks']:.4f}**); peak RSS "
+        f"{bf16_run['peak_rss'] / 1e6:.1f} MB bf16 vs {nvfp4_run['peak_rss'] / 1e6:.1f} MB nvfp4 "
+        f"({report['rss_after_imports'] / 1e6:.1f} MB after imports); {nvfp4_run['tokens_per_s']:.1f} tokens/s nvfp4 LoRA "
+        f"training (bf16 base: {bf16_run['tokens_per_s']:.1f})",
+        report,
+    )
 
 
 if __name__ == "__main__":

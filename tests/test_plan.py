@@ -17,7 +17,7 @@ from rlvr.orchestration.plan import GB, GiB, PlanError, make_plan, read_architec
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SMALL = CONFIGS / "gsm8k_qwen2.5_0.5b_1gpu.yaml"
 MEDIUM = CONFIGS / "math_7b_8gpu.yaml"
-LARGE = CONFIGS / "aime_mistral_large_nvfp4_ray.yaml"
+LARGE = CONFIGS / "aime_mistral_large2_dense_nvfp4_ray.yaml"
 
 
 def plan_of(config: Path, *overrides: str):
@@ -77,7 +77,7 @@ def test_qwen2_5_0_5b_weights_by_hand():
 def test_qwen2_5_7b_weights_match_the_published_sizes():
     arch = read_architecture(load_config(MEDIUM))
     # Qwen reports 7.61B parameters; per layer 29,360,128 in attention and 203,685,888 in the MLP
-    assert arch.block_linear_params == 29_360_128 + 203_685_888
+    assert arch.packed_params == 28 * (29_360_128 + 203_685_888)  # every Linear of the 28 blocks
     assert round(arch.weight_bytes(2) / GB, 2) == 15.23  # "a 7B model is ~15 GB in bf16"
     plan = plan_of(MEDIUM)
     assert plan.devices[0].memory["engine weights"] == arch.weight_bytes(2) / 4  # TP 4 splits it
@@ -101,7 +101,6 @@ def test_nvfp4_bytes_and_per_device_figures_by_hand():
     tokens = 18432
     one_block = 2 * (4 * 12288 + 3 * 12288 + 3 * 1024 + 4 * 28672)
     assert rank["activations"] == tokens * 88 * 12288 * 2 + tokens * one_block + 1024 * 32768 * (2 + 12)
-    assert plan.devices[8].load_peak == arch.weight_bytes(2)
 
 
 def test_config_json_wins_and_matches_the_real_model(tmp_path):
@@ -140,8 +139,8 @@ def test_missing_architecture_prints_placement_without_memory():
     [
         (["trainer.ranks=60"], "need 68 GPUs; nodes=8 x gpus_per_node=8 has 64"),
         (["placement.gpu_memory_gb=80"], "node 0 GPU 0 needs ~137.8 GB (KV cache 128.8, engine weights 8.8, LoRA slot 0.1)"),
-        (["placement.gpu_memory_gb=60", "engine.kv_cache_gb=40"],
-         "node 1 GPU 0 needs ~70.1 GB at load (the whole base before sharding), over placement.gpu_memory_gb=60"),
+        (["placement.gpu_memory_gb=60", "engine.kv_cache_gb=40", "trainer.ranks=2"],
+         "node 1 GPU 0 needs ~88.9 GB (activations 47.8, base shard 35.1, trainable 4.5), over placement.gpu_memory_gb=60"),
         (["placement.engine_gpus=4"], "placement.engine_gpus=4 must equal engine.tensor_parallel_size=8"),
         (["engine.tensor_parallel_size=16", "placement.engine_gpus=16"], "a TP group stays on one node"),
         (["placement.backend=local"], "the local backend runs on one machine"),
@@ -166,3 +165,60 @@ def test_cli_reports_a_plan_error_in_one_line_with_exit_2():
     assert out.returncode == 2
     (line,) = [l for l in out.stdout.splitlines() if "plan error" in l]
     assert line.startswith(f"plan error: {LARGE}: placement: 60 trainer ranks + 8 engine GPUs need 68 GPUs")
+
+
+SEED = CONFIGS / "aime_mistral_large3_nvfp4_ray.yaml"
+
+
+def test_seed_moe_config_plans_experts_mla_and_fits_8_nodes_of_4_gb200():
+    out = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", str(SEED), "--dry-run"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "673.42B parameters" in out.stdout and "39.95B active per token" in out.stdout
+    assert "MLA, KV latent 512 + RoPE key 64" in out.stdout and "fits placement.gpu_memory_gb=186" in out.stdout
+    assert "32 whole experts per GPU" in out.stdout and "5 of 128 per rank" in out.stdout
+    plan = plan_of(SEED)
+    assert (plan.fsdp_world, plan.engine_tp, plan.gpus_used, plan.nodes, plan.gpus_per_node) == (28, 4, 32, 8, 4)
+
+
+def test_moe_estimate_counts_as_transformers_builds_the_model():
+    """The seed config's numbers, built by transformers' DeepseekV3 on the meta device."""
+    from transformers import DeepseekV3Config
+
+    from rlvr.models.params import parameter_counts
+
+    e = load_config(SEED).model.estimate
+    config = DeepseekV3Config(
+        hidden_size=e.hidden_size, num_hidden_layers=e.num_layers, intermediate_size=e.intermediate_size,
+        num_attention_heads=e.num_heads, num_key_value_heads=e.num_kv_heads, vocab_size=e.vocab_size,
+        tie_word_embeddings=False, q_lora_rank=e.q_lora_rank, kv_lora_rank=e.kv_lora_rank,
+        qk_nope_head_dim=e.qk_nope_head_dim, qk_rope_head_dim=e.qk_rope_head_dim, v_head_dim=e.v_head_dim,
+        first_k_dense_replace=e.first_dense_layers, n_routed_experts=e.num_experts, num_experts_per_tok=e.num_experts_per_tok,
+        moe_intermediate_size=e.moe_intermediate_size, n_shared_experts=e.num_shared_experts, n_group=1, topk_group=1,
+    )
+    counts = parameter_counts(config)
+    arch = read_architecture(load_config(SEED))
+    assert (arch.params, arch.active_params) == (counts.total, counts.active)
+    assert arch.routed_params == counts.routed_experts
+    # MLA's cache: the latent and the RoPE key, per layer, on every GPU of the TP group
+    assert arch.kv_bytes_per_token(tp=4, dtype_bytes=2) == 61 * (512 + 64) * 2
+
+
+@pytest.mark.parametrize("arch_name", ["deepseek_v3", "qwen3_moe", "mixtral"])
+def test_moe_config_json_counts_match_transformers(tmp_path, arch_name):
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.models.params import count_parameters
+    from rlvr.models.tiny import build_tiny_model
+    from rlvr.quant.checkpoint import quantize_checkpoint
+
+    path = build_tiny_model(tmp_path / arch_name, arch_name)
+    arch = read_architecture(load_config(SMALL, [f"model.path={path}"]))
+    counts = count_parameters(AutoModelForCausalLM.from_pretrained(path))
+    assert arch.routed_params == counts.routed_experts
+    assert arch.params - arch.active_params == counts.total - counts.active
+    assert abs(arch.params - counts.total) / counts.total < 1e-3  # Qwen3's per-head q/k norms are left out
+
+    packed = quantize_checkpoint(path, tmp_path / "nvfp4")
+    arch = read_architecture(load_config(SMALL, [f"model.path={packed}"]))
+    stored = sum(_tensor_bytes(f) for f in Path(packed).glob("*.safetensors"))
+    assert arch.nvfp4 and abs(arch.weight_bytes(4) - stored) / stored < 0.02  # per-tensor global scales not counted

@@ -68,3 +68,11 @@ def test_config_accepts_names_and_inline_text_and_rejects_the_rest(tmp_path):
     config.write_text("model: {path: m}\ndata: {train: gsm8k, template: fancy}\n")
     with pytest.raises(ConfigError, match="data.template: .*unknown prompt template 'fancy'"):
         load_config(config)
+
+
+def test_test_problems_that_occur_in_training_are_counted():
+    from rlvr.rollout.prompts import PromptSet
+
+    train = PromptSet(problems=[None] * 3, prompts=[[1, 2], [3, 4], [5]])
+    test = PromptSet(problems=[None] * 3, prompts=[[3, 4], [3], [5]])
+    assert test.shared_with(train) == 2  # token for token: [3] is not [3, 4]

@@ -14,7 +14,7 @@ from rich.console import Console
 from rlvr.config import ConfigError, dump_config, load_config, set_dotted, validate_config
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="RL of LLMs against verifiable rewards.")
-console = Console()
+console = Console(soft_wrap=not sys.stdout.isatty())  # into a file or pipe: no breaks at 80 columns
 DEMO_CONFIG = "configs/demo.yaml"
 
 

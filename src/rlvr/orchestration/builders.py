@@ -64,6 +64,9 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     train_set = load_prompt_set(cfg.data, cfg.data.train, tokenizer)
     test_set = load_prompt_set(cfg.data, cfg.data.test, tokenizer, limit=cfg.eval.max_problems) if cfg.data.test else None
+    if test_set is not None and (shared := test_set.shared_with(train_set)):
+        log(f"note: {shared} of the {len(test_set.problems)} test problems also occur in data.train (the same prompt): "
+            "held-out figures include them")
     timer = StepTimer()
     checkpoints = RunCheckpoints(cfg, timer, log)
     resume_from = checkpoints.resumable() if resume else None

@@ -12,21 +12,30 @@ Placement, as the `placement` section asks (the Ray backend reserves the same sh
 
 Memory per device, in bytes (the table prints GB = 1e9 bytes). H hidden, L layers, I MLP
 width, Hq/Hkv query/key-value widths (heads x head_dim), V vocabulary, b bytes of model.dtype:
-- engine weights: parameters / TP; an NVFP4 checkpoint's Linear layers at 4.5 bits (4-bit
-  values plus one FP8 scale per 16), embeddings, lm_head and norms at b.
-- KV cache: engine.kv_cache_gb GiB per engine GPU (vLLM's kv_cache_memory_bytes).
+- engine weights: parameters / TP; an NVFP4 checkpoint's Linear layers (attention and MLA
+  projections, MLPs, shared and routed experts) at 4.5 bits (4-bit values plus one FP8 scale
+  per 16), routers, embeddings, lm_head and norms at b. With engine.expert_parallel the
+  routed experts go whole to the TP group's GPUs (E / TP each): the same bytes per GPU.
+- KV cache: engine.kv_cache_gb GiB per engine GPU (vLLM's kv_cache_memory_bytes); the note
+  says how many tokens it holds: GQA stores 2 x L x Hkv / TP values per token, MLA
+  L x (kv_lora_rank + qk_rope_head_dim) on every GPU of the group (the latent serves all heads).
 - LoRA slot: the adapter at b / TP (the engine serves one adapter at a time).
-- base shard: the frozen base in the trainer's format (NVFP4 stays packed) / FSDP ranks.
-- gathered: two decoder blocks unsharded (FSDP2 gathers the block it runs and prefetches the next).
+- base shard: the frozen base in the trainer's format (NVFP4 stays packed) / FSDP ranks; the
+  packed routed experts are sharded by expert, ceil(E / ranks) of them per rank.
+- gathered: two decoder blocks unsharded (FSDP2 gathers the block it runs and prefetches the
+  next), the largest: an MoE block with all its experts.
 - trainable: trainable parameters x 4 (value, gradient, AdamW m and v) / FSDP ranks; LoRA in
   float32 (peft keeps adapters in float32), full fine-tuning at b.
 - activations, one micro-batch of T = trainer.micro_batch_tokens tokens, flash attention (no
   T x T matrix). Saved per token and layer: b * (4H + 3Hq + 3Hkv + 4I) (norm inputs and
-  outputs, q/k/v before and after RoPE, attention output, MLP gate/up/activation/product).
+  outputs, q/k/v before and after RoPE, attention output, MLP gate/up/activation/product);
+  for an MoE, I = top_k x expert width + shared width (the experts a token passes through).
   Without gradient checkpointing T * L times that; with it T * L * H * b (block inputs) plus
   one block's worth recomputed. Plus the LM head's chunk: 1024 tokens x V x (b + 12)
   (logits, their float32 copy, softmax temporaries, float32 gradient).
-- load peak: a trainer rank moves the whole base onto its device before sharding it.
+- at load, a rank's device holds its shard and one block in full (fully_shard moves the base
+  to the device unit by unit), less than the step's own peak; each rank process reads the
+  whole base into host memory first (a note says how much).
 Not counted: CUDA context, allocator fragmentation, vLLM's activation workspace and CUDA
 graphs (leave some 10 %).
 """
@@ -48,33 +57,45 @@ LM_HEAD_CHUNK_TOKENS = 1024  # TokenLogprobs' chunk_tokens: the logits exist for
 OPTIMIZER_COPIES = 4  # value, gradient, AdamW exp_avg and exp_avg_sq
 LORA_DTYPE_BYTES = 4  # peft keeps adapter weights in float32 on a bf16 base
 
-# The Linear layers of a dense decoder block, as (input width, output width) in terms of the
-# architecture; LoRA on "all-linear" adapts all of them (rlvr resolves it to the block's Linears).
-_BLOCK_LINEARS = {
-    "q_proj": ("hidden", "q_width"),
-    "k_proj": ("hidden", "kv_width"),
-    "v_proj": ("hidden", "kv_width"),
-    "o_proj": ("q_width", "hidden"),
-    "gate_proj": ("hidden", "intermediate_size"),
-    "up_proj": ("hidden", "intermediate_size"),
-    "down_proj": ("intermediate_size", "hidden"),
-}
-
-
 class PlanError(ValueError):
     """The placement cannot hold the run; the message is one line naming the keys."""
 
 
 class NoArchitecture(ValueError):
-    """Nothing to estimate memory from: no config.json, no model.estimate, or not a dense decoder."""
+    """Nothing to estimate memory from: no config.json, no model.estimate, or an unknown layout."""
 
 
 # --------------------------------------------------------------------- architecture
 
 
 @dataclass(frozen=True)
+class Experts:
+    """A fine-grained MoE layer: `count` routed experts of which each token uses `top_k`, plus
+    shared experts every token uses, and a router (one logit per expert)."""
+
+    count: int
+    top_k: int
+    width: int  # one routed expert's hidden width
+    shared_width: int  # all shared experts together
+    first_dense: int  # leading layers with a dense MLP instead
+
+
+@dataclass(frozen=True)
+class LatentAttention:
+    """Multi-head latent attention (DeepSeek-V2/V3, Mistral Large 3): keys and values come from
+    one compressed latent of `kv_rank` values per token, which is all the KV cache stores (plus
+    the `rope` shared RoPE key values)."""
+
+    kv_rank: int
+    q_rank: int | None
+    nope: int
+    rope: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True)
 class Architecture:
-    """A dense decoder's sizes (biases ignored: < 0.01 % of the weights)."""
+    """A decoder's sizes (biases ignored: < 0.01 % of the weights): dense, MoE, GQA or MLA."""
 
     hidden: int
     num_layers: int
@@ -86,21 +107,61 @@ class Architecture:
     tie_word_embeddings: bool
     nvfp4: bool
     source: str
+    experts: Experts | None = None
+    mla: LatentAttention | None = None
 
     @property
     def q_width(self) -> int:
-        return self.num_heads * self.head_dim
+        return self.num_heads * (self.mla.nope + self.mla.rope if self.mla else self.head_dim)
 
     @property
     def kv_width(self) -> int:
-        return self.num_kv_heads * self.head_dim
+        return self.num_heads * (self.mla.nope + self.mla.v_head_dim) if self.mla else self.num_kv_heads * self.head_dim
 
-    def _width(self, name: str) -> int:
-        return getattr(self, name)
+    def attention_linears(self) -> dict[str, tuple[int, int]]:
+        """The attention's Linear layers, (input, output) widths."""
+        h, heads = self.hidden, self.num_heads
+        if self.mla is None:
+            return {"q_proj": (h, self.q_width), "k_proj": (h, self.kv_width), "v_proj": (h, self.kv_width),
+                    "o_proj": (self.q_width, h)}
+        m = self.mla
+        query = {"q_a_proj": (h, m.q_rank), "q_b_proj": (m.q_rank, self.q_width)} if m.q_rank else {"q_proj": (h, self.q_width)}
+        return query | {
+            "kv_a_proj_with_mqa": (h, m.kv_rank + m.rope),
+            "kv_b_proj": (m.kv_rank, heads * (m.nope + m.v_head_dim)),
+            "o_proj": (heads * m.v_head_dim, h),
+        }
+
+    def mlp_linears(self, width: int) -> dict[str, tuple[int, int]]:
+        return {"gate_proj": (self.hidden, width), "up_proj": (self.hidden, width), "down_proj": (width, self.hidden)}
 
     @property
-    def block_linear_params(self) -> int:
-        return sum(self._width(a) * self._width(b) for a, b in _BLOCK_LINEARS.values())
+    def moe_layers(self) -> int:
+        return self.num_layers - self.experts.first_dense if self.experts else 0
+
+    def _linear_params(self, linears: dict[str, tuple[int, int]]) -> int:
+        return sum(a * b for a, b in linears.values())
+
+    @property
+    def attention_params(self) -> int:
+        norms = (self.mla.q_rank or 0) + self.mla.kv_rank if self.mla else 0  # MLA's latent norms
+        return self._linear_params(self.attention_linears()) + norms
+
+    @property
+    def routed_params(self) -> int:
+        """All routed experts' weights, of every MoE layer."""
+        e = self.experts
+        return self.moe_layers * e.count * 3 * self.hidden * e.width if e else 0
+
+    @property
+    def packed_params(self) -> int:
+        """The weights an NVFP4 checkpoint packs: every Linear of the decoder blocks, routed and
+        shared experts included (routers, norms, embeddings and lm_head stay in float)."""
+        dense_mlp = self._linear_params(self.mlp_linears(self.intermediate_size))
+        shared = self._linear_params(self.mlp_linears(self.experts.shared_width)) if self.experts and self.experts.shared_width else 0
+        attention = self._linear_params(self.attention_linears())
+        return (self.num_layers * attention + (self.num_layers - self.moe_layers) * dense_mlp
+                + self.moe_layers * shared + self.routed_params)
 
     @property
     def embedding_params(self) -> int:
@@ -108,26 +169,59 @@ class Architecture:
 
     @property
     def params(self) -> int:
-        norms = self.num_layers * 2 * self.hidden + self.hidden
-        return self.num_layers * self.block_linear_params + self.embedding_params + norms
+        e = self.experts
+        routers = self.moe_layers * e.count * self.hidden if e else 0
+        norms = self.num_layers * (2 * self.hidden + self.attention_params - self._linear_params(self.attention_linears())) + self.hidden
+        return self.packed_params + routers + norms + self.embedding_params
+
+    @property
+    def active_params(self) -> int:
+        """Parameters used per token: the routed experts count top_k / count of their weights."""
+        e = self.experts
+        return self.params - (self.routed_params * (e.count - e.top_k) // e.count if e else 0)
 
     def weight_bytes(self, dtype_bytes: int, nvfp4: bool | None = None) -> float:
-        """All weights; the blocks' Linear layers packed when NVFP4 (the default: as stored)."""
+        """All weights; the blocks' Linear layers and experts packed when NVFP4 (the default: as stored)."""
         nvfp4 = self.nvfp4 if nvfp4 is None else nvfp4
-        linear = self.num_layers * self.block_linear_params
-        return linear * (NVFP4_BITS / 8 if nvfp4 else dtype_bytes) + (self.params - linear) * dtype_bytes
+        return self.packed_params * (NVFP4_BITS / 8 if nvfp4 else dtype_bytes) + (self.params - self.packed_params) * dtype_bytes
+
+    def routed_bytes(self, dtype_bytes: int) -> float:
+        return self.routed_params * (NVFP4_BITS / 8 if self.nvfp4 else dtype_bytes)
 
     def block_bytes(self, dtype_bytes: int) -> float:
-        linear = self.block_linear_params * (NVFP4_BITS / 8 if self.nvfp4 else dtype_bytes)
-        return linear + 2 * self.hidden * dtype_bytes
+        """The largest decoder block (an MoE block with all its experts, when there is one)."""
+        per_weight = NVFP4_BITS / 8 if self.nvfp4 else dtype_bytes
+        if self.moe_layers:
+            e = self.experts
+            mlp = e.count * 3 * self.hidden * e.width + self._linear_params(self.mlp_linears(e.shared_width)) * bool(e.shared_width)
+        else:
+            mlp = self._linear_params(self.mlp_linears(self.intermediate_size))
+        return (self._linear_params(self.attention_linears()) + mlp) * per_weight + 2 * self.hidden * dtype_bytes
 
-    def lora_params(self, rank: int, targets: list[str] | str) -> int:
-        names = list(_BLOCK_LINEARS) if targets == "all-linear" else [t for t in targets if t in _BLOCK_LINEARS]
-        per_block = sum(rank * (self._width(_BLOCK_LINEARS[n][0]) + self._width(_BLOCK_LINEARS[n][1])) for n in names)
-        return self.num_layers * per_block
+    def lora_params(self, rank: int, targets: list[str] | str, target_experts: bool = False) -> int:
+        """LoRA on the named Linears (all-linear: every Linear of the blocks: attention, dense MLPs and
+        shared experts); `target_experts` adds a pair per routed expert and projection."""
+        def pairs(linears: dict[str, tuple[int, int]]) -> int:
+            return sum(rank * (a + b) for name, (a, b) in linears.items() if targets == "all-linear" or name in targets)
+
+        e = self.experts
+        dense_layers = self.num_layers - self.moe_layers
+        total = self.num_layers * pairs(self.attention_linears()) + dense_layers * pairs(self.mlp_linears(self.intermediate_size))
+        if e and e.shared_width:
+            total += self.moe_layers * pairs(self.mlp_linears(e.shared_width))
+        if e and target_experts:  # gate/up fused (hidden -> 2 x width) and down, per expert
+            total += self.moe_layers * e.count * rank * ((self.hidden + 2 * e.width) + (e.width + self.hidden))
+        return total
+
+    @property
+    def active_mlp_width(self) -> int:
+        """The widest MLP a token passes through: the dense one, or top_k routed + shared experts."""
+        e = self.experts
+        moe = e.top_k * e.width + e.shared_width if e else 0
+        return max(moe, self.intermediate_size if self.num_layers > self.moe_layers else 0)
 
     def activation_bytes(self, tokens: int, dtype_bytes: int, checkpointing: bool) -> float:
-        per_token_layer = dtype_bytes * (4 * self.hidden + 3 * self.q_width + 3 * self.kv_width + 4 * self.intermediate_size)
+        per_token_layer = dtype_bytes * (4 * self.hidden + 3 * self.q_width + 3 * self.kv_width + 4 * self.active_mlp_width)
         if checkpointing:
             blocks = tokens * self.num_layers * self.hidden * dtype_bytes + tokens * per_token_layer
         else:
@@ -135,8 +229,36 @@ class Architecture:
         return blocks + min(tokens, LM_HEAD_CHUNK_TOKENS) * self.vocab_size * (dtype_bytes + 12)
 
     def kv_bytes_per_token(self, tp: int, dtype_bytes: int) -> float:
-        """One token's keys and values on one GPU of a TP group (vLLM replicates KV heads past TP = heads)."""
+        """One token's KV cache on one GPU of a TP group. GQA: keys and values, heads split over TP
+        (vLLM replicates KV heads past TP = heads). MLA: the latent and the RoPE key, which every
+        head reads, so every GPU of the group holds all of it."""
+        if self.mla:
+            return self.num_layers * (self.mla.kv_rank + self.mla.rope) * dtype_bytes
         return 2 * self.num_layers * math.ceil(self.num_kv_heads / tp) * self.head_dim * dtype_bytes
+
+
+def _experts_from_config(text: dict) -> Experts | None:
+    """The MoE shape from a config.json's fields, as DeepSeek-V3 / Mistral Large 3, Qwen3-MoE,
+    Qwen2-MoE and Mixtral name them."""
+    count = text.get("n_routed_experts") or text.get("num_experts") or text.get("num_local_experts")
+    if not count:
+        return None
+    width = text.get("moe_intermediate_size") or text["intermediate_size"]
+    shared = (text.get("n_shared_experts") or 0) * width or text.get("shared_expert_intermediate_size") or 0
+    return Experts(
+        count=count,
+        top_k=text["num_experts_per_tok"],
+        width=width,
+        shared_width=shared,
+        first_dense=text.get("first_k_dense_replace") or 0,
+    )
+
+
+def _mla_from_config(text: dict) -> LatentAttention | None:
+    if not text.get("kv_lora_rank"):
+        return None
+    return LatentAttention(kv_rank=text["kv_lora_rank"], q_rank=text.get("q_lora_rank"), nope=text["qk_nope_head_dim"],
+                           rope=text["qk_rope_head_dim"], v_head_dim=text["v_head_dim"])
 
 
 def read_architecture(cfg: RunConfig) -> Architecture:
@@ -145,9 +267,6 @@ def read_architecture(cfg: RunConfig) -> Architecture:
     if config_path.is_file():
         raw = json.loads(config_path.read_text())
         text = raw.get("text_config") or raw  # multimodal checkpoints keep the decoder's sizes there
-        experts = text.get("num_local_experts") or text.get("num_experts") or text.get("n_routed_experts")
-        if experts:
-            raise NoArchitecture(f"{config_path}: a mixture of experts ({experts} experts); the estimate covers dense decoders")
         quant = raw.get("quantization_config") or {}
         if quant:
             from rlvr.quant.checkpoint import FORMAT_NAME  # imported only here: it brings torch
@@ -167,10 +286,20 @@ def read_architecture(cfg: RunConfig) -> Architecture:
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
             nvfp4=bool(quant),
             source=str(config_path),
+            experts=_experts_from_config(text),
+            mla=_mla_from_config(text),
         )
     e = cfg.model.estimate
     if e is None:
         raise NoArchitecture(f"no {config_path} and no model.estimate in the config")
+    experts = None
+    if e.num_experts:
+        experts = Experts(count=e.num_experts, top_k=e.num_experts_per_tok, width=e.moe_intermediate_size,
+                          shared_width=e.num_shared_experts * e.moe_intermediate_size, first_dense=e.first_dense_layers)
+    mla = None
+    if e.kv_lora_rank:
+        mla = LatentAttention(kv_rank=e.kv_lora_rank, q_rank=e.q_lora_rank, nope=e.qk_nope_head_dim,
+                              rope=e.qk_rope_head_dim, v_head_dim=e.v_head_dim)
     return Architecture(
         hidden=e.hidden_size,
         num_layers=e.num_layers,
@@ -182,6 +311,8 @@ def read_architecture(cfg: RunConfig) -> Architecture:
         tie_word_embeddings=e.tie_word_embeddings,
         nvfp4=e.weight_format == "nvfp4",
         source="model.estimate",
+        experts=experts,
+        mla=mla,
     )
 
 
@@ -197,7 +328,6 @@ class Device:
     engine_rank: int | None = None  # its rank in the engine's TP group; 0 for the CPU engine
     trainer_rank: int | None = None
     memory: dict[str, float] = field(default_factory=dict)  # bytes by component (empty: unknown)
-    load_peak: float = 0.0
 
     @property
     def total(self) -> float:
@@ -296,8 +426,9 @@ def _estimate(cfg: RunConfig, arch: Architecture, devices: list[Device], notes: 
     tp, ranks, lora = cfg.engine.tensor_parallel_size, cfg.trainer.ranks, cfg.trainer.lora
     base = arch.weight_bytes(b)
     if lora is not None:
-        trainable = arch.lora_params(lora.rank, lora.target_modules) * LORA_DTYPE_BYTES * OPTIMIZER_COPIES
-        lora_slot = arch.lora_params(lora.rank, lora.target_modules) * b / tp
+        lora_params = arch.lora_params(lora.rank, lora.target_modules, lora.target_experts)
+        trainable = lora_params * LORA_DTYPE_BYTES * OPTIMIZER_COPIES
+        lora_slot = lora_params * b / tp
     else:
         trainable, lora_slot = arch.params * b * OPTIMIZER_COPIES, 0.0
     if cfg.engine.backend == "vllm":
@@ -307,17 +438,45 @@ def _estimate(cfg: RunConfig, arch: Architecture, devices: list[Device], notes: 
         engine = {"engine weights": arch.weight_bytes(b, nvfp4=False)}
         notes.append("engine.backend hf: its KV cache grows with the batch and is not estimated")
     trainer = {
-        "base shard": base / ranks,
+        "base shard": _base_shard(arch, b, ranks),
         "gathered": 2 * arch.block_bytes(b),
         "trainable": trainable / ranks,
         "activations": arch.activation_bytes(cfg.trainer.micro_batch_tokens, b, cfg.trainer.gradient_checkpointing),
     }
+    if arch.experts:
+        _note_experts(cfg, arch, notes)
+    if cfg.placement.gpus_per_node:
+        per_node = min(ranks, cfg.placement.gpus_per_node)
+        notes.append(f"host memory at load: each trainer process reads the whole base ({base / GB:.1f} GB) before "
+                     f"sharding it, {per_node} processes per node")
     for device in devices:
         if device.engine_rank is not None:
             device.memory |= {k: v for k, v in engine.items() if v}
         if device.trainer_rank is not None:
             device.memory |= {k: v for k, v in trainer.items() if v}
-            device.load_peak = base  # the whole base lands on the device before fully_shard splits it
+
+
+def _base_shard(arch: Architecture, dtype_bytes: int, ranks: int) -> float:
+    """One rank's share of the frozen base: FSDP2 splits each tensor along its first dimension,
+    which for packed experts is the expert: ceil(E / ranks) experts each (the last ranks padded)."""
+    routed = arch.routed_bytes(dtype_bytes)
+    rest = arch.weight_bytes(dtype_bytes) - routed
+    experts_per_rank = math.ceil(arch.experts.count / ranks) / arch.experts.count if arch.experts else 0.0
+    return rest / ranks + routed * experts_per_rank
+
+
+def _note_experts(cfg: RunConfig, arch: Architecture, notes: list[str]) -> None:
+    e, tp, ranks = arch.experts, cfg.engine.tensor_parallel_size, cfg.trainer.ranks
+    if cfg.engine.backend == "vllm":
+        how = (f"expert parallel: {e.count} / {tp} = {e.count / tp:g} whole experts per GPU and layer"
+               if cfg.engine.expert_parallel else f"tensor parallel: every expert split {tp} ways (engine.expert_parallel: false)")
+        notes.append(f"engine MoE: {how}")
+    per_rank = math.ceil(e.count / ranks)
+    notes.append(
+        f"trainer MoE: FSDP2 shards the packed experts by expert, {per_rank} of {e.count} per rank and layer "
+        f"(padded to {per_rank * ranks}); a block's experts are gathered for its forward, and only those that "
+        f"received tokens are dequantized"
+    )
 
 
 def _note_kv(cfg: RunConfig, arch: Architecture, notes: list[str]) -> None:
@@ -335,14 +494,13 @@ def _check_fit(cfg: RunConfig, plan: Plan) -> None:
     capacity = cfg.placement.gpu_memory_gb
     if capacity is None or not cfg.placement.gpus_per_node:
         return
-    worst = max(plan.devices, key=lambda d: max(d.total, d.load_peak))
-    need = max(worst.total, worst.load_peak)
+    worst = max(plan.devices, key=lambda d: d.total)
+    need = worst.total
     if need > capacity * GB:
         top = sorted(worst.memory.items(), key=lambda kv: -kv[1])[:3]
         parts = ", ".join(f"{name} {value / GB:.1f}" for name, value in top)
-        when = "at load (the whole base before sharding)" if worst.load_peak > worst.total else f"({parts})"
         raise PlanError(
-            f"node {worst.node} GPU {worst.gpu} needs ~{need / GB:.1f} GB {when}, "
+            f"node {worst.node} GPU {worst.gpu} needs ~{need / GB:.1f} GB ({parts}), "
             f"over placement.gpu_memory_gb={capacity:g}"
         )
 
@@ -369,9 +527,19 @@ def print_plan(plan: Plan, cfg: RunConfig, console) -> None:
     if arch is None:
         say(f"memory: not estimated ({plan.unknown})")
     else:
+        b = DTYPE_BYTES[cfg.model.dtype]
         form = "NVFP4 Linear layers" if arch.nvfp4 else cfg.model.dtype
-        weights = arch.weight_bytes(DTYPE_BYTES[cfg.model.dtype]) / GB
+        weights = arch.weight_bytes(b) / GB
         say(f"model: {arch.params / 1e9:.2f}B parameters (from {arch.source}), weights {weights:.2f} GB in {form}")
+        if arch.experts:
+            e = arch.experts
+            say(f"MoE: {arch.active_params / 1e9:.2f}B active per token; {arch.moe_layers} MoE layers of {e.count} routed "
+                f"experts (top {e.top_k}) + {e.shared_width // e.width if e.shared_width else 0} shared; routed experts "
+                f"{arch.routed_params / 1e9:.2f}B parameters, {arch.routed_bytes(b) / GB:.2f} GB"
+                + (" in NVFP4" if arch.nvfp4 else ""))
+        if arch.mla:
+            say(f"attention: MLA, KV latent {arch.mla.kv_rank} + RoPE key {arch.mla.rope} values per token and layer "
+                f"(per-head keys and values would take {arch.num_heads} x {arch.mla.nope + arch.mla.rope + arch.mla.v_head_dim})")
     groups = _groups(plan.devices)
     table = Table(show_edge=False, pad_edge=False)
     table.add_column("GB per device")
@@ -382,12 +550,11 @@ def print_plan(plan: Plan, cfg: RunConfig, console) -> None:
         table.add_row(name, *(_gb(g[0].memory.get(name)) for g in groups))
     if components:
         table.add_row("total", *(_gb(g[0].total) for g in groups), style="bold")
-        table.add_row("load peak", *(_gb(g[0].load_peak) for g in groups))
     console.print(table)
     for note in plan.notes:
         say(note)
     if arch is not None:
-        largest = max(max(d.total, d.load_peak) for d in plan.devices)
+        largest = max(d.total for d in plan.devices)
         capacity = cfg.placement.gpu_memory_gb
         fit = f"fits placement.gpu_memory_gb={capacity:g}" if capacity and plan.gpus_per_node else "no device capacity checked"
         checkpointing = "on" if cfg.trainer.gradient_checkpointing else "off"
@@ -403,7 +570,7 @@ def _gb(value: float | None) -> str:
 
 
 def _signature(d: Device) -> tuple:
-    return (d.engine_rank is not None, d.trainer_rank is not None, tuple(sorted(d.memory.items())), d.load_peak)
+    return (d.engine_rank is not None, d.trainer_rank is not None, tuple(sorted(d.memory.items())))
 
 
 def _groups(devices: list[Device]) -> list[list[Device]]:

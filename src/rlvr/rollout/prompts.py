@@ -21,6 +21,12 @@ class PromptSet:
     problems: list[Problem]
     prompts: list[list[int]]
 
+    def shared_with(self, other: PromptSet) -> int:
+        """How many of this set's prompts also occur in `other`, token for token: a test problem
+        the policy also trained on is not held out."""
+        seen = {tuple(prompt) for prompt in other.prompts}
+        return sum(tuple(prompt) in seen for prompt in self.prompts)
+
     def probe(self, tokenizer) -> list[tuple[list[int], list[int]]]:
         """A fixed probe for the sync check: the first prompts, each completed by its reference
         answer in a box (tokens the policy gives a definite, non-trivial probability)."""

@@ -42,7 +42,8 @@ def run_output(run_dir: str | Path, verbose: bool = False) -> Iterator[Console]:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
         try:
-            yield Console(file=terminal)
+            # a file or pipe has no width: rich would break long lines at 80 columns
+            yield Console(file=terminal, soft_wrap=not terminal.isatty())
         except BaseException as error:  # the traceback goes to the log; the terminal gets one line (rlvr.cli)
             traceback.print_exc()
             if getattr(error, "details", ""):  # a trainer rank's own traceback

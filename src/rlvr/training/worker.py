@@ -146,6 +146,8 @@ class _Rank:
 
         self.rank, self.world_size, self.spec = rank, world_size, spec
         self.device = torch.device("cuda", rank % torch.cuda.device_count()) if use_cuda else torch.device("cpu")
+        if use_cuda:
+            torch.cuda.set_device(self.device)  # FSDP2 and NCCL place this rank's tensors on the current device
         config = spec.trainer
         dtype = getattr(torch, spec.model.dtype)
         torch.manual_seed(spec.seed)
@@ -160,8 +162,11 @@ class _Rank:
         if config.routing_replay and not layers:
             raise ValueError(f"trainer.routing_replay: {spec.model.path} has no mixture-of-experts layers to replay")
         self.lm = lm
-        self.policy = TokenLogprobs(lm).to(self.device)
+        self.policy = TokenLogprobs(lm)
         mesh = init_device_mesh(self.device.type, (world_size,))
+        # fully_shard moves each unit's tensors to the mesh's device and keeps only its shard
+        # there, unit by unit: the device never holds more than the shards and one block in full
+        # (moving the whole base first would need all of it on every GPU at once).
         shard(self.policy, mesh, param_dtype=dtype, reduce_dtype=torch.float32)
         self.trainable = [(n, p) for n, p in self.policy.named_parameters() if p.requires_grad]
         self.trainable_params = sum(_numel(p) for _, p in self.trainable)
