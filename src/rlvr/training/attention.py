@@ -7,7 +7,10 @@ still run on the packed row (no padding there, where most FLOPs are), but for at
 sequence's queries are scattered into a `[n, max q]` batch and its keys and values gathered
 into a `[n, max k]` one, attended with a causal kernel, and the outputs gathered back. Cost
 n·max(q)·max(k) instead of L²; on the demo's 512-token rows of ~80-token sequences that is ~6×
-less attention work, and it lets micro-batches grow.
+less attention work, and it lets micro-batches grow. Where lengths are uneven (reasoning traces
+of 20 to 400 tokens in one row) one padded batch would again be mostly padding, so the
+sequences are split by length into several padded batches, one kernel call each, where that
+scores fewer pairs (`PackedLayout.build`).
 
 A sequence may also see a prefix held elsewhere in the row: a prompt packed once for all its
 sampled completions (rlvr.training.packing, `share_prompts`). Its keys are then the prefix's
@@ -41,42 +44,107 @@ class Segment:
 
 
 @dataclass(frozen=True)
-class PackedLayout:
-    """Where each token of a packed row goes in the padded query and key batches."""
+class PaddedBatch:
+    """One attention call's share of a packed row: `num_sequences` sequences, each padded to
+    `query_len` queries and `key_len` keys."""
 
-    query_slot: torch.Tensor  # [L] each token's place in the [n * query_len] query batch
     key_index: torch.Tensor  # [n * key_len] the row token in each key slot (0 in padding)
     prefix_lens: torch.Tensor | None  # [n] keys before each sequence's first query; None: all 0
     num_sequences: int
     query_len: int
     key_len: int
 
+    @property
+    def pairs(self) -> int:
+        """Query-key pairs the call scores, padding and the causal half included."""
+        return self.num_sequences * self.query_len * self.key_len
+
+    def to(self, device) -> PaddedBatch:
+        prefix_lens = None if self.prefix_lens is None else self.prefix_lens.to(device)
+        return PaddedBatch(self.key_index.to(device), prefix_lens, self.num_sequences, self.query_len, self.key_len)
+
+
+# What one more attention call costs, in query-key pairs it could have scored instead: its
+# gathers and kernel launch. Sequences are split into several calls only where that saves more
+# padding than this (see `_bucket`); a row of similar lengths stays one call.
+CALL_OVERHEAD_PAIRS = 32768
+
+
+@dataclass(frozen=True)
+class PackedLayout:
+    """Where each token of a packed row goes in the padded query and key batches.
+
+    Sequences of very different lengths (a long reasoning trace among short ones) go to
+    separate attention calls (`batches`), each padded to its own longest sequence: one call
+    for all would score n·max(q)·max(k) pairs, most of them padding."""
+
+    query_slot: torch.Tensor  # [L] each token's place in the batches' query slots, laid end to end
+    batches: tuple[PaddedBatch, ...]
+
+    @property
+    def has_prefix(self) -> bool:
+        return any(b.prefix_lens is not None for b in self.batches)
+
+    @property
+    def pairs(self) -> int:
+        return sum(b.pairs for b in self.batches)
+
     @classmethod
     def build(cls, segments: list[Segment]) -> PackedLayout:
         """The layout of a row whose every token is a query of exactly one segment."""
-        n = len(segments)
-        query_len = max(s.length for s in segments)
-        key_len = max(s.prefix_len + s.length for s in segments)
         length = sum(s.length for s in segments)
         query_slot = torch.empty(length, dtype=torch.long)
-        key_index = torch.zeros(n * key_len, dtype=torch.long)
-        for i, s in enumerate(segments):
-            query_slot[s.start : s.start + s.length] = torch.arange(i * query_len, i * query_len + s.length)
-            keys = torch.cat([torch.arange(s.prefix_start, s.prefix_start + s.prefix_len), torch.arange(s.start, s.start + s.length)])
-            key_index[i * key_len : i * key_len + len(keys)] = keys
-        shared = any(s.prefix_len for s in segments)
-        prefix_lens = torch.tensor([s.prefix_len for s in segments]) if shared else None
-        return cls(query_slot, key_index, prefix_lens, n, query_len, key_len)
+        batches, offset = [], 0
+        for members in _bucket(segments):
+            group = [segments[i] for i in members]
+            n = len(group)
+            query_len = max(s.length for s in group)
+            key_len = max(s.prefix_len + s.length for s in group)
+            key_index = torch.zeros(n * key_len, dtype=torch.long)
+            for i, s in enumerate(group):
+                first = offset + i * query_len
+                query_slot[s.start : s.start + s.length] = torch.arange(first, first + s.length)
+                keys = torch.cat([torch.arange(s.prefix_start, s.prefix_start + s.prefix_len), torch.arange(s.start, s.start + s.length)])
+                key_index[i * key_len : i * key_len + len(keys)] = keys
+            shared = any(s.prefix_len for s in group)
+            prefix_lens = torch.tensor([s.prefix_len for s in group]) if shared else None
+            batches.append(PaddedBatch(key_index, prefix_lens, n, query_len, key_len))
+            offset += n * query_len
+        return cls(query_slot, tuple(batches))
 
     @classmethod
     def single(cls, length: int, device=None) -> PackedLayout:
         """A row that is one causal sequence."""
         everything = torch.arange(length, device=device)
-        return cls(everything, everything, None, 1, length, length)
+        return cls(everything, (PaddedBatch(everything, None, 1, length, length),))
 
     def to(self, device) -> PackedLayout:
-        moved = [None if t is None else t.to(device) for t in (self.query_slot, self.key_index, self.prefix_lens)]
-        return PackedLayout(*moved, self.num_sequences, self.query_len, self.key_len)
+        return PackedLayout(self.query_slot.to(device), tuple(b.to(device) for b in self.batches))
+
+
+def _bucket(segments: list[Segment]) -> list[list[int]]:
+    """Segment indices grouped into attention calls, each group in row order: the grouping of
+    the segments sorted by key length into runs that minimises the pairs scored plus
+    CALL_OVERHEAD_PAIRS per call (dynamic programming over the runs, O(n²)); one group when
+    splitting saves nothing."""
+    order = sorted(range(len(segments)), key=lambda i: -(segments[i].prefix_len + segments[i].length))
+    keys = [segments[i].prefix_len + segments[i].length for i in order]
+    queries = [segments[i].length for i in order]
+    n = len(order)
+    best = [0] + [None] * n  # best[j]: least cost of order[:j]
+    cut = [0] * (n + 1)
+    for j in range(1, n + 1):
+        longest_query = 0
+        for i in range(j - 1, -1, -1):  # the last run is order[i:j]; its longest keys are keys[i]
+            longest_query = max(longest_query, queries[i])
+            cost = best[i] + (j - i) * longest_query * keys[i] + CALL_OVERHEAD_PAIRS
+            if best[j] is None or cost < best[j]:
+                best[j], cut[j] = cost, i
+    runs, j = [], n
+    while j > 0:
+        runs.append(sorted(order[cut[j] : j]))
+        j = cut[j]
+    return sorted(runs)
 
 
 def packed_attention(
@@ -101,45 +169,51 @@ def packed_attention(
     if kwargs.get("s_aux") is not None:
         raise NotImplementedError(f"{NAME} attention has no attention sinks: set trainer.attention: sdpa")
     layout = rlvr_layout or PackedLayout.single(query.shape[2], query.device)
-    n = layout.num_sequences
-
-    def queries(x: torch.Tensor) -> torch.Tensor:  # [1, h, L, d] -> [n, h, query_len, d]
-        tokens = x[0].transpose(0, 1)
-        padded = tokens.new_zeros(n * layout.query_len, *tokens.shape[1:]).index_copy(0, layout.query_slot, tokens)
-        return padded.view(n, layout.query_len, *tokens.shape[1:]).transpose(1, 2)
-
-    def keys(x: torch.Tensor) -> torch.Tensor:  # [1, h, L, d] -> [n, h, key_len, d]
-        gathered = x[0].transpose(0, 1).index_select(0, layout.key_index)
-        return gathered.view(n, layout.key_len, *gathered.shape[1:]).transpose(1, 2)
-
-    q, k, v = queries(query), keys(key), keys(value)
-    windowed = sliding_window is not None and layout.key_len > sliding_window
-    needs_mask = windowed or softcap is not None or layout.prefix_lens is not None
-    mask = _causal_mask(layout, sliding_window, query.device) if needs_mask else None
-    groups = q.shape[1] // k.shape[1]
-    if softcap is not None:
-        out = _softcapped(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), scaling, softcap, mask)
-    else:
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=dropout if module.training else 0.0,
-            scale=scaling, enable_gqa=groups > 1,
-        )
-    out = out.transpose(1, 2).reshape(-1, out.shape[1], out.shape[3])  # [n * query_len, h, d]
+    tokens = query[0].transpose(0, 1)  # [L, h, d]
+    slots = sum(b.num_sequences * b.query_len for b in layout.batches)
+    padded_queries = tokens.new_zeros(slots, *tokens.shape[1:]).index_copy(0, layout.query_slot, tokens)
+    outputs, offset = [], 0
+    for batch in layout.batches:
+        n, size = batch.num_sequences, batch.num_sequences * batch.query_len
+        q = padded_queries[offset : offset + size].view(n, batch.query_len, *tokens.shape[1:]).transpose(1, 2)
+        out = _attend(module, q, _keys(key, batch), _keys(value, batch), batch, dropout, scaling, sliding_window, softcap)
+        outputs.append(out.transpose(1, 2).reshape(-1, out.shape[1], out.shape[3]))  # [n * query_len, h, d]
+        offset += size
+    out = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
     return out.index_select(0, layout.query_slot).unsqueeze(0), None
 
 
-def _causal_mask(layout: PackedLayout, sliding_window: int | None, device) -> torch.Tensor:
+def _keys(x: torch.Tensor, batch: PaddedBatch) -> torch.Tensor:  # [1, h, L, d] -> [n, h, key_len, d]
+    gathered = x[0].transpose(0, 1).index_select(0, batch.key_index)
+    return gathered.view(batch.num_sequences, batch.key_len, *gathered.shape[1:]).transpose(1, 2)
+
+
+def _attend(module, q, k, v, batch: PaddedBatch, dropout, scaling, sliding_window, softcap) -> torch.Tensor:
+    """Causal attention of one padded batch, `[n, h, query_len, d]` out."""
+    windowed = sliding_window is not None and batch.key_len > sliding_window
+    needs_mask = windowed or softcap is not None or batch.prefix_lens is not None
+    mask = _causal_mask(batch, sliding_window, q.device) if needs_mask else None
+    groups = q.shape[1] // k.shape[1]
+    if softcap is not None:
+        return _softcapped(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), scaling, softcap, mask)
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=dropout if module.training else 0.0,
+        scale=scaling, enable_gqa=groups > 1,
+    )
+
+
+def _causal_mask(batch: PaddedBatch, sliding_window: int | None, device) -> torch.Tensor:
     """[n or 1, 1, query_len, key_len], True where query i may see key j. Query i of a sequence
     with a prefix of p keys sits at key position p + i: it sees j <= p + i, and with a window
     only p + i - j < sliding_window. Padding keys lie beyond every real query's position."""
-    i = torch.arange(layout.query_len, device=device)[:, None]
-    j = torch.arange(layout.key_len, device=device)[None, :]
-    if layout.prefix_lens is not None:
-        i = i + layout.prefix_lens.to(device)[:, None, None]
+    i = torch.arange(batch.query_len, device=device)[:, None]
+    j = torch.arange(batch.key_len, device=device)[None, :]
+    if batch.prefix_lens is not None:
+        i = i + batch.prefix_lens.to(device)[:, None, None]
     mask = j <= i
     if sliding_window is not None:
         mask &= i - j < sliding_window
-    return mask.view(-1, 1, layout.query_len, layout.key_len)
+    return mask.view(-1, 1, batch.query_len, batch.key_len)
 
 
 def _softcapped(q, k, v, scaling, softcap, mask):
