@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlvr.records import LoraAdapter
-from rlvr.sync.check import Probe, SyncCheck
+from rlvr.sync.check import Probe, SyncCheck, logprob_gap, probe_inputs
 from rlvr.tracking.timing import StepTimer
 
 
@@ -30,10 +30,20 @@ class WeightSync:
         with self.timer("sync"):
             if self.lora:
                 self.in_flight, self.serving = self.serving, self.trainer.adapter()
-                self.engine.update_lora(self.serving)
             else:
-                self.engine.update_weights(self.trainer.weights().items())
-            gap = self.check.measure(self.engine, self.trainer.logprobs, self.probe, step=step)
+                weights = self.trainer.weights()
+            # the ranks score the probe while the engine loads the new weights and scores it too
+            sequences, prompt_lens = probe_inputs(self.probe)
+            trainer_logprobs = self.trainer.start_logprobs(sequences, prompt_lens)
+            try:
+                if self.lora:
+                    self.engine.update_lora(self.serving)
+                else:
+                    self.engine.update_weights(weights.items())
+                engine_logprobs = self.engine.score(sequences, prompt_lens)
+            finally:  # the ranks' answer is collected even when the engine failed (a restart retries)
+                computed = trainer_logprobs()
+            gap = self.check(logprob_gap(engine_logprobs, computed), step)
         return {"sync/logprob_gap": gap}
 
     def serve(self, adapter: LoraAdapter) -> None:
