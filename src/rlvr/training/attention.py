@@ -24,6 +24,7 @@ attention through it (`_supports_attention_backend`); others keep `sdpa` and the
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -125,24 +126,26 @@ class PackedLayout:
 def _bucket(segments: list[Segment]) -> list[list[int]]:
     """Segment indices grouped into attention calls, each group in row order: the grouping of
     the segments sorted by key length into runs that minimises the pairs scored plus
-    CALL_OVERHEAD_PAIRS per call (dynamic programming over the runs, O(n²)); one group when
-    splitting saves nothing."""
-    order = sorted(range(len(segments)), key=lambda i: -(segments[i].prefix_len + segments[i].length))
-    keys = [segments[i].prefix_len + segments[i].length for i in order]
-    queries = [segments[i].length for i in order]
-    n = len(order)
-    best = [0] + [None] * n  # best[j]: least cost of order[:j]
+    CALL_OVERHEAD_PAIRS per call (dynamic programming over the runs, quadratic in the distinct
+    (keys, queries) shapes); one group when splitting saves nothing."""
+    shapes: dict[tuple[int, int], list[int]] = {}
+    for i, s in enumerate(segments):
+        shapes.setdefault((s.prefix_len + s.length, s.length), []).append(i)
+    blocks = sorted(shapes.items(), key=lambda item: (-item[0][0], -item[0][1]))  # longest keys first
+    n = len(blocks)
+    best: list[float] = [0] + [math.inf] * n  # best[j]: least cost of blocks[:j]
     cut = [0] * (n + 1)
     for j in range(1, n + 1):
-        longest_query = 0
-        for i in range(j - 1, -1, -1):  # the last run is order[i:j]; its longest keys are keys[i]
-            longest_query = max(longest_query, queries[i])
-            cost = best[i] + (j - i) * longest_query * keys[i] + CALL_OVERHEAD_PAIRS
-            if best[j] is None or cost < best[j]:
+        count, longest_query = 0, 0
+        for i in range(j - 1, -1, -1):  # the last run is blocks[i:j]; its longest keys are block i's
+            (keys, queries), members = blocks[i]
+            count, longest_query = count + len(members), max(longest_query, queries)
+            cost = best[i] + count * longest_query * keys + CALL_OVERHEAD_PAIRS
+            if cost < best[j]:
                 best[j], cut[j] = cost, i
     runs, j = [], n
     while j > 0:
-        runs.append(sorted(order[cut[j] : j]))
+        runs.append(sorted(i for _, members in blocks[cut[j] : j] for i in members))
         j = cut[j]
     return sorted(runs)
 
