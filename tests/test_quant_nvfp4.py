@@ -31,7 +31,7 @@ from rlvr.quant import (
     write_dequantized_checkpoint,
 )
 from rlvr.quant import nvfp4
-from rlvr.quant.checkpoint import nvfp4_quantization_config
+from rlvr.quant.checkpoint import DEFAULT_CALIBRATION_TEXTS, calibration_inputs, nvfp4_quantization_config
 
 SCHEME = preset_name_to_scheme("NVFP4", ["Linear"])
 
@@ -215,11 +215,28 @@ def test_bad_checkpoints_fail_with_the_file_and_tensor_named(nvfp4_dir, tmp_path
         dequantized_state_dict(broken)
 
 
-def test_a_model_whose_experts_transformers_fuses_is_refused_before_anything_is_written(tmp_path):
-    moe = build_tiny_model(tmp_path / "moe", "mixtral", hidden_size=64, num_heads=2, num_layers=1, intermediate_size=64)
-    with pytest.raises(ValueError, match=r"moe: transformers converts model\.layers\.0\..*experts.*fused MoE experts"):
-        quantize_checkpoint(moe, tmp_path / "out")
-    assert not (tmp_path / "out").exists()
+def test_a_folder_saved_with_save_pretrained_alone_quantizes_calibrated_on_its_vocabulary(base_dir, tmp_path):
+    """No tokenizer files (transformers then builds an empty tokenizer or none): the calibration
+    forward runs on token ids drawn from the model's vocabulary, and compressed-tensors reads
+    every packed weight back."""
+    bare = tmp_path / "bare"
+    AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).save_pretrained(bare)
+    assert not [p for p in bare.iterdir() if "token" in p.name]
+    inputs, source = calibration_inputs(bare, 320, DEFAULT_CALIBRATION_TEXTS)
+    assert source.startswith("vocabulary") and all(x.shape == (1, 64) and x.max() < 320 for x in inputs)
+    assert calibration_inputs(base_dir, 320, DEFAULT_CALIBRATION_TEXTS)[1] == "tokenizer"
+
+    out = quantize_checkpoint(bare, tmp_path / "nvfp4")
+    config = json.loads((out / "config.json").read_text())["quantization_config"]
+    scheme = QuantizationConfig.model_validate(config).config_groups["group_0"]
+    files = load_file(out / "model.safetensors")
+    model = load_quantized_model(out, dtype=torch.bfloat16)
+    names = quantized_linear_names(model)
+    assert len(names) == 2 * 7
+    for name in names:
+        stored = {k.removeprefix(f"{name}."): v for k, v in files.items() if k.startswith(f"{name}.weight_")}
+        assert torch.equal(NVFP4PackedCompressor.decompress(stored, scheme)["weight"], model.get_submodule(name).dequantized_weight())
+        assert files[f"{name}.input_global_scale"].item() != 1.0  # calibrated
 
 
 def test_vllm_reads_the_config_as_nvfp4_and_has_no_cpu_kernel_for_it(nvfp4_dir):

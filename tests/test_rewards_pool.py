@@ -33,6 +33,14 @@ def crash(response, answer):
     os._exit(3)
 
 
+def spawn_and_hang(response, answer):
+    """Start a long-lived child process, then hang with SIGALRM blocked: the kill must take both."""
+    child = subprocess.Popen(["sleep", "300"])
+    Path(answer).write_text(str(child.pid))
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    time.sleep(60)
+
+
 def hog_memory(response, answer):
     return len(bytearray(8 * 1024**3))
 
@@ -83,6 +91,49 @@ def test_batched_custom_reward(pool):
     assert [s.reward for s in scores] == [2.0, 3.0]
 
 
+def test_bad_item_is_timed_and_its_worker_counted(pool):
+    pool.wait_ready()
+    restarts = pool.restarts
+    scores = pool.score(["\\boxed{2}", "x"], ["2", "x"], ["math", custom("hang_in_c")])
+    assert [s.status for s in scores] == ["ok", "timeout"]
+    assert pool.restarts == restarts + 1
+    assert len(pool.item_seconds) == 2 and pool.item_seconds[1] >= TIMEOUT_S
+
+
+def test_a_killed_worker_takes_the_processes_it_started(pool, tmp_path):
+    pool.wait_ready()
+    pid_file = tmp_path / "child.pid"
+    (score,) = pool.score(["x"], [str(pid_file)], [custom("spawn_and_hang")])
+    assert score.status == "timeout"
+    pid = int(pid_file.read_text())
+    for _ in range(50):  # a killed orphan lingers as a zombie until it is reaped
+        if not running(pid):
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"child {pid} outlived its killed worker")
+
+
+def running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def test_options_reach_the_default_verifier_and_bad_ones_fail_first():
+    from rlvr.config import load_config
+
+    demo = Path(__file__).parents[1] / "configs" / "demo.yaml"
+    bad = load_config(demo, ["reward.options.colour=red"]).reward
+    with pytest.raises(ValueError, match="unknown option 'colour'"):
+        ScoringPool(bad.verifier, options=bad.options)
+    reward = load_config(demo, ["reward.verifier=math", "reward.options.extract=[boxed,answer,last_number]"]).reward
+    with ScoringPool(reward.verifier, workers=1, options=reward.options) as p:
+        assert p.score(["The answer is 5.", "\\boxed{28 pct}"], ["5", "28\\%"], ["math", "math"])[0].reward == 1.0
+        assert p.score(["The answer is 5."], ["5"], ["gsm8k"])[0].reward == 1.0  # rows naming a verifier get no options
+
+
 ADVERSARIAL = {
     "nested_braces": "\\boxed{" + "{" * 10_000 + "1" + "}" * 10_000 + "}",
     "unclosed_braces": "\\boxed{" + "{" * 10_000,
@@ -94,6 +145,8 @@ ADVERSARIAL = {
     "python_injection": f"\\boxed{{__import__('os').system('touch {MARKER}')}}",
     "sympify_injection": f"\\boxed{{eval(\"open('{MARKER}','w')\")}}",
     "latex_input": "\\boxed{\\input{/etc/passwd}}",
+    "past_int_digit_limit": "\\boxed{" + "7" * 6000 + "}",
+    "deep_groups": "\\boxed{" + "{" * 11 + "\\frac{1}{2}" + "}" * 11 + "}",
 }
 
 

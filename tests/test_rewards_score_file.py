@@ -42,3 +42,39 @@ def test_scores_rows_with_per_row_verifier_and_skips_bad(tmp_path):
     scored = [json.loads(line) for line in out.read_text().splitlines()]
     assert [(r["reward"], r["status"]) for r in scored] == [(1.0, "ok"), (0.0, "no_answer"), (1.0, "ok")]
     assert scored[0]["id"] == 7 and scored[0]["extracted"] == "0.5"
+
+
+def run_score(*args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "rlvr.cli", "score", *map(str, args)], capture_output=True, text=True)
+
+
+def test_cli_options_reach_the_verifier_and_bad_ones_are_one_line(tmp_path):
+    src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    write_lines(src, [json.dumps({"response": "The answer is 5.", "answer": "5"})])
+    done = run_score(src, "-o", out, "--verifier", "math", "--workers", "1", "--option", "extract=boxed,answer,last_number")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(out.read_text())["reward"] == 1.0
+    plain = run_score(src, "-o", out, "--workers", "1")
+    assert plain.returncode == 0 and json.loads(out.read_text())["status"] == "no_answer"
+    for option, message in [
+        ("colour=red", "unknown option 'colour'"),
+        ("percent=half", "option percent='half': choose from either, ratio, number"),
+        ("extract=boxed,sideways", "option extract: unknown mode(s) ['sideways']"),
+        ("oops", "option 'oops': expected key=value"),
+    ]:
+        bad = run_score(src, "-o", tmp_path / "bad.jsonl", "--option", option)
+        assert bad.returncode == 2 and message in bad.stdout and "Traceback" not in bad.stdout + bad.stderr, option
+        assert not (tmp_path / "bad.jsonl").exists()
+
+
+def test_parse_option_types():
+    from rlvr.rewards.verifiers import parse_option
+
+    assert parse_option("extract=boxed,answer") == ("extract", ["boxed", "answer"])
+    assert parse_option("ignore_case=False") == ("ignore_case", False)
+    assert parse_option("bonus=0.5") == ("bonus", 0.5)
+    assert parse_option("reasoning_end=") == ("reasoning_end", "")
+    assert parse_option("extract=answer") == ("extract", "answer")

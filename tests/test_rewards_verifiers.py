@@ -19,10 +19,16 @@ def reward_batch(responses, answers):
 def test_unknown_verifier_and_bad_options_are_one_line_errors():
     with pytest.raises(ValueError, match="unknown verifier 'nope'"):
         get_verifier("nope")
-    with pytest.raises(ValueError, match="verifier 'math': bad options"):
+    with pytest.raises(ValueError, match="verifier 'math': unknown option 'colour'; options: extract, "):
         get_verifier("math", colour="red")
-    with pytest.raises(ValueError, match="unknown extract mode"):
+    with pytest.raises(ValueError, match=r"option extract: unknown mode\(s\) \['sideways'\]"):
         get_verifier("math", extract=("sideways",))
+    with pytest.raises(ValueError, match="option percent='half': choose from either, ratio, number"):
+        get_verifier("math", percent="half")
+    with pytest.raises(ValueError, match="option decimal_comma='maybe'"):
+        get_verifier("math", decimal_comma="maybe")
+    with pytest.raises(ValueError, match="option ignore_case='yes'"):
+        get_verifier("math", ignore_case="yes")
 
 
 def test_math_extract_fallbacks():
@@ -63,7 +69,7 @@ def test_custom_spec_errors():
 
 
 def test_normalize_keeps_meaning():
-    assert normalize("$\\left( 1, 2 \\right)$") == "(1,2)"
+    assert normalize("$\\left( 1, 2 \\right)$") == "(1, 2)"  # list commas are spelled ", "
     assert normalize("\\dfrac{1}{2}.") == "\\frac{1}{2}"
     assert normalize("\\pi r") == "\\pi r"  # the space separates two letters
 

@@ -1,4 +1,4 @@
-"""`rlvr` command line: train, demo, eval, score, quantize, export, report."""
+"""`rlvr` command line: train, demo, eval, score, import, quantize, export, report."""
 
 from __future__ import annotations
 
@@ -100,19 +100,6 @@ def demo(
     _run(cfg, verbose=verbose, prepare=lambda terminal: ensure_demo_assets(cfg, terminal))
 
 
-def _key_values(items: list[str], flag: str) -> dict:
-    """`KEY=VALUE` strings as a dict, each value read as YAML (true, 3, 0.5, [a, b], text)."""
-    import yaml
-
-    pairs = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(f"{flag} {item!r}: expected KEY=VALUE")
-        pairs[key.strip()] = yaml.safe_load(value)
-    return pairs
-
-
 @app.command()
 def score(
     input_path: Path = typer.Argument(..., metavar="IN.jsonl", help='rows with "response" and "answer"'),
@@ -122,15 +109,19 @@ def score(
     workers: int = typer.Option(2, "--workers"),
     timeout_s: float = typer.Option(2.0, "--timeout", help="seconds per item (code: the sandbox's wall-clock limit per program)"),
     option: Optional[list[str]] = typer.Option(
-        None, "--option", help="KEY=VALUE for the verifier, repeatable (code: fraction=true, memory_mb=256, isolation=weak, ...)"
+        None, "--option", help="KEY=VALUE for the verifier, repeatable; a comma makes a list: extract=boxed,answer,last_number "
+        "(code: fraction=true, memory_mb=256, isolation=weak, ...)"
     ),
 ):
     """Score a JSONL file of responses with a verifier, in the sandboxed pool."""
     from rlvr.rewards.score_file import score_file
+    from rlvr.rewards.verifiers import parse_option
 
     try:
-        options = _key_values(option or [], "--option")
-        score_file(input_path, output, verifier=verifier, skip_bad=skip_bad, workers=workers, timeout_s=timeout_s, options=options)
+        options = dict(parse_option(text) for text in option or [])
+        score_file(
+            input_path, output, verifier=verifier, skip_bad=skip_bad, workers=workers, timeout_s=timeout_s, options=options
+        )
     except (ValueError, FileNotFoundError) as err:
         console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
@@ -231,6 +222,18 @@ def _ks(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+@app.command("import")
+def import_command(
+    source: Path = typer.Argument(..., metavar="FILE.gguf", help="a GGUF model file (llama.cpp's format)"),
+    out: Path = typer.Argument(..., help="output folder: a float HF model with its tokenizer"),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 | float16: the weights' dtype in OUT"),
+):
+    """Write a GGUF file as a float HF model folder (config, safetensors, tokenizer, chat template)."""
+    from rlvr.models.gguf_import import import_gguf
+
+    console.print(f"wrote {import_gguf(source, out, dtype=dtype)}")
+
+
 @app.command()
 def quantize(
     model: Path = typer.Argument(..., help="HF causal LM folder"),
@@ -238,7 +241,9 @@ def quantize(
     format: str = typer.Option(
         "nvfp4", "--format", help="nvfp4 (compressed-tensors nvfp4-pack-quantized) or nf4 (bitsandbytes 4-bit NF4)"
     ),
-    ignore: str = typer.Option("lm_head", "--ignore", help="comma-separated Linear names kept in float"),
+    ignore: str = typer.Option(
+        "lm_head", "--ignore", help="comma-separated on-disk module names (or re:patterns) kept in float; routers always are"
+    ),
 ):
     """Write MODEL as a 4-bit checkpoint that vLLM and rlvr's trainer load."""
     from rlvr.quant.checkpoint import quantize_checkpoint

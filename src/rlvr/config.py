@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -102,13 +102,45 @@ class ModelConfig(Section):
 class DataConfig(Section):
     """The problems and how each becomes a prompt (rlvr.rollout.prompts encodes them)."""
 
-    train: str = Field(..., description="built-in set name (aime2024, math500, gsm8k_train, ...) or a .jsonl/.json/.parquet file")
+    train: str = Field(
+        ..., description="built-in set name (aime2024, math500, gsm8k_train, humaneval, ...), a .jsonl/.json/.parquet "
+        "file, a datasets save_to_disk folder, or reasoning_gym:TASK[?key=value&...] (rlvr.data.datasets)"
+    )
     test: str | None = Field(None, description="held-out set evaluated before, after and every eval.every steps (null: none)")
-    problem_field: str | None = Field(None, description="row field holding the question (null: problem, question or prompt)")
-    answer_field: str | None = Field(None, description="row field holding the reference answer (null: answer or ground_truth)")
-    template: str = Field("boxed", description="prompt template: boxed, boxed_system, gsm8k or plain (rlvr.data.templates)")
+    problem_field: str | None = Field(
+        None, description="row field holding the question, dotted for nested fields (null: problem, question or prompt)"
+    )
+    answer_field: str | None = Field(
+        None, description="row field holding the reference answer, dotted for nested fields (null: answer, ground_truth, "
+        "reward_spec.ground_truth or reward_model.ground_truth)"
+    )
+    template: str = Field(
+        "boxed", description="a built-in name (boxed, boxed_system, gsm8k, plain) or inline text containing {question}, "
+        "e.g. 'Q: {question}\\nA:'"
+    )
+    system_prompt: str | None = Field(
+        None, description="the system message of every prompt, replacing the template's own; rows that bring "
+        "their own chat messages get it only when they have no system message"
+    )
     chat_template: bool = Field(True, description="render the template's messages with the tokenizer's chat template")
     max_prompt_tokens: int = Field(256, gt=0, description="longest prompt allowed; a longer one stops the run before it starts")
+
+    @field_validator("template")
+    @classmethod
+    def _known_template(cls, template: str) -> str:
+        from rlvr.data.templates import get_template  # plain data, no engine
+
+        get_template(template)
+        return template
+
+    @model_validator(mode="after")
+    def _test_held_out(self) -> DataConfig:
+        from rlvr.data.reasoning_gym import draws_overlap, is_reasoning_gym_spec
+
+        if self.test and is_reasoning_gym_spec(self.train) and is_reasoning_gym_spec(self.test) and draws_overlap(self.train, self.test):
+            raise ValueError("data.test shares entries with data.train: reasoning-gym draws entry i from seed + i, "
+                             "so give the test set a seed past the training range (seed + size)")
+        return self
 
 
 class SamplingConfig(Section):
@@ -197,6 +229,12 @@ class RewardConfig(Section):
     workers: int = Field(2, ge=1, description="scoring worker processes")
     timeout_s: float = Field(2.0, gt=0, description="seconds one item may take; past it the item scores 0 with status timeout")
     memory_limit_mb: int = Field(1024, gt=0, description="address-space limit of each scoring worker")
+    options: dict[str, Any] = Field(
+        {},
+        description="options for the verifier, checked when the scoring pool starts; math: extract (modes tried in "
+        "order: boxed, answer, last_number, whole), reasoning_end, ignore_case, percent (either|ratio|number), "
+        "decimal_comma (auto|never|always); see docs/rewards.md",
+    )
 
 
 class OverlongPenaltyConfig(Section):
@@ -292,6 +330,11 @@ class LoraConfig(Section):
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the LoRA branch's input")
     target_modules: list[str] | Literal["all-linear"] = Field(
         "all-linear", description="module names to adapt, or all-linear (every Linear of the decoder blocks)"
+    )
+    target_experts: bool = Field(
+        False,
+        description="MoE: also train a LoRA pair per routed expert (gate/up and down), in peft's target_parameters "
+        "layout; attention, MLA and shared experts are covered by target_modules. Needs dropout 0",
     )
 
 

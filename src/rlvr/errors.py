@@ -26,6 +26,9 @@ _RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
 
 def user_error_line(error: BaseException) -> str | None:
     """The one line to print if `error` (or an error it was raised from) is the user's to fix, else None."""
+    if type(error).__name__ == "ValidationError" and hasattr(error, "errors"):  # pydantic's: say what failed
+        first = error.errors()[0]
+        return f"{error.title}: {first['msg'].removeprefix('Value error, ')}"
     if isinstance(error, (UserError, ValueError)) or getattr(error, "user_error", False):
         lines = str(error).strip().splitlines() or [type(error).__name__]
         return lines[0] + (" (details in the run's logs/run.log)" if len(lines) > 1 else "")

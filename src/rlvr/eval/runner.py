@@ -81,7 +81,10 @@ def evaluate(
     ordered = [(problems[i], sample, rollout) for i, group in enumerate(groups) for sample, rollout in enumerate(group)]
     # an environment that scores its own trajectories (code_tests) has given their rewards already
     verify = [k for k, (_, _, r) in enumerate(ordered) if r.reward is None]
-    verified = scorer.score([ordered[k][2].text for k in verify], [ordered[k][0].answer for k in verify],
+    rows = [ordered[k][0] for k in verify]
+    named = [p.meta.get("verifier") for p in rows]  # a row's own verifier (data_source, a built-in set's)
+    verified = scorer.score([ordered[k][2].text for k in verify], [p.answer for p in rows],
+                            verifiers=named if any(named) else None,
                             progress=phase(progress, "eval score", len(verify))) if verify else []
     if len(verified) != len(verify):
         raise ValueError(f"scorer returned {len(verified)} scores for {len(verify)} responses")

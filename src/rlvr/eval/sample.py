@@ -48,7 +48,8 @@ def evaluate_model(
     engine = engine.model_copy(update={"max_model_len": max(engine.max_model_len, longest)})
     lora_rank = int(lora.config.get("r", 16)) if lora is not None else None
     with make_engine(model, engine, seed=seed, lora_rank=lora_rank) as served, ScoringPool(
-        reward.verifier, workers=reward.workers, timeout_s=reward.timeout_s, memory_limit_mb=reward.memory_limit_mb
+        reward.verifier, workers=reward.workers, timeout_s=reward.timeout_s, memory_limit_mb=reward.memory_limit_mb,
+        options=reward.options,
     ) as pool:
         if lora is not None:
             served.update_lora(lora)

@@ -63,7 +63,29 @@ _ARCH_EXTRAS: dict[str, dict] = {
     "phi3": {},
     "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
     "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 128, "head_dim": 32},
+    # DeepSeek-V3 / Mistral Large 3 shape: MLA (low-rank q and compressed kv latent, decoupled
+    # rope dims), layer 0 dense, later layers 8 routed experts (top-2 within 1 of 2 groups) and
+    # 1 shared expert; no multi-token-prediction layer. Sizes scaled from hidden_size below.
+    "deepseek_v3": {
+        "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1,
+        "first_k_dense_replace": 1, "num_nextn_predict_layers": 0, "routed_scaling_factor": 2.5,
+    },  # fmt: skip
 }
+
+
+def _scaled_extras(arch: str, hidden_size: int, num_heads: int, intermediate_size: int) -> dict:
+    """Extras that follow the shared sizes (every Linear input a multiple of 16 for NVFP4)."""
+    head_dim = hidden_size // num_heads
+    if arch == "deepseek_v3":
+        return {
+            "q_lora_rank": hidden_size // 2,
+            "kv_lora_rank": hidden_size // 2,
+            "qk_rope_head_dim": head_dim // 2,
+            "qk_nope_head_dim": head_dim // 2,
+            "v_head_dim": head_dim,
+            "moe_intermediate_size": intermediate_size // 4,
+        }
+    return {"head_dim": head_dim} if "head_dim" in _ARCH_EXTRAS[arch] else {}
 
 
 def tiny_config(
@@ -83,9 +105,7 @@ def tiny_config(
 ):
     if arch not in _ARCH_EXTRAS:
         raise ValueError(f"unknown tiny architecture {arch!r}; known: {', '.join(sorted(_ARCH_EXTRAS))}")
-    extras = dict(_ARCH_EXTRAS[arch])
-    if "head_dim" in extras:
-        extras["head_dim"] = hidden_size // num_heads
+    extras = {**_ARCH_EXTRAS[arch], **_scaled_extras(arch, hidden_size, num_heads, intermediate_size)}
     return AutoConfig.for_model(
         arch,
         vocab_size=vocab_size,

@@ -56,6 +56,7 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     from rlvr.models.folder import check_model_folder
 
     check_model_folder(cfg.model.path)
+    _check_context(cfg)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
@@ -66,9 +67,9 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     timer = StepTimer()
     checkpoints = RunCheckpoints(cfg, timer, log)
     resume_from = checkpoints.resumable() if resume else None
+    pool = stack.enter_context(build_scoring_pool(cfg))  # first: a bad reward.options fails before the slow starts
     trainer = stack.enter_context(build_trainer(cfg))
     engine = stack.enter_context(build_engine(cfg, log))
-    pool = stack.enter_context(build_scoring_pool(cfg))
     logger = stack.enter_context(MetricsLogger(run_dir, cfg.tracking.backends, config=cfg.model_dump(mode="json")))
     sampler = EpochSampler(len(train_set.problems), cfg.seed)
     context = EnvContext(cfg.env, cfg.sandbox)
@@ -124,7 +125,20 @@ def build_scoring_pool(cfg: RunConfig):
     from rlvr.rewards import ScoringPool
 
     r = cfg.reward
-    return ScoringPool(r.verifier, workers=r.workers, timeout_s=r.timeout_s, memory_limit_mb=r.memory_limit_mb)
+    return ScoringPool(r.verifier, workers=r.workers, timeout_s=r.timeout_s, memory_limit_mb=r.memory_limit_mb, options=r.options)
+
+
+def _check_context(cfg: RunConfig) -> None:
+    """engine.max_model_len within what the model's positions cover: said here in rlvr's words, not
+    by vLLM as a validation error once the ranks are up."""
+    import json
+
+    config = json.loads((Path(cfg.model.path) / "config.json").read_text())
+    config = config.get("text_config") or config
+    limit = config.get("max_position_embeddings")
+    if limit and cfg.engine.max_model_len > limit:
+        raise ValueError(f"engine.max_model_len={cfg.engine.max_model_len} exceeds the model's max_position_embeddings="
+                         f"{limit} ({cfg.model.path}/config.json)")
 
 
 def _ray_cluster(cfg: RunConfig):

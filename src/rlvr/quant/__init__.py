@@ -1,4 +1,4 @@
-"""Quantized frozen bases: NVFP4 (compressed-tensors) or NF4 (bitsandbytes), the packed Linears, checkpoint I/O."""
+"""Quantized frozen bases: NVFP4 (compressed-tensors, MoE experts included) or NF4 (bitsandbytes), the packed Linears and experts, checkpoint I/O."""
 
 from rlvr.quant.checkpoint import (
     dequantized_state_dict,
@@ -12,6 +12,7 @@ from rlvr.quant.linear import (
     NVFP4Linear,
     QuantizedLinear,
     QuantizedLoraLinear,
+    peft_targets_as_given,
     prepare_lora_config,
     quantized_linear_names,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "QuantizedLoraLinear",
     "dequantized_state_dict",
     "load_quantized_model",
+    "peft_targets_as_given",
     "prepare_lora_config",
     "quantize_checkpoint",
     "quantized_format",

@@ -6,20 +6,29 @@ A checkpoint folder is an HF model folder where every quantized Linear `P` store
 `P.input_global_scale` (see `rlvr.quant.nvfp4` for their layout), and `config.json` carries
 the `quantization_config` that llm-compressor writes for its NVFP4 scheme (W4A4: FP4 weights,
 FP4 activations quantized dynamically per group of 16 with a calibrated global scale), so vLLM
-serves it with its NVFP4 kernels where the GPU has them.
+serves it with its NVFP4 kernels where the GPU has them. MoE experts are stored as on the Hub
+and as llm-compressor writes them, one quantized Linear per expert projection
+(`...experts.{i}.gate_proj/up_proj/down_proj`, Mixtral's `...experts.{i}.w1/w3/w2`), although
+transformers 5 fuses them into 3-D parameters in memory; names go through transformers' own
+conversion mapping (rlvr.quant.hub_layout), so `P` is always the on-disk module name.
 
 An NF4 folder (`format="nf4"`) is the one transformers saves for a bitsandbytes 4-bit model:
 each quantized Linear `P` stores `P.weight` (packed uint8) with `P.weight.absmax`,
 `P.weight.quant_map` and `P.weight.quant_state.bitsandbytes__nf4` (see `rlvr.quant.nf4`), and
 `quantization_config` is `BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4")`'s.
-NF4 needs no calibration: each block of 64 weights carries its own absmax.
+NF4 needs no calibration: each block of 64 weights carries its own absmax. bitsandbytes
+quantizes `nn.Linear` only, so MoE experts stay float in an NF4 folder.
 
-- `quantize_checkpoint(model_dir, out_dir)`: every `nn.Linear` outside `ignore` is quantized.
-  Layers that read the very same input tensor (q/k/v, gate/up) share one weight global scale,
-  found by watching a calibration forward, not from names: vLLM fuses them into one GEMM with
-  one global scale. The same forward calibrates `input_global_scale`.
+- `quantize_checkpoint(model_dir, out_dir)`: every `nn.Linear` and (NVFP4) every experts
+  module outside `ignore` is quantized; routers, embeddings and norms stay float, and the
+  routers are added to the written ignore list (vLLM would otherwise quantize its gate).
+  Layers that read the very same input tensor (q/k/v, gate/up, MLA's q_a/kv_a) share one
+  weight global scale, found by watching a calibration forward, not from names: vLLM fuses
+  them into one GEMM with one global scale; an expert's gate and up rows share one likewise.
+  The same forward calibrates `input_global_scale`.
 - `load_quantized_model(model_dir)`: the HF model with those Linears replaced by frozen
-  `NVFP4Linear` / `NF4Linear` modules; no float copy of their weights is ever built.
+  `NVFP4Linear` / `NF4Linear` modules and the experts packed (rlvr.quant.experts); no float
+  copy of their weights is ever built.
 - `dequantized_state_dict(model_dir)` / `write_dequantized_checkpoint(model_dir, out_dir)`: the
   float weights, for an engine with no 4-bit kernel (vLLM on CPU), so that sampler and trainer
   compute with the same numbers.
@@ -31,6 +40,7 @@ import json
 import re
 import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -40,8 +50,11 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from rlvr.models.moe import expert_projections, moe_layers
 from rlvr.quant import nf4, nvfp4
-from rlvr.quant.linear import NF4Linear, NVFP4Linear, QuantizedLinear
+from rlvr.quant.experts import PACKED_SUFFIXES, NVFP4Experts, expert_hidden, pack_experts, use_rlvr_experts
+from rlvr.quant.hub_layout import ExpertPiece, disk_name, expert_pieces, from_disk, to_disk
+from rlvr.quant.linear import NF4Linear, NVFP4Linear, quantized_linear_names
 
 FORMAT_NAME = "nvfp4-pack-quantized"
 QUANT_METHOD = "compressed-tensors"
@@ -52,6 +65,8 @@ QUANTIZED_TENSOR_SUFFIXES = ("weight_packed", "weight_scale", "weight_global_sca
 FORMATS = {"nvfp4": nvfp4.GROUP_SIZE, "nf4": nf4.BLOCK_SIZE}
 BITSANDBYTES_METHOD = "bitsandbytes"
 
+# Tokens per calibration sequence drawn from the vocabulary when the folder has no tokenizer.
+CALIBRATION_TOKENS = 64
 # Short, varied text for the activation ranges; they only set per-layer input global scales.
 DEFAULT_CALIBRATION_TEXTS = (
     "Solve for x: 3x + 7 = 22. First subtract 7 from both sides, then divide by 3, so x = 5.",
@@ -111,12 +126,42 @@ def is_ignored(name: str, ignore: Sequence[str]) -> bool:
 # --------------------------------------------------------------------------- writing
 
 
-def _calibrate(model: nn.Module, linears: dict[str, nn.Linear], tokenizer, texts: Sequence[str]):
-    """Run `texts` through `model`; return (input amax per Linear, groups of Linears sharing an input).
+def calibration_inputs(model_dir: Path, vocab_size: int, texts: Sequence[str]) -> tuple[list[torch.Tensor], str]:
+    """Token ids `[1, n]` for the calibration forward, and where they came from.
+
+    The folder's tokenizer encodes `texts`. A folder saved with `save_pretrained` alone has no
+    tokenizer (transformers then fails, or builds an empty one that encodes nothing): the ids
+    are then drawn from the model's own vocabulary, one sequence per text. They only set the
+    activation ranges (`input_global_scale`) and show which layers read the same input; the
+    weights' own scales need no data.
+    """
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        ids = [tokenizer(text).input_ids for text in texts]
+    except (OSError, ValueError) as err:
+        ids, reason = [], f"no tokenizer ({str(err).splitlines()[0]})"
+    else:
+        reason = "its tokenizer encodes nothing"
+    if ids and all(ids):
+        return [torch.tensor([x]) for x in ids], "tokenizer"
+    if not vocab_size:
+        raise ValueError(f"{model_dir}: cannot calibrate NVFP4 activation scales: {reason} and config.json has no vocab_size")
+    generator = torch.Generator().manual_seed(0)
+    return [torch.randint(0, vocab_size, (1, CALIBRATION_TOKENS), generator=generator) for _ in texts], f"vocabulary ({reason})"
+
+
+def _calibrate(model: nn.Module, linears: dict[str, nn.Linear], experts: dict[str, nn.Module], inputs: Sequence[torch.Tensor]):
+    """Run `inputs` through `model`. Returns the input amax of each Linear, the groups of Linears
+    that read the very same input tensor, and each experts module's input amax per projection
+    `[E]`.
 
     The inputs of one forward are kept alive until it ends, so that `id()` identifies a tensor.
+    Experts are calibrated on every token, not only on the tokens routed to them (llm-compressor's
+    `calibrate_all_experts`): a short calibration set reaches few experts through the router, and
+    an expert left uncalibrated would get an activation scale unrelated to its inputs.
     """
     input_amax: dict[str, torch.Tensor] = {}
+    expert_amax: dict[tuple[str, str], torch.Tensor] = {}
     readers_of_first_forward: dict[int, list[str]] = {}
     alive: list[torch.Tensor] = []
     first_forward = True
@@ -131,11 +176,25 @@ def _calibrate(model: nn.Module, linears: dict[str, nn.Linear], tokenizer, texts
 
         return hook
 
+    def watch_experts(name):
+        def hook(module, args):
+            x = args[0].detach()
+            gate_up, down = expert_projections(module)
+            seen = {
+                gate_up: x.abs().amax().float().expand(module.num_experts),
+                down: torch.stack([expert_hidden(module, e, x).abs().amax().float() for e in range(module.num_experts)]),
+            }
+            for projection, amax in seen.items():
+                key = (name, projection)
+                expert_amax[key] = torch.maximum(expert_amax.get(key, amax), amax)
+
+        return hook
+
     handles = [module.register_forward_pre_hook(watch(name)) for name, module in linears.items()]
+    handles += [module.register_forward_pre_hook(watch_experts(name)) for name, module in experts.items()]
     try:
         with torch.no_grad():
-            for text in texts:
-                ids = tokenizer(text, return_tensors="pt").input_ids
+            for ids in inputs:
                 model(input_ids=ids)
                 first_forward = False
                 alive.clear()
@@ -143,7 +202,7 @@ def _calibrate(model: nn.Module, linears: dict[str, nn.Linear], tokenizer, texts
         for handle in handles:
             handle.remove()
     shared_groups = [names for names in readers_of_first_forward.values() if len(names) > 1]
-    return input_amax, shared_groups
+    return input_amax, shared_groups, expert_amax
 
 
 def _copy_non_weight_files(model_dir: Path, out_dir: Path) -> None:
@@ -154,11 +213,89 @@ def _copy_non_weight_files(model_dir: Path, out_dir: Path) -> None:
             shutil.copy2(path, out_dir / path.name)
 
 
-def _write_quantization_config(out_dir: Path, quantization_config: dict) -> None:
+def _write_quantization_config(out_dir: Path, quantization_config: dict, dtype: torch.dtype) -> None:
+    """Add `quantization_config` to the written config.json; `dtype` is the source's float dtype
+    (save_pretrained writes the model's, float32 after the float calibration forward)."""
     config_path = out_dir / "config.json"
     config = json.loads(config_path.read_text())
     config["quantization_config"] = quantization_config
+    config["dtype"] = str(dtype).removeprefix("torch.")
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+@dataclass
+class _Plan:
+    """What `quantize_checkpoint` packs, under on-disk names."""
+
+    linears: dict[str, nn.Linear]  # in-memory name -> module
+    linear_disk: dict[str, str]  # in-memory name -> on-disk module name
+    experts: dict[str, nn.Module]  # in-memory name -> experts module
+    expert_disk: dict[tuple[str, str], list[ExpertPiece]]  # (experts name, projection) -> its on-disk pieces
+    routers: list[str]  # on-disk names of router modules and the Linears inside them, kept float
+
+
+def _plan(model: nn.Module, model_dir: Path, ignore: Sequence[str], multiple: int, pack_experts: bool) -> _Plan:
+    """Which Linears and experts modules to pack (by their on-disk names), checked."""
+    layers = moe_layers(model)
+    router_names = [layer.router_name for layer in layers]
+
+    def in_router(name: str) -> bool:
+        return any(name == r or name.startswith(f"{r}.") for r in router_names)
+
+    def disk(name: str, module: nn.Module) -> str:
+        return disk_name(model, f"{name}.weight", module.weight.shape).removesuffix(".weight")
+
+    routers = [
+        disk(name, m) for name, m in model.named_modules() if in_router(name) and isinstance(getattr(m, "weight", None), nn.Parameter)
+    ]
+    linears, linear_disk = {}, {}
+    embedding_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Linear) or in_router(name):
+            continue
+        on_disk = disk(name, module)
+        if is_ignored(on_disk, ignore):
+            continue
+        if id(module.weight) in embedding_weights:
+            raise ValueError(f"{model_dir}: {name}.weight is tied to an embedding; add {on_disk!r} to ignore")
+        if module.in_features % multiple:
+            raise ValueError(
+                f"{model_dir}: {name} has {module.in_features} input features, not a multiple of {multiple}; "
+                f"add {on_disk!r} to ignore"
+            )
+        linears[name], linear_disk[name] = module, on_disk
+
+    experts, expert_disk = {}, {}
+    for layer in layers if pack_experts else []:
+        pieces = {p: expert_pieces(model, f"{layer.experts_name}.{p}", getattr(layer.experts, p).shape) for p in expert_projections(layer.experts)}
+        ignored = [piece.prefix for ps in pieces.values() for piece in ps if is_ignored(piece.prefix, ignore)]
+        if ignored and len(ignored) < sum(map(len, pieces.values())):
+            raise ValueError(f"{model_dir}: ignore names {ignored[0]} but not every expert of {layer.experts_name}; ignore all or none")
+        if ignored:
+            continue
+        if layer.experts.has_bias:
+            raise ValueError(f"{model_dir}: {layer.experts_name} has biases, which rlvr does not pack; add its experts to ignore")
+        for projection, ps in pieces.items():
+            columns = getattr(layer.experts, projection).shape[-1]
+            if columns % multiple:
+                raise ValueError(
+                    f"{model_dir}: {layer.experts_name}.{projection} has {columns} input features, not a multiple "
+                    f"of {multiple}; add 're:{re.escape(layer.experts_name)}\\..*' to ignore"
+                )
+        experts[layer.experts_name] = layer.experts
+        expert_disk.update({(layer.experts_name, p): ps for p, ps in pieces.items()})
+    return _Plan(linears, linear_disk, experts, expert_disk, routers)
+
+
+def _float_tensors_on_disk(model: nn.Module, plan: _Plan, dtypes: dict[str, torch.dtype]) -> dict[str, torch.Tensor]:
+    """Every tensor not packed, in its source dtype, under its on-disk name (tied ones stay one tensor)."""
+    packed = {f"{name}.weight" for name in plan.linears} | {f"{name}.{p}" for name, p in plan.expert_disk}
+    converted: dict[int, torch.Tensor] = {}
+    state = {}
+    for key, tensor in model.state_dict().items():
+        if key not in packed:
+            state[key] = converted.setdefault(tensor.data_ptr(), tensor.to(dtypes[key]))
+    return to_disk(model, state)
 
 
 def quantize_checkpoint(
@@ -169,85 +306,67 @@ def quantize_checkpoint(
     calibration_texts: Sequence[str] = DEFAULT_CALIBRATION_TEXTS,
 ) -> Path:
     """Write `model_dir` (an HF causal LM folder) to `out_dir` as `format`: "nvfp4"
-    (compressed-tensors `nvfp4-pack-quantized`) or "nf4" (bitsandbytes 4-bit NF4)."""
+    (compressed-tensors `nvfp4-pack-quantized`, MoE experts included) or "nf4" (bitsandbytes
+    4-bit NF4, Linears only). `ignore` names on-disk modules kept in float (exact, or `re:`)."""
     if format not in FORMATS:
         raise ValueError(f"unknown quantization format {format!r}; known: {', '.join(FORMATS)}")
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
     source_dtype = model.dtype
-    _require_module_names_on_disk(model, model_dir)
+    dtypes = {key: tensor.dtype for key, tensor in model.state_dict().items()}
     model.float().eval()
-    linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear) and not is_ignored(name, ignore)}
-    embedding_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    for name, module in linears.items():
-        if id(module.weight) in embedding_weights:
-            raise ValueError(f"{model_dir}: {name}.weight is tied to an embedding; add {name!r} to ignore")
-        if module.in_features % FORMATS[format]:
-            raise ValueError(
-                f"{model_dir}: {name} has {module.in_features} input features, not a multiple of "
-                f"{FORMATS[format]}; add {name!r} to ignore"
-            )
+    plan = _plan(model, model_dir, ignore, FORMATS[format], pack_experts=format == "nvfp4")
+    kept_float = [*ignore, *(r for r in plan.routers if not is_ignored(r, ignore))]
     if format == "nf4":
-        return _write_nf4(model, linears, source_dtype, model_dir, out_dir, ignore)
+        state = {}
+        for name, module in plan.linears.items():
+            stored = nf4.to_checkpoint(nf4.quantize(module.weight.detach()), source_dtype)
+            state.update({f"{plan.linear_disk[name]}.{suffix}": tensor for suffix, tensor in stored.items()})
+        quantization_config = nf4.quantization_config(kept_float, source_dtype)
+    else:
+        state = _nvfp4_tensors(model, plan, model_dir, calibration_texts)
+        quantization_config = nvfp4_quantization_config(kept_float)
+    state.update(_float_tensors_on_disk(model, plan, dtypes))  # biases of packed Linears included
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _copy_non_weight_files(model_dir, out_dir)
+    model.save_pretrained(out_dir, state_dict=state, save_original_format=False)
+    _write_quantization_config(out_dir, quantization_config, source_dtype)
+    return out_dir
 
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    input_amax, shared_groups = _calibrate(model, linears, tokenizer, calibration_texts)
-    weight_global_scale = {name: nvfp4.global_scale_for(m.weight.abs().max()) for name, m in linears.items()}
+
+def _stored(prefix: str, weight: nvfp4.NVFP4Weight, input_global_scale: torch.Tensor) -> dict[str, torch.Tensor]:
+    """One quantized Linear's checkpoint tensors under `prefix`."""
+    tensors = (weight.weight_packed, weight.weight_scale, weight.weight_global_scale, input_global_scale)
+    return {f"{prefix}.{suffix}": tensor for suffix, tensor in zip(QUANTIZED_TENSOR_SUFFIXES, tensors, strict=True)}
+
+
+def _nvfp4_tensors(model: nn.Module, plan: _Plan, model_dir: Path, texts: Sequence[str]) -> dict[str, torch.Tensor]:
+    """The packed tensors of every planned Linear and expert projection, under on-disk names."""
+    inputs, _source = calibration_inputs(model_dir, model.config.get_text_config().vocab_size, texts)
+    input_amax, shared_groups, expert_amax = _calibrate(model, plan.linears, plan.experts, inputs)
+    weight_global_scale = {name: nvfp4.global_scale_for(m.weight.abs().max()) for name, m in plan.linears.items()}
     for group in shared_groups:
         # the largest weight sets the scale, so that no member's group scales overflow FP8
         shared = torch.stack([weight_global_scale[name] for name in group]).min().reshape(1)
         weight_global_scale.update({name: shared.clone() for name in group})
 
-    for name, module in linears.items():
-        packed = NVFP4Linear(
-            nvfp4.quantize(module.weight.detach(), weight_global_scale[name]),
-            bias=None if module.bias is None else module.bias.detach().to(source_dtype),
-            # an uncalibrated layer (e.g. an expert no text reached) gets 1.0, as in llm-compressor
-            input_global_scale=nvfp4.global_scale_for(input_amax.get(name, torch.tensor(0.0))),
-            compute_dtype=source_dtype,
-        )
-        model.set_submodule(name, packed)
-    for module in model.modules():
-        if not isinstance(module, QuantizedLinear):  # packed tensors keep their own dtypes
-            for parameter in module.parameters(recurse=False):
-                parameter.data = parameter.data.to(source_dtype)
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    _copy_non_weight_files(model_dir, out_dir)
-    model.save_pretrained(out_dir)
-    _write_quantization_config(out_dir, nvfp4_quantization_config(ignore))
-    return out_dir
-
-
-def _write_nf4(model: nn.Module, linears: dict[str, nn.Linear], source_dtype, model_dir: Path, out_dir: Path, ignore) -> Path:
-    """Save `model` with each of `linears` NF4-quantized, under bitsandbytes' key names."""
-    state = {key: value.to(source_dtype) if value.is_floating_point() else value for key, value in model.state_dict().items()}
-    for name, module in linears.items():
-        del state[f"{name}.weight"]
-        stored = nf4.to_checkpoint(nf4.quantize(module.weight.detach()), source_dtype)
-        state.update({f"{name}.{suffix}": tensor for suffix, tensor in stored.items()})
-    out_dir.mkdir(parents=True, exist_ok=True)
-    _copy_non_weight_files(model_dir, out_dir)
-    model.save_pretrained(out_dir, state_dict=state)
-    _write_quantization_config(out_dir, nf4.quantization_config(list(ignore), source_dtype))
-    return out_dir
-
-
-def _require_module_names_on_disk(model: nn.Module, model_dir: Path) -> None:
-    """The packed loader matches file tensors to modules by name; transformers 5 renames and
-    fuses some tensors between disk and memory (MoE experts, stored one Linear per expert,
-    become one 3-D parameter), and such a model cannot be rebuilt from its files that way."""
-    on_disk = set()
-    for path in sorted(model_dir.glob("*.safetensors")):
-        with safe_open(path, framework="pt") as handle:
-            on_disk.update(handle.keys())
-    converted = sorted(on_disk - set(model.state_dict()))
-    if converted:
-        raise ValueError(
-            f"{model_dir}: transformers converts {converted[0]} (and {len(converted) - 1} more tensors) when it "
-            f"loads {type(model).__name__} (fused MoE experts); rlvr's NVFP4 bases need every tensor stored under "
-            f"its module's name, so train this model on its float weights (demo.base_format: hf)"
-        )
+    state = {}
+    for name, module in plan.linears.items():
+        weight = nvfp4.quantize(module.weight.detach(), weight_global_scale[name])
+        # an uncalibrated layer gets 1.0, as in llm-compressor
+        state.update(_stored(plan.linear_disk[name], weight, nvfp4.global_scale_for(input_amax.get(name, torch.tensor(0.0)))))
+    for (name, projection), pieces in plan.expert_disk.items():
+        weights = getattr(plan.experts[name], projection).detach()
+        input_global_scale = [nvfp4.global_scale_for(amax) for amax in expert_amax[(name, projection)]]
+        for expert in range(weights.shape[0]):
+            mine = [p for p in pieces if p.expert == expert]
+            # gate and up rows read one input, and vLLM fuses them into one GEMM with one global scale
+            shared = torch.stack([nvfp4.global_scale_for(weights[expert, p.start : p.stop].abs().max()) for p in mine]).min()
+            for p in mine:
+                # each stored tensor its own (safetensors refuses shared storage)
+                weight = nvfp4.quantize(weights[expert, p.start : p.stop], shared.clone())
+                state.update(_stored(p.prefix, weight, input_global_scale[expert].clone()))
+    return state
 
 
 # --------------------------------------------------------------------------- reading
@@ -339,13 +458,65 @@ def _nf4_prefixes(tensors: dict) -> list[str]:
     return [key.removesuffix(suffix) for key in tensors if key.endswith(suffix)]
 
 
+def _keeps_float32(model: nn.Module, key: str) -> bool:
+    """Whether transformers keeps `key` in float32 whatever the model dtype (`_keep_in_fp32_modules`)."""
+    kept = set(getattr(model, "_keep_in_fp32_modules_strict", None) or []) | set(getattr(model, "_keep_in_fp32_modules", None) or [])
+    return any(name in key.split(".") for name in kept)
+
+
+def _stack_experts(pieces: list[ExpertPiece], shape: torch.Size, tensors: dict, source: dict, model_dir: Path) -> NVFP4Experts:
+    """One fused projection `[E, rows, in]` from its on-disk per-expert NVFP4 tensors."""
+    experts, rows, columns = shape
+    parts = max(p.part for p in pieces) + 1
+    packed = torch.empty(experts, rows, columns // 2, dtype=torch.uint8)
+    scale = torch.empty(experts, rows, columns // nvfp4.GROUP_SIZE, dtype=torch.float8_e4m3fn)
+    global_scale, input_global_scale = torch.ones(experts, parts), torch.ones(experts, parts)
+    for p in pieces:
+        weight, input_scale = _pop_quantized(tensors, source, p.prefix, model_dir)
+        if tuple(weight.weight_packed.shape) != (p.stop - p.start, columns // 2):
+            raise ValueError(
+                f"{model_dir / source.get(f'{p.prefix}.weight_scale', '')}: {p.prefix}.weight_packed has shape "
+                f"{tuple(weight.weight_packed.shape)}, the model needs {(p.stop - p.start, columns // 2)}"
+            )
+        packed[p.expert, p.start : p.stop] = weight.weight_packed
+        scale[p.expert, p.start : p.stop] = weight.weight_scale
+        global_scale[p.expert, p.part] = weight.weight_global_scale.reshape(())
+        if input_scale is not None:
+            input_global_scale[p.expert, p.part] = input_scale.reshape(())
+    return NVFP4Experts(packed, scale, global_scale, input_global_scale)
+
+
+def _pack_experts_from_files(model: nn.Module, tensors: dict, source: dict, model_dir: Path, dtype: torch.dtype) -> list[str]:
+    """Pack every experts module whose projections are stored NVFP4 in the files; their names."""
+    packed = []
+    for layer in moe_layers(model):
+        projections = {}
+        for projection in expert_projections(layer.experts):
+            shape = getattr(layer.experts, projection).shape
+            pieces = expert_pieces(model, f"{layer.experts_name}.{projection}", shape)
+            stored = [f"{p.prefix}.weight_packed" in tensors for p in pieces]
+            if any(stored) and not all(stored):
+                missing = pieces[stored.index(False)].prefix
+                raise ValueError(f"{model_dir}: {missing} has no weight_packed while other experts of {layer.experts_name} do")
+            if all(stored):
+                projections[projection] = _stack_experts(pieces, shape, tensors, source, model_dir)
+        if projections and len(projections) < len(expert_projections(layer.experts)):
+            raise ValueError(f"{model_dir}: {layer.experts_name} has some projections packed and some in float")
+        if projections:
+            pack_experts(layer.experts, projections, dtype)
+            packed.append(layer.experts_name)
+    return packed
+
+
 def load_quantized_model(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:
     """The HF causal LM of a 4-bit checkpoint, each quantized Linear an `NVFP4Linear` (or
-    `NF4Linear`) computing in `dtype`.
+    `NF4Linear`) and each NVFP4 experts module packed (rlvr.quant.experts), computing in `dtype`.
 
-    Linears are found by type, not by name: each one with `P.weight_packed` (NF4:
-    `P.weight.quant_state.bitsandbytes__nf4`) in the files becomes packed. A parameter no file
-    provides, or a tensor no module takes, is an error naming it.
+    Modules are found by type, not by name, and matched to the files through transformers'
+    own conversion mapping (rlvr.quant.hub_layout): a Linear whose on-disk name has
+    `weight_packed` (NF4: `weight.quant_state.bitsandbytes__nf4`) becomes packed, and so does an
+    experts module whose every expert projection has. No float copy of a packed weight is ever
+    built. A parameter no file provides, or a tensor no module takes, is an error naming it.
     """
     model_dir = Path(model_dir)
     format = quantized_format(model_dir)
@@ -359,21 +530,33 @@ def load_quantized_model(model_dir: str | Path, dtype: torch.dtype = torch.float
     for name, module in list(model.named_modules()):
         if not isinstance(module, nn.Linear):
             continue
-        if format == "nf4" and f"{name}.weight.{nf4.QUANT_STATE_KEY}" in tensors:
-            weight = _pop_nf4(tensors, source, name, model_dir)
-            model.set_submodule(name, NF4Linear(weight, tensors.pop(f"{name}.bias", None), compute_dtype=dtype))
-            continue
-        if f"{name}.weight_packed" not in tensors:
-            continue  # a float Linear (ignored, or tied to the embedding): loaded below
-        weight, input_global_scale = _pop_quantized(tensors, source, name, model_dir)
-        bias = tensors.pop(f"{name}.bias", None)
-        model.set_submodule(name, NVFP4Linear(weight, bias, input_global_scale, compute_dtype=dtype))
+        disk = disk_name(model, f"{name}.weight", module.weight.shape).removesuffix(".weight")
+        if format == "nf4" and f"{disk}.weight.{nf4.QUANT_STATE_KEY}" in tensors:
+            weight = _pop_nf4(tensors, source, disk, model_dir)
+            model.set_submodule(name, NF4Linear(weight, tensors.pop(f"{disk}.bias", None), compute_dtype=dtype))
+        elif f"{disk}.weight_packed" in tensors:
+            weight, input_global_scale = _pop_quantized(tensors, source, disk, model_dir)
+            bias = tensors.pop(f"{disk}.bias", None)
+            model.set_submodule(name, NVFP4Linear(weight, bias, input_global_scale, compute_dtype=dtype))
+        # else a float Linear (ignored, or tied to the embedding): loaded below
+    if _pack_experts_from_files(model, tensors, source, model_dir, dtype):
+        use_rlvr_experts(model)
 
-    float_tensors = {key: value.to(dtype) if value.is_floating_point() else value for key, value in tensors.items()}
-    result = model.load_state_dict(float_tensors, strict=False, assign=True)
-    if result.unexpected_keys:
-        key = result.unexpected_keys[0]
+    packed = set(quantized_linear_names(model))
+    wanted = {
+        key: value
+        for key, value in model.state_dict(keep_vars=True).items()
+        if key.rpartition(".")[0] not in packed and not key.endswith(tuple(f"_{s}" for s in PACKED_SUFFIXES))
+    }
+    loaded = from_disk(model, tensors, wanted)
+    if tensors:
+        key = next(iter(tensors))
         raise ValueError(f"{model_dir / source[key]}: tensor {key} belongs to no module of {type(model).__name__}")
+    model.load_state_dict(
+        {k: v.to(torch.float32 if _keeps_float32(model, k) else dtype) if v.is_floating_point() else v for k, v in loaded.items()},
+        strict=False,
+        assign=True,
+    )
     model.tie_weights()
     still_empty = [name for name, p in model.named_parameters() if p.device.type == "meta"]
     if still_empty:

@@ -25,6 +25,9 @@ expands `target_modules="all-linear"`, which peft alone resolves only to `nn.Lin
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 import torch.nn.functional as F
 from peft import LoraConfig
@@ -62,6 +65,11 @@ class _DequantizedLinear(torch.autograd.Function):
         return (grad_output @ weight, *no_grads)
 
 
+def dequantized_linear(x: torch.Tensor, bias: torch.Tensor | None, dequantize, *packed: torch.Tensor) -> torch.Tensor:
+    """`x @ W.T + b` for a frozen W = `dequantize(*packed, x.dtype)`, rebuilt in backward, never kept."""
+    return _DequantizedLinear.apply(x, bias, dequantize, *packed)
+
+
 class QuantizedLinear(nn.Module):
     """Frozen `y = x W^T + b` with W stored packed; computes in `compute_dtype`.
 
@@ -85,7 +93,7 @@ class QuantizedLinear(nn.Module):
         return self.quant_format.dequantize(*self.packed_tensors(), self.compute_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _DequantizedLinear.apply(x.to(self.compute_dtype), self.bias, self.quant_format.dequantize, *self.packed_tensors())
+        return dequantized_linear(x.to(self.compute_dtype), self.bias, self.quant_format.dequantize, *self.packed_tensors())
 
     def extra_repr(self) -> str:
         name = self.quant_format.__name__.rsplit(".", 1)[-1]
@@ -153,6 +161,29 @@ class QuantizedLoraLinear(PeftLoraLinear):
         raise NotImplementedError(
             "LoRA cannot be merged into a 4-bit packed base in place; merge into the dequantized weights"
         )
+
+
+@contextmanager
+def peft_targets_as_given() -> Iterator[None]:
+    """While active, peft injects LoRA exactly where the config's targets say.
+
+    peft 0.21 rewrites the config of a transformers-5 MoE model (Qwen-MoE and DeepSeek types)
+    as if it were a transformers-4 adapter (`convert_peft_config_for_transformers`): every
+    target named `gate_proj`/`up_proj`/`down_proj` becomes the fused expert parameter, with the
+    rank doubled for `gate_up_proj`, and is dropped from `target_modules`, so the dense MLPs and
+    shared experts that carry those names lose their LoRA. rlvr resolves its targets against
+    the loaded model itself (`prepare_lora_config`, `rlvr.quant.experts.add_experts_lora`), so the
+    rewrite only moves LoRA off the layers it names; it is a no-op while this is active. Wrap
+    every `get_peft_model` on a trainer or engine model whose adapter must match the trainer's.
+    """
+    from peft.utils import transformers_weight_conversion
+
+    original = transformers_weight_conversion.convert_peft_config_for_transformers
+    transformers_weight_conversion.convert_peft_config_for_transformers = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        transformers_weight_conversion.convert_peft_config_for_transformers = original
 
 
 def quantized_linear_names(model: nn.Module) -> list[str]:

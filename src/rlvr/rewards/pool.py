@@ -11,16 +11,23 @@ Rules:
   regex) is caught by the parent: a worker silent for `timeout_s + KILL_GRACE_S` is killed and
   replaced, its item gets "timeout", the rest of its chunk is handed out again.
 - A worker that dies (segfault, abort) costs its item status "error"; an exception inside a
-  verifier is status "error" too. Every failure scores 0 and the batch goes on.
-- Rows may name their own verifier; `options` apply to the pool's default verifier only.
-  Loading a verifier (importing a custom module) gets `STARTUP_TIMEOUT_S`. A verifier with
+  verifier is status "error" too. Each worker leads its own process group, and a kill (timeout,
+  `close`) takes the whole group: processes a custom reward started die with its worker. Every failure scores 0 and the batch goes on.
+- Rows may name their own verifier; `options` apply to the pool's default verifier only. A
+  built-in default verifier is built once in the parent first, so an unknown option or a bad
+  value raises ValueError (naming the option) before any worker starts. Loading a verifier
+  (importing a custom module) in a worker gets `STARTUP_TIMEOUT_S`. A verifier with
   `.score_batch` (a batched custom reward) gets a chunk's items in one call, with `timeout_s`
   per item in the call.
+- After each `score()`, `item_seconds[i]` is how long item i held its worker (from the worker's
+  previous message, or the hand-out of its chunk, to its answer or its kill), and `restarts`
+  counts the workers killed and replaced so far.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import resource
 import signal
 import time
@@ -65,6 +72,7 @@ def _worker_main(conn: Connection, default: str, options: dict, timeout_s: float
     from rlvr.rewards.equivalence import warm_up
     from rlvr.rewards.verifiers import get_verifier
 
+    os.setsid()  # its own process group: a kill takes any processes a custom reward started, too
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     signal.signal(signal.SIGALRM, _on_alarm)
     warm_up()
@@ -108,6 +116,15 @@ def _safe(fn, seconds: float):
         return _ERROR
 
 
+def _kill_group(worker: _Worker) -> None:
+    """SIGKILL the worker's process group (the worker and every process it started)."""
+    try:
+        os.killpg(worker.process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # no such group: gone already, or not yet made (a worker still starting)
+    worker.process.kill()
+
+
 def _group_by_verifier(chunk: list[tuple[str, str, str]]):
     """Consecutive runs of items sharing a verifier, as (name, [(response, answer), ...])."""
     run: list[tuple[str, str]] = []
@@ -129,6 +146,7 @@ class _Worker:
     ready: bool = False
     chunk: list[int] = field(default_factory=list)  # item indices not yet answered
     deadline: float = 0.0
+    item_started: float = 0.0  # when the worker began its current item, as far as the parent can tell
 
 
 class ScoringPool:
@@ -150,12 +168,18 @@ class ScoringPool:
     ) -> None:
         if workers < 1 or timeout_s <= 0 or memory_limit_mb <= 0:
             raise ValueError("ScoringPool needs workers >= 1, timeout_s > 0 and memory_limit_mb > 0")
+        from rlvr.rewards.verifiers import VERIFIERS, get_verifier
+
+        if verifier in VERIFIERS:
+            get_verifier(verifier, **(options or {}))  # a bad option fails here, in one line
         self.verifier = verifier
         self.timeout_s = timeout_s
         self._args = (verifier, dict(options or {}), timeout_s, memory_limit_mb)
         self._ctx = mp.get_context("spawn")
         self._workers = [self._start_worker() for _ in range(workers)]
         self._closed = False
+        self.restarts = 0
+        self.item_seconds: list[float] = []
 
     def _start_worker(self) -> _Worker:
         parent_conn, child_conn = self._ctx.Pipe()
@@ -165,7 +189,8 @@ class ScoringPool:
         return _Worker(process, parent_conn, deadline=time.monotonic() + STARTUP_TIMEOUT_S)
 
     def _replace(self, worker: _Worker) -> _Worker:
-        worker.process.kill()
+        self.restarts += 1
+        _kill_group(worker)
         worker.process.join()
         worker.conn.close()
         fresh = self._start_worker()
@@ -188,7 +213,7 @@ class ScoringPool:
         verifiers: list[str] | None = None,
         progress: Callable[[int], None] | None = None,
     ) -> list[Score]:
-        """One Score per response, in order; `verifiers` overrides the verifier per row.
+        """One Score per response, in order; `verifiers` overrides the verifier per row (None: the pool's).
 
         `progress` is called with the number of items settled (scored, timed out or failed)
         each time some are, so its calls add up to len(responses)."""
@@ -196,9 +221,10 @@ class ScoringPool:
             raise RuntimeError("ScoringPool is closed")
         if len(responses) != len(answers) or (verifiers is not None and len(verifiers) != len(responses)):
             raise ValueError("responses, answers and verifiers must have the same length")
-        names = verifiers or [self.verifier] * len(responses)
+        names = [name or self.verifier for name in verifiers] if verifiers else [self.verifier] * len(responses)
         items = [(names[i], str(responses[i]), str(answers[i])) for i in range(len(responses))]
         results: list[Score | None] = [None] * len(items)
+        self.item_seconds = [0.0] * len(items)
         # Several chunks per worker keep both busy when item costs differ.
         size = max(1, min(64, -(-len(items) // (4 * len(self._workers)))))
         pending = deque(list(range(i, min(i + size, len(items)))) for i in range(0, len(items), size))
@@ -207,7 +233,8 @@ class ScoringPool:
             for worker in self._workers:
                 if worker.ready and not worker.chunk and pending:
                     worker.chunk = pending.popleft()
-                    worker.deadline = time.monotonic() + self.timeout_s + KILL_GRACE_S
+                    now = time.monotonic()
+                    worker.item_started, worker.deadline = now, now + self.timeout_s + KILL_GRACE_S
                     worker.conn.send([items[i] for i in worker.chunk])
             busy = [w for w in self._workers if w.chunk or not w.ready]
             now = time.monotonic()
@@ -231,12 +258,21 @@ class ScoringPool:
         if message == "ready":
             worker.ready = True
             return 0
+        now = time.monotonic()
         if isinstance(message, tuple) and message[0] == "budget":
-            worker.deadline = time.monotonic() + message[1] + KILL_GRACE_S
+            worker.deadline = now + message[1] + KILL_GRACE_S
+            worker.item_started = now
             return 0
-        results[worker.chunk.pop(0)] = message
-        worker.deadline = time.monotonic() + self.timeout_s + KILL_GRACE_S
+        self._settle(worker, results, message, now)
+        worker.deadline = now + self.timeout_s + KILL_GRACE_S
         return 1
+
+    def _settle(self, worker: _Worker, results: list, outcome: Score, now: float) -> None:
+        """`worker`'s running item gets `outcome`, and its time on the worker is recorded."""
+        index = worker.chunk.pop(0)
+        results[index] = outcome
+        self.item_seconds[index] = now - worker.item_started
+        worker.item_started = now
 
     def _fail(self, worker: _Worker, results: list, pending: deque, outcome: Score) -> int:
         """Kill and replace `worker`; its running item gets `outcome`, the rest go back."""
@@ -244,7 +280,7 @@ class ScoringPool:
             raise RuntimeError(f"scoring worker failed to start (exit code {worker.process.exitcode})")
         settled = 0
         if worker.chunk:
-            results[worker.chunk.pop(0)] = outcome
+            self._settle(worker, results, outcome, time.monotonic())
             settled = 1
         if worker.chunk:
             pending.appendleft(worker.chunk)
@@ -263,9 +299,8 @@ class ScoringPool:
                 pass
         for worker in self._workers:
             worker.process.join(timeout=2.0)
-            if worker.process.is_alive():
-                worker.process.kill()
-                worker.process.join()
+            _kill_group(worker)  # the worker if it hangs, and whatever it left running
+            worker.process.join()
             worker.conn.close()
 
     def __enter__(self) -> ScoringPool:

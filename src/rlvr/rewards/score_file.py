@@ -69,7 +69,9 @@ def score_file(
     timeout_s: float = 2.0,
     options: dict | None = None,
 ) -> dict:
-    """Score `in_path` into `out_path`; returns counts by status (plus "skipped")."""
+    """Score `in_path` into `out_path`; returns counts by status (plus "skipped").
+
+    `options` configure `verifier` (not the rows that name their own)."""
     in_path, out_path = Path(in_path), Path(out_path)
     console = Console(stderr=True)
     rows, skipped = _read_rows(in_path, skip_bad, console)

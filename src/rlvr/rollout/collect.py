@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from rlvr.config import AlgorithmConfig, RewardConfig, RolloutConfig, SamplingConfig
-from rlvr.records import Sampling, Score, TrainBatch
+from rlvr.records import Problem, Sampling, Score, TrainBatch
 from rlvr.rollout.prompts import PromptSet
 from rlvr.rollout.sampler import EpochSampler
 from rlvr.rollout.trajectories import Start, Trajectory, TrajectoryRunner
@@ -31,6 +31,13 @@ class StepRollouts:
     batch: TrainBatch
     metrics: dict[str, float]  # reward/*, response/*, score/*, data/position
     data_position: int  # the prompt sampler's position before this step's prompts were taken
+
+
+def row_verifiers(problems: list[Problem]) -> list[str | None] | None:
+    """The verifier each row names (a verl/SkyRL data_source, a built-in set's own), None for the
+    pool's (reward.verifier) where it names none; None when no row names one."""
+    named = [p.meta.get("verifier") for p in problems]
+    return named if any(named) else None
 
 
 def training_sampling(sampling: SamplingConfig) -> Sampling:
@@ -135,8 +142,9 @@ class RolloutCollector:
     def _scores(self, chosen: list[int], trajectories: list[Trajectory]) -> list[Score]:
         """The environment's reward where it gave one, else the verifier's on the last turn (in the pool)."""
         verify = [k for k, t in enumerate(trajectories) if t.reward is None]
-        answers = [self.train_set.problems[chosen[trajectories[k].prompt_index]].answer for k in verify]
-        verified = self.pool.score([trajectories[k].text for k in verify], answers,
+        problems = [self.train_set.problems[chosen[trajectories[k].prompt_index]] for k in verify]
+        verified = self.pool.score([trajectories[k].text for k in verify], [p.answer for p in problems],
+                                   verifiers=row_verifiers(problems),
                                    progress=phase(self.progress, "score", len(verify))) if verify else []
         scores = [Score(t.reward, "ok") if t.reward is not None else None for t in trajectories]
         for k, score in zip(verify, verified):

@@ -34,7 +34,7 @@ def encode_prompt(problem: Problem, tokenizer, data: DataConfig) -> list[int]:
     """The prompt's token ids: the template, in the tokenizer's chat template if asked."""
     from rlvr.data.templates import build_prompt
 
-    text = build_prompt(problem, tokenizer if data.chat_template else None, data.template)
+    text = build_prompt(problem, tokenizer if data.chat_template else None, data.template, data.system_prompt)
     return tokenizer(text, add_special_tokens=False).input_ids
 
 

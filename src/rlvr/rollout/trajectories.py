@@ -91,8 +91,8 @@ class TrajectoryRunner:
                         for (i, j), rollout in self._turns(key, rollouts):
                             self._append_turn(trajectories[i, j], rollout)
                             stepping[pool.submit(self._step, envs[i][j], rollout.text)] = (i, j)
-                        if progress is not None:
-                            progress(len(rollouts) if key[0] == "first" else 0)
+                        if progress is not None and key[0] == "first":
+                            progress(len(rollouts))
                 else:  # the engine is idle: wait for an environment to answer
                     wait(stepping, return_when=FIRST_COMPLETED)
                 for future in [f for f in stepping if f.done()]:

@@ -91,12 +91,24 @@ def load_base(model_path: str, dtype: torch.dtype) -> tuple[nn.Module, str]:
     return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype), "hf"
 
 
-def apply_lora(model: nn.Module, rank: int, alpha: float, dropout: float, target_modules) -> nn.Module:
-    """peft LoRA on the frozen base (packed NVFP4 layers included); only the adapter trains."""
+def apply_lora(
+    model: nn.Module, rank: int, alpha: float, dropout: float, target_modules, target_experts: bool = False
+) -> nn.Module:
+    """peft LoRA on the frozen base (packed NVFP4 layers included); only the adapter trains.
+
+    `target_experts` adds one rank-`rank` pair per routed expert and projection of every MoE
+    layer (rlvr.quant.experts.ExpertsLora, peft's `target_parameters` layout), computed inside
+    rlvr's experts implementation, packed or float.
+    """
     from peft import LoraConfig, get_peft_model
 
-    from rlvr.quant import prepare_lora_config
+    from rlvr.quant import peft_targets_as_given, prepare_lora_config
+    from rlvr.quant.experts import add_experts_lora, use_rlvr_experts
 
+    if target_experts and dropout:
+        raise ValueError("lora.target_experts needs lora.dropout: 0 (an expert's LoRA input is its routed tokens, as in peft)")
+    if target_experts and not use_rlvr_experts(model):
+        raise ValueError(f"lora.target_experts: {type(model).__name__} has no MoE experts to target")
     config = LoraConfig(
         r=rank,
         lora_alpha=alpha,
@@ -105,24 +117,30 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, dropout: float, target
         bias="none",
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, prepare_lora_config(config, model))
+    with peft_targets_as_given():
+        peft_model = get_peft_model(model, prepare_lora_config(config, model))
+    if target_experts:
+        add_experts_lora(peft_model)
+    return peft_model
 
 
 def shard(module: nn.Module, mesh, param_dtype: torch.dtype, reduce_dtype: torch.dtype) -> None:
     """FSDP2: each decoder block is its own unit, the rest (embeddings, norm, head) the root.
 
-    Each packed layer (NVFP4, NF4) is a unit of its own, under a policy that casts nothing: the
-    block's policy would turn its FP8 group scales or float32 block absmax into `param_dtype`
-    (FSDP2 casts every floating-point parameter, FP8 included; it leaves only integer ones alone).
-    Its mixed-dtype tensors are then all-gathered as bytes, one collective per layer, and freed
-    again after the layer ran.
+    Each packed layer (NVFP4, NF4 Linears, NVFP4 experts modules) is a unit of its own, under a
+    policy that casts nothing: the block's policy would turn its FP8 group scales or float32
+    block absmax into `param_dtype` (FSDP2 casts every floating-point parameter, FP8 included; it
+    leaves only integer ones alone). Its mixed-dtype tensors are then all-gathered as bytes, one
+    collective per layer, and freed again after the layer ran. Packed experts are sharded along
+    their first dimension, the experts: each of N ranks holds E/N experts' bytes between steps.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from rlvr.quant import QuantizedLinear
+    from rlvr.quant.experts import is_packed_experts
 
     for layer in module.modules():
-        if isinstance(layer, QuantizedLinear):
+        if isinstance(layer, QuantizedLinear) or is_packed_experts(layer):
             fully_shard(layer, mesh=mesh, mp_policy=MixedPrecisionPolicy())
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for block in decoder_blocks(module):

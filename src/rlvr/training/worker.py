@@ -361,19 +361,9 @@ class _Rank:
         return StateDictOptions(ignore_frozen_params=True, strict=False)
 
     def packed_base_bytes(self, _=None) -> int:
-        """Bytes of storage this rank holds for the packed (NVFP4, NF4) layers between steps (its own
-        shards, FSDP2's padding included, plus the replicated global scales)."""
-        from torch.distributed.tensor import DTensor
+        from rlvr.quant.experts import packed_base_bytes
 
-        from rlvr.quant import QuantizedLinear
-
-        storages = {}
-        for module in self.policy.modules():
-            if isinstance(module, QuantizedLinear):
-                for tensor in [*module.parameters(recurse=False), *module.buffers(recurse=False)]:
-                    storage = (tensor.to_local() if isinstance(tensor, DTensor) else tensor).untyped_storage()
-                    storages[storage.data_ptr()] = storage.nbytes()
-        return sum(storages.values())
+        return packed_base_bytes(self.policy)
 
     def lora_config(self, _=None) -> dict:
         config = self.lm.peft_config["default"].to_dict()
