@@ -152,8 +152,8 @@ class Trainer:
         self, sequences: list[list[int]], prompt_lens: list[int], temperature: float = 1.0
     ) -> Callable[[], list[list[float]]]:
         """`logprobs`, handed to the ranks; returns the call that waits for them. The ranks compute
-        while the caller does something else (the sync check loads the engine meanwhile); no
-        other command may come before that call."""
+        while the caller does something else (where that does not compete for the ranks'
+        cores); no other command may come before that call."""
         per_rank = self._plan(sequences, prompt_lens)
         self._send_each("logprobs", [(mbs, temperature) for mbs in per_rank])
         self._in_flight = "logprobs"
