@@ -1,7 +1,7 @@
 """TRL's side of benchmarks/vs_trl.py: GRPOTrainer in its own process, one step per "go".
 
 The parent process sends "go" on the pipe before each optimizer step and gets back
-("step", {"step": n, "seconds": s}) when it ends, so rlvr and TRL steps alternate (A B A B)
+("step", {"step": n, "seconds": s, "lengths": the step's completion lengths}) when it ends, so rlvr and TRL steps alternate (A B A B)
 and each runs alone on the machine. A step's time spans TRL's own step (on_step_begin to
 on_step_end: generate, reward, logprobs, backward, optimizer); the adapter saved after the
 steps the parent evaluates is written outside it.
@@ -91,7 +91,10 @@ def run_trl(cfg_json: str, steps: int, prompts_in_order: list[dict], output_dir:
     cfg = RunConfig.model_validate_json(cfg_json)
     verifier = get_verifier(cfg.reward.verifier)
 
-    def reward(prompts, completions, answer, **_):
+    lengths: list[int] = []  # the step's completion lengths in tokens, EOS included (as rlvr counts them)
+
+    def reward(prompts, completions, answer, completion_ids, **_):
+        lengths.extend(len(ids) for ids in completion_ids)
         texts = [c[-1]["content"] if isinstance(c, list) else c for c in completions]
         return [verifier(text, ref).reward for text, ref in zip(texts, answer)]
 
@@ -108,7 +111,8 @@ def run_trl(cfg_json: str, steps: int, prompts_in_order: list[dict], output_dir:
             seconds = time.perf_counter() - self.started
             if state.global_step in save_steps:
                 model.save_pretrained(str(Path(output_dir) / f"adapter_step{state.global_step}"))
-            conn.send(("step", {"step": state.global_step, "seconds": seconds}))
+            conn.send(("step", {"step": state.global_step, "seconds": seconds, "lengths": list(lengths)}))
+            lengths.clear()
 
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=getattr(torch, cfg.model.dtype))

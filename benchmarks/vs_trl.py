@@ -1,9 +1,17 @@
 """rlvr against TRL's GRPOTrainer: same model, task, batch and settings, steps alternating.
 
     flock /tmp/rlvr-heavy.lock .venv/bin/python benchmarks/vs_trl.py --steps 16 --out runs/vs_trl.json
+    flock /tmp/rlvr-heavy.lock .venv/bin/python benchmarks/vs_trl.py --workload longtail --out runs/vs_trl_longtail.json
 
-What is compared, on the demo's tiny Qwen2 and arithmetic task (built here once, from
-configs/demo.yaml's `demo:` section, on a float base so both frameworks train the same weights):
+Two workloads (`--workload`), each a task and the demo's tiny Qwen2 warm-started on it:
+- demo: the demo's arithmetic (1-2 digit sums worked column by column): ~26-token completions
+  of nearly equal length, up to 256 tokens;
+- longtail: s+a*b counted up step by step (rlvr.data.synthetic.counting_problems), the step
+  count b long-tailed: completions of ~20 to ~400 tokens, most short, up to 512 tokens, as
+  reasoning traces are. The JSON records their length distribution.
+
+What is compared (model and task built here once, from configs/demo.yaml's `demo:` section,
+on a float base so both frameworks train the same weights):
 - one GRPO step each: prompts_per_step x samples_per_prompt completions of up to max_tokens,
   each ending at the model's own EOS; group-normalised advantages, PPO clip, token-mean loss,
   no KL, one AdamW step per batch, the same lr and LoRA (r, alpha, all linear layers); the same
@@ -29,6 +37,7 @@ import multiprocessing as mp
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the spawned TRL process imports _trl_side
@@ -41,6 +50,40 @@ PROMPT_TOKENS = 128  # demo.yaml's data.max_prompt_tokens
 # Room for the longest completions of the scaling runs; rope has no weights, so the built model
 # is the demo's (same seed, same weights) except for this limit.
 MAX_POSITIONS = 2048
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A task, and the defaults the side-by-side runs it with."""
+
+    task: str  # "arithmetic" (the demo's) or "counting"
+    assets: str  # where its float model and task files are built
+    run_dir: str
+    max_tokens: int  # completion cap; completions end at the model's EOS
+    held_out: int  # held-out problems evaluated
+    overrides: tuple[str, ...] = ()  # on top of demo.yaml (the warm start the task needs)
+
+    def draw(self, cfg, test_size: int) -> tuple[list, list]:
+        """(train, test) problems, drawn by cfg.seed; the same train split for any test_size."""
+        from rlvr.data.synthetic import arithmetic_problems, counting_problems
+
+        if self.task == "counting":
+            return counting_problems(seed=cfg.seed, max_count=LONGTAIL_MAX_COUNT, train_size=cfg.demo.task.train_size,
+                                     test_size=test_size)
+        return arithmetic_problems(seed=cfg.seed, **(cfg.demo.task.model_dump() | {"test_size": test_size}))
+
+
+# Counting to 32 takes ~420 tokens (11-13 characters a step): the longest worked solutions fit in
+# 512 tokens with room for a model that overshoots a little.
+LONGTAIL_MAX_COUNT = 32
+WORKLOADS = {
+    "demo": Workload("arithmetic", "artifacts/vs_trl", "runs/vs_trl", max_tokens=256, held_out=500),
+    "longtail": Workload(
+        "counting", "artifacts/vs_trl_longtail", "runs/vs_trl_longtail", max_tokens=512, held_out=200,
+        # long worked solutions need a longer warm start than the demo's two-column sums
+        overrides=("demo.warm_start.steps=1000",),
+    ),
+}
 
 
 def median_step_seconds(seconds: list[float]) -> float:
@@ -134,7 +177,7 @@ def run_side_by_side(cfg, steps: int, eval_steps: list[int], trl_dir: Path, thre
 
     receive("ready")  # TRL built and waiting before step 1: its start-up is not concurrent with rlvr's
     log("TRL ready; rlvr starting")
-    rlvr_steps, trl_steps, rlvr_metrics = [], [], []
+    rlvr_steps, trl_steps, rlvr_metrics, trl_lengths = [], [], [], []
 
     def after_rlvr_step(step: int, metrics: dict) -> None:
         seconds = metrics["time/step"] - metrics.get("time/checkpoint", 0.0)
@@ -143,6 +186,7 @@ def run_side_by_side(cfg, steps: int, eval_steps: list[int], trl_dir: Path, thre
         parent.send("go")
         trl_step = receive("step")
         trl_steps.append(trl_step["seconds"])
+        trl_lengths.extend(trl_step["lengths"])
         log(f"step {step}: rlvr {seconds:.2f} s (reward {metrics['reward/mean']:.3f}), TRL {trl_step['seconds']:.2f} s")
         if step < steps:
             receive("ready")
@@ -151,7 +195,7 @@ def run_side_by_side(cfg, steps: int, eval_steps: list[int], trl_dir: Path, thre
     history = receive("done")["log_history"]
     trl.join(timeout=60)
     return {"rlvr_step_s": rlvr_steps, "trl_step_s": trl_steps, "rlvr_metrics": rlvr_metrics,
-            "trl_log_history": history, "rlvr_summary": summary}
+            "trl_log_history": history, "rlvr_summary": summary, "trl_lengths": trl_lengths}
 
 
 def evaluate_adapters(cfg, test_file: str, limit: int | None, adapters: dict[str, Path | None], samples_dir: Path, log) -> dict[str, dict]:
@@ -183,19 +227,38 @@ def evaluate_adapters(cfg, test_file: str, limit: int | None, adapters: dict[str
     return results
 
 
-def held_out_file(cfg, size: int) -> str:
-    """The demo task's test split drawn to `size` problems, next to its train split: the same
+def held_out_file(cfg, size: int, workload: Workload) -> str:
+    """The task's test split drawn to `size` problems, next to its train split: the same
     seeded draw, so the train split is the one the model warm-started on (checked)."""
     from rlvr.data.datasets import load_problems
-    from rlvr.data.synthetic import arithmetic_problems, write_jsonl
+    from rlvr.data.synthetic import write_jsonl
 
     path = Path(cfg.data.train).with_name(f"test_{size}.jsonl")
     if not path.is_file():
-        train, test = arithmetic_problems(seed=cfg.seed, **(cfg.demo.task.model_dump() | {"test_size": size}))
+        train, test = workload.draw(cfg, size)
         if [p.question for p in train] != [p.question for p in load_problems(cfg.data.train)]:
-            raise SystemExit(f"{cfg.data.train} is not the seeded draw of the demo task: cannot extend its test split")
+            raise SystemExit(f"{cfg.data.train} is not the seeded draw of the task: cannot extend its test split")
         write_jsonl(test, path)
     return str(path)
+
+
+def ensure_task(cfg, workload: Workload) -> None:
+    """The workload's train and test files (the demo builder draws the demo's own arithmetic)."""
+    from rlvr.data.synthetic import write_jsonl
+
+    if workload.task != "arithmetic" and not Path(cfg.data.train).is_file():
+        train, test = workload.draw(cfg, cfg.demo.task.test_size)
+        write_jsonl(train, cfg.data.train)
+        write_jsonl(test, cfg.data.test)
+
+
+def length_summary(lengths: list[int]) -> dict:
+    """mean, p50, p90 and max of completion lengths in tokens (nearest-rank percentiles, as rlvr's
+    response/length_p50 and _p90)."""
+    from rlvr.rollout.collect import nearest_rank
+
+    return {"count": len(lengths), "mean": statistics.mean(lengths), "p50": nearest_rank(lengths, 0.5),
+            "p90": nearest_rank(lengths, 0.9), "max": max(lengths)}
 
 
 def scaling_points(prompts: int, samples: int, max_tokens: int, doublings: int) -> list[dict]:
@@ -253,20 +316,26 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=16)
     parser.add_argument("--prompts", type=int, default=16, help="prompts per step")
     parser.add_argument("--samples", type=int, default=8, help="samples per prompt")
-    parser.add_argument("--max-tokens", type=int, default=256, help="completion cap; completions end at EOS")
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="demo", help="the task (see above)")
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="completion cap; completions end at EOS (default: the workload's, demo 256, longtail 512)")
     parser.add_argument("--eval-every", type=int, default=4, help="evaluate both adapters every N steps")
     parser.add_argument("--threads", type=int, default=2, help="TRL's torch threads (rlvr: engine.num_threads)")
     parser.add_argument("--target", type=float, default=None, help="avg@8 target (default: halfway base -> lower final)")
     parser.add_argument("--eval-problems", type=int, default=None, help="first N test problems only (smoke runs)")
-    parser.add_argument("--held-out", type=int, default=500,
-                        help="held-out problems to evaluate on: the demo task's test split drawn to this size "
-                             "(its first 100 are the demo's test set; the training split stays the same)")
-    parser.add_argument("--assets", default="artifacts/vs_trl", help="where the float demo model and task are built")
-    parser.add_argument("--run-dir", default="runs/vs_trl")
+    parser.add_argument("--held-out", type=int, default=None,
+                        help="held-out problems to evaluate on: the task's test split drawn to this size (its first "
+                             "100 are the task's test set; the training split stays the same; default: demo 500, longtail 200)")
+    parser.add_argument("--assets", default=None, help="where the float model and task are built (default: the workload's)")
+    parser.add_argument("--run-dir", default=None, help="default: runs/vs_trl or runs/vs_trl_longtail")
     parser.add_argument("--rlvr", action="append", default=[], metavar="KEY=VALUE", help="extra rlvr config override")
     parser.add_argument("--scaling", action="store_true", help="rlvr alone: step time as the batch doubles")
     parser.add_argument("--doublings", type=int, default=2, help="--scaling: doublings per axis")
     args = parser.parse_args()
+    workload = WORKLOADS[args.workload]
+    for name in ("max_tokens", "held_out", "assets", "run_dir"):
+        if getattr(args, name) is None:
+            setattr(args, name, getattr(workload, name))
     if not args.scaling and (args.eval_every < 1 or args.steps % args.eval_every):
         parser.error("--steps must be a multiple of --eval-every, so that the last step is evaluated")
 
@@ -278,10 +347,11 @@ def main() -> None:
     console = Console()
     log = console.print
     overrides = bench_overrides(args.assets, args.run_dir, args.steps, args.prompts, args.samples, args.max_tokens,
-                                args.eval_every, args.rlvr)
-    demo_test_file = f"{args.assets}/task/test.jsonl"
-    ensure_demo_assets(load_config(DEMO_CONFIG, overrides + [f"data.test={demo_test_file}"]), console)
-    test_file = held_out_file(load_config(DEMO_CONFIG, overrides), args.held_out)
+                                args.eval_every, [*workload.overrides, *args.rlvr])
+    build_cfg = load_config(DEMO_CONFIG, overrides + [f"data.test={args.assets}/task/test.jsonl"])
+    ensure_task(build_cfg, workload)
+    ensure_demo_assets(build_cfg, console)
+    test_file = held_out_file(load_config(DEMO_CONFIG, overrides), args.held_out, workload)
     if args.scaling:
         result = run_scaling(args, log) | _provenance(args)
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -329,6 +399,17 @@ def main() -> None:
         "trl_response_length_mean": statistics.mean(
             h["completions/mean_length"] for h in runs["trl_log_history"] if "completions/mean_length" in h
         ),
+        # the workload's shape, in tokens: TRL's every completion; rlvr's per step (mean and max
+        # over all its completions, p50 and p90 the median over steps of each step's own)
+        "completion_lengths": {
+            "trl": length_summary(runs["trl_lengths"]),
+            "rlvr": {
+                "mean": statistics.mean(m["response/length_mean"] for m in runs["rlvr_metrics"]),
+                "p50": statistics.median(m["response/length_p50"] for m in runs["rlvr_metrics"]),
+                "p90": statistics.median(m["response/length_p90"] for m in runs["rlvr_metrics"]),
+                "max": max(m["response/length_max"] for m in runs["rlvr_metrics"]),
+            },
+        },
         # the engine's logprobs against the trainer's on the probe after every sync (merged LoRA on CPU)
         "rlvr_sync_logprob_gap_max": max(m["sync/logprob_gap"] for m in runs["rlvr_metrics"]),
         "rlvr_reward_mean": [m["reward/mean"] for m in runs["rlvr_metrics"]],
@@ -336,7 +417,8 @@ def main() -> None:
         "evaluations": evals,
         "setting": {
             "prompts_per_step": args.prompts, "samples_per_prompt": args.samples, "max_tokens": args.max_tokens,
-            "eval_every": args.eval_every, "trl_threads": args.threads, "rlvr_overrides": overrides,
+            "workload": args.workload, "eval_every": args.eval_every, "trl_threads": args.threads,
+            "rlvr_overrides": overrides,
         },
         "wall_seconds": round(time.time() - started, 1),
     } | _provenance(args)

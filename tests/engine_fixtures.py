@@ -74,11 +74,6 @@ def reference_greedy(model, prompt: list[int], max_tokens: int, eos: int) -> lis
     return ids[0, len(prompt):].tolist()
 
 
-def mean_abs_gap(a: list[list[float]], b: list[list[float]]) -> float:
-    pairs = [(x, y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True)]
-    return sum(abs(x - y) for x, y in pairs) / len(pairs)
-
-
 def random_train_batch() -> TrainBatch:
     """Two groups of two samples (each group's prompt the same, as in GRPO), fixed random tokens,
     uneven lengths, mixed-sign advantages."""

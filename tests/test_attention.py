@@ -16,7 +16,8 @@ from rlvr.training.policy import TokenLogprobs
 
 def test_layout_places_each_sequence_in_its_own_padded_row():
     layout = PackedLayout.build([Segment(0, 3), Segment(3, 2), Segment(5, 1)])
-    assert (layout.num_sequences, layout.query_len, layout.key_len, layout.prefix_lens) == (3, 3, 3, None)
+    (batch,) = layout.batches
+    assert (batch.num_sequences, batch.query_len, layout.key_len, batch.prefix_lens, batch.rows) == (3, 3, 3, None, None)
     assert layout.query_slot.tolist() == [0, 1, 2, 3, 4, 6]
     assert layout.key_index.tolist() == [0, 1, 2, 3, 4, 0, 5, 0, 0]
 
@@ -25,9 +26,27 @@ def test_layout_gives_each_completion_the_shared_prompt_as_its_first_keys():
     # a 3-token prompt at 0..2, completions at 3..4 and 5..7
     layout = PackedLayout.build([Segment(0, 3), Segment(3, 2, prefix_start=0, prefix_len=3),
                                  Segment(5, 3, prefix_start=0, prefix_len=3)])
-    assert (layout.query_len, layout.key_len, layout.prefix_lens.tolist()) == (3, 6, [0, 3, 3])
+    (batch,) = layout.batches
+    assert (batch.query_len, layout.key_len, batch.prefix_lens.tolist()) == (3, 6, [0, 3, 3])
     assert layout.query_slot.tolist() == [0, 1, 2, 3, 4, 6, 7, 8]
     assert layout.key_index.tolist() == [0, 1, 2, 0, 0, 0, 0, 1, 2, 3, 4, 0, 0, 1, 2, 5, 6, 7]
+
+
+def test_uneven_lengths_split_into_query_batches_where_that_scores_fewer_pairs():
+    # one 400-token sequence among eight of 20: one padded batch would score 9 x 400 x 400 pairs
+    lengths = [20, 20, 400, 20, 20, 20, 20, 20, 20]
+    starts = [sum(lengths[:i]) for i in range(len(lengths))]
+    layout = PackedLayout.build([Segment(s, n) for s, n in zip(starts, lengths)])
+    assert [(b.num_sequences, b.query_len, b.rows.tolist()) for b in layout.batches] == [
+        (8, 20, [0, 1, 3, 4, 5, 6, 7, 8]), (1, 400, [2])]
+    assert layout.key_len == 400 and layout.pairs == (8 * 20 + 400) * 400
+    # each token's query slot: the short ones first (batch order), the long one after their 160 slots
+    assert layout.query_slot[:20].tolist() == list(range(20))
+    assert layout.query_slot[40:440].tolist() == list(range(160, 560))
+    # similar lengths stay one batch: a second call would save fewer pairs than it costs
+    lengths = [30 - i for i in range(8)]
+    even = PackedLayout.build([Segment(sum(lengths[:i]), n) for i, n in enumerate(lengths)])
+    assert len(even.batches) == 1
 
 
 def _configs():
@@ -77,6 +96,43 @@ def test_packed_attention_equals_the_block_diagonal_mask(name, config):
     sequences = [torch.randint(3, 60, (n,)).tolist() for n in (11, 25, 7, 19, 30)]
     (micro_batch,) = plan(sequences, [3] * len(sequences), 1, 200)[0]
     _assert_same(_logprobs_and_grads(packed, micro_batch), _logprobs_and_grads(sdpa, micro_batch))
+
+
+def _uneven_shared_batch(budget_overhead=None):
+    """Long and short completions of two shared prompts in one micro-batch, and the same with a
+    prompt copy per sample."""
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 60, (n,), generator=g).tolist() for n in (6, 9)]
+    owners = [0, 0, 0, 1, 1, 1]
+    sequences = [prompts[o] + torch.randint(3, 60, (n,), generator=g).tolist() for o, n in zip(owners, (120, 12, 5, 8, 100, 3))]
+    prompt_lens = [len(prompts[o]) for o in owners]
+    (shared,) = plan(sequences, prompt_lens, 1, 1024, share_prompts=True)[0]
+    (copies,) = plan(sequences, prompt_lens, 1, 1024)[0]
+    return shared, copies
+
+
+@pytest.mark.parametrize("name,config", list(_configs()), ids=lambda x: x if isinstance(x, str) else "")
+def test_uneven_lengths_in_several_query_batches_equal_the_block_diagonal_mask(name, config):
+    """The row is attended in several padded batches (checked), with the logprobs and gradients
+    of sdpa on a copy per sample."""
+    sdpa, packed = _models(name, config)
+    shared, copies = _uneven_shared_batch()
+    assert len(shared.layout.batches) > 1
+    _assert_same(_logprobs_and_grads(packed, shared), _logprobs_and_grads(sdpa, copies))
+
+
+def test_splitting_a_row_into_query_batches_changes_no_bit(monkeypatch):
+    """Logprobs and gradients of the split row are those of one padded batch, bit for bit."""
+    import rlvr.training.attention as attention
+
+    _, packed = _models(*next(_configs()))
+    split, _ = _uneven_shared_batch()
+    monkeypatch.setattr(attention, "CALL_OVERHEAD_PAIRS", float("inf"))
+    whole, _ = _uneven_shared_batch()
+    assert len(split.layout.batches) > 1 and len(whole.layout.batches) == 1
+    (lp, grads), (whole_lp, whole_grads) = _logprobs_and_grads(packed, split), _logprobs_and_grads(packed, whole)
+    assert all(torch.equal(lp[i], whole_lp[i]) for i in lp)
+    assert all(torch.equal(g, w) for g, w in zip(grads, whole_grads))
 
 
 @pytest.mark.parametrize("name,config", list(_configs()), ids=lambda x: x if isinstance(x, str) else "")

@@ -7,8 +7,8 @@ import torch
 from peft import get_peft_model_state_dict
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine_fixtures import build_peaked_model, mean_abs_gap, random_lora, reference_greedy, reference_logprobs, start_engine
-from rlvr.sync.check import SyncCheck
+from engine_fixtures import build_peaked_model, random_lora, reference_greedy, reference_logprobs, start_engine
+from rlvr.sync.check import SyncCheck, logprob_gap, probe_inputs
 from rlvr.records import LoraAdapter, Sampling
 
 
@@ -54,8 +54,8 @@ def test_sampler_logprobs_match_a_forward_pass(engine, prompts, model_dir, tempe
     rollouts = engine.generate(prompts, 2, Sampling(temperature=temperature, max_tokens=10, seed=1))
     sequences = [r.prompt_ids + r.completion_ids for r in rollouts]
     lens = [len(r.prompt_ids) for r in rollouts]
-    assert mean_abs_gap([r.logprobs for r in rollouts], reference_logprobs(hf_model(model_dir), sequences, lens, temperature)) <= 1e-3
-    assert mean_abs_gap(engine.score(sequences, lens), reference_logprobs(hf_model(model_dir), sequences, lens)) <= 1e-4
+    assert logprob_gap([r.logprobs for r in rollouts], reference_logprobs(hf_model(model_dir), sequences, lens, temperature)) <= 1e-3
+    assert logprob_gap(engine.score(sequences, lens), reference_logprobs(hf_model(model_dir), sequences, lens)) <= 1e-4
 
 
 def test_per_prompt_max_tokens(engine, prompts):
@@ -80,9 +80,11 @@ def test_update_lora_matches_peft_and_sync_check_catches_a_stale_engine(engine, 
     assert greedy == [reference_greedy(peft_model, p, 12, eos) for p in prompts]
     probe = list(zip(prompts, greedy))
     check = SyncCheck(0.05)
-    assert check.measure(engine, lambda s, n: reference_logprobs(peft_model, s, n), probe, step=1) <= 1e-4
+    sequences, prompt_lens = probe_inputs(probe)
+    engine_lp = engine.score(sequences, prompt_lens)
+    assert check(logprob_gap(engine_lp, reference_logprobs(peft_model, sequences, prompt_lens)), step=1) <= 1e-4
     with pytest.raises(RuntimeError, match=r"sync/logprob_gap=.* > 0.05 after step 2: the engine did not receive"):
-        check.measure(engine, lambda s, n: reference_logprobs(hf_model(model_dir), s, n), probe, step=2)
+        check(logprob_gap(engine_lp, reference_logprobs(hf_model(model_dir), sequences, prompt_lens)), step=2)
 
 
 def test_update_weights(prompts, model_dir, tmp_path):

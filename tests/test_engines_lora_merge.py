@@ -32,10 +32,24 @@ def test_merge_equals_peft_merge_and_unload(rslora):
     config = peft_model.peft_config["default"].to_dict()
     expected = peft_model.merge_and_unload().state_dict()
     merged = dict(merged_weights(base, adapter, config))
-    assert set(merged) == set(base)
-    for name in base:
+    assert set(merged) == {"up.weight", "up.bias", "down.weight"}  # the norm, untouched, stays in the engine
+    for name in merged:
         torch.testing.assert_close(merged[name], expected[name])
     assert not torch.equal(merged["up.weight"], base["up.weight"])
+
+
+def test_merge_reloads_whole_the_modules_whose_layers_it_adapts():
+    """vLLM fuses q, k and v (and their biases) into one layer: adapting q alone must reload k and v too."""
+    base = {f"model.layers.0.self_attn.{p}.{t}": torch.randn(4, 4) for p in "qkvo" for t in ("weight", "bias")}
+    base |= {"model.layers.0.mlp.up.weight": torch.randn(4, 4), "model.layers.0.norm.weight": torch.ones(4),
+             "model.embed.weight": torch.randn(9, 4)}
+    adapter = {"base_model.model.model.layers.0.self_attn.q.lora_A.weight": torch.randn(2, 4),
+               "base_model.model.model.layers.0.self_attn.q.lora_B.weight": torch.randn(4, 2)}
+    merged = dict(merged_weights(base, adapter, {"r": 2, "lora_alpha": 2}))
+    assert set(merged) == {name for name in base if ".self_attn." in name}
+    a, b = adapter.values()
+    torch.testing.assert_close(merged["model.layers.0.self_attn.q.weight"], base["model.layers.0.self_attn.q.weight"] + b @ a)
+    assert all(merged[n] is base[n] for n in merged if ".q." not in n or n.endswith("bias"))  # the rest as it is
 
 
 def test_merge_refuses_what_it_cannot_merge():

@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine_fixtures import build_peaked_model, mean_abs_gap, random_lora, reference_greedy, reference_logprobs, start_engine
-from rlvr.sync.check import SyncCheck, logprob_gap
+from engine_fixtures import build_peaked_model, random_lora, reference_greedy, reference_logprobs, start_engine
+from rlvr.sync.check import SyncCheck, logprob_gap, probe_inputs
 from rlvr.records import LoraAdapter, Sampling
 
 pytestmark = pytest.mark.slow
@@ -75,7 +75,7 @@ def test_sampler_logprobs_match_transformers(engine, prompts, hf_model, temperat
     rollouts = engine.generate(prompts, 2, Sampling(temperature=temperature, max_tokens=16, seed=4))
     reference = reference_logprobs(hf_model, [r.prompt_ids + r.completion_ids for r in rollouts],
                                    [len(r.prompt_ids) for r in rollouts], temperature)
-    assert mean_abs_gap([r.logprobs for r in rollouts], reference) <= 1e-3
+    assert logprob_gap([r.logprobs for r in rollouts], reference) <= 1e-3
 
 
 def test_update_lora_from_memory_matches_peft(engine, prompts, hf_model, model_dir):
@@ -91,10 +91,12 @@ def test_update_lora_from_memory_matches_peft(engine, prompts, hf_model, model_d
         assert greedy != base_greedy
         # The stale-weight check passes against the trainer-side model that was synced...
         probe = [(p, g) for p, g in zip(prompts, greedy)]
-        assert logprob_gap(engine, lambda s, n: reference_logprobs(peft_model, s, n), probe) <= 1e-3
+        sequences, prompt_lens = probe_inputs(probe)
+        engine_lp = engine.score(sequences, prompt_lens)
+        assert logprob_gap(engine_lp, reference_logprobs(peft_model, sequences, prompt_lens)) <= 1e-3
     # ... and stops the run against a model the engine did not receive.
     with pytest.raises(RuntimeError, match=r"sync/logprob_gap=.* > 0.05 after step 3"):
-        SyncCheck(0.05).measure(engine, lambda s, n: reference_logprobs(hf_model, s, n), probe, step=3)
+        SyncCheck(0.05)(logprob_gap(engine_lp, reference_logprobs(hf_model, sequences, prompt_lens)), step=3)
 
 
 def test_same_version_twice_is_refused(engine, model_dir):

@@ -6,8 +6,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine_fixtures import build_peaked_model, mean_abs_gap, reference_greedy, reference_logprobs, start_engine
+from engine_fixtures import build_peaked_model, reference_greedy, reference_logprobs, start_engine
 from rlvr.records import Sampling
+from rlvr.sync.check import logprob_gap
 
 pytestmark = pytest.mark.slow
 
@@ -25,13 +26,13 @@ def test_update_weights_then_greedy_equals_transformers(tmp_path):
         # tiny random models often agree on greedy text, so "different before" is read in logprobs
         probe = [p + e for p, e in zip(prompts, expected)]
         probe_lens = [len(p) for p in prompts]
-        assert mean_abs_gap(engine.score(probe, probe_lens), reference_logprobs(target, probe, probe_lens)) > 0.1
+        assert logprob_gap(engine.score(probe, probe_lens), reference_logprobs(target, probe, probe_lens)) > 0.1
         engine.update_weights(target.state_dict().items())
         after = engine.generate(prompts, 1, Sampling(temperature=0.0, max_tokens=16))
         assert [r.completion_ids for r in after] == expected
         sequences = [r.prompt_ids + r.completion_ids for r in after]
         lens = [len(r.prompt_ids) for r in after]
-        assert mean_abs_gap(engine.score(sequences, lens), reference_logprobs(target, sequences, lens)) <= 1e-3
+        assert logprob_gap(engine.score(sequences, lens), reference_logprobs(target, sequences, lens)) <= 1e-3
         engine.sleep()  # a documented no-op on CPU
         engine.wake()
     engine.close()  # idempotent

@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 _spec = importlib.util.spec_from_file_location("vs_trl", ROOT / "benchmarks" / "vs_trl.py")
 vs_trl = importlib.util.module_from_spec(_spec)
+sys.modules["vs_trl"] = vs_trl  # registered before it runs, as its dataclasses need
 _spec.loader.exec_module(vs_trl)
 from _trl_side import trl_config_kwargs  # noqa: E402
 
@@ -132,10 +133,31 @@ def test_held_out_set_extends_the_demo_test_split_and_keeps_its_train_split(tmp_
     cfg = load_config("configs/demo.yaml", [f"data.train={tmp_path}/train.jsonl"])
     train, test = arithmetic_problems(seed=cfg.seed, **cfg.demo.task.model_dump())
     write_jsonl(train, tmp_path / "train.jsonl")
-    held_out = load_problems(vs_trl.held_out_file(cfg, 300))
+    held_out = load_problems(vs_trl.held_out_file(cfg, 300, vs_trl.WORKLOADS["demo"]))
     assert len(held_out) == 300
     assert [p.question for p in held_out[: len(test)]] == [p.question for p in test]
     assert not {p.question for p in held_out} & {p.question for p in train}
     write_jsonl(train[1:], tmp_path / "train.jsonl")  # not the seeded draw: refused, not silently mixed
     with pytest.raises(SystemExit, match="not the seeded draw"):
-        vs_trl.held_out_file(cfg, 400)
+        vs_trl.held_out_file(cfg, 400, vs_trl.WORKLOADS["demo"])
+
+
+def test_length_summary_uses_nearest_rank_percentiles():
+    summary = vs_trl.length_summary([10, 20, 30, 40, 50, 60, 70, 80, 90, 400])
+    assert summary == {"count": 10, "mean": 85, "p50": 50, "p90": 90, "max": 400}
+
+
+def test_longtail_workload_draws_the_counting_task_and_extends_its_test_split(tmp_path):
+    from rlvr.data.datasets import load_problems
+
+    workload = vs_trl.WORKLOADS["longtail"]
+    overrides = vs_trl.bench_overrides(str(tmp_path), str(tmp_path / "run"), 8, 16, 8, workload.max_tokens, 4,
+                                       list(workload.overrides))
+    cfg = load_config(ROOT / "configs" / "demo.yaml", overrides + [f"data.test={tmp_path}/task/test.jsonl"])
+    vs_trl.ensure_task(cfg, workload)
+    train = load_problems(cfg.data.train)
+    assert len(train) == cfg.demo.task.train_size and all("*" in p.question for p in train)
+    assert cfg.rollout.sampling.max_tokens == 512 and cfg.engine.max_model_len == 128 + 512
+    held_out = load_problems(vs_trl.held_out_file(cfg, 150, workload))
+    assert len(held_out) == 150 and not {p.question for p in held_out} & {p.question for p in train}
+    assert [p.question for p in held_out[:100]] == [p.question for p in load_problems(cfg.data.test)]

@@ -2,11 +2,17 @@
 
 Problems are drawn by seed, deduplicated, and split so that no test problem (as an
 unordered pair of operands with its operation) appears in training.
+
+Two tasks: `arithmetic_problems` (one operation on two operands; the demo's), and
+`counting_problems`, whose worked solutions count up step by step, one step per unit of a
+long-tailed step count, so that completions are long and uneven as reasoning traces are
+(benchmarks/vs_trl.py --workload longtail).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 from pathlib import Path
@@ -21,6 +27,11 @@ def question_text(a: int, op: str, b: int) -> str:
 
 
 _QUESTION = re.compile(r"What is (\d+)([-+*])(\d+)\?")
+_COUNTING = re.compile(r"What is (\d+)\+(\d+)\*(\d+)\?")
+
+
+def counting_question(start: int, step: int, count: int) -> str:
+    return f"What is {start}+{step}*{count}? Answer in \\boxed{{}}."
 
 
 def solution_text(question: str, answer: str) -> str:
@@ -30,6 +41,9 @@ def solution_text(question: str, answer: str) -> str:
     `7+5=12,4+8+1=13. \\boxed{132}`; a tiny model learns the hundred one-digit sums and
     the carry far faster than the whole sum at once. Other operations get the answer alone.
     """
+    counting = _COUNTING.fullmatch(question.split(" Answer")[0])
+    if counting is not None:
+        return _counting_solution(*(int(g) for g in counting.groups()))
     match = _QUESTION.fullmatch(question.split(" Answer")[0])
     if match is None or match.group(2) != "+":
         return f"\\boxed{{{answer}}}"
@@ -41,6 +55,37 @@ def solution_text(question: str, answer: str) -> str:
         steps.append(f"{x}+{y}+{carry}={total}" if carry else f"{x}+{y}={total}")
         carry = total // 10
     return ",".join(steps) + f". \\boxed{{{answer}}}"
+
+
+def _counting_solution(start: int, step: int, count: int) -> str:
+    """s+a*b counted up from s in steps of a, each step numbered and written out, e.g. 23+7*3:
+    `1:23+7=30,2:30+7=37,3:37+7=44. \\boxed{44}`. Each step copies the number just written and
+    a, adds one digit to it, and increments the index; the count ends when the index reaches b."""
+    steps = [f"{k}:{start + (k - 1) * step}+{step}={start + k * step}" for k in range(1, count + 1)]
+    return ",".join(steps) + f". \\boxed{{{start + count * step}}}"
+
+
+def counting_problems(
+    *, seed: int, max_count: int, train_size: int, test_size: int, max_start: int = 99, steps: tuple[int, int] = (2, 9)
+) -> tuple[list[Problem], list[Problem]]:
+    """Distinct problems s+a*b (s in 0..max_start, a in `steps`, b in 1..max_count), split into
+    (train, test) by seed. b is drawn log-uniformly, P(b) ~ 1/b: most worked solutions are
+    short, a long tail counts to max_count (about 7.5 tokens a step with a character tokenizer)."""
+    rng = random.Random(seed)
+    pool_size = (max_start + 1) * (steps[1] - steps[0] + 1) * max_count
+    wanted = train_size + test_size
+    if wanted > pool_size // 2:
+        raise ValueError(f"{wanted} problems asked from a pool of {pool_size}: raise max_count or ask for fewer")
+    seen: set[tuple[int, int, int]] = set()
+    problems: list[Problem] = []
+    while len(problems) < wanted:
+        s, a = rng.randint(0, max_start), rng.randint(*steps)
+        b = min(max_count, int(math.exp(rng.uniform(0.0, math.log(max_count + 1)))))
+        if (s, a, b) in seen:
+            continue
+        seen.add((s, a, b))
+        problems.append(Problem(id=f"count-{len(problems)}", question=counting_question(s, a, b), answer=str(s + a * b)))
+    return problems[:train_size], problems[train_size:]
 
 
 def arithmetic_problems(

@@ -28,7 +28,7 @@ def make_engine(
     in an actor in the cluster's placement group (which calls this again, there)."""
     if placement is not None:
         return placement.engine(model, engine, seed=seed, lora_rank=lora_rank, sleep_mode=sleep_mode)
-    served = model.model_copy(update={"path": served_model_path(model.path)})
+    served = model.model_copy(update={"path": served_model_path(model.path, native_nvfp4=engine.backend == "vllm")})
     if engine.backend == "vllm":
         from rlvr.engines.vllm_engine import VLLMEngine
 
@@ -38,18 +38,19 @@ def make_engine(
     return HFEngine(served, engine, seed=seed)
 
 
-def served_model_path(model_path: str) -> str:
+def served_model_path(model_path: str, native_nvfp4: bool = True) -> str:
     """What the engine loads. An NVFP4 checkpoint runs natively where vLLM has NVFP4 kernels
-    (CUDA); elsewhere, and for NF4 always (vLLM 0.32 has no bitsandbytes method), the engine
-    gets the dequantized values, written once beside it, which are exactly the numbers the
-    trainer's packed layers compute with."""
+    (CUDA, `native_nvfp4`); elsewhere, and for NF4 always (vLLM 0.32 has no bitsandbytes method),
+    the engine gets the dequantized values, written once beside it, which are exactly the numbers
+    the trainer's packed layers compute with. transformers' generate (native_nvfp4 False) reads
+    no compressed-tensors checkpoint without that package, so it gets the dequantized view too."""
     import torch
 
     from rlvr.quant.checkpoint import is_quantized_checkpoint, quantized_format, write_dequantized_checkpoint
 
     if not is_quantized_checkpoint(model_path):
         return model_path
-    if torch.cuda.is_available() and quantized_format(model_path) == "nvfp4":
+    if native_nvfp4 and torch.cuda.is_available() and quantized_format(model_path) == "nvfp4":
         return model_path
     view = Path(str(model_path).rstrip("/") + ".dequantized")
     if not (view / "model.safetensors").is_file():  # written last

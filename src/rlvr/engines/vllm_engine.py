@@ -346,17 +346,14 @@ class VLLMEngine(Engine):
         self._reload("update_weights", named_tensors)
 
     def _reload(self, operation: str, named_tensors) -> None:
-        """Load `named_tensors` in place through the worker's `reload_weights`; across a process
-        boundary as `packed` triples (see vllm_worker). Clears the prefix cache, which the old
-        weights computed."""
+        """Load `named_tensors` (all weights, or those of the modules an adapter changes) in
+        place through the worker's `reload_weights`; across a process boundary as `packed`
+        triples (see vllm_worker). Clears the prefix cache, which the old weights computed."""
         from rlvr.engines.vllm_worker import packed
 
         tensors = [(name, t.detach().to("cpu").contiguous()) for name, t in named_tensors]
-        if self.in_process:
-            self._call(operation, lambda: self._llm.collective_rpc("reload_weights", kwargs={"weights_iterator": tensors}))
-        else:
-            shipped = [(name, packed(t)) for name, t in tensors]
-            self._call(operation, lambda: self._llm.collective_rpc("rlvr_reload_weights", args=(shipped,)))
+        shipped = tensors if self.in_process else [(name, packed(t)) for name, t in tensors]
+        self._call(operation, lambda: self._llm.collective_rpc("rlvr_reload_weights", args=(shipped,)))
         self._call(operation, self._llm.reset_prefix_cache)
 
     # -- lifetime ---------------------------------------------------------------------------
@@ -431,9 +428,12 @@ class VLLMEngine(Engine):
 def merged_weights(
     base: dict[str, torch.Tensor], lora: dict[str, torch.Tensor], config: dict
 ) -> list[tuple[str, torch.Tensor]]:
-    """The model's weights with a PEFT LoRA adapter merged in: every `base` tensor, the adapted
-    linear weights replaced by W + scale * B @ A (scale = alpha / r, or alpha / sqrt(r) with
-    rsLoRA), computed in float32 and returned in the base's dtype."""
+    """The weights a PEFT LoRA adapter changes, merged: the adapted linear weights replaced by
+    W + scale * B @ A (scale = alpha / r, or alpha / sqrt(r) with rsLoRA), computed in float32
+    and returned in the base's dtype, with every other `base` tensor of the modules that hold
+    them (`...self_attn.*`, `...mlp.*`): vLLM fuses sibling projections (q, k, v with their
+    biases; gate and up) into one layer, which must be reloaded whole. The embeddings, norms and
+    every module the adapter does not touch are left out: the engine keeps them."""
     if config.get("use_dora"):
         raise ValueError("merging a DoRA adapter is not supported; serve it with merge_lora=False")
     rank = int(config["r"])
@@ -444,7 +444,8 @@ def merged_weights(
         if not found or part not in ("A.weight", "B.weight"):
             raise ValueError(f"adapter tensor {name!r} is not a LoRA A/B matrix; only those can be merged")
         factors.setdefault(f"{module}.weight", {})[part[0]] = tensor
-    merged = dict(base)
+    parents = tuple(key.rsplit(".", 2)[0] + "." for key in factors)  # "model.layers.0.self_attn."
+    merged = {name: tensor for name, tensor in base.items() if name.startswith(parents)}
     for key, pair in factors.items():
         if key not in base or set(pair) != {"A", "B"}:
             raise ValueError(f"adapter adapts {key!r}, which is not a weight of the base model or lacks its A or B matrix")

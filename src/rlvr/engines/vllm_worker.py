@@ -11,6 +11,8 @@ whose attributes collide with the worker's.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from vllm.lora.lora_model import LoRAModel
 from vllm.lora.peft_helper import PEFTHelper
@@ -20,8 +22,21 @@ class WeightSyncExtension:
     """Worker-side adapter and weight loader; `self` is vLLM's worker."""
 
     def rlvr_reload_weights(self, weights: list[tuple[str, tuple]]) -> None:
-        """The worker's own `reload_weights`, given `packed` tensors from another process."""
-        self.reload_weights(weights_iterator=[(name, as_tensor(t)) for name, t in weights])
+        """The worker's own `reload_weights`, given tensors (`packed` from another process).
+
+        A merged adapter reloads only the modules it changes (rlvr.engines.vllm_engine.merged_weights);
+        vLLM then keeps every other layer as it is, warning once per layer and once more with the
+        list of names that nothing was loaded for. That is the intent here, so those two loggers
+        are held at errors for the call."""
+        quiet = [logging.getLogger(f"vllm.model_executor.model_loader.reload.{name}") for name in ("layerwise", "inplace")]
+        levels = [logger.level for logger in quiet]
+        for logger in quiet:
+            logger.setLevel(logging.ERROR)
+        try:
+            self.reload_weights(weights_iterator=[(name, as_tensor(t)) for name, t in weights])
+        finally:
+            for logger, level in zip(quiet, levels):
+                logger.setLevel(level)
 
     def rlvr_add_lora(self, lora_id: int, tensors: dict[str, torch.Tensor], config: dict) -> None:
         """Register an adapter under `lora_id` built from PEFT-named tensors, as vLLM would from a folder.

@@ -31,6 +31,7 @@ import json
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 BLOCK_SIZE = 64
 QUANT_TYPE = "nf4"
@@ -89,7 +90,8 @@ def quantize(weight: torch.Tensor) -> NF4Weight:
 def dequantize(weight_packed: torch.Tensor, weight_absmax: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Float weight `[out, in]` from the packed tensors, computed in float32, returned in `dtype`."""
     rows, packed_columns = weight_packed.shape
-    values = BYTE_TO_NF4_PAIR.to(weight_packed.device)[weight_packed.int()].reshape(rows, -1, BLOCK_SIZE)
+    # an embedding lookup of the byte table: the gather table[codes], faster on CPU (see nvfp4)
+    values = F.embedding(weight_packed.int(), BYTE_TO_NF4_PAIR.to(weight_packed.device)).reshape(rows, -1, BLOCK_SIZE)
     # in place, as nvfp4.dequantize: one float32 temporary fewer per layer per pass
     return values.mul_(weight_absmax.float().unsqueeze(-1)).reshape(rows, 2 * packed_columns).to(dtype)
 

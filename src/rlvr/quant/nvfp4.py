@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 GROUP_SIZE = 16
 FP4_MAX = 6.0
@@ -116,8 +117,9 @@ def dequantize(
 ) -> torch.Tensor:
     """Float weight `[out, in]` from the packed tensors, computed in float32, returned in `dtype`."""
     rows, packed_columns = weight_packed.shape
-    table = BYTE_TO_E2M1_PAIR.to(weight_packed.device)
-    values = table[weight_packed.int()].reshape(rows, -1, GROUP_SIZE)  # [out, groups, 16]
+    # an embedding lookup of the byte table: the same gather as table[codes], ~3.5x faster on
+    # CPU than advanced indexing, and this runs for every layer in every forward and backward
+    values = F.embedding(weight_packed.int(), BYTE_TO_E2M1_PAIR.to(weight_packed.device)).reshape(rows, -1, GROUP_SIZE)
     step = weight_scale.float() / weight_global_scale.float()
     # in place: this runs for every layer in every forward and backward, so one float32
     # temporary fewer is a third less transient memory

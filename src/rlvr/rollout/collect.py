@@ -203,6 +203,8 @@ class RolloutCollector:
             "reward/std": rewards.std().item() if len(rewards) > 1 else 0.0,
             "response/length_mean": sum(lengths) / count,
             "response/length_max": max(lengths),
+            "response/length_p50": nearest_rank(lengths, 0.5),
+            "response/length_p90": nearest_rank(lengths, 0.9),
             "response/truncated_fraction": truncated,
             "score/no_answer_fraction": sum(s.status == "no_answer" for s in scores) / len(scores),
             "data/position": self.sampler.position,
@@ -216,3 +218,8 @@ class RolloutCollector:
         if self.algorithm.overlong_filter:
             metrics["response/overlong_filtered_fraction"] = truncated
         return metrics
+
+
+def nearest_rank(values: list[int], q: float) -> int:
+    """The q-quantile of `values` by the nearest-rank method: the ceil(q·n)-th smallest."""
+    return sorted(values)[max(0, math.ceil(q * len(values)) - 1)]

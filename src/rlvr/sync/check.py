@@ -8,21 +8,19 @@ measures that gap and stops the run when it exceeds a threshold.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
-from rlvr.engines.base import Engine
+from collections.abc import Sequence
 
 # (prompt token ids, completion token ids)
 Probe = Sequence[tuple[list[int], list[int]]]
-TrainerLogprobs = Callable[[list[list[int]], list[int]], list[list[float]]]
 
 
-def logprob_gap(engine: Engine, trainer_logprobs_fn: TrainerLogprobs, probe: Probe) -> float:
+def probe_inputs(probe: Probe) -> tuple[list[list[int]], list[int]]:
+    """(sequences, prompt lengths) of the probe: each prompt followed by its completion."""
+    return [list(prompt) + list(completion) for prompt, completion in probe], [len(prompt) for prompt, _ in probe]
+
+
+def logprob_gap(engine_lp: list[list[float]], trainer_lp: list[list[float]]) -> float:
     """Mean absolute difference between engine and trainer logprobs of the probe's completion tokens."""
-    sequences = [list(prompt) + list(completion) for prompt, completion in probe]
-    prompt_lens = [len(prompt) for prompt, _ in probe]
-    engine_lp = engine.score(sequences, prompt_lens)
-    trainer_lp = trainer_logprobs_fn(sequences, prompt_lens)
     diffs = [abs(a - b) for e, t in zip(engine_lp, trainer_lp, strict=True) for a, b in zip(e, t, strict=True)]
     if not diffs:
         raise ValueError("the sync probe has no completion tokens")
@@ -43,7 +41,3 @@ class SyncCheck:
                 "receive the new weights (or computes them differently); stopping before training on stale rollouts"
             )
         return gap
-
-    def measure(self, engine: Engine, trainer_logprobs_fn: TrainerLogprobs, probe: Probe, step: int) -> float:
-        """Measure the gap on `probe` and check it."""
-        return self(logprob_gap(engine, trainer_logprobs_fn, probe), step)

@@ -46,7 +46,7 @@ class TokenLogprobs(nn.Module):
         packed = {}
         if self.lm.config._attn_implementation == PACKED and layout is not None:
             packed["rlvr_layout"] = layout
-        elif layout is not None and layout.prefix_lens is not None:
+        elif layout is not None and layout.has_prefix:
             raise ValueError("shared prompts need rlvr's packed attention (trainer.attention: packed)")
         hidden = self.lm.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=False, **packed)
         hidden = hidden.last_hidden_state[0].index_select(0, score_positions)
