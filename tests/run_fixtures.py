@@ -22,10 +22,11 @@ def digit_share(response, answer):
 '''
 
 
-def small_config(root: Path, name: str, steps: int, reward: str | None = None, **sections) -> Path:
+def small_config(root: Path, name: str, steps: int, reward: str | dict | None = None, **sections) -> Path:
     """Write ROOT/NAME.yaml: the demo config, shrunk, with its run in ROOT/NAME and the assets
     (built on first use) in ROOT/assets; `sections` update the config's sections key by key,
-    nested sections too (`demo={"model": {"arch": "llama"}}` keeps the model's other sizes)."""
+    nested sections too (`demo={"model": {"arch": "llama"}}` keeps the model's other sizes).
+    `reward`: a reward function's source (the run scores with it), or reward section keys."""
     cfg = yaml.safe_load(open("configs/demo.yaml"))
     assets = root / "assets"
     cfg.update(run_dir=str(root / name), steps=steps)
@@ -36,7 +37,9 @@ def small_config(root: Path, name: str, steps: int, reward: str | None = None, *
     cfg["demo"]["warm_start"].update(steps=0)
     cfg["demo"]["task"].update(train_size=32, test_size=4)
     cfg["tracking"] = {"progress": False}
-    if reward is not None:
+    if isinstance(reward, dict):
+        sections["reward"] = reward
+    elif reward is not None:
         (root / "reward.py").write_text(reward)
         cfg["reward"]["verifier"] = f"{root / 'reward.py'}:{reward.split('def ')[1].split('(')[0]}"
     _merge(cfg, sections)

@@ -211,7 +211,7 @@ class RolloutCollector:
             "env/turns_mean": sum(t.turns for t in trajectories) / count,
             "env/tool_calls_mean": sum(t.tool_calls for t in trajectories) / count,
             "env/tool_errors_mean": sum(t.tool_errors for t in trajectories) / count,
-            "env/step_seconds": sum(t.env_seconds for t in trajectories),
+            "time/env": sum(t.env_seconds for t in trajectories),  # a timing: reruns need not reproduce it
         }
         if self.algorithm.overlong_penalty is not None:
             metrics["reward/verifier_mean"] = sum(s.reward for s in scores) / len(scores)
