@@ -251,7 +251,7 @@ def test_a_run_trains_and_evaluates_on_a_reasoning_gym_task(tmp_path):
     task = "reasoning_gym:chain_sum?min_terms=2&max_terms=2&max_digits=1"
     config = small_config(
         tmp_path, "rg", steps=1,
-        data={"train": f"{task}&size=16&seed=0", "test": f"{task}&size=2&seed=1", "template": "{question} Answer in \\boxed{}."},
+        data={"train": f"{task}&size=16&seed=0", "test": f"{task}&size=2&seed=16", "template": "{question} Answer in \\boxed{}."},
         reward={"verifier": "reasoning_gym"},
     )
     result = train(config)
