@@ -143,9 +143,19 @@ class Architecture:
         return sum(a * b for a, b in linears.values())
 
     @property
-    def attention_params(self) -> int:
-        norms = (self.mla.q_rank or 0) + self.mla.kv_rank if self.mla else 0  # MLA's latent norms
-        return self._linear_params(self.attention_linears()) + norms
+    def _attention_linear_params(self) -> int:
+        return self._linear_params(self.attention_linears())
+
+    @property
+    def _dense_mlp_params(self) -> int:
+        return self._linear_params(self.mlp_linears(self.intermediate_size))
+
+    @property
+    def _moe_mlp_params(self) -> int:
+        """One MoE layer's experts, routed and shared (the router aside)."""
+        e = self.experts
+        shared = self._linear_params(self.mlp_linears(e.shared_width)) if e.shared_width else 0
+        return e.count * 3 * self.hidden * e.width + shared
 
     @property
     def routed_params(self) -> int:
@@ -157,11 +167,8 @@ class Architecture:
     def packed_params(self) -> int:
         """The weights an NVFP4 checkpoint packs: every Linear of the decoder blocks, routed and
         shared experts included (routers, norms, embeddings and lm_head stay in float)."""
-        dense_mlp = self._linear_params(self.mlp_linears(self.intermediate_size))
-        shared = self._linear_params(self.mlp_linears(self.experts.shared_width)) if self.experts and self.experts.shared_width else 0
-        attention = self._linear_params(self.attention_linears())
-        return (self.num_layers * attention + (self.num_layers - self.moe_layers) * dense_mlp
-                + self.moe_layers * shared + self.routed_params)
+        moe = self.moe_layers * self._moe_mlp_params if self.moe_layers else 0
+        return self.num_layers * self._attention_linear_params + (self.num_layers - self.moe_layers) * self._dense_mlp_params + moe
 
     @property
     def embedding_params(self) -> int:
@@ -171,7 +178,8 @@ class Architecture:
     def params(self) -> int:
         e = self.experts
         routers = self.moe_layers * e.count * self.hidden if e else 0
-        norms = self.num_layers * (2 * self.hidden + self.attention_params - self._linear_params(self.attention_linears())) + self.hidden
+        latent_norms = (self.mla.q_rank or 0) + self.mla.kv_rank if self.mla else 0  # MLA's q_a and kv_a norms
+        norms = self.num_layers * (2 * self.hidden + latent_norms) + self.hidden
         return self.packed_params + routers + norms + self.embedding_params
 
     @property
@@ -191,12 +199,8 @@ class Architecture:
     def block_bytes(self, dtype_bytes: int) -> float:
         """The largest decoder block (an MoE block with all its experts, when there is one)."""
         per_weight = NVFP4_BITS / 8 if self.nvfp4 else dtype_bytes
-        if self.moe_layers:
-            e = self.experts
-            mlp = e.count * 3 * self.hidden * e.width + self._linear_params(self.mlp_linears(e.shared_width)) * bool(e.shared_width)
-        else:
-            mlp = self._linear_params(self.mlp_linears(self.intermediate_size))
-        return (self._linear_params(self.attention_linears()) + mlp) * per_weight + 2 * self.hidden * dtype_bytes
+        mlp = self._moe_mlp_params if self.moe_layers else self._dense_mlp_params
+        return (self._attention_linear_params + mlp) * per_weight + 2 * self.hidden * dtype_bytes
 
     def lora_params(self, rank: int, targets: list[str] | str, target_experts: bool = False) -> int:
         """LoRA on the named Linears (all-linear: every Linear of the blocks: attention, dense MLPs and
