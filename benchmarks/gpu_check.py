@@ -11,6 +11,7 @@ Four parts, each recorded (figures, or the error and its traceback) whether or n
 3. the NVFP4 trainer: a random model of Qwen2.5-0.5B's shape (24 layers, hidden 896, vocab
    151936, tied), quantized to NVFP4, one FSDP2 rank over NCCL (`Trainer`), LoRA r16 on every
    linear layer, train steps on 16 prompts x 8 samples of 64-512 tokens: step time and tokens/s;
+   then the same steps with the model's float weights as the base, for what packing costs;
 4. RL steps: `rlvr train` on that NVFP4 model, the transformers engine on the same GPU (vLLM is
    not carried), LoRA, a reward that varies between samples of an untrained model: step time,
    its stages and tokens/s.
@@ -30,9 +31,12 @@ import torch
 # Qwen2.5-0.5B's shape (its config.json), random weights: no model hub on the GPU machine.
 SHAPE_05B = dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864, vocab_size=151936)
 SHAPE_TINY = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, vocab_size=512)
-DIGIT_SHARE = '''
-def digit_share(response, answer):
-    return sum(c.isdigit() for c in response) / max(1, len(response))
+# A random model of a 151936-token vocabulary mostly samples ids that rlvr's character tokenizer
+# decodes to nothing: how much text a sample holds is what differs between samples, so the
+# advantages are not all zero and the steps train.
+TEXT_LENGTH = '''
+def text_length(response, answer):
+    return min(1.0, len(response) / 16)
 '''
 
 
@@ -148,7 +152,7 @@ def build_nvfp4_model(root: Path, shape: dict) -> Path:
     return nvfp4_dir
 
 
-def nvfp4_trainer(model_dir: Path, dtype: str, steps: int) -> dict:
+def trainer_steps(model_dir: Path, dtype: str, steps: int, base_format: str) -> dict:
     from rlvr.config import AlgorithmConfig, LoraConfig, ModelConfig, TrainerConfig
     from rlvr.records import TrainBatch
     from rlvr.training.trainer import Trainer
@@ -167,8 +171,8 @@ def nvfp4_trainer(model_dir: Path, dtype: str, steps: int) -> dict:
     started = time.perf_counter()
     with Trainer(spec) as trainer:
         start_s = time.perf_counter() - started
-        if trainer.base_format != "nvfp4":
-            raise RuntimeError(f"the trainer loaded a {trainer.base_format} base, not NVFP4")
+        if trainer.base_format != base_format:
+            raise RuntimeError(f"the trainer loaded a {trainer.base_format} base, not {base_format}")
         seconds, metrics = [], {}
         for _ in range(steps):
             t = time.perf_counter()
@@ -192,12 +196,12 @@ def rl_steps(root: Path, model_dir: Path, dtype: str, steps: int) -> dict:
     train_file = root / "task" / "train.jsonl"
     problems, _ = arithmetic_problems(seed=0, operations=["+"], min_digits=1, max_digits=2, train_size=256, test_size=1)
     write_jsonl(problems, train_file)
-    (root / "reward.py").write_text(DIGIT_SHARE)
+    (root / "reward.py").write_text(TEXT_LENGTH)
     run_dir = root / "rl_run"
     cfg = load_config("configs/demo.yaml", [
         f"run_dir={run_dir}", f"steps={steps}", f"model.path={model_dir}", f"model.dtype={dtype}", f"data.train={train_file}",
         "data.test=null", "engine.backend=hf", "engine.hf_batch_size=64", "rollout.prompts_per_step=8",
-        "rollout.samples_per_prompt=8", "rollout.sampling.max_tokens=64", f"reward.verifier={root / 'reward.py'}:digit_share",
+        "rollout.samples_per_prompt=8", "rollout.sampling.max_tokens=64", f"reward.verifier={root / 'reward.py'}:text_length",
         "trainer.ranks=1", "trainer.lr=1e-4", "checkpoint.every=0", "tracking.progress=false",
     ])
     if run_dir.exists():
@@ -240,7 +244,8 @@ def main() -> None:
         try:
             result[name] = {"ok": True} | fn(*fn_args)
         except Exception as error:  # the other parts still run and report
-            result[name] = {"ok": False, "error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+            result[name] = {"ok": False, "error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc(),
+                            "rank_traceback": getattr(error, "details", None)}  # a trainer rank's own (TrainerError)
         result[name]["seconds"] = round(time.perf_counter() - t, 1)
         print(f"[gpu_check] {name}: {json.dumps({k: v for k, v in result[name].items() if k != 'traceback'})}", flush=True)
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -257,13 +262,16 @@ def main() -> None:
 
     part("nvfp4_model", build)
     if model_dir is not None:
-        part("nvfp4_trainer", nvfp4_trainer, model_dir, dtype, args.train_steps)
+        part("nvfp4_trainer", trainer_steps, model_dir, dtype, args.train_steps, "nvfp4")
+        # the same model, its float weights as the base: what the packed base costs in speed
+        part("float_trainer", trainer_steps, model_dir.parent / "model_float", dtype, args.train_steps, "hf")
         part("rl_steps", rl_steps, args.work, model_dir, dtype, args.rl_steps)
     result["ok"] = all(v.get("ok", True) for v in result.values() if isinstance(v, dict) and "ok" in v)
     result["wall_s"] = round(time.perf_counter() - started, 1)
     args.out.write_text(json.dumps(result, indent=2))
     summary = {f"{k} {f}": result[k].get(f) for k, f in (("packed_attention", "packed_tokens_per_s"),
                                                           ("nvfp4_trainer", "tokens_per_s"), ("nvfp4_trainer", "step_s"),
+                                                          ("float_trainer", "tokens_per_s"),
                                                           ("rl_steps", "throughput/tokens_per_s"), ("rl_steps", "time/step"))
                if k in result}
     print(f"[gpu_check] ok={result['ok']} wall {result['wall_s']} s; {json.dumps(summary)}; wrote {args.out}", flush=True)

@@ -320,3 +320,60 @@ def test_trainer_on_packed_moe_matches_float_on_one_and_two_ranks(arch, nvfp4_di
     assert a1.keys() == a2.keys() and any(".experts." in k for k in a1)
     for name in a1:  # the updated adapters agree, so the gradients did
         torch.testing.assert_close(a1[name], a2[name], atol=1e-5, rtol=1e-5)
+
+
+def _lora_step(rank: int, world_size: int, port: int, model_dir: str, shard_packed: bool, out) -> None:
+    """One FSDP2 rank: logprobs and LoRA gradients of one forward and backward."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    from rlvr.training.policy import TokenLogprobs, load_base, shard
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        lm, _ = load_base(model_dir, torch.float32)
+        torch.manual_seed(0)  # LoRA's A
+        policy = TokenLogprobs(apply_lora(lm, 4, 8.0, 0.0, "all-linear", target_experts=True))
+        for name, p in policy.named_parameters():  # B starts at zero: A's gradients would all be zero
+            if "lora_B" in name:
+                torch.nn.init.normal_(p, std=0.1, generator=torch.Generator().manual_seed(len(name)))
+        shard(policy, init_device_mesh("cpu", (world_size,)), torch.float32, torch.float32, shard_packed=shard_packed)
+        ids = torch.arange(4, 20).unsqueeze(0)
+        logprobs, _ = policy(ids, torch.arange(16).unsqueeze(0), torch.arange(15), ids[0, 1:])
+        logprobs.sum().backward()
+        # numpy: pickled by value, where tensors would travel as handles into this exiting process
+        grads = {n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).numpy()
+                 for n, p in policy.named_parameters() if p.requires_grad}
+        packed_sharded = all(isinstance(p, DTensor) for n, p in policy.named_parameters() if "weight_packed" in n)
+        out.put((rank, logprobs.detach().numpy(), grads, packed_sharded))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_packed_layers_kept_whole_outside_fsdp_train_like_sharded_ones(tmp_path):
+    """The fallback for a torch whose FSDP2 refuses integer tensors (torch 2.11, the GPU image's):
+    the packed base stays whole on each rank, and logprobs and LoRA gradients are unchanged."""
+    model_dir = quantize_checkpoint(build_tiny_model(tmp_path / "float", "deepseek_v3", **SIZES), tmp_path / "nvfp4")
+    runs = {}
+    for shard_packed in (True, False):
+        port, ctx = _free_port(), mp.get_context("spawn")
+        out = ctx.Queue()
+        processes = [ctx.Process(target=_lora_step, args=(r, 2, port, str(model_dir), shard_packed, out)) for r in range(2)]
+        for p in processes:
+            p.start()
+        runs[shard_packed] = dict((r, rest) for r, *rest in (out.get(timeout=300) for _ in processes))
+        for p in processes:
+            p.join(timeout=60)
+    for rank in (0, 1):
+        (lp_sharded, grads_sharded, was_sharded), (lp_whole, grads_whole, was_whole) = runs[True][rank], runs[False][rank]
+        assert was_sharded and not was_whole
+        torch.testing.assert_close(torch.from_numpy(lp_whole), torch.from_numpy(lp_sharded), atol=1e-6, rtol=1e-6)
+        assert grads_whole.keys() == grads_sharded.keys() and any(".experts." in n for n in grads_whole)
+        for name in grads_whole:
+            torch.testing.assert_close(torch.from_numpy(grads_whole[name]), torch.from_numpy(grads_sharded[name]),
+                                       atol=1e-6, rtol=1e-5)
+        assert all(abs(g).sum() > 0 for g in grads_whole.values())

@@ -241,7 +241,7 @@ class _Rank:
                 mask = self._mask(mb, step)
                 old_lp = lp.detach() if old is None else _padded([old[i] for i in mb.sequences])
                 sampler = self._sampler(mb, step, lp.dtype)
-                adv = torch.tensor([step.advantages[i] for i in mb.sequences], dtype=lp.dtype)
+                adv = torch.tensor([step.advantages[i] for i in mb.sequences], dtype=lp.dtype, device=self.device)
                 loss, metrics, is_weights = self._loss(mb, lp, old_lp, sampler, adv, mask, step)
                 weight, denominator = self._share(mask, mb, mini)
                 # FSDP averages gradients over ranks; the world_size factor turns that into a sum,
@@ -314,7 +314,7 @@ class _Rank:
         # the routers' own choices in the forward without replay (under replay, a layer's own choice
         # would see the replayed choices of the layers before it)
         unreplayed = other_own if replay else own
-        agreeing, compared = agreement_counts(unreplayed.stacked()[at], recorded[at])
+        agreeing, compared = agreement_counts(unreplayed.stacked().cpu()[at], recorded[at])
         self._accumulate(sums, "routing_agreeing", agreeing)
         self._accumulate(sums, "routing_compared", compared)
         sums["expert_counts"] = sums.get("expert_counts", 0.0) + expert_counts(recorded[at], self.num_experts)
@@ -325,17 +325,15 @@ class _Rank:
             self._accumulate(sums, key, float(((_padded(unpack(values, mb)) - sampler).abs() * mask).sum()))
         self._accumulate(sums, "gap_tokens", float(mask.sum()))
 
-    @staticmethod
-    def _mask(mb: MicroBatch, step: StepInput) -> torch.Tensor:
+    def _mask(self, mb: MicroBatch, step: StepInput) -> torch.Tensor:
         """`[sequences, tokens]`: the completion tokens the loss trains on."""
         mask = _padded([torch.ones(c) for _, c in mb.spans]).bool()
         if step.loss_masks is not None:
             mask = mask & _padded([torch.tensor(step.loss_masks[i]) for i in mb.sequences]).bool()
-        return mask
+        return mask.to(self.device)
 
-    @staticmethod
-    def _sampler(mb: MicroBatch, step: StepInput, dtype: torch.dtype) -> torch.Tensor:
-        return _padded([torch.tensor(step.sampler_logprobs[i], dtype=dtype) for i in mb.sequences])
+    def _sampler(self, mb: MicroBatch, step: StepInput, dtype: torch.dtype) -> torch.Tensor:
+        return _padded([torch.tensor(step.sampler_logprobs[i], dtype=dtype) for i in mb.sequences]).to(self.device)
 
     def _loss(self, mb: MicroBatch, lp, old, sampler, adv, mask, step: StepInput):
         """The policy loss of one micro-batch (plus the KL term), its metrics and the IS weights."""
@@ -403,7 +401,8 @@ class _Rank:
 
         dcp.save(self._state(), checkpoint_id=os.path.join(folder, "dcp"), no_dist=self._alone)
         torch.save(
-            {"scheduler": self.scheduler.state_dict(), "rng": torch.get_rng_state()},
+            {"scheduler": self.scheduler.state_dict(), "rng": torch.get_rng_state(),
+             "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None},
             os.path.join(folder, f"rank{self.rank}.pt"),
         )
 
@@ -420,6 +419,8 @@ class _Rank:
         extra = torch.load(os.path.join(folder, f"rank{self.rank}.pt"), weights_only=False)
         self.scheduler.load_state_dict(extra["scheduler"])
         torch.set_rng_state(extra["rng"])
+        if extra.get("cuda_rng") is not None and self.device.type == "cuda":  # LoRA dropout draws on the device
+            torch.cuda.set_rng_state(extra["cuda_rng"], self.device)
 
     @property
     def _alone(self) -> bool:
