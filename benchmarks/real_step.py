@@ -8,7 +8,7 @@ its Q4_1 GGUF file and quantized to NVFP4, LoRA r16 on every linear layer of the
 base, one trainer rank, vLLM rollouts, reasoning-gym's chain_sum, 8 prompts x 8 samples of up to
 32 tokens. Only the held-out evaluation is left out (data.test=null): this times the RL steps.
 
-Reported: the median over steps 2..N of each stage (generate, score, train, sync: rlvr's time/*
+Reported: the mean over steps 2..N of each stage (generate, score, train, sync: rlvr's time/*
 metrics) and their share of the step; the train step's useful FLOPs (`train_step_flops`, the
 formula in its docstring) over time/train, as a fraction of the fp32 peak of the cores the
 trainer rank computes on, measured (the best of a few large fp32 matmuls on that many threads)
@@ -119,7 +119,7 @@ def step_shapes(cfg, model_path: str, metrics: list[dict]) -> list[tuple[list[in
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--steps", type=int, default=6, help="RL steps; the first warms up and is not counted")
+    parser.add_argument("--steps", type=int, default=11, help="RL steps; the first warms up and is not counted")
     parser.add_argument("--run-dir", type=Path, default=Path("runs/real_step"))
     parser.add_argument("--rlvr", action="append", default=[], metavar="KEY=VALUE", help="extra rlvr config override")
     parser.add_argument("--note", default="", help="what this run measures, for the ledger line")
@@ -143,9 +143,10 @@ def main() -> None:
     timed = metrics[1:]
 
     stages = ("generate", "score", "train", "sync")
-    median = {k: statistics.median(m[f"time/{k}"] for m in timed) for k in stages}
+    # means, not medians: the sync probe runs every engine.sync_check_every steps and counts at that rate
+    mean = {k: statistics.mean(m[f"time/{k}"] for m in timed) for k in stages}
     # the run saves its final checkpoint inside the last step; that is not part of an RL step
-    step = statistics.median(m["time/step"] - m.get("time/checkpoint", 0.0) for m in timed)
+    step = statistics.mean(m["time/step"] - m.get("time/checkpoint", 0.0) for m in timed)
 
     config = AutoConfig.from_pretrained(cfg.model.path)
     per_step = [train_step_flops(config, cfg.trainer.lora.rank, p, c, cfg.trainer.share_prompts)
@@ -157,9 +158,11 @@ def main() -> None:
     nominal_peak, nominal_text = fp32_peak_flops()
     result = {
         "step_s": step,
-        "stages_s": median,
-        "stage_share": {k: v / step for k, v in median.items()},
-        "sync_share": median["sync"] / step,
+        "stages_s": mean,
+        "stage_share": {k: v / step for k, v in mean.items()},
+        "sync_share": mean["sync"] / step,
+        "sync_check_every": cfg.engine.sync_check_every,
+        "probed_steps": [m["step"] for m in timed if "sync/logprob_gap" in m],
         "train_flops": statistics.median(f["total"] for f in per_step[1:]),
         "train_flops_parts": {k: statistics.median(f[k] for f in per_step[1:]) for k in per_step[0]},
         "train_flops_per_s": achieved,
@@ -171,18 +174,20 @@ def main() -> None:
         "train_fraction_of_nominal_peak": achieved / nominal_peak,
         "response_length_mean": statistics.mean(m["response/length_mean"] for m in timed),
         "reward_mean": [m["reward/mean"] for m in metrics],
-        "sync_logprob_gap_max": max(m["sync/logprob_gap"] for m in metrics),
+        "sync_logprob_gap_max": max((m["sync/logprob_gap"] for m in metrics if "sync/logprob_gap" in m), default=None),
+        "sampler_trainer_gap_max": max(m["sync/sampler_trainer_gap"] for m in metrics),
         "per_step": [{k: v for k, v in m.items() if k.startswith("time/")} for m in metrics],
-        "setting": {"recipe": RECIPE, "steps": args.steps, "timed_steps": f"2..{args.steps} (median)",
+        "setting": {"recipe": RECIPE, "steps": args.steps, "timed_steps": f"2..{args.steps} (mean)",
                     "overrides": overrides, "trainer_threads": threads},
         "wall_seconds": round(time.time() - started, 1),
     } | provenance()
     write_result(args.out, result)
-    shares = ", ".join(f"{k} {median[k]:.3f} s ({median[k] / step:.1%})" for k in stages)
+    shares = ", ".join(f"{k} {mean[k]:.3f} s ({mean[k] / step:.1%})" for k in stages)
     append_line(
         f"real step, {RECIPE} (SmolLM2-135M-Instruct NVFP4 + LoRA r16, 8 prompts x 8 samples, "
         f"~{result['response_length_mean']:.0f}-token answers, 1 rank){', ' + args.note if args.note else ''}: "
-        f"**step {step:.2f} s**: {shares}; **sync {result['sync_share']:.1%} of the step**; train step "
+        f"**step {step:.2f} s** (mean of steps 2..{args.steps}): {shares}; **sync {result['sync_share']:.1%} of the "
+        f"step** (engine.sync_check_every={cfg.engine.sync_check_every}); train step "
         f"{result['train_flops'] / 1e9:.1f} GFLOP (useful: 4·W·T + 6·LoRA·T + attention + LM head, "
         f"benchmarks/real_step.py) at {achieved / 1e9:.1f} GFLOP/s = **{achieved / measured_peak:.1%} of the "
         f"measured fp32 peak** ({measured_peak / 1e9:.0f} GFLOP/s: {result['peak_measured']}; "

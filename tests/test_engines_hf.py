@@ -7,7 +7,7 @@ import torch
 from peft import get_peft_model_state_dict
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine_fixtures import build_peaked_model, random_lora, reference_greedy, reference_logprobs, start_engine
+from engine_fixtures import build_peaked_model, random_lora, rank_spec, reference_greedy, reference_logprobs, start_engine
 from rlvr.sync.check import SyncCheck, logprob_gap, probe_inputs
 from rlvr.records import LoraAdapter, Sampling
 
@@ -83,8 +83,27 @@ def test_update_lora_matches_peft_and_sync_check_catches_a_stale_engine(engine, 
     sequences, prompt_lens = probe_inputs(probe)
     engine_lp = engine.score(sequences, prompt_lens)
     assert check(logprob_gap(engine_lp, reference_logprobs(peft_model, sequences, prompt_lens)), step=1) <= 1e-4
-    with pytest.raises(RuntimeError, match=r"sync/logprob_gap=.* > 0.05 after step 2: the engine did not receive"):
+    with pytest.raises(RuntimeError, match=r"sync/logprob_gap=.* > 0.05 after the sync of step 2: the engine did not receive"):
         check(logprob_gap(engine_lp, reference_logprobs(hf_model(model_dir), sequences, prompt_lens)), step=2)
+
+
+def test_weight_sync_probes_first_and_every_nth_push_and_holds_trained_gaps_to_the_threshold(engine, prompts, model_dir):
+    from rlvr.sync.weights import WeightSync
+    from rlvr.tracking.timing import StepTimer
+    from rlvr.training.trainer import Trainer
+
+    probe = [(p, p[:4]) for p in prompts]
+    with Trainer(rank_spec(model_dir, lora=dict(rank=4, alpha=8.0, target_modules="all-linear"))) as trainer:
+        sync = WeightSync(engine, trainer, probe, SyncCheck(0.05), StepTimer(), lora=True, check_every=3)
+        pushed = [sync.push(step, trained_gap=None if step == 0 else 1e-6) for step in range(5)]
+        assert [bool(m) for m in pushed] == [True, False, False, True, False]
+        assert all(m["sync/logprob_gap"] <= 1e-4 for m in pushed if m)
+        assert sync.serving is not None and sync.serving.version == 5  # every push sent the adapter
+        # a resumed run's first push is probed, whatever its step; 0: only that one
+        first_only = WeightSync(engine, trainer, probe, SyncCheck(0.05), StepTimer(), True, check_every=0)
+        assert [bool(first_only.push(step)) for step in (7, 8, 9)] == [True, False, False]
+        with pytest.raises(RuntimeError, match=r"sync/sampler_trainer_gap=0.2 > 0.05 after the sync of step 4"):
+            sync.push(5, trained_gap=0.2)
 
 
 def test_update_weights(prompts, model_dir, tmp_path):

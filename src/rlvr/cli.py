@@ -301,6 +301,10 @@ def _print_summary(summary: dict, cfg, report: Path, logs: bool) -> None:
     for key in [f"{m}@{k}" for m in ("avg", "pass", "maj") if f"{m}@{k}" in after and f"{m}@{k}" in before]:
         change = after[key] - before[key]
         console.print(f"held-out {key}: {before[key]:.3f} -> {after[key]:.3f} ({change * 100:+.1f} points)", highlight=False)
+    unseen = (f"unseen_before/avg@{k}", f"unseen_after/avg@{k}")
+    if all(key in after for key in unseen):  # some test prompts were also training prompts
+        console.print(f"  on the test problems never drawn for training: {after[unseen[0]]:.3f} -> {after[unseen[1]]:.3f} "
+                      f"({(after[unseen[1]] - after[unseen[0]]) * 100:+.1f} points)", highlight=False)
     run_dir = Path(cfg.run_dir)
     console.print(f"wrote {run_dir / 'summary.json'}, metrics.jsonl and {report.name}"
                   + (f"; logs in {run_dir / 'logs'}" if logs else ""), highlight=False, soft_wrap=True)

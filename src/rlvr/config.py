@@ -206,7 +206,14 @@ class EngineConfig(Section):
     )
     hf_batch_size: int = Field(64, gt=0, description="hf: rows per generate call (a batch runs until its longest row ends)")
     num_threads: int | None = Field(None, gt=0, description="CPU threads for generation (null: the engine's default)")
-    sync_check_threshold: float = Field(0.05, gt=0, description="max sync/logprob_gap before the run stops")
+    sync_check_threshold: float = Field(
+        0.05, gt=0, description="max sync/logprob_gap (and, synchronous, sync/sampler_trainer_gap) before the run stops"
+    )
+    sync_check_every: int = Field(
+        1, ge=0, description="score the sync probe on engine and trainer at the first push and every Nth step "
+        "(0: the first push only; its two forwards are most of a small model's sync); synchronous runs also hold "
+        "each step's own sync/sampler_trainer_gap, measured on every trained token at no cost, to the threshold"
+    )
     max_restarts: int = Field(2, ge=0, description="times a dead engine is restarted (and its step retried) per run")
     in_process: bool | None = Field(
         None, description="vLLM's engine core inside the controller (null: yes on CPU, a separate process on GPU); "

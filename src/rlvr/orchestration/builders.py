@@ -79,7 +79,7 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     stack.callback(context.close)
     runner = TrajectoryRunner(engine, Renderer(tokenizer, cfg.data), cfg.env, context, cfg.engine.max_model_len)
     sync = WeightSync(engine, trainer, train_set.probe(tokenizer), SyncCheck(cfg.engine.sync_check_threshold), timer,
-                      lora=cfg.trainer.lora is not None)
+                      lora=cfg.trainer.lora is not None, check_every=cfg.engine.sync_check_every)
     return Run(
         cfg=cfg,
         trainer=trainer,
@@ -88,7 +88,7 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
         collector=RolloutCollector(cfg.rollout, cfg.algorithm, cfg.reward, runner, pool, train_set, sampler,
                                    seed=cfg.seed, timer=timer, progress=progress, log=log),
         sync=sync,
-        evaluation=Evaluation(cfg, runner, pool, test_set, timer, progress, log),
+        evaluation=Evaluation(cfg, runner, pool, test_set, timer, progress, log, train_set, sampler),
         checkpoints=checkpoints,
         resume_from=resume_from,
         logger=logger,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rlvr.config import RunConfig
 from rlvr.rollout.prompts import PromptSet
+from rlvr.rollout.sampler import EpochSampler
 from rlvr.rollout.trajectories import EnvironmentEngine, TrajectoryRunner
 from rlvr.tracking.timing import StepTimer
 
@@ -20,8 +21,12 @@ class Evaluation:
     """Runs the test set's trajectories through the run's environment (single_turn: one completion)."""
 
     def __init__(self, cfg: RunConfig, runner: TrajectoryRunner, pool, test_set: PromptSet | None, timer: StepTimer,
-                 progress=None, log=print):
+                 progress=None, log=print, train_set: PromptSet | None = None, sampler: EpochSampler | None = None):
         self.cfg, self.pool, self.test_set = cfg, pool, test_set
+        # where test prompts also occur in data.train, each evaluation also reports the test
+        # problems never drawn for training (`unseen`): the figure that is held out in fact
+        shared = test_set is not None and train_set is not None and sampler is not None and test_set.shared_with(train_set)
+        self.train_set, self.sampler = (train_set, sampler) if shared else (None, None)
         self.engine = EnvironmentEngine(runner, test_set.problems) if test_set is not None else None
         self.timer, self.progress, self.log = timer, progress, log
         self.folder = Path(cfg.run_dir) / "eval"
@@ -44,10 +49,34 @@ class Evaluation:
                 ks=self.cfg.eval.k, sampling=held_out_sampling(self.cfg.eval, self.cfg.rollout.sampling, self.cfg.seed), samples_path=str(self.folder / f"{tag}.jsonl"),
                 progress=self.progress,
             )
+        if self.train_set is not None and tag == "after":
+            result["unseen"] = self._unseen()
         (self.folder / f"{tag}.json").write_text(json.dumps(result, indent=2))
         keys = [f"{m}@{k}" for k in self.cfg.eval.k for m in ("avg", "pass", "maj")]
         headline = {k: round(float(result[k]), 4) for k in keys if k in result}
         k = max(self.cfg.eval.k)
         self.log(f"eval {tag}: avg@{k} {headline[f'avg@{k}']:.3f}  pass@{k} {headline[f'pass@{k}']:.3f}  "
                  f"maj@{k} {headline[f'maj@{k}']:.3f}  ({result['n_problems']} problems x {self.cfg.eval.n})")
+        if unseen := result.get("unseen"):
+            for when, figures in unseen.items():
+                headline |= {f"unseen_{when}/{key}": round(float(figures[key]), 4) for key in keys if key in figures}
+            after = unseen["after"]
+            before = f"{unseen['before'][f'avg@{k}']:.3f} -> " if "before" in unseen else ""
+            self.log(f"  on the {after['n_problems']} test problems never drawn for training: avg@{k} {before}"
+                     f"{after[f'avg@{k}']:.3f} ± {after['stderr'][f'avg@{k}']:.3f}")
         return headline
+
+    def _unseen(self) -> dict:
+        """The before and after metrics on the test problems whose prompt equals no training
+        prompt drawn in the run, from the evaluations' saved samples ({} when all were drawn)."""
+        from rlvr.eval.rollouts_file import read_samples, summarize_rows
+
+        drawn = {tuple(self.train_set.prompts[i]) for i in self.sampler.drawn()}
+        unseen = {p.id for p, prompt in zip(self.test_set.problems, self.test_set.prompts) if tuple(prompt) not in drawn}
+        out = {}
+        for when in ("before", "after"):
+            path = self.folder / f"{when}.jsonl"
+            rows = [row for row in read_samples(path) if row.problem_id in unseen] if path.is_file() else []
+            if rows:
+                out[when] = {key: value for key, value in summarize_rows(rows, self.cfg.eval.k).items() if key != "problems"}
+        return out if "after" in out else {}

@@ -39,7 +39,9 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print) -> dic
             step_start = time.perf_counter()
             current = pending or run.collector.collect(step)
             metrics, pending = _train(run, current, step, stop_signal)
-            metrics |= run.sync.push(step) | current.metrics | {"engine/restarts": run.engine.restarts}
+            # synchronous, the step trained on rollouts of the policy pushed last: its sampler gap checks that push
+            trained_gap = None if cfg.rollout.max_staleness else metrics.get("sync/sampler_trainer_gap")
+            metrics |= run.sync.push(step, trained_gap) | current.metrics | {"engine/restarts": run.engine.restarts}
             skips.check(step, metrics)
             if run.evaluation.due(step):
                 metrics |= _prefixed("eval/", run.evaluation.run(f"step{step}"))

@@ -16,8 +16,18 @@ class EpochSampler:
         out = []
         for _ in range(count):
             epoch, offset = divmod(self.position, self.size)
-            order = list(range(self.size))
-            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-            out.append(order[offset])
+            out.append(self._order(epoch)[offset])
             self.position += 1
         return out
+
+    def drawn(self) -> set[int]:
+        """The indices drawn so far, in any epoch."""
+        epochs, offset = divmod(self.position, self.size)
+        if epochs:
+            return set(range(self.size))
+        return set(self._order(0)[:offset])
+
+    def _order(self, epoch: int) -> list[int]:
+        order = list(range(self.size))
+        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+        return order

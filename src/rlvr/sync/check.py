@@ -33,11 +33,11 @@ class SyncCheck:
     def __init__(self, threshold: float = 0.05):
         self.threshold = threshold
 
-    def __call__(self, gap: float, step: int) -> float:
-        """Check a gap measured after the sync of `step`; returns it for logging as `sync/logprob_gap`."""
+    def __call__(self, gap: float, step: int, name: str = "sync/logprob_gap") -> float:
+        """Check a gap measured after the sync of `step`; returns it for logging as `name`."""
         if not gap <= self.threshold:  # also catches NaN
             raise RuntimeError(
-                f"sync/logprob_gap={gap:.3g} > {self.threshold:g} after step {step}: the engine did not "
-                "receive the new weights (or computes them differently); stopping before training on stale rollouts"
+                f"{name}={gap:.3g} > {self.threshold:g} after the sync of step {step}: the engine did not "
+                "receive the new weights (or computes them differently); stopping the run"
             )
         return gap

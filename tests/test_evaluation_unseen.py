@@ -1,0 +1,48 @@
+"""The held-out figures on test problems never drawn for training: which problems, and their metrics."""
+
+from __future__ import annotations
+
+from rlvr.config import RunConfig
+from rlvr.eval.rollouts_file import SampleRow, summarize_rows, write_samples
+from rlvr.orchestration.evaluation import Evaluation
+from rlvr.records import Problem
+from rlvr.rollout.prompts import PromptSet
+from rlvr.rollout.sampler import EpochSampler
+from rlvr.tracking.timing import StepTimer
+
+
+def test_drawn_is_every_index_taken_so_far_and_all_after_an_epoch():
+    sampler = EpochSampler(10, seed=3)
+    taken = set(sampler.take(4))
+    assert sampler.drawn() == taken and len(taken) == 4
+    sampler.take(7)  # into the second epoch
+    assert sampler.drawn() == set(range(10))
+    assert EpochSampler(10, seed=3).drawn() == set()
+
+
+def _prompt_set(prompts: list[list[int]], prefix: str) -> PromptSet:
+    return PromptSet([Problem(id=f"{prefix}{i}", question="q", answer="1") for i in range(len(prompts))], prompts)
+
+
+def test_after_evaluation_reports_before_and_after_on_the_test_problems_never_drawn(tmp_path):
+    cfg = RunConfig.model_validate({"run_dir": str(tmp_path), "model": {"path": "m"}, "data": {"train": "t"},
+                                    "eval": {"n": 2, "k": [1, 2]}})
+    test = _prompt_set([[1], [2], [3], [4], [5]], "t")
+    train = _prompt_set([[2], [9], [3], [8], [7], [6]], "r")  # test problems t1 and t2 also occur in data.train
+    sampler = EpochSampler(len(train.problems), seed=0)
+    drawn = {tuple(train.prompts[i]) for i in sampler.take(3)}
+    evaluation = Evaluation(cfg, None, None, test, StepTimer(), log=lambda line: None, train_set=train, sampler=sampler)
+    rewards = {"before": [0, 0, 1, 0, 0, 0, 0, 1, 0, 0], "after": [1, 1, 1, 0, 1, 1, 0, 1, 1, 0]}
+    rows = {when: [SampleRow(problem_id=f"t{i // 2}", reward=r, extracted=str(r), sample=i % 2, answer="1")
+                   for i, r in enumerate(values)] for when, values in rewards.items()}
+    for when, when_rows in rows.items():
+        write_samples(tmp_path / "eval" / f"{when}.jsonl", when_rows)
+
+    unseen = evaluation._unseen()
+
+    ids = {p.id for p, prompt in zip(test.problems, test.prompts) if tuple(prompt) not in drawn}
+    assert 3 <= len(ids) < 5  # the draw took at least one of t1, t2
+    for when in ("before", "after"):
+        expected = summarize_rows([r for r in rows[when] if r.problem_id in ids], [1, 2])
+        assert unseen[when]["n_problems"] == len(ids)
+        assert unseen[when]["avg@2"] == expected["avg@2"] and unseen[when]["stderr"] == expected["stderr"]
