@@ -90,18 +90,19 @@ def _build_model(cfg: RunConfig, model_dir: Path, console) -> None:
     problems = load_problems(str(cfg.data.train), limit=spec.warm_start.examples)
     w = spec.warm_start
     pairs = [_worked_example(p, tokenizer, cfg, use_tool=k < w.tool_calls * len(problems)) for k, p in enumerate(problems)]
+    done = 0
+
+    def advance(loss: float) -> None:
+        nonlocal done
+        done += 1
+        bar.update(task, advance=1, description=f"warm start, loss {loss:.3f}")
+        if not console.is_terminal and done % max(1, w.steps // 10) == 0:  # a log file gets a line every 10%
+            console.print(f"warm start: step {done}/{w.steps}, loss {loss:.3f}", highlight=False)
+
     with Progress(console=console) as bar:
         task = bar.add_task(f"warm start ({len(pairs)} examples)", total=w.steps)
-        losses = warm_start(
-            staging,
-            pairs,
-            steps=w.steps,
-            batch_size=w.batch_size,
-            lr=w.lr,
-            seed=cfg.seed,
-            pad_id=tokenizer.pad_token_id,
-            progress=lambda loss: bar.update(task, advance=1, description=f"warm start, loss {loss:.3f}"),
-        )
+        losses = warm_start(staging, pairs, steps=w.steps, batch_size=w.batch_size, lr=w.lr, seed=cfg.seed,
+                            pad_id=tokenizer.pad_token_id, progress=advance)
     shutil.rmtree(model_dir, ignore_errors=True)  # a half-built folder without config.json
     if spec.base_format != "hf":
         from rlvr.quant import quantize_checkpoint
