@@ -60,10 +60,9 @@ class Evaluation:
         if unseen := result.get("unseen"):
             for when, figures in unseen.items():
                 headline |= {f"unseen_{when}/{key}": round(float(figures[key]), 4) for key in keys if key in figures}
-            after = unseen["after"]
-            before = f"{unseen['before'][f'avg@{k}']:.3f} -> " if "before" in unseen else ""
-            self.log(f"  on the {after['n_problems']} test problems never drawn for training: avg@{k} {before}"
-                     f"{after[f'avg@{k}']:.3f} ± {after['stderr'][f'avg@{k}']:.3f}")
+            before = f"{headline[f'unseen_before/avg@{k}']:.3f} -> " if "before" in unseen else ""
+            self.log(f"  on the {unseen['after']['n_problems']} test problems never drawn for training: avg@{k} {before}"
+                     f"{headline[f'unseen_after/avg@{k}']:.3f} ± {unseen['after']['stderr'][f'avg@{k}']:.3f}")
         return headline
 
     def _unseen(self) -> dict:
