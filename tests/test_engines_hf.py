@@ -102,8 +102,9 @@ def test_weight_sync_probes_first_and_every_nth_push_and_holds_trained_gaps_to_t
         # a resumed run's first push is probed, whatever its step; 0: only that one
         first_only = WeightSync(engine, trainer, probe, SyncCheck(0.05), StepTimer(), True, check_every=0)
         assert [bool(first_only.push(step)) for step in (7, 8, 9)] == [True, False, False]
-        with pytest.raises(RuntimeError, match=r"sync/sampler_trainer_gap=0.2 > 0.05 after the sync of step 4"):
-            sync.push(5, trained_gap=0.2)
+        sync.push(5, trained_gap=float("nan"))  # the trainer's own non-finite logprobs: a skipped step, not a stale engine
+        with pytest.raises(RuntimeError, match=r"sync/sampler_trainer_gap=0.2 > 0.05 after the sync of step 5"):
+            sync.push(6, trained_gap=0.2)
 
 
 def test_update_weights(prompts, model_dir, tmp_path):

@@ -11,6 +11,7 @@ resumed run regenerate exactly those rollouts.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from rlvr.records import LoraAdapter
@@ -34,7 +35,9 @@ class WeightSync:
         step's (0: the first only). `trained_gap` is a synchronous step's sync/sampler_trainer_gap: the same measure
         of the previous push, on every token the step trained on; it is checked at every step, a
         step later than the probe would see a failed push, and without the probe's two forwards."""
-        if trained_gap is not None:
+        # a non-finite gap comes from non-finite trainer logprobs, which skip the step's update
+        # (trainer.max_consecutive_skips), not from a stale engine
+        if trained_gap is not None and math.isfinite(trained_gap):
             self.check(trained_gap, step - 1, name="sync/sampler_trainer_gap")
         with self.timer("sync"):
             if self.lora:
