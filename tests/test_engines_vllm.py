@@ -95,7 +95,7 @@ def test_update_lora_from_memory_matches_peft(engine, prompts, hf_model, model_d
         engine_lp = engine.score(sequences, prompt_lens)
         assert logprob_gap(engine_lp, reference_logprobs(peft_model, sequences, prompt_lens)) <= 1e-3
     # ... and stops the run against a model the engine did not receive.
-    with pytest.raises(RuntimeError, match=r"sync/logprob_gap=.* > 0.05 after step 3"):
+    with pytest.raises(RuntimeError, match=r"sync/logprob_gap=.* > 0.05 after the sync of step 3"):
         SyncCheck(0.05)(logprob_gap(engine_lp, reference_logprobs(hf_model, sequences, prompt_lens)), step=3)
 
 
