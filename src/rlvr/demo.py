@@ -16,12 +16,16 @@ import shutil
 from pathlib import Path
 
 from rlvr.config import RunConfig
+from rlvr.data.datasets import is_named_source
 
 
 def ensure_demo_assets(cfg: RunConfig, console) -> None:
     spec = cfg.demo
     train_file, test_file = Path(cfg.data.train), Path(cfg.data.test or "")
-    if not train_file.is_file() or not test_file.is_file():
+    # the demo's task is written where data.train and data.test name files; a named source (a
+    # built-in set, a reasoning-gym task) is used as it is, and no file is written under its name
+    named = any(is_named_source(source) for source in (cfg.data.train, cfg.data.test) if source)
+    if not named and (not train_file.is_file() or not test_file.is_file()):
         from rlvr.data.synthetic import arithmetic_problems, write_jsonl
 
         train, test = arithmetic_problems(seed=cfg.seed, **spec.task.model_dump())

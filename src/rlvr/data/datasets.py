@@ -111,6 +111,11 @@ def _read_saved_dataset(path: Path) -> Iterator[tuple[int, object]]:
     yield from enumerate(dataset, 1)
 
 
+def is_named_source(name: str) -> bool:
+    """A source that is not a path: a built-in set, HumanEval or a reasoning-gym task."""
+    return name == humaneval.NAME or name in BUILTIN or is_reasoning_gym_spec(name)
+
+
 def load_problems(
     name_or_path: str,
     *,
