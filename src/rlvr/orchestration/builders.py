@@ -64,7 +64,8 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     train_set = load_prompt_set(cfg.data, cfg.data.train, tokenizer)
     test_set = load_prompt_set(cfg.data, cfg.data.test, tokenizer, limit=cfg.eval.max_problems) if cfg.data.test else None
-    if test_set is not None and (shared := test_set.shared_with(train_set)):
+    shared = test_set.shared_with(train_set) if test_set is not None else 0
+    if shared:
         log(f"note: {shared} of the {len(test_set.problems)} test problems also occur in data.train (the same prompt): "
             "held-out figures include them")
     timer = StepTimer()
@@ -88,7 +89,9 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
         collector=RolloutCollector(cfg.rollout, cfg.algorithm, cfg.reward, runner, pool, train_set, sampler,
                                    seed=cfg.seed, timer=timer, progress=progress, log=log),
         sync=sync,
-        evaluation=Evaluation(cfg, runner, pool, test_set, timer, progress, log, train_set, sampler),
+        # where test prompts also occur in data.train, the evaluation also reports those never drawn
+        evaluation=Evaluation(cfg, runner, pool, test_set, timer, progress, log,
+                              train_set=train_set if shared else None, sampler=sampler if shared else None),
         checkpoints=checkpoints,
         resume_from=resume_from,
         logger=logger,

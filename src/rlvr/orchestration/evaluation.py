@@ -23,10 +23,9 @@ class Evaluation:
     def __init__(self, cfg: RunConfig, runner: TrajectoryRunner, pool, test_set: PromptSet | None, timer: StepTimer,
                  progress=None, log=print, train_set: PromptSet | None = None, sampler: EpochSampler | None = None):
         self.cfg, self.pool, self.test_set = cfg, pool, test_set
-        # where test prompts also occur in data.train, each evaluation also reports the test
-        # problems never drawn for training (`unseen`): the figure that is held out in fact
-        shared = test_set is not None and train_set is not None and sampler is not None and test_set.shared_with(train_set)
-        self.train_set, self.sampler = (train_set, sampler) if shared else (None, None)
+        # given where test prompts also occur in data.train: the after-evaluation then also reports
+        # the test problems never drawn for training (`unseen`), the figure that is held out in fact
+        self.train_set, self.sampler = train_set, sampler
         self.engine = EnvironmentEngine(runner, test_set.problems) if test_set is not None else None
         self.timer, self.progress, self.log = timer, progress, log
         self.folder = Path(cfg.run_dir) / "eval"

@@ -87,10 +87,6 @@ class PackedLayout:
     batches: tuple[QueryBatch, ...]
 
     @property
-    def num_sequences(self) -> int:
-        return sum(b.num_sequences for b in self.batches)
-
-    @property
     def has_prefix(self) -> bool:
         return any(b.prefix_lens is not None for b in self.batches)
 

@@ -66,7 +66,7 @@ class Trainer:
         self.spec, self.world_size, self.micro_batch_tokens = spec, ranks, spec.trainer.micro_batch_tokens
         self._adapter_version = 0
         self._lora_config: dict | None = None  # fixed for the trainer's life: asked once
-        self._in_flight: str | None = None  # a command the ranks are computing, answered by a later gather
+        self._training = False
         threads = spec.threads or max(1, (os.cpu_count() or 1) // ranks)
         self._ranks: list[RankHandle] = (launch or spawn_ranks)(ranks, replace(spec, threads=threads))
         info = self._gather(timeout_s=start_timeout_s)
@@ -117,13 +117,13 @@ class Trainer:
                 )
             )
         self._send_each("train", inputs)
-        self._in_flight = "train"
+        self._training = True
 
     def finish_train_step(self) -> dict[str, float]:
         """The step's metrics, once every rank has finished it; `time/train` is the slowest
         rank's own compute time. Per-token metrics are means over every trained token of every
         update; loss and grad_norm are the mean update's."""
-        self._in_flight = None
+        self._training = False
         results = self._gather()
         # every key any rank reported: one whose micro-batches were all empty reports no routing sums
         total = {k: sum(r.get(k, 0.0) for r in results) for k in dict.fromkeys(k for r in results for k in r)}
@@ -150,26 +150,11 @@ class Trainer:
 
     def logprobs(self, sequences: list[list[int]], prompt_lens: list[int], temperature: float = 1.0) -> list[list[float]]:
         """The trainer's logprob of every token after each prompt (no gradient)."""
-        return self.start_logprobs(sequences, prompt_lens, temperature)()
-
-    def start_logprobs(
-        self, sequences: list[list[int]], prompt_lens: list[int], temperature: float = 1.0
-    ) -> Callable[[], list[list[float]]]:
-        """`logprobs`, handed to the ranks; returns the call that waits for them. The ranks compute
-        while the caller does something else (where that does not compete for the ranks'
-        cores); no other command may come before that call."""
         per_rank = self._plan(sequences, prompt_lens)
-        self._send_each("logprobs", [(mbs, temperature) for mbs in per_rank])
-        self._in_flight = "logprobs"
-
-        def finish() -> list[list[float]]:
-            self._in_flight = None
-            merged: dict[int, list[float]] = {}
-            for part in self._gather():
-                merged.update(part)
-            return [merged[i] for i in range(len(sequences))]
-
-        return finish
+        merged: dict[int, list[float]] = {}
+        for part in self._call_each("logprobs", [(mbs, temperature) for mbs in per_rank]):
+            merged.update(part)
+        return [merged[i] for i in range(len(sequences))]
 
     def adapter(self) -> LoraAdapter:
         if not self.spec.trainer.lora:
@@ -221,10 +206,8 @@ class Trainer:
         return self._gather()
 
     def _send_each(self, command: str, payloads: list) -> None:
-        if self._in_flight == "train":
+        if self._training:
             raise TrainerError(f"{command}: a train step is in flight; call finish_train_step() first")
-        if self._in_flight is not None:
-            raise TrainerError(f"{command}: a {self._in_flight} command is in flight; wait for its answer first")
         for rank, payload in zip(self._ranks, payloads):
             rank.send(command, payload)
 
