@@ -203,6 +203,7 @@ def rl_steps(root: Path, model_dir: Path, dtype: str, steps: int) -> dict:
         "data.test=null", "engine.backend=hf", "engine.hf_batch_size=64", "rollout.prompts_per_step=8",
         "rollout.samples_per_prompt=8", "rollout.sampling.max_tokens=64", f"reward.verifier={root / 'reward.py'}:text_length",
         "trainer.ranks=1", "trainer.lr=1e-4", "checkpoint.every=0", "tracking.progress=false",
+        "engine.sync_check_every=1",  # a check: the probe at every push, not only where no step gap covers it
     ])
     if run_dir.exists():
         import shutil

@@ -143,7 +143,7 @@ def main() -> None:
     timed = metrics[1:]
 
     stages = ("generate", "score", "train", "sync")
-    # means, not medians: the sync probe runs every engine.sync_check_every steps and counts at that rate
+    # means, not medians: a sync probe that runs on some steps only counts at its rate
     mean = {k: statistics.mean(m[f"time/{k}"] for m in timed) for k in stages}
     # the run saves its final checkpoint inside the last step; that is not part of an RL step
     step = statistics.mean(m["time/step"] - m.get("time/checkpoint", 0.0) for m in timed)
@@ -187,7 +187,7 @@ def main() -> None:
         f"real step, {RECIPE} (SmolLM2-135M-Instruct NVFP4 + LoRA r16, 8 prompts x 8 samples, "
         f"~{result['response_length_mean']:.0f}-token answers, 1 rank){', ' + args.note if args.note else ''}: "
         f"**step {step:.2f} s** (mean of steps 2..{args.steps}): {shares}; **sync {result['sync_share']:.1%} of the "
-        f"step** (engine.sync_check_every={cfg.engine.sync_check_every}); train step "
+        f"step** (probed steps: {result['probed_steps'] or 'none'}); train step "
         f"{result['train_flops'] / 1e9:.1f} GFLOP (useful: 4·W·T + 6·LoRA·T + attention + LM head, "
         f"benchmarks/real_step.py) at {achieved / 1e9:.1f} GFLOP/s = **{achieved / measured_peak:.1%} of the "
         f"measured fp32 peak** ({measured_peak / 1e9:.0f} GFLOP/s: {result['peak_measured']}; "

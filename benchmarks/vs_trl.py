@@ -410,8 +410,11 @@ def main() -> None:
                 "max": max(m["response/length_max"] for m in runs["rlvr_metrics"]),
             },
         },
-        # the engine's logprobs against the trainer's on the probe after every sync (merged LoRA on CPU)
-        "rlvr_sync_logprob_gap_max": max(m["sync/logprob_gap"] for m in runs["rlvr_metrics"]),
+        # the engine's logprobs against the trainer's (merged LoRA on CPU): on every trained token of
+        # every step, and on the sync probe where a step ran it (the benchmark evaluates outside the run)
+        "rlvr_sampler_trainer_gap_max": max(m["sync/sampler_trainer_gap"] for m in runs["rlvr_metrics"]),
+        "rlvr_sync_logprob_gap_max": max((m["sync/logprob_gap"] for m in runs["rlvr_metrics"] if "sync/logprob_gap" in m),
+                                         default=None),
         "rlvr_reward_mean": [m["reward/mean"] for m in runs["rlvr_metrics"]],
         "trl_reward_mean": [h["reward"] for h in runs["trl_log_history"] if "reward" in h],
         "evaluations": evals,

@@ -107,13 +107,14 @@ def check_two_trained_steps(root: Path, arch: str, base_format: str, engine: str
     moe = "moe/routing_agreement" in steps[0]
     for line in steps:
         assert line["reward/std"] > 0 and line["grad_norm"] > 0  # the adapter gets a real update
-        assert line["sync/sampler_trainer_gap"] <= 1e-3  # the rollouts' own logprobs, before the step
-        assert line["sync/logprob_gap"] <= 1e-3  # the probe, after the weights reached the engine
+        assert line["sync/sampler_trainer_gap"] <= 1e-3  # the rollouts' own logprobs: the last push, on every trained token
         assert ("moe/routing_agreement" in line) == moe  # every step of an MoE model, none of a dense one
         if moe:  # the engine and the trainer compute in float32 alike: they route alike too
             assert line["moe/routing_agreement"] > 0.99
             assert line["moe/sampler_trainer_gap_replay"] <= 1e-3 and line["moe/sampler_trainer_gap_no_replay"] <= 1e-3
             assert line["moe/expert_load_max_over_mean"] >= 1.0
+    assert "sync/logprob_gap" not in steps[0]  # step 2's sampler gap checks step 1's push: no probe
+    assert steps[-1]["sync/logprob_gap"] <= 1e-3  # the probe, on the push the after-evaluation uses
     adapter = load_file(next((root / "run").glob("checkpoints/*/adapter/adapter_model.safetensors")))
     lora_b = [t for name, t in adapter.items() if "lora_B" in name]
     assert lora_b and max(float(t.abs().max()) for t in lora_b) > 0  # B starts at zero: it trained

@@ -87,21 +87,22 @@ def test_update_lora_matches_peft_and_sync_check_catches_a_stale_engine(engine, 
         check(logprob_gap(engine_lp, reference_logprobs(hf_model(model_dir), sequences, prompt_lens)), step=2)
 
 
-def test_weight_sync_probes_first_and_every_nth_push_and_holds_trained_gaps_to_the_threshold(engine, prompts, model_dir):
+def test_weight_sync_probes_the_pushes_no_trained_gap_checks_and_holds_trained_gaps_to_the_threshold(engine, prompts, model_dir):
     from rlvr.sync.weights import WeightSync
     from rlvr.tracking.timing import StepTimer
     from rlvr.training.trainer import Trainer
 
     probe = [(p, p[:4]) for p in prompts]
     with Trainer(rank_spec(model_dir, lora=dict(rank=4, alpha=8.0, target_modules="all-linear"))) as trainer:
-        sync = WeightSync(engine, trainer, probe, SyncCheck(0.05), StepTimer(), lora=True, check_every=3)
-        pushed = [sync.push(step, trained_gap=None if step == 0 else 1e-6) for step in range(5)]
+        # default: the first push to the engine, then only pushes used before a step's gap checks them
+        sync = WeightSync(engine, trainer, probe, SyncCheck(0.05), StepTimer(), lora=True)
+        pushed = [sync.push(step, None if step == 0 else 1e-6, used_unchecked=step == 3) for step in range(5)]
         assert [bool(m) for m in pushed] == [True, False, False, True, False]
         assert all(m["sync/logprob_gap"] <= 1e-4 for m in pushed if m)
         assert sync.serving is not None and sync.serving.version == 5  # every push sent the adapter
-        # a resumed run's first push is probed, whatever its step; 0: only that one
-        first_only = WeightSync(engine, trainer, probe, SyncCheck(0.05), StepTimer(), True, check_every=0)
-        assert [bool(first_only.push(step)) for step in (7, 8, 9)] == [True, False, False]
+        # check_every N: also every Nth step; a resumed run's first push is probed, whatever its step
+        periodic = WeightSync(engine, trainer, probe, SyncCheck(0.05), StepTimer(), True, check_every=3)
+        assert [bool(periodic.push(step, 1e-6, used_unchecked=False)) for step in (7, 8, 9, 10)] == [True, False, True, False]
         sync.push(5, trained_gap=float("nan"))  # the trainer's own non-finite logprobs: a skipped step, not a stale engine
         with pytest.raises(RuntimeError, match=r"sync/sampler_trainer_gap=0.2 > 0.05 after the sync of step 5"):
             sync.push(6, trained_gap=0.2)

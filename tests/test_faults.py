@@ -47,7 +47,10 @@ def test_an_engine_core_killed_mid_run_is_restarted_and_the_run_completes(tmp_pa
     assert "restarting the engine (1/1) and retrying" in out
     rows = step_rows(tmp_path / "run")
     assert [(row["step"], row["engine/restarts"]) for row in rows] == [(1, 0), (2, 1), (3, 1)]
-    assert all(row["sync/logprob_gap"] <= 1e-3 for row in rows)  # the new engine serves the trained adapter
+    # the new engine serves the trained adapter: its rollouts' own logprobs agree, and its first push is probed
+    assert all(row["sync/sampler_trainer_gap"] <= 1e-3 for row in rows)
+    assert [("sync/logprob_gap" in row) for row in rows] == [False, True, True]  # step 3's: the after-evaluation's
+    assert rows[1]["sync/logprob_gap"] <= 1e-3
 
 
 def _engine_cores(pid: int) -> list[psutil.Process]:

@@ -209,10 +209,11 @@ class EngineConfig(Section):
     sync_check_threshold: float = Field(
         0.05, gt=0, description="max sync/logprob_gap (and, synchronous, sync/sampler_trainer_gap) before the run stops"
     )
-    sync_check_every: int = Field(
-        1, ge=0, description="score the sync probe on engine and trainer at the first push and every Nth step "
-        "(0: the first push only; its two forwards are most of a small model's sync); synchronous runs also hold "
-        "each step's own sync/sampler_trainer_gap, measured on every trained token at no cost, to the threshold"
+    sync_check_every: int | None = Field(
+        None, ge=1, description="also score the sync probe on engine and trainer at every Nth step (1: every push). "
+        "null: only where no step's own sync/sampler_trainer_gap (measured on every trained token at no cost, and "
+        "held to the threshold) checks the push first: the first push to an engine, a push an evaluation uses, and "
+        "every push when generating ahead"
     )
     max_restarts: int = Field(2, ge=0, description="times a dead engine is restarted (and its step retried) per run")
     in_process: bool | None = Field(

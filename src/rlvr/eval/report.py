@@ -57,7 +57,7 @@ PLOTS = (
     PlotSpec("entropy", "Policy entropy", r"^policy/entropy$"),
     PlotSpec("kl", "KL to the reference policy", r"^policy/kl$"),
     PlotSpec("clip_fraction", "Clip fraction", r"^policy/clip_fraction$"),
-    PlotSpec("logprob_gap", "Sampler-trainer logprob gap", r"^sync/logprob_gap"),
+    PlotSpec("logprob_gap", "Engine-trainer logprob gap: each step's rollouts, the sync probe", r"^sync/(sampler_trainer_gap|logprob_gap)$"),
     PlotSpec("time", "Time per step", r"^time/", stacked=True, ylabel="seconds"),
 )
 

@@ -35,6 +35,10 @@ class Evaluation:
         every = self.cfg.eval.every
         return bool(every) and step % every == 0 and step < self.cfg.steps
 
+    def uses_push_of(self, step: int) -> bool:
+        """An evaluation runs on the policy pushed after `step`: a periodic one, or the last step's `after`."""
+        return self.test_set is not None and (self.due(step) or step == self.cfg.steps)
+
     def run(self, tag: str) -> dict[str, float]:
         """Evaluate the engine's current policy; the headline numbers ({} without data.test)."""
         from rlvr.eval.runner import evaluate, held_out_sampling

@@ -39,9 +39,13 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print) -> dic
             step_start = time.perf_counter()
             current = pending or run.collector.collect(step)
             metrics, pending = _train(run, current, step, stop_signal)
-            # synchronous, the step trained on rollouts of the policy pushed last: its sampler gap checks that push
-            trained_gap = None if cfg.rollout.max_staleness else metrics.get("sync/sampler_trainer_gap")
-            metrics |= run.sync.push(step, trained_gap) | current.metrics | {"engine/restarts": run.engine.restarts}
+            # Synchronous, a step trains on rollouts of the policy pushed last: its sampler gap checks
+            # that push. What uses a push before such a check (an evaluation; generating ahead, the
+            # next rollouts) needs the sync probe.
+            synchronous = not cfg.rollout.max_staleness
+            trained_gap = metrics.get("sync/sampler_trainer_gap") if synchronous else None
+            used_unchecked = not synchronous or run.evaluation.uses_push_of(step)
+            metrics |= run.sync.push(step, trained_gap, used_unchecked) | current.metrics | {"engine/restarts": run.engine.restarts}
             skips.check(step, metrics)
             if run.evaluation.due(step):
                 metrics |= _prefixed("eval/", run.evaluation.run(f"step{step}"))

@@ -23,6 +23,7 @@ from typing import Protocol
 import torch
 
 from rlvr.records import LoraAdapter, TrainBatch
+from rlvr.training import wire
 from rlvr.training.packing import plan, split_by_group
 from rlvr.training.worker import MiniBatch, RankSpec, StepInput, run_rank
 
@@ -159,7 +160,8 @@ class Trainer:
     def adapter(self) -> LoraAdapter:
         if not self.spec.trainer.lora:
             raise TrainerError("adapter(): this trainer runs full fine-tuning; use weights()")
-        tensors = self._call_all("adapter")[0]
+        parts = self._call_all("adapter")  # each rank's dim-0 shards, or rank 0's whole tensors
+        tensors = {name: torch.cat([part[name] for part in parts if name in part]) for name in parts[0]}
         if self._lora_config is None:
             self._lora_config = self._call_all("lora_config")[0]
         config = self._lora_config
@@ -277,7 +279,7 @@ class RankProcess:
 
     def send(self, command: str, payload) -> None:
         try:
-            self._conn.send((command, payload))
+            wire.send(self._conn, (command, payload))
         except (BrokenPipeError, OSError):
             pass  # it died: receive says how
 
@@ -289,7 +291,7 @@ class RankProcess:
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError
         try:
-            return self._conn.recv()
+            return wire.receive(self._conn)
         except (EOFError, OSError):  # the pipe closed under us: the process is going
             self._process.join(timeout=5)
             raise RankDied(f"exit code {self._process.exitcode}") from None

@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from rlvr.config import AlgorithmConfig, ModelConfig, TrainerConfig
 from rlvr.models.moe import moe_layers
+from rlvr.training import wire
 from rlvr.training.attention import use_packed_attention
 from rlvr.training.packing import MicroBatch, unpack
 from rlvr.training.policy import TokenLogprobs, apply_lora, load_base, shard
@@ -88,15 +89,15 @@ def run_rank(rank: int, world_size: int, port: int, spec: RankSpec, conn) -> Non
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's: it stops between steps
     try:
         worker = join_group(rank, world_size, "127.0.0.1", port, spec)
-        conn.send(("ok", worker.info()))
+        wire.send(conn, ("ok", worker.info()))
         while True:
-            command, payload = conn.recv()
+            command, payload = wire.receive(conn)
             if command == "close":
-                conn.send(("ok", None))
+                wire.send(conn, ("ok", None))
                 break
-            conn.send(answer(worker, command, payload))
+            wire.send(conn, answer(worker, command, payload))
     except Exception as error:
-        conn.send(("error", RankFailure.of(error)))
+        wire.send(conn, ("error", RankFailure.of(error)))
     finally:
         leave_group()
 
@@ -369,21 +370,16 @@ class _Rank:
         return {"grad_norm": grad_norm, "skipped": float(skipped)}
 
     def adapter(self, _=None) -> dict[str, torch.Tensor]:
-        """The full (unsharded) trainable tensors, in PEFT/HF naming; only rank 0 keeps them.
-
-        Every rank's dim-0 shards go to rank 0 in one gather, instead of an all-gather per
-        tensor (on the demo's 2 gloo ranks: 56 collectives, ~60 ms a sync)."""
+        """This rank's part of the trainable tensors, in PEFT/HF naming, for the controller to
+        concatenate on dim 0 in rank order: its dim-0 shards, with no collective at all (an
+        all-gather per tensor cost ~20 ms a sync on the demo's 2 gloo ranks, one gather_object
+        ~25 ms). Sharded otherwise, the tensors are gathered whole and rank 0 alone answers."""
         from torch.distributed.tensor import Shard
 
-        if self._alone or not all(getattr(p, "placements", None) == (Shard(0),) for _, p in self.trainable):
-            whole = {_public_name(name): self._whole(p).detach().cpu().clone() for name, p in self.trainable}
-            return whole if self.rank == 0 else {}
-        shards = {name: p.to_local().detach().cpu() for name, p in self.trainable}
-        gathered = [None] * self.world_size if self.rank == 0 else None
-        dist.gather_object(shards, gathered, dst=0)
-        if self.rank != 0:
-            return {}
-        return {_public_name(name): torch.cat([part[name] for part in gathered]) for name, _ in self.trainable}
+        if self._alone or all(getattr(p, "placements", None) == (Shard(0),) for _, p in self.trainable):
+            return {_public_name(name): self._local(p).detach().cpu() for name, p in self.trainable}
+        whole = {_public_name(name): self._whole(p).detach().cpu() for name, p in self.trainable}
+        return whole if self.rank == 0 else {}
 
     def weights(self, _=None) -> dict[str, torch.Tensor]:
         """All parameters, unsharded, in HF naming (full fine-tuning sync)."""
@@ -458,9 +454,11 @@ class _Rank:
     def _whole(self, p: torch.Tensor) -> torch.Tensor:
         """The unsharded tensor: one rank holds it whole already (an all-gather per tensor, every
         sync, cost ~20 ms on the demo's 112 adapter tensors)."""
-        if not hasattr(p, "full_tensor"):
-            return p
-        return p.to_local() if self._alone else p.full_tensor()
+        return self._local(p) if self._alone else p.full_tensor() if hasattr(p, "full_tensor") else p
+
+    @staticmethod
+    def _local(p: torch.Tensor) -> torch.Tensor:
+        return p.to_local() if hasattr(p, "to_local") else p
 
     def _forward(self, mb: MicroBatch, temperature: float):
         return self.policy(
