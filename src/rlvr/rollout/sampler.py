@@ -11,6 +11,7 @@ class EpochSampler:
 
     def __init__(self, size: int, seed: int, position: int = 0):
         self.size, self.seed, self.position = size, seed, position
+        self._epoch_order: tuple[int, list[int]] | None = None  # the last epoch's order: one shuffle per epoch
 
     def take(self, count: int) -> list[int]:
         out = []
@@ -28,6 +29,8 @@ class EpochSampler:
         return set(self._order(0)[:offset])
 
     def _order(self, epoch: int) -> list[int]:
-        order = list(range(self.size))
-        random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
-        return order
+        if self._epoch_order is None or self._epoch_order[0] != epoch:
+            order = list(range(self.size))
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(order)
+            self._epoch_order = (epoch, order)
+        return self._epoch_order[1]
