@@ -452,9 +452,10 @@ class _Rank:
     # ------------------------------------------------------------------ internals
 
     def _whole(self, p: torch.Tensor) -> torch.Tensor:
-        """The unsharded tensor: one rank holds it whole already (an all-gather per tensor, every
-        sync, cost ~20 ms on the demo's 112 adapter tensors)."""
-        return self._local(p) if self._alone else p.full_tensor() if hasattr(p, "full_tensor") else p
+        """The unsharded tensor; a rank alone holds it whole already and skips the all-gather."""
+        if self._alone or not hasattr(p, "full_tensor"):
+            return self._local(p)
+        return p.full_tensor()
 
     @staticmethod
     def _local(p: torch.Tensor) -> torch.Tensor:
