@@ -48,28 +48,35 @@ def test_shared_prompts_pack_one_copy_and_score_each_completion_from_its_end():
     assert all(mb.num_tokens <= 7 for mb in parts)
 
 
-def _one_and_two_ranks(model_path: str, reference_model) -> dict[int, tuple]:
-    """For 1 and 2 ranks: (logprobs, train-step metrics, updated adapter, packed-base bytes per rank),
-    after checking the logprobs against `reference_model`'s."""
+# (ranks, shard_ranks): one rank; two sharding every parameter (FSDP); two replicas of it (HSDP)
+LAYOUTS = [(1, None), (2, None), (2, 1)]
+
+
+def _one_and_two_ranks(model_path: str, reference_model) -> dict[tuple, tuple]:
+    """For each of LAYOUTS: (logprobs, train-step metrics, updated adapter, packed-base bytes per
+    rank), after checking the logprobs against `reference_model`'s; all must train alike."""
     batch = random_train_batch()
     sequences = [p + c for p, c in zip(batch.prompt_ids, batch.completion_ids)]
     prompt_lens = [len(p) for p in batch.prompt_ids]
     expected = reference_logprobs(reference_model, sequences, prompt_lens)
     results = {}
-    for ranks in (1, 2):
-        spec = rank_spec(model_path, lr=1e-2, lora=LORA, ranks=ranks, micro_batch_tokens=14)  # 14 splits group 1
+    for ranks, shard_ranks in LAYOUTS:
+        spec = rank_spec(model_path, lr=1e-2, lora=LORA, ranks=ranks, shard_ranks=shard_ranks,
+                         micro_batch_tokens=14)  # 14 splits group 1
         with Trainer(spec) as trainer:
             lp = trainer.logprobs(sequences, prompt_lens)
             metrics = trainer.train_step(batch)
             held = trainer.packed_base_bytes()
-            results[ranks] = (lp, metrics, trainer.adapter().tensors, held)
+            results[ranks, shard_ranks] = (lp, metrics, trainer.adapter().tensors, held)
         assert max(abs(a - b) for x, y in zip(lp, expected) for a, b in zip(x, y)) < 1e-5
-    (_, m1, a1, _), (_, m2, a2, _) = results[1], results[2]
-    assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-5)
-    assert m1["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
-    assert a1.keys() == a2.keys()
-    for name in a1:  # the updated adapters agree, so the gradients did
-        torch.testing.assert_close(a1[name], a2[name], atol=1e-5, rtol=1e-5)
+    _, m1, a1, _ = results[LAYOUTS[0]]
+    for layout in LAYOUTS[1:]:
+        _, m2, a2, _ = results[layout]
+        assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-5)
+        assert m1["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
+        assert a1.keys() == a2.keys()
+        for name in a1:  # the updated adapters agree, so the gradients did
+            torch.testing.assert_close(a1[name], a2[name], atol=1e-5, rtol=1e-5)
     return results
 
 
@@ -97,10 +104,32 @@ def test_two_ranks_each_hold_half_the_packed_base_and_train_like_one(tiny, tmp_p
     reference = AutoModelForCausalLM.from_pretrained(write_dequantized_checkpoint(packed_dir, tmp_path / "float"))
     results = _one_and_two_ranks(str(packed_dir), reference)
     packed_bytes = _packed_layer_bytes(load_file(packed_dir / "model.safetensors"), base_format)
-    (one_rank,), two_ranks = results[1][3], results[2][3]
+    (one_rank,), two_ranks, two_replicas = (results[layout][3] for layout in LAYOUTS)
     assert one_rank == packed_bytes  # one rank holds every packed tensor, each once
     for held in two_ranks:  # half each; the few bytes over are FSDP2's padding and the replicated global scales
         assert packed_bytes / 2 <= held < 0.52 * packed_bytes
+    assert two_replicas == [packed_bytes] * 2  # a replica each
+
+
+@pytest.mark.slow
+def test_a_checkpoint_of_replicas_resumes_on_shards(tiny, tmp_path):
+    """DCP reshards: what two HSDP replicas saved, two FSDP shards load, optimizer state included
+    (the step after the load matches the step after the save)."""
+    batch = random_train_batch()
+    after = {}
+    for shard_ranks in (1, None):
+        with Trainer(rank_spec(tiny, lr=1e-2, lora=LORA, ranks=2, shard_ranks=shard_ranks, total_steps=4)) as trainer:
+            if shard_ranks == 1:
+                trainer.train_step(batch)
+                trainer.save(str(tmp_path))
+            else:
+                trainer.load(str(tmp_path))
+            saved = trainer.adapter().tensors
+            trainer.train_step(batch)
+            after[shard_ranks] = (saved, trainer.adapter().tensors)
+    for (a, b) in zip(after[1], after[None]):
+        for name in a:
+            torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.slow

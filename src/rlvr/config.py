@@ -383,6 +383,12 @@ class TrainerConfig(Section):
     """The FSDP2 trainer ranks and their optimizer."""
 
     ranks: int = Field(1, ge=1, description="FSDP2 worker processes")
+    shard_ranks: int | None = Field(
+        None, ge=1, description="ranks each parameter is sharded over; the ranks / shard_ranks groups of them each "
+        "hold a replica, and gradients are all-reduced between replicas (HSDP, FSDP2 on a 2-D mesh; torchtitan's "
+        "data_parallel_shard_degree). null: all ranks (FSDP). 1: every rank holds the whole model, with no all-gather "
+        "in forward or backward: for a model one rank holds, fewer synchronisations a step"
+    )
     lr: float = Field(1e-5, gt=0, description="AdamW peak learning rate")
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")
     betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW beta1, beta2")
@@ -415,6 +421,12 @@ class TrainerConfig(Section):
     max_consecutive_skips: int = Field(
         3, ge=1, description="stop the run after this many steps in a row skipped for a non-finite loss or gradient"
     )
+
+    @model_validator(mode="after")
+    def _shards_divide_ranks(self) -> TrainerConfig:
+        if self.shard_ranks is not None and self.ranks % self.shard_ranks:
+            raise ValueError(f"shard_ranks={self.shard_ranks} must divide ranks={self.ranks}")
+        return self
 
 
 class EvalConfig(Section):

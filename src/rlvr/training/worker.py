@@ -164,7 +164,12 @@ class _Rank:
             raise ValueError(f"trainer.routing_replay: {spec.model.path} has no mixture-of-experts layers to replay")
         self.lm = lm
         self.policy = TokenLogprobs(lm)
-        mesh = init_device_mesh(self.device.type, (world_size,))
+        shard_ranks = config.shard_ranks or world_size
+        # FSDP2 on a 1-D mesh shards over every rank; on a 2-D one (replicas x shards) it is HSDP
+        mesh = (init_device_mesh(self.device.type, (world_size,)) if shard_ranks == world_size else
+                init_device_mesh(self.device.type, (world_size // shard_ranks, shard_ranks),
+                                 mesh_dim_names=("replicate", "shard")))
+        self.first_replica = rank < shard_ranks  # ranks are laid out replica by replica
         # fully_shard moves each unit's tensors to the mesh's device and keeps only its shard
         # there, unit by unit: the device never holds more than the shards and one block in full
         # (moving the whole base first would need all of it on every GPU at once).
@@ -371,12 +376,20 @@ class _Rank:
 
     def adapter(self, _=None) -> dict[str, torch.Tensor]:
         """This rank's part of the trainable tensors, in PEFT/HF naming, for the controller to
-        concatenate on dim 0 in rank order: its dim-0 shards, with no collective at all (an
-        all-gather per tensor cost ~20 ms a sync on the demo's 2 gloo ranks, one gather_object
-        ~25 ms). Sharded otherwise, the tensors are gathered whole and rank 0 alone answers."""
-        from torch.distributed.tensor import Shard
+        concatenate on dim 0 in rank order: the first replica's dim-0 shards (the other replicas
+        answer nothing), with no collective at all (an all-gather per tensor cost ~20 ms a sync on
+        the demo's 2 gloo ranks, one gather_object ~25 ms). Sharded otherwise, the tensors are
+        gathered whole and rank 0 alone answers."""
+        from torch.distributed.tensor import Replicate, Shard
 
-        if self._alone or all(getattr(p, "placements", None) == (Shard(0),) for _, p in self.trainable):
+        def dim0_shard(p) -> bool:
+            placements = getattr(p, "placements", None)
+            return placements is not None and placements[-1] == Shard(0) and all(
+                placement == Replicate() for placement in placements[:-1])
+
+        if self._alone or all(dim0_shard(p) for _, p in self.trainable):
+            if not self.first_replica:
+                return {}
             return {_public_name(name): self._local(p).detach().cpu() for name, p in self.trainable}
         whole = {_public_name(name): self._whole(p).detach().cpu() for name, p in self.trainable}
         return whole if self.rank == 0 else {}
