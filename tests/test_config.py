@@ -72,6 +72,12 @@ def test_eval_k_larger_than_n_is_rejected():
         load_config(DEMO, ["eval.k=[1,16]"])
 
 
+def test_shard_ranks_must_divide_ranks():
+    with pytest.raises(ConfigError, match=r"trainer: shard_ranks=3 must divide ranks=2"):
+        load_config(DEMO, ["trainer.shard_ranks=3"])
+    assert load_config(DEMO, ["trainer.ranks=4", "trainer.shard_ranks=2"]).trainer.shard_ranks == 2
+
+
 def test_cli_dry_run_prints_resolved_config_and_errors_exit_2():
     import subprocess
     import sys
