@@ -137,7 +137,8 @@ def shard(module: nn.Module, mesh, param_dtype: torch.dtype, reduce_dtype: torch
     block absmax into `param_dtype` (FSDP2 casts every floating-point parameter, FP8 included; it
     leaves only integer ones alone). Its mixed-dtype tensors are then all-gathered as bytes, one
     collective per layer, and freed again after the layer ran. Packed experts are sharded along
-    their first dimension, the experts: each of N ranks holds E/N experts' bytes between steps.
+    their first dimension, the experts: each of N ranks holds E/N experts' bytes between steps
+    (on a 2-D mesh, trainer.shard_ranks' HSDP, N is the shard dimension: each replica holds all E).
     Where this torch's FSDP2 refuses integer tensors (`shard_packed` None: probed), the packed
     layers stay whole on each rank's device instead, left out of FSDP.
     """
