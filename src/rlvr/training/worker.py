@@ -207,8 +207,11 @@ class _Rank:
         self.trainable = [(n, p) for n, p in self.policy.named_parameters() if p.requires_grad]
         self.trainable_params = sum(_numel(p) for _, p in self.trainable)
         self.total_params = sum(_numel(p) for p in self.policy.parameters())
+        # foreach: one op over all (DTensor) parameters instead of a Python loop over them, which
+        # torch picks for CPU tensors by default: 3.8 vs 11 ms a step on a demo rank, same values
         self.optimizer = torch.optim.AdamW(
-            [p for _, p in self.trainable], lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
+            [p for _, p in self.trainable], lr=config.lr, betas=config.betas, weight_decay=config.weight_decay,
+            foreach=True,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, partial(lr_factor, config, spec.total_steps))
 
