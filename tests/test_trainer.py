@@ -140,15 +140,14 @@ def test_a_rank_error_reaches_the_controller_with_its_traceback(tmp_path):
         Trainer(rank_spec(tmp_path / "missing"))
 
 
-
-
 _PAGE_FAULTS_PER_STEP = """
-import ctypes, ctypes.util, resource, sys, torch
-from rlvr.training.worker import keep_freed_memory
+import ctypes, resource, sys, torch
+from rlvr.training.worker import _M_MMAP_THRESHOLD, keep_freed_memory
+# glibc's own start, blocks over 128 KiB mmapped, pinned (its adaptive threshold varies run to
+# run), so that without keep_freed_memory every step faults and with it none does
+ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, 128 << 10)
 if sys.argv[1] == "keep":
     keep_freed_memory()
-else:  # glibc's own start: blocks over 128 KiB mmapped (pinned: its adaptive threshold varies run to run)
-    ctypes.CDLL(ctypes.util.find_library("c")).mallopt(-3, 128 << 10)
 def step():  # a training step's pattern: activations of a few MiB each, all freed at its end
     activations = [torch.ones(1 << 20) for _ in range(8)]
     return sum(float(a[-1]) for a in activations)
@@ -165,11 +164,11 @@ def test_a_cpu_rank_keeps_freed_activations_for_the_next_step():
     """keep_freed_memory (every CPU rank calls it first): the pages one step freed serve the
     next step's activations. With glibc's defaults they went back to the OS and faulted in
     again: 12-20k page faults a step on a demo rank, ~8% of its step time."""
-    import ctypes.util
+    import platform
     import subprocess
     import sys
 
-    if "libc.so" not in (ctypes.util.find_library("c") or ""):
+    if platform.libc_ver()[0] != "glibc":
         pytest.skip("keep_freed_memory tunes glibc's allocator; this libc is another")
 
     def faults_per_step(mode: str) -> int:
