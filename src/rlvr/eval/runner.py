@@ -64,6 +64,27 @@ def evaluate(
     sample is also written there as one JSONL row (see rollouts_file). With `progress`,
     generation and scoring each drive an "eval ..." bar.
     """
+    ks = check_ks(ks)  # fail before the expensive generate call, not after it
+    if n < ks[-1]:
+        raise ValueError(f"n={n} samples per problem cannot give @{ks[-1]} metrics; use n >= {ks[-1]}")
+    rows = scored_samples(engine, scorer, problems, prompts, n=n, sampling=sampling, progress=progress)
+    if samples_path is not None:
+        write_samples(samples_path, rows)
+    return summarize_rows(rows, ks)
+
+
+def scored_samples(
+    engine: Generates,
+    scorer: Scores,
+    problems: list[Problem],
+    prompts: list[list[int]],
+    *,
+    n: int,
+    sampling: Sampling,
+    progress: RunProgress | None = None,
+) -> list[SampleRow]:
+    """The scored samples `evaluate` summarises: n per problem, in problem order, each with its
+    response (a multi-turn trajectory's whole transcript), extracted answer and reward."""
     if len(problems) != len(prompts):
         raise ValueError(f"need one prompt per problem, got {len(problems)} problems and {len(prompts)} prompts")
     if not problems:
@@ -72,9 +93,6 @@ def evaluate(
     if len(set(ids)) != len(ids):
         duplicate = next(i for i in ids if ids.count(i) > 1)
         raise ValueError(f"problem ids must be unique, {duplicate!r} appears more than once")
-    ks = check_ks(ks)  # fail before the expensive generate call, not after it
-    if n < ks[-1]:
-        raise ValueError(f"n={n} samples per problem cannot give @{ks[-1]} metrics; use n >= {ks[-1]}")
 
     generated = engine.generate(prompts, n, sampling, progress=phase(progress, "eval generate", len(prompts) * n))
     groups = _group_by_prompt(generated, len(prompts), n)
@@ -92,7 +110,7 @@ def evaluate(
     for k, score in zip(verify, verified):
         scores[k] = score
 
-    rows = [
+    return [
         SampleRow(
             problem_id=problem.id,
             sample=sample,
@@ -106,6 +124,3 @@ def evaluate(
         )
         for (problem, sample, rollout), score in zip(ordered, scores)
     ]
-    if samples_path is not None:
-        write_samples(samples_path, rows)
-    return summarize_rows(rows, ks)
