@@ -40,7 +40,7 @@ def run_config(args, work: Path, name: str, staleness: int, engine_threads: int)
     cfg.update(run_dir=str(work / name), steps=args.steps)
     cfg["model"]["path"] = str(work / "assets" / "model")
     cfg["data"].update(train=str(work / "assets" / "task" / "train.jsonl"), test=str(work / "assets" / "task" / "test.jsonl"))
-    cfg["demo"]["warm_start"]["steps"] = args.warm_start_steps
+    cfg["demo"]["warm_start"].update(steps=args.warm_start_steps, check=None)  # the fixed warm start its figures were measured with
     cfg["engine"]["num_threads"] = engine_threads
     cfg["rollout"]["max_staleness"] = staleness
     cfg["tracking"] = {"progress": False}

@@ -97,7 +97,11 @@ def demo(
     cfg = _load(config, overrides or [])
     if cfg.demo is None:
         raise ConfigError(f"{config}: a demo config needs a `demo:` section")
-    _run(cfg, verbose=verbose, prepare=lambda terminal: ensure_demo_assets(cfg, terminal))
+    def prepare(terminal) -> dict | None:
+        record = ensure_demo_assets(cfg, terminal)
+        return {"warm_start": record} if record is not None else None
+
+    _run(cfg, verbose=verbose, prepare=prepare)
 
 
 @app.command()
@@ -283,10 +287,9 @@ def _run(cfg, resume: bool = False, verbose: bool = False, prepare=None) -> None
     from rlvr.tracking.terminal import run_output
 
     with run_output(cfg.run_dir, verbose) as terminal:  # an error leaves it (output restored), then main() says it
-        if prepare is not None:
-            prepare(terminal)
+        notes = prepare(terminal) if prepare is not None else None
         with RunProgress(terminal, enabled=cfg.tracking.progress, steps=cfg.steps) as progress:
-            summary = run_training(cfg, progress=progress, resume=resume, log=progress.console.print)
+            summary = run_training(cfg, progress=progress, resume=resume, log=progress.console.print, notes=notes)
         report = write_report(cfg.run_dir)
     _print_summary(summary, cfg, report, logs=not verbose)
 

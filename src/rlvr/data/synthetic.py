@@ -34,6 +34,13 @@ def counting_question(start: int, step: int, count: int) -> str:
     return f"What is {start}+{step}*{count}? Answer in \\boxed{{}}."
 
 
+def question_expression(question: str) -> str | None:
+    """The arithmetic a question asks for ("What is 347*56? ..." -> "347*56"); None for other text."""
+    head = question.split(" Answer")[0]
+    match = _QUESTION.fullmatch(head) or _COUNTING.fullmatch(head)
+    return head.removeprefix("What is ").removesuffix("?") if match else None
+
+
 def solution_text(question: str, answer: str) -> str:
     """The completion the warm start teaches: a digit-by-digit working, then the boxed answer.
 

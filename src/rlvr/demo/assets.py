@@ -2,10 +2,12 @@
 
 1. the task: synthetic arithmetic split by seed into the train and test files the config names;
 2. the model: a tiny random causal LM with a character tokenizer (rlvr.models.tiny);
-3. the warm start: a short supervised phase on boxed answers, so RL starts from rewards that
-   are neither zero nor saturated; with `base_format: nvfp4` (or `nf4`) the result is then
+3. the warm start: a supervised phase on worked answers that runs until the model can do what
+   RL needs (rlvr.demo.warm_start): it answers in the verifier's format, copies operands and
+   tool results, and its base accuracy lies in a window, so RL starts from rewards that are
+   neither zero nor saturated; with `base_format: nvfp4` (or `nf4`) the result is then
    quantized to an NVFP4 compressed-tensors (or NF4 bitsandbytes) checkpoint, the frozen base
-   LoRA trains on.
+   LoRA trains on. What it reached is written beside the model (warm_start.json).
 Each is skipped when its output already exists, so a second `make demo` goes straight to RL.
 """
 
@@ -19,7 +21,9 @@ from rlvr.config import RunConfig
 from rlvr.data.datasets import is_named_source
 
 
-def ensure_demo_assets(cfg: RunConfig, console) -> None:
+def ensure_demo_assets(cfg: RunConfig, console) -> dict | None:
+    """Build what is missing; returns the warm start's record (warm_start.json, for summary.json),
+    None where the model folder was not built by the demo."""
     spec = cfg.demo
     train_file, test_file = Path(cfg.data.train), Path(cfg.data.test or "")
     # the demo's task is written where data.train and data.test name files; a named source (a
@@ -36,20 +40,25 @@ def ensure_demo_assets(cfg: RunConfig, console) -> None:
     model_dir = Path(cfg.model.path)
     if not (model_dir / "config.json").is_file():
         _build_model(cfg, model_dir, console)
-        return
     built = json.loads((model_dir / "config.json").read_text()).get("model_type")
     if built != spec.model.arch:  # a folder built for another arch would be trained silently instead
         from rlvr.config import ConfigError
 
         raise ConfigError(f"{model_dir} holds a {built} model, not demo.model.arch={spec.model.arch}: give the demo "
                           f"its own model.path (e.g. model.path=artifacts/demo_{spec.model.arch}/model) or delete the folder")
+    record = _record_path(model_dir)
+    return json.loads(record.read_text()) if record.is_file() else None
+
+
+def _record_path(model_dir: Path) -> Path:
+    return model_dir.with_name(model_dir.name + ".warm_start.json")
 
 
 def _worked_example(problem, tokenizer, cfg: RunConfig, use_tool: bool) -> tuple[list[int], list[int], list[int]]:
     """(prompt ids, target ids, target loss mask) of one warm-start example: the worked answer;
     with `use_tool`, a call of the calculator, its answer (rendered as a trajectory renders it,
     masked out of the loss) and the boxed result, as the calculator environment plays it."""
-    from rlvr.data.synthetic import solution_text
+    from rlvr.data.synthetic import question_expression, solution_text
     from rlvr.envs.builtin import Calculator
     from rlvr.rollout.prompts import Renderer, encode_prompt
 
@@ -59,7 +68,7 @@ def _worked_example(problem, tokenizer, cfg: RunConfig, use_tool: bool) -> tuple
         return prompt, answer + [tokenizer.eos_token_id], [1] * (len(answer) + 1)
     if cfg.env.name != "calculator":
         raise ValueError(f"demo.warm_start.tool_calls needs env.name: calculator, not {cfg.env.name!r}")
-    expression = problem.question.removeprefix("What is ").split("?")[0]
+    expression = question_expression(problem.question)
     call = tokenizer(f"<calc>{expression}</calc>", add_special_tokens=False).input_ids  # stopped at </calc>: no EOS
     observation = Renderer(tokenizer, cfg.data).observation(
         [{"role": cfg.env.observation_role, "content": Calculator.evaluate(expression)}], ended_turn=False)
@@ -68,45 +77,39 @@ def _worked_example(problem, tokenizer, cfg: RunConfig, use_tool: bool) -> tuple
 
 
 def _build_model(cfg: RunConfig, model_dir: Path, console) -> None:
-    from rich.progress import Progress
     from transformers import AutoTokenizer
 
     from rlvr.data.datasets import load_problems
+    from rlvr.demo.warm_start import warm_start_until_ready
     from rlvr.models.tiny import build_tiny_model
-    from rlvr.training.sft import warm_start
 
     spec = cfg.demo
     staging = model_dir.with_name(model_dir.name + ".building")
-    shutil.rmtree(staging, ignore_errors=True)
-    m = spec.model
-    build_tiny_model(
-        staging,
-        m.arch,
-        seed=cfg.seed,
-        hidden_size=m.hidden_size,
-        num_layers=m.num_layers,
-        num_heads=m.num_heads,
-        num_kv_heads=m.num_kv_heads,
-        intermediate_size=m.intermediate_size,
-        max_position_embeddings=m.max_position_embeddings,
-    )
+    m, w = spec.model, spec.warm_start
+
+    def build(folder: Path, seed: int) -> None:
+        build_tiny_model(folder, m.arch, seed=seed, hidden_size=m.hidden_size, num_layers=m.num_layers,
+                         num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, intermediate_size=m.intermediate_size,
+                         max_position_embeddings=m.max_position_embeddings)
+
+    build(staging, cfg.seed)
     tokenizer = AutoTokenizer.from_pretrained(staging)
-    problems = load_problems(str(cfg.data.train), limit=spec.warm_start.examples)
-    w = spec.warm_start
-    pairs = [_worked_example(p, tokenizer, cfg, use_tool=k < w.tool_calls * len(problems)) for k, p in enumerate(problems)]
-    done = 0
+    problems = load_problems(str(cfg.data.train))
+    # the check samples train rows the warm start never sees: the last check.rows of the file
+    held_out = w.check.rows if w.check is not None and w.steps else 0
+    if held_out >= len(problems):
+        from rlvr.config import ConfigError
 
-    def advance(loss: float) -> None:
-        nonlocal done
-        done += 1
-        bar.update(task, advance=1, description=f"warm start, loss {loss:.3f}")
-        if not console.is_terminal and done % max(1, w.steps // 10) == 0:  # a log file gets a line every 10%
-            console.print(f"warm start: step {done}/{w.steps}, loss {loss:.3f}", highlight=False)
-
-    with Progress(console=console) as bar:
-        task = bar.add_task(f"warm start ({len(pairs)} examples)", total=w.steps)
-        losses = warm_start(staging, pairs, steps=w.steps, batch_size=w.batch_size, lr=w.lr, seed=cfg.seed,
-                            pad_id=tokenizer.pad_token_id, progress=advance)
+        raise ConfigError(f"demo.warm_start.check.rows={held_out} leaves none of data.train's {len(problems)} rows "
+                          f"({cfg.data.train}) for the warm start")
+    examples = problems[: min(w.examples, len(problems) - held_out)]
+    pairs = [_worked_example(p, tokenizer, cfg, use_tool=k < w.tool_calls * len(examples)) for k, p in enumerate(examples)]
+    copy_pairs = [_worked_example(p, tokenizer, cfg, use_tool=True) for p in examples] if w.tool_calls and w.copy_first else None
+    if w.steps:
+        record = warm_start_until_ready(cfg, build, pairs, copy_pairs, tokenizer.pad_token_id,
+                                        problems[len(problems) - held_out :], staging, console)
+    else:
+        record = {"ready": None, "steps": 0, "seed": cfg.seed}
     shutil.rmtree(model_dir, ignore_errors=True)  # a half-built folder without config.json
     if spec.base_format != "hf":
         from rlvr.quant import quantize_checkpoint
@@ -115,6 +118,7 @@ def _build_model(cfg: RunConfig, model_dir: Path, console) -> None:
         shutil.rmtree(float_dir, ignore_errors=True)
         staging.replace(float_dir)
         quantize_checkpoint(float_dir, staging, format=spec.base_format)
+    _record_path(model_dir).write_text(json.dumps(record, indent=2) + "\n")
     staging.replace(model_dir)
-    warm = f"warm-started {w.steps} steps (final loss {losses[-1]:.3f})" if losses else "random weights"
-    console.print(f"model: {m.arch} tiny, {warm}, {spec.base_format} -> {model_dir}")
+    warm = f"warm-started {record['steps']} steps" if w.steps else "random weights"
+    console.print(f"model: {m.arch} tiny, {warm}, {spec.base_format} -> {model_dir}", highlight=False)

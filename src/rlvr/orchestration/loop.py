@@ -24,12 +24,13 @@ from rlvr.orchestration.run_state import RunState
 from rlvr.rollout.collect import StepRollouts
 
 
-def train(cfg: RunConfig, progress=None, resume: bool = False, log=print) -> dict:
+def train(cfg: RunConfig, progress=None, resume: bool = False, log=print, notes: dict | None = None) -> dict:
     """Run cfg.steps RL steps; write metrics.jsonl and summary.json under cfg.run_dir.
 
-    With `resume`, continue from the newest intact checkpoint in cfg.run_dir."""
+    With `resume`, continue from the newest intact checkpoint in cfg.run_dir. `notes` go into
+    summary.json as they are (the demo's warm start record)."""
     started = time.time()
-    summary: dict = {"model": cfg.model.path, "steps": cfg.steps, "seed": cfg.seed}
+    summary: dict = {"model": cfg.model.path, "steps": cfg.steps, "seed": cfg.seed} | (notes or {})
     with ExitStack() as stack:
         run = build_run(cfg, stack, progress, log, resume)
         state, pending = _begin(run, summary)

@@ -26,9 +26,14 @@ def warm_start(
     pad_id: int,
     out_dir: str | Path | None = None,
     progress=None,
+    check=None,
+    check_every: int = 0,
 ) -> list[float]:
     """Train on (prompt ids, target ids, target loss mask) triples, loss on the targets' masked-in
-    tokens only (an environment's observations inside a target are masked out); save to out_dir."""
+    tokens only (an environment's observations inside a target are masked out); save to out_dir.
+
+    `check(model, step) -> bool`, called every `check_every` steps and after the last, ends the
+    training early when it returns True (the demo's readiness check, rlvr.demo.warm_start)."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -36,7 +41,7 @@ def warm_start(
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20))  # warmup, then flat
     losses = []
-    for _ in range(steps):
+    for step in range(1, steps + 1):
         batch = rng.sample(pairs, min(batch_size, len(pairs)))
         input_ids, labels = _collate(batch, pad_id)
         logits = model(input_ids=input_ids, attention_mask=(input_ids != pad_id).long()).logits
@@ -49,6 +54,8 @@ def warm_start(
         losses.append(loss.item())
         if progress is not None:
             progress(loss.item())
+        if check is not None and (step % check_every == 0 or step == steps) and check(model, step):
+            break
     model.save_pretrained(out_dir or model_dir)
     return losses
 
