@@ -109,7 +109,7 @@ def warm_start_until_ready(cfg: RunConfig, build_model, pairs, copy_pairs, pad_i
         console.print(f"warm start: {start.skills.describe(check.samples)} after {start.steps:,} steps "
                       f"(seed {start.seed}, attempt {chosen + 1} of {len(attempts)})", highlight=False)
     return {
-        "ready": not start.missing,
+        "ready": not start.missing if check is not None else None,  # None: trained `steps` steps, unchecked
         "seed": start.seed,
         "steps": start.steps,
         "final_loss": None if start.loss is None else round(start.loss, 4),
