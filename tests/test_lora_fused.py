@@ -3,6 +3,7 @@
 import copy
 
 import torch
+from _floats import assert_close_scaled
 from peft import LoraConfig, get_peft_model
 from torch import nn
 
@@ -28,14 +29,15 @@ def test_outputs_and_lora_gradients_equal_pefts():
     assert sum(isinstance(m, FusedLoraLinear) for m in ours.modules()) == 2
     x = torch.randn(3, 7, 24)
     out_ours, out_theirs = ours(x), theirs(x)
-    torch.testing.assert_close(out_ours, out_theirs, rtol=1e-6, atol=1e-6)
+    # one addmm against peft's separate ops; outputs reach ~1e3 and gradients ~1e7: allowances relative to those
+    assert_close_scaled(out_ours, out_theirs)
     out_ours.square().sum().backward()
     out_theirs.square().sum().backward()
     grads = {n: p.grad for n, p in theirs.named_parameters() if p.requires_grad}
     assert len(grads) == 4
     for name, p in ours.named_parameters():
         if p.requires_grad:
-            torch.testing.assert_close(p.grad, grads[name], rtol=1e-5, atol=1e-5)
+            assert_close_scaled(p.grad, grads[name], msg=name)
     assert ours.state_dict().keys() == theirs.state_dict().keys()  # the same adapter files
 
 

@@ -15,6 +15,7 @@ import sys
 
 import pytest
 import torch
+from _floats import assert_close_scaled
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import load_file, save_file
 from run_fixtures import check_two_trained_steps, two_rl_steps
@@ -108,7 +109,7 @@ def test_packed_model_computes_like_its_dequantized_float_model_and_lora_trains_
     float_model = AutoModelForCausalLM.from_pretrained(write_dequantized_checkpoint(nf4_dir, tmp_path / "float"))
     ids = torch.randint(4, 200, (2, 12))
     with torch.no_grad():
-        torch.testing.assert_close(packed(ids).logits, float_model(ids).logits, rtol=0, atol=1e-5)
+        assert_close_scaled(packed(ids).logits, float_model(ids).logits)
 
     config = prepare_lora_config(LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False), packed)
     peft_packed = get_peft_model(packed, config)
@@ -121,7 +122,7 @@ def test_packed_model_computes_like_its_dequantized_float_model_and_lora_trains_
     trainable = {name: p for name, p in peft_packed.named_parameters() if p.requires_grad}
     assert trainable.keys() == grads.keys() and all("lora_" in name for name in trainable)
     for name, parameter in trainable.items():
-        torch.testing.assert_close(parameter.grad, grads[name], rtol=1e-4, atol=1e-6)
+        assert_close_scaled(parameter.grad, grads[name], msg=name)
 
 
 def test_backward_keeps_only_packed_tensors(nf4_dir):
@@ -132,7 +133,7 @@ def test_backward_keeps_only_packed_tensors(nf4_dir):
         layer(x).sum().backward()
     assert {t.dtype for t in saved} == {torch.uint8, torch.float32}
     assert all(t.dtype == torch.uint8 or t.numel() * 64 == layer.in_features * layer.out_features for t in saved)
-    torch.testing.assert_close(x.grad, torch.ones(3, layer.out_features) @ layer.dequantized_weight())
+    assert_close_scaled(x.grad, torch.ones(3, layer.out_features) @ layer.dequantized_weight())
 
 
 def test_bad_checkpoints_fail_with_the_file_and_tensor_named(nf4_dir, tmp_path):
@@ -206,7 +207,7 @@ def test_transformers_loads_rlvrs_checkpoint_with_bitsandbytes_to_rlvrs_values(n
     # mode keeps its exact dequantize-then-matmul
     ids = torch.randint(4, 200, (2, 12))
     with torch.no_grad():
-        torch.testing.assert_close(theirs.train()(ids).logits, ours(ids).logits, rtol=0, atol=1e-6)
+        assert_close_scaled(theirs.train()(ids).logits, ours(ids).logits, rel=1e-6)
 
 
 def test_a_checkpoint_bitsandbytes_wrote_loads_in_rlvr_to_its_values(base_dir, tmp_path):

@@ -45,7 +45,7 @@ def test_four_mini_batches_take_four_updates_from_one_pi_old_and_clip_acts(tiny)
     assert four["policy/clip_fraction"] > 0.0  # later updates see a moved policy
     assert four["policy/approx_kl"] > 0.0  # k3(pi_old, pi after the 4 updates)
     # pi_old is the policy before any update: the sampler gap is measured against it in both
-    assert four["sync/sampler_trainer_gap"] == pytest.approx(single["sync/sampler_trainer_gap"], abs=1e-6)
+    assert four["sync/sampler_trainer_gap"] == pytest.approx(single["sync/sampler_trainer_gap"], rel=1e-5)
     assert four["lr"] == single["lr"]  # the schedule counts RL steps
 
 
