@@ -1,0 +1,113 @@
+"""Each demo from scratch over several seeds: where its warm start stopped and what RL gained.
+
+    python benchmarks/demo_seeds.py --out runs/bench_demo_seeds.json                 # 3 demos x seeds 0 1 2
+    python benchmarks/demo_seeds.py --demos tools --seeds 3 --out runs/bench_tools3.json
+
+Every (demo, seed) is one `rlvr demo --config CONFIG seed=S` with its own assets
+(artifacts/NAME_sS: task, model, warm start, all drawn from the seed) and run folder (runs/NAME_sS),
+exactly what a user gets from a fresh clone with that seed. A pair whose run folder already holds a
+summary.json from the same command is read, not rerun (`--fresh` reruns it). Per run it records the
+warm start (steps, attempts, the skills at its stop), the held-out avg@k before and after RL and the
+wall time; per demo, the range over seeds. Prints the seeds x demos table docs/benchmarks.md keeps,
+with the CPU model, and appends a line to the ledger.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _ledger import append_line, provenance, write_result
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMOS = {"demo": "configs/demo.yaml", "moe": "configs/demo_moe.yaml", "tools": "configs/demo_tools.yaml"}
+TARGETS = {"demo": 0.25, "moe": 0.15, "tools": 0.20}  # issue 31's gains, in avg@k
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def overrides(name: str, seed: int) -> list[str]:
+    assets = f"artifacts/{name}_s{seed}"
+    return [f"seed={seed}", f"run_dir=runs/{name}_s{seed}", f"model.path={assets}/model",
+            f"data.train={assets}/task/train.jsonl", f"data.test={assets}/task/test.jsonl"]
+
+
+def run_demo(name: str, seed: int, fresh: bool) -> dict:
+    run_dir = ROOT / "runs" / f"{name}_s{seed}"
+    command = [sys.executable, "-m", "rlvr.cli", "demo", "--config", DEMOS[name], *overrides(name, seed)]
+    if fresh:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        shutil.rmtree(ROOT / "artifacts" / f"{name}_s{seed}", ignore_errors=True)
+    seconds = None
+    if not (run_dir / "summary.json").is_file():
+        started = time.perf_counter()
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+        seconds = round(time.perf_counter() - started, 1)
+        if done.returncode != 0:
+            raise SystemExit(f"{name} seed {seed} failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        (run_dir / "demo.out").write_text(done.stdout)  # what the user's terminal showed
+    summary = json.loads((run_dir / "summary.json").read_text())
+    before, after = summary["eval_before"], summary["eval_after"]
+    k = max(int(key.split("@")[1]) for key in after if key.startswith("avg@"))
+    warm = summary.get("warm_start") or {}
+    return {
+        "demo": name, "seed": seed, "k": k,
+        "avg_before": before[f"avg@{k}"], "avg_after": after[f"avg@{k}"],
+        "gain_points": round(100 * (after[f"avg@{k}"] - before[f"avg@{k}"]), 1),
+        "warm_start_steps": warm.get("steps"), "warm_start_attempts": len(warm.get("attempts", [])),
+        "warm_start_ready": warm.get("ready"), "warm_start_skills": warm.get("skills"),
+        "rl_seconds": summary.get("wall_seconds"), "wall_seconds": seconds,
+        "command": "rlvr demo --config " + DEMOS[name] + " " + " ".join(overrides(name, seed)),
+    }
+
+
+def table(runs: list[dict], cpu: str) -> str:
+    lines = [f"| demo | seed | warm start: steps (attempts) | check at its stop | held-out avg@k before → after | gain | CPU |",
+             "|---|---|---|---|---|---|---|"]
+    for r in runs:
+        s = r["warm_start_skills"] or {}
+        copies = ", ".join(f"{label} {s[key]:.2f}" for key, label in (("operand_copy", "operand copy"), ("result_copy", "result copy"))
+                           if s.get(key) is not None)
+        check = f"base {s['accuracy']:.3f}" + (f", {copies}" if copies else "") if s else "unchecked"
+        lines.append(f"| {r['demo']} | {r['seed']} | {r['warm_start_steps']} ({r['warm_start_attempts']}) | {check} | "
+                     f"avg@{r['k']} {r['avg_before']:.3f} → {r['avg_after']:.3f} | {r['gain_points']:+.1f} | {cpu} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--demos", nargs="+", choices=sorted(DEMOS), default=["demo", "moe", "tools"])
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--fresh", action="store_true", help="rebuild assets and rerun pairs that already have a summary")
+    parser.add_argument("--out", type=Path, default=Path("runs/bench_demo_seeds.json"))
+    args = parser.parse_args()
+
+    cpu = cpu_model()
+    runs = [run_demo(name, seed, args.fresh) for name in args.demos for seed in args.seeds]
+    per_demo = {}
+    for name in args.demos:
+        gains = [r["gain_points"] for r in runs if r["demo"] == name]
+        per_demo[name] = {"gain_min": min(gains), "gain_max": max(gains), "target_points": 100 * TARGETS[name],
+                          "all_meet_target": all(g >= 100 * TARGETS[name] for g in gains)}
+    result = {"cpu": cpu, "runs": runs, "per_demo": per_demo, "table": table(runs, cpu)} | provenance()
+    write_result(args.out, result)
+    print(result["table"])
+    what = "; ".join(f"{name} gain {d['gain_min']:+.1f}..{d['gain_max']:+.1f} points over seeds {args.seeds} "
+                     f"(target {d['target_points']:+.0f}: {'met' if d['all_meet_target'] else 'NOT met'})"
+                     for name, d in per_demo.items())
+    append_line(f"demos from scratch over seeds, {cpu}: {what}", result)
+
+
+if __name__ == "__main__":
+    main()
