@@ -72,3 +72,17 @@ def test_every_shortfall_is_named_and_a_ready_model_has_none():
 def test_a_window_must_be_ordered_inside_zero_one():
     with pytest.raises(ValueError, match="low < high"):
         ReadinessCheck(base_window=(0.7, 0.2))
+
+
+def test_the_closest_attempt_has_the_fewest_shortfalls_then_the_base_nearest_the_window():
+    from rlvr.demo.warm_start import Attempt
+
+    def skills(base: float) -> Skills:
+        return Skills(samples=4, accuracy=base, format=1.0, operand_copy=None, result_copy=None)
+
+    below = Attempt(seed=0, skills=skills(0.05), missing=["base"])
+    above = Attempt(seed=1, skills=skills(0.75), missing=["base"])
+    unchecked = Attempt(seed=2)
+    worse = Attempt(seed=3, skills=skills(0.5), missing=["base", "format"])
+    ranked = sorted([unchecked, worse, below, above], key=lambda a: a.closeness((0.2, 0.7)))
+    assert [a.seed for a in ranked] == [1, 0, 2, 3]

@@ -42,3 +42,25 @@ def test_the_tools_warm_start_stops_once_the_model_copies_and_its_base_is_in_the
     assert json.loads((tmp_path / "model.warm_start.json").read_text()) == record
     assert ensure_demo_assets(cfg, Console(quiet=True)) == record
     assert (tmp_path / "model" / "config.json").is_file() and not list(tmp_path.glob("model.building*"))
+
+
+@pytest.mark.slow
+def test_a_warm_start_that_never_gets_ready_tries_new_seeds_then_goes_on_from_the_closest(tmp_path):
+    from io import StringIO
+
+    cfg = load_config(str(Path(TOOLS_DEMO).with_name("demo.yaml")), [
+        f"model.path={tmp_path}/model", f"data.train={tmp_path}/task/train.jsonl", f"data.test={tmp_path}/task/test.jsonl",
+        "demo.task.train_size=64", "demo.task.test_size=4", "demo.model.num_layers=1", "demo.base_format=hf",
+        "demo.warm_start.steps=20", "demo.warm_start.check.every=10", "demo.warm_start.check.rows=4",
+        "demo.warm_start.check.samples=1", "demo.warm_start.check.attempts=2",
+        "demo.warm_start.check.base_window=[0.99,1.0]",  # out of reach of 20 steps
+    ])
+    out = StringIO()
+    record = ensure_demo_assets(cfg, Console(file=out, width=300))
+
+    assert record["ready"] is False
+    assert [a["seed"] for a in record["attempts"]] == [0, 1000]
+    assert [[c["step"] for c in a["checks"]] for a in record["attempts"]] == [[10, 20], [10, 20]]
+    assert record["seed"] in (0, 1000) and record["steps"] == 20
+    assert "warning: no warm start was ready in 2 attempts" in out.getvalue()
+    assert (tmp_path / "model" / "config.json").is_file() and not list(tmp_path.glob("model.*attempt*"))

@@ -38,9 +38,11 @@ class Attempt:
     missing: list[str] = field(default_factory=lambda: ["not checked"])
     checks: list[dict] = field(default_factory=list)
 
-    def closeness(self) -> tuple:
-        """Sort key, smallest first: fewest shortfalls, then base accuracy nearest the window."""
-        return (len(self.missing), 0.0 if self.skills is None else -min(self.skills.accuracy, 1 - self.skills.accuracy))
+    def closeness(self, window: tuple[float, float]) -> tuple[int, float]:
+        """Sort key, smallest first: fewest shortfalls, then the base accuracy's distance from the window."""
+        if self.skills is None:
+            return len(self.missing), 1.0
+        return len(self.missing), max(window[0] - self.skills.accuracy, self.skills.accuracy - window[1], 0.0)
 
 
 def warm_start_until_ready(cfg: RunConfig, build_model, pairs, copy_pairs, pad_id: int, check_problems, staging: Path,
@@ -95,7 +97,9 @@ def warm_start_until_ready(cfg: RunConfig, build_model, pairs, copy_pairs, pad_i
     finally:
         if checker is not None:
             checker.close()
-    chosen = min(range(len(attempts)), key=lambda i: attempts[i].closeness()) if attempts[-1].missing else len(attempts) - 1
+    chosen = len(attempts) - 1
+    if attempts[chosen].missing:  # none ready: the closest
+        chosen = min(range(len(attempts)), key=lambda i: attempts[i].closeness(check.base_window))
     if chosen != len(attempts) - 1:
         shutil.rmtree(staging)
         _kept(staging, chosen).replace(staging)
