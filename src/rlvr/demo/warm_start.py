@@ -20,6 +20,7 @@ new seed; if none passes, the run goes on from the attempt closest to ready, and
 from __future__ import annotations
 
 import shutil
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -133,8 +134,10 @@ class _Checker:
 
         self.cfg, self.problems, self.staging = cfg, problems, staging
         self.folder = staging.with_name(staging.name + ".check")  # the quantized base, as RL will start from it
-        self.pool = build_scoring_pool(cfg).__enter__()
+        self._closing = ExitStack()  # what the run's own builders open, closed by close()
+        self.pool = self._closing.enter_context(build_scoring_pool(cfg))
         self.context = EnvContext(cfg.env, cfg.sandbox)
+        self._closing.callback(self.context.close)
 
     def measure(self, model) -> Skills:
         from transformers import AutoTokenizer
@@ -168,8 +171,7 @@ class _Checker:
         return measure(rows, {p.id: p.question for p in self.problems})
 
     def close(self) -> None:
-        self.context.close()
-        self.pool.__exit__(None, None, None)
+        self._closing.close()
         for folder in (self.folder, self.folder.with_name(self.folder.name + ".dequantized")):
             shutil.rmtree(folder, ignore_errors=True)
 
