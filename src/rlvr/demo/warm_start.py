@@ -75,7 +75,8 @@ def warm_start_until_ready(cfg: RunConfig, build_model, pairs, copy_pairs, pad_i
                         attempt.checks.append({"step": attempt.steps, "phase": phase, **attempt.skills.as_dict()})
                         missing = attempt.missing if phase == "mix" else shortfalls(attempt.skills, check, window=False)
                         verdict = ("ready" if phase == "mix" else "copies: ready") if not missing else "; ".join(missing)
-                        console.print(f"warm start check, step {attempt.steps} ({phase}): "
+                        label = f" ({phase})" if len(phases) > 1 else ""
+                        console.print(f"warm start check, step {attempt.steps}{label}: "
                                       f"{attempt.skills.describe(check.samples)} ({verdict})", highlight=False)
                         # trained from scratch on the mix, accuracy only rises: past the window it will not come back.
                         # After the copy phase it falls instead, from always calling to the mix's call rate
