@@ -10,7 +10,7 @@ On a tools demo an attempt first trains on the answers that call the tool alone,
 copies operands into its calls and results into its box, then on the configured mix of calling and
 guessing answers. Copying forms through a sharp transition, and the guessed answers, which tie the
 box to the operands, hold it back: on the tools demo (Intel Xeon, 2026-12-05) the 50/50 mix had
-not formed it after 3,000 steps (operand copy 0.90, result copy 0.02), the calling answers alone
+not formed it after 2,800 steps (operand copy 0.90, result copy 0.02), the calling answers alone
 formed it in 600 (0.94, 0.62 and rising). An attempt ends when the check passes, when the base
 accuracy has passed the window's top in a warm start without a copy phase (more steps only raise
 it), or when its step budget is spent. A failed attempt is followed by one from a
