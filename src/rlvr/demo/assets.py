@@ -106,8 +106,8 @@ def _build_model(cfg: RunConfig, model_dir: Path, console) -> None:
     pairs = [_worked_example(p, tokenizer, cfg, use_tool=k < w.tool_calls * len(examples)) for k, p in enumerate(examples)]
     copy_pairs = [_worked_example(p, tokenizer, cfg, use_tool=True) for p in examples] if w.tool_calls and w.copy_first else None
     if w.steps:
-        record = warm_start_until_ready(cfg, build, pairs, copy_pairs, tokenizer.pad_token_id,
-                                        problems[len(problems) - held_out :], staging, console)
+        record = warm_start_until_ready(cfg, build, pairs, copy_pairs, tokenizer, problems[len(problems) - held_out :],
+                                        staging, console)
     else:
         record = {"ready": None, "steps": 0, "seed": cfg.seed}
     shutil.rmtree(model_dir, ignore_errors=True)  # a half-built folder without config.json

@@ -104,5 +104,5 @@ def shortfalls(skills: Skills | None, check: ReadinessCheck, window: bool = True
 def _value(expression: str) -> str | None:
     try:
         return Calculator.evaluate(expression)
-    except (SyntaxError, ValueError, ZeroDivisionError, OverflowError, RecursionError):
+    except Calculator.errors:
         return None

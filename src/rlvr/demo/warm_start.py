@@ -46,26 +46,27 @@ class Attempt:
         return len(self.missing), max(window[0] - self.skills.accuracy, self.skills.accuracy - window[1], 0.0)
 
 
-def warm_start_until_ready(cfg: RunConfig, build_model, pairs, copy_pairs, pad_id: int, check_problems, staging: Path,
+def warm_start_until_ready(cfg: RunConfig, build_model, pairs, copy_pairs, tokenizer, check_problems, staging: Path,
                            console) -> dict:
-    """Warm-start `staging` (built by `build_model(folder, seed)`) on `pairs` (rlvr.training.sft),
-    checked on `check_problems`; returns the record summary.json keeps: every attempt's checks,
+    """Warm-start `staging` (built from cfg.seed; `build_model(folder, seed)` rebuilds it for a new
+    attempt) on `pairs` (rlvr.training.sft), checked on `check_problems`; returns the record summary.json keeps: every attempt's checks,
     and which one the run starts from. With `copy_pairs` (the tool-calling answers alone), each
     attempt first trains on those until the copy checks pass, then on the mix (WarmStartSpec.copy_first)."""
     from rlvr.training.sft import warm_start
 
     spec = cfg.demo.warm_start
     check = spec.check
-    checker = _Checker(cfg, check_problems, staging) if check is not None else None
+    checker = _Checker(cfg, check_problems, tokenizer, staging) if check is not None else None
     phases = [("copy", copy_pairs), ("mix", pairs)] if copy_pairs and checker is not None else [("mix", pairs)]
     attempts: list[Attempt] = []
     try:
         for index in range(check.attempts if check is not None else 1):
             attempt = Attempt(seed=cfg.seed + index * ATTEMPT_SEED_STRIDE)
             attempts.append(attempt)
-            shutil.rmtree(staging, ignore_errors=True)
-            build_model(staging, attempt.seed)
-            with _progress(console, spec.steps, f"warm start, seed {attempt.seed}") as advance:
+            if index:  # the first attempt trains the model as given
+                shutil.rmtree(staging, ignore_errors=True)
+                build_model(staging, attempt.seed)
+            with _WarmStartProgress(console, spec.steps, f"warm start, seed {attempt.seed}") as advance:
                 for phase, phase_pairs in phases:
                     done_before = attempt.steps
 
@@ -84,7 +85,7 @@ def warm_start_until_ready(cfg: RunConfig, build_model, pairs, copy_pairs, pad_i
                         return not missing or overshot
 
                     losses = warm_start(staging, phase_pairs, steps=spec.steps - attempt.steps, batch_size=spec.batch_size,
-                                        lr=spec.lr, seed=attempt.seed, pad_id=pad_id, progress=advance,
+                                        lr=spec.lr, seed=attempt.seed, pad_id=tokenizer.pad_token_id, progress=advance,
                                         check=judge if checker is not None else None, check_every=check.every if check else 0)
                     attempt.loss = losses[-1] if losses else attempt.loss
                     if checker is None:
@@ -129,43 +130,41 @@ def warm_start_until_ready(cfg: RunConfig, build_model, pairs, copy_pairs, pad_i
 class _Checker:
     """Scores the model in training on the check rows as the run's evaluation would score the base."""
 
-    def __init__(self, cfg: RunConfig, problems, staging: Path):
+    def __init__(self, cfg: RunConfig, problems, tokenizer, staging: Path):
         from rlvr.envs import EnvContext
         from rlvr.orchestration.builders import build_scoring_pool
+        from rlvr.rollout.prompts import Renderer, encode_prompt
 
         self.cfg, self.problems, self.staging = cfg, problems, staging
-        self.folder = staging.with_name(staging.name + ".check")  # the quantized base, as RL will start from it
+        self.renderer = Renderer(tokenizer, cfg.data)
+        self.prompts = [encode_prompt(p, tokenizer, cfg.data) for p in problems]
+        # the base as RL will start from it: quantized, and the float view the transformers engine serves of that
+        self.quantized = staging.with_name(staging.name + ".check")
+        self.view = staging.with_name(staging.name + ".check.dequantized")
         self._closing = ExitStack()  # what the run's own builders open, closed by close()
         self.pool = self._closing.enter_context(build_scoring_pool(cfg))
         self.context = EnvContext(cfg.env, cfg.sandbox)
         self._closing.callback(self.context.close)
 
     def measure(self, model) -> Skills:
-        from transformers import AutoTokenizer
-
-        from rlvr.engines import served_model_path
         from rlvr.engines.hf_engine import HFEngine
         from rlvr.eval.runner import held_out_sampling, scored_samples
-        from rlvr.rollout.prompts import Renderer, encode_prompt
         from rlvr.rollout.trajectories import EnvironmentEngine, TrajectoryRunner
 
         cfg, check = self.cfg, self.cfg.demo.warm_start.check
         model.save_pretrained(self.staging)
-        tokenizer = AutoTokenizer.from_pretrained(self.staging)
         served = self.staging
         if cfg.demo.base_format != "hf":
-            from rlvr.quant import quantize_checkpoint
+            from rlvr.quant import quantize_checkpoint, write_dequantized_checkpoint
 
-            shutil.rmtree(self.folder, ignore_errors=True)
-            shutil.rmtree(self.folder.with_name(self.folder.name + ".dequantized"), ignore_errors=True)
-            quantize_checkpoint(self.staging, self.folder, format=cfg.demo.base_format)
-            served = Path(served_model_path(str(self.folder), native_nvfp4=False))
+            self._remove_copies()
+            quantize_checkpoint(self.staging, self.quantized, format=cfg.demo.base_format)
+            served = write_dequantized_checkpoint(self.quantized, self.view)
         engine = HFEngine(cfg.model.model_copy(update={"path": str(served)}),
                           cfg.engine.model_copy(update={"hf_batch_size": len(self.problems) * check.samples}), seed=cfg.seed)
         try:
-            runner = TrajectoryRunner(engine, Renderer(tokenizer, cfg.data), cfg.env, self.context, cfg.engine.max_model_len)
-            prompts = [encode_prompt(p, tokenizer, cfg.data) for p in self.problems]
-            rows = scored_samples(EnvironmentEngine(runner, self.problems), self.pool, self.problems, prompts,
+            runner = TrajectoryRunner(engine, self.renderer, cfg.env, self.context, cfg.engine.max_model_len)
+            rows = scored_samples(EnvironmentEngine(runner, self.problems), self.pool, self.problems, self.prompts,
                                   n=check.samples, sampling=held_out_sampling(cfg.eval, cfg.rollout.sampling, cfg.seed))
         finally:
             engine.close()
@@ -173,7 +172,10 @@ class _Checker:
 
     def close(self) -> None:
         self._closing.close()
-        for folder in (self.folder, self.folder.with_name(self.folder.name + ".dequantized")):
+        self._remove_copies()
+
+    def _remove_copies(self) -> None:
+        for folder in (self.quantized, self.view):
             shutil.rmtree(folder, ignore_errors=True)
 
 
@@ -181,7 +183,7 @@ def _kept(staging: Path, index: int) -> Path:
     return staging.with_name(f"{staging.name}.attempt{index}")
 
 
-class _progress:
+class _WarmStartProgress:
     """A rich progress bar over the warm start's steps (a log file gets a line every 10%)."""
 
     def __init__(self, console, total: int, description: str):

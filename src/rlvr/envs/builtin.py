@@ -91,11 +91,12 @@ class Calculator(ToolEnv):
     parsed, never evaluated as code, with bounds on exponents and sizes."""
 
     tool = "calc"
+    errors = (SyntaxError, ValueError, ZeroDivisionError, OverflowError, RecursionError)  # what a bad expression raises
 
     def run(self, call: str) -> tuple[str, bool]:
         try:
             return self.evaluate(call), True
-        except (SyntaxError, ValueError, ZeroDivisionError, OverflowError, RecursionError) as err:
+        except self.errors as err:
             return f"error: {err.__class__.__name__}: {err}", False
 
     @staticmethod
