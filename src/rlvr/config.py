@@ -472,6 +472,10 @@ class TrainerConfig(Section):
     max_consecutive_skips: int = Field(
         3, ge=1, description="stop the run after this many steps in a row skipped for a non-finite loss or gradient"
     )
+    start_timeout_s: float = Field(
+        600, gt=0, description="seconds the ranks may take to start (build, shard and load their part of the base) before "
+        "the run stops naming the ranks not up; a large base read from slow storage needs more"
+    )
 
     @model_validator(mode="after")
     def _shards_divide_ranks(self) -> TrainerConfig:
@@ -522,6 +526,10 @@ class PlacementConfig(Section):
     engine_gpus: int = Field(0, ge=0, description="split placement: GPUs given to the engine(s)")
     gpu_memory_gb: float | None = Field(
         None, gt=0, description="usable memory of one GPU in GB (1e9 bytes); --dry-run checks the estimate against it"
+    )
+    host_memory_gb: float | None = Field(
+        None, gt=0, description="usable host (CPU) memory of one node in GB (1e9 bytes); --dry-run checks what the "
+        "node's processes hold while they load the base against it"
     )
 
 

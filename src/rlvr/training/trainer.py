@@ -62,7 +62,7 @@ Launch = Callable[[int, RankSpec], list[RankHandle]]
 
 
 class Trainer:
-    def __init__(self, spec: RankSpec, start_timeout_s: float = 600, launch: Launch | None = None):
+    def __init__(self, spec: RankSpec, launch: Launch | None = None):
         ranks = spec.trainer.ranks
         self.spec, self.world_size, self.micro_batch_tokens = spec, ranks, spec.trainer.micro_batch_tokens
         self._adapter_version = 0
@@ -70,7 +70,7 @@ class Trainer:
         self._training = False
         threads = spec.threads or max(1, (os.cpu_count() or 1) // ranks)
         self._ranks: list[RankHandle] = (launch or spawn_ranks)(ranks, replace(spec, threads=threads))
-        info = self._gather(timeout_s=start_timeout_s)
+        info = self._gather(timeout_s=spec.trainer.start_timeout_s)
         self.trainable_params = info[0]["trainable_params"]
         self.total_params = info[0]["total_params"]
         self.base_format = info[0]["base_format"]  # what the ranks loaded: "nvfp4" or "hf"
