@@ -8,7 +8,7 @@ transformers experts module (its activation, `_apply_gate`, layout flags): a pac
 its fused float parameters replaced by, for each projection `P` (`gate_up_proj` or `up_proj`,
 and `down_proj`):
 
-- `P_weight_packed` uint8 `[E, out, in/2]` and `P_weight_scale` FP8 `[E, out, in/16]`: each
+- `P_weight_packed` uint8 `[E, out, in/2]` (held as float16, rlvr.quant.packed_bytes) and `P_weight_scale` FP8 `[E, out, in/16]`: each
   expert's rows in the compressed-tensors NVFP4 layout of a Linear (rlvr.quant.nvfp4), always
   `[out, in]` as on disk, whatever the float layout (`is_transposed`);
 - `P_weight_global_scale` float32 `[E, parts]`: one global scale per on-disk projection; a
@@ -43,6 +43,7 @@ from torch import nn
 from rlvr.models.moe import expert_projections, is_experts_module
 from rlvr.quant import nvfp4
 from rlvr.quant.linear import QuantizedLinear, dequantized_linear
+from rlvr.quant.packed_bytes import as_bytes, frozen_bytes
 
 NAME = "rlvr_experts"
 PACKED_SUFFIXES = ("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale")
@@ -63,7 +64,7 @@ class NVFP4Experts:
 
     def expert(self, index: int) -> nvfp4.NVFP4Weight:
         """Expert `index` as one NVFP4 weight, its global scale given per row (`[out, 1]`)."""
-        rows = self.weight_packed.shape[1]
+        rows = self.weight_packed.shape[1]  # the same in bytes and in their float16 view
         global_scale = self.weight_global_scale[index].repeat_interleave(rows // self.weight_global_scale.shape[1])
         return nvfp4.NVFP4Weight(self.weight_packed[index], self.weight_scale[index], global_scale.unsqueeze(1))
 
@@ -80,7 +81,7 @@ def pack_experts(module: nn.Module, projections: dict[str, NVFP4Experts], comput
     for name, packed in projections.items():
         if name in module._parameters:
             delattr(module, name)
-        module.register_parameter(f"{name}_weight_packed", nn.Parameter(packed.weight_packed, requires_grad=False))
+        module.register_parameter(f"{name}_weight_packed", frozen_bytes(packed.weight_packed))
         module.register_parameter(f"{name}_weight_scale", nn.Parameter(packed.weight_scale, requires_grad=False))
         module.register_buffer(f"{name}_weight_global_scale", packed.weight_global_scale.float())
         module.register_buffer(f"{name}_input_global_scale", packed.input_global_scale.float())
@@ -175,7 +176,7 @@ class ExpertsLora(ParamWrapper):
         experts = self.get_base_layer()
         if not is_packed_experts(experts):
             return getattr(experts, self.parameter_name)
-        packed = getattr(experts, f"{self.parameter_name}_weight_packed")
+        packed = as_bytes(getattr(experts, f"{self.parameter_name}_weight_packed"))
         num_experts, rows, packed_columns = packed.shape
         stand_in = torch.zeros((), dtype=experts.compute_dtype, device=packed.device)
         return stand_in.expand(num_experts, rows, 2 * packed_columns)

@@ -10,12 +10,12 @@ sharding them would save nothing. The float weight exists only while one layer c
 autograd function below dequantizes in forward and again in backward instead of saving it, so
 training memory holds the packed bytes (~0.56 byte per weight), not a float copy per layer.
 
-`NVFP4Linear` keeps `weight_packed` (uint8), `weight_scale` (FP8), `weight_global_scale` (and
+`NVFP4Linear` keeps `weight_packed` (uint8 bytes, held as float16: rlvr.quant.packed_bytes), `weight_scale` (FP8), `weight_global_scale` (and
 `input_global_scale`, kept only so a re-saved checkpoint stays complete), named as in the
 checkpoint, so `state_dict()` is the compressed-tensors layout; the trainer's checkpoints, which
 skip frozen parameters, skip the packed base.
 
-`NF4Linear` keeps `weight_packed` (uint8) and `weight_absmax` (float32), see `rlvr.quant.nf4`;
+`NF4Linear` keeps `weight_packed` (uint8 bytes as float16) and `weight_absmax` (float32), see `rlvr.quant.nf4`;
 the checkpoint I/O maps them to bitsandbytes' keys.
 
 LoRA: `FusedLoraLinear` is peft's `lora.Linear` with the update added inside one matmul, on an
@@ -36,6 +36,7 @@ from peft.tuners.lora import Linear as PeftLoraLinear
 from torch import nn
 
 from rlvr.quant import nf4, nvfp4
+from rlvr.quant.packed_bytes import frozen_bytes
 
 
 class _DequantizedLinear(torch.autograd.Function):
@@ -118,7 +119,7 @@ class NVFP4Linear(QuantizedLinear):
         self.out_features, packed_columns = weight.weight_packed.shape
         self.in_features = 2 * packed_columns
         self.compute_dtype = compute_dtype
-        self.weight_packed = _frozen(weight.weight_packed)
+        self.weight_packed = frozen_bytes(weight.weight_packed)
         self.weight_scale = _frozen(weight.weight_scale)
         self.bias = None if bias is None else _frozen(bias.to(compute_dtype))
         self.register_buffer("weight_global_scale", weight.weight_global_scale.float())
@@ -136,7 +137,7 @@ class NF4Linear(QuantizedLinear):
         self.out_features, packed_columns = weight.weight_packed.shape
         self.in_features = 2 * packed_columns
         self.compute_dtype = compute_dtype
-        self.weight_packed = _frozen(weight.weight_packed)
+        self.weight_packed = frozen_bytes(weight.weight_packed)
         self.weight_absmax = _frozen(weight.weight_absmax.float())
         self.bias = None if bias is None else _frozen(bias.to(compute_dtype))
 

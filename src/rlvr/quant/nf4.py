@@ -33,6 +33,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from rlvr.quant.packed_bytes import as_bytes
+
 BLOCK_SIZE = 64
 QUANT_TYPE = "nf4"
 QUANT_STATE_KEY = f"quant_state.bitsandbytes__{QUANT_TYPE}"
@@ -89,6 +91,7 @@ def quantize(weight: torch.Tensor) -> NF4Weight:
 
 def dequantize(weight_packed: torch.Tensor, weight_absmax: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Float weight `[out, in]` from the packed tensors, computed in float32, returned in `dtype`."""
+    weight_packed = as_bytes(weight_packed)
     rows, packed_columns = weight_packed.shape
     # an embedding lookup of the byte table: the gather table[codes], faster on CPU (see nvfp4)
     values = F.embedding(weight_packed.int(), BYTE_TO_NF4_PAIR.to(weight_packed.device)).reshape(rows, -1, BLOCK_SIZE)

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from rlvr.quant.packed_bytes import as_bytes
+
 GROUP_SIZE = 16
 FP4_MAX = 6.0
 FP8_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
@@ -116,6 +118,7 @@ def dequantize(
     dtype: torch.dtype = torch.float32,
 ) -> torch.Tensor:
     """Float weight `[out, in]` from the packed tensors, computed in float32, returned in `dtype`."""
+    weight_packed = as_bytes(weight_packed)
     rows, packed_columns = weight_packed.shape
     # an embedding lookup of the byte table: the same gather as table[codes], ~3.5x faster on
     # CPU than advanced indexing, and this runs for every layer in every forward and backward

@@ -6,8 +6,6 @@ No model-specific code: decoder blocks are found from the model's own `_no_split
 
 from __future__ import annotations
 
-import logging
-
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -15,9 +13,6 @@ from torch.utils.checkpoint import checkpoint
 from rlvr.algorithms import entropy_from_logits, token_logprobs
 from rlvr.training.attention import NAME as PACKED
 from rlvr.training.attention import PackedLayout
-
-logger = logging.getLogger(__name__)
-
 
 class TokenLogprobs(nn.Module):
     """Wraps a causal LM so that forward returns the logprob of each scored token.
@@ -128,60 +123,31 @@ def apply_lora(
     return peft_model
 
 
-def shard(module: nn.Module, mesh, param_dtype: torch.dtype, reduce_dtype: torch.dtype,
-          shard_packed: bool | None = None) -> None:
+def shard(module: nn.Module, mesh, param_dtype: torch.dtype, reduce_dtype: torch.dtype) -> None:
     """FSDP2: each decoder block is its own unit, the rest (embeddings, norm, head) the root.
 
     Each packed layer (NVFP4, NF4 Linears, NVFP4 experts modules) is a unit of its own, under a
     policy that casts nothing: the block's policy would turn its FP8 group scales or float32
-    block absmax into `param_dtype` (FSDP2 casts every floating-point parameter, FP8 included; it
-    leaves only integer ones alone). Its mixed-dtype tensors are then all-gathered as bytes, one
-    collective per layer, and freed again after the layer ran. Packed experts are sharded along
-    their first dimension, the experts: each of N ranks holds E/N experts' bytes between steps
-    (on a 2-D mesh, trainer.shard_ranks' HSDP, N is the shard dimension: each replica holds all E).
-    Where this torch's FSDP2 refuses integer tensors (`shard_packed` None: probed), the packed
-    layers stay whole on each rank's device instead, left out of FSDP.
+    block absmax into `param_dtype` (FSDP2 casts every floating-point parameter, FP8 included, and
+    the packed bytes' float16 view, rlvr.quant.packed_bytes). Its mixed-dtype tensors are then
+    all-gathered as bytes, one collective per layer, and freed again after the layer ran. Packed
+    experts are sharded along their first dimension, the experts: each of N ranks holds E/N
+    experts' bytes between steps (on a 2-D mesh, trainer.shard_ranks' HSDP, N is the shard
+    dimension: each replica holds all E). No parameter is an integer tensor, so every supported
+    torch's FSDP2 shards the whole base; none is ever replicated.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     from rlvr.quant import QuantizedLinear
     from rlvr.quant.experts import is_packed_experts
 
-    packed = [layer for layer in module.modules() if isinstance(layer, QuantizedLinear) or is_packed_experts(layer)]
-    if shard_packed is None:
-        shard_packed = fsdp_shards_integer_tensors(mesh)
-    ignored = None
-    if shard_packed:
-        for layer in packed:
+    integer = next((name for name, p in module.named_parameters() if not (p.is_floating_point() or p.is_complex())), None)
+    if integer is not None:
+        raise ValueError(f"{integer} is an integer tensor, which torch {torch.__version__}'s FSDP2 may refuse to shard")
+    for layer in module.modules():
+        if isinstance(layer, QuantizedLinear) or is_packed_experts(layer):
             fully_shard(layer, mesh=mesh, mp_policy=MixedPrecisionPolicy())
-    elif packed:
-        # Every rank keeps the whole packed base on its device, outside FSDP; LoRA pairs inside a
-        # packed experts module still train sharded.
-        ignored = {p for layer in packed for p in layer.parameters() if not p.requires_grad}
-        for layer in packed:
-            layer.to(mesh.device_type)  # in place: the parameters stay the ones in `ignored`
-        logger.warning("this torch's FSDP2 cannot shard integer tensors: each trainer rank holds the whole packed "
-                       "base (%.2f GB)", sum(p.nbytes for p in ignored) / 1e9)
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     for block in decoder_blocks(module):
-        fully_shard(block, mesh=mesh, mp_policy=policy, ignored_params=ignored)
-    fully_shard(module, mesh=mesh, mp_policy=policy, ignored_params=ignored)
-
-
-def fsdp_shards_integer_tensors(mesh) -> bool:
-    """Whether this torch's FSDP2 takes integer parameters (NVFP4's packed bytes).
-
-    torch 2.11's FSDP2 (the GPU image's) wraps each shard in `nn.Parameter(dtensor)`, whose
-    requires_grad=True default torch refuses for integer tensors, before it copies the original's
-    flag; torch 2.13's passes the flag. Probed on a one-element module, not read from a version."""
-    from torch.distributed.fsdp import fully_shard
-
-    probe = nn.Module()
-    probe.packed = nn.Parameter(torch.zeros(mesh.size(), dtype=torch.uint8), requires_grad=False)
-    try:
-        fully_shard(probe, mesh=mesh)
-    except RuntimeError as error:
-        if "floating point dtype can require gradients" not in str(error):
-            raise
-        return False
-    return True
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    fully_shard(module, mesh=mesh, mp_policy=policy)
