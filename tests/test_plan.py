@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from rlvr.config import load_config
-from rlvr.orchestration.plan import GB, GiB, PlanError, make_plan, read_architecture
+from rlvr.orchestration.architecture import GB, GiB, read_architecture
+from rlvr.orchestration.plan import PlanError, make_plan, rank_bytes
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SMALL = CONFIGS / "gsm8k_qwen2.5_0.5b_1gpu.yaml"
@@ -94,9 +95,19 @@ def test_nvfp4_bytes_and_per_device_figures_by_hand():
     assert engine["engine weights"] == arch.weight_bytes(2) / 8
     assert engine["KV cache"] == 120 * GiB
     rank = plan.devices[8].memory
-    assert rank["base shard"] == arch.weight_bytes(2) / 56
-    lora = 88 * 32 * (7 * 12288 + 2 * 12288 + 2 * 1024 + 3 * 28672)  # all seven Linears, (in + out) x rank
-    assert rank["trainable"] == lora * 4 * 4 / 56  # float32 value, gradient, AdamW m and v
+    # FSDP2 over 56 ranks: rank 0 holds ceil(rows / 56) rows of every tensor (dim 0 = out features)
+    row = {rows: -(-rows // 56) for rows in (12288, 1024, 28672, 32768, 32)}
+    nvfp4 = 9 / 16  # packed values + FP8 scales per weight
+    block = (2 * row[12288] * 12288 + 2 * row[1024] * 12288 + 2 * row[28672] * 12288 + row[12288] * 28672) * nvfp4
+    block += 2 * row[12288] * 2  # the two norms, bf16
+    root = 2 * row[32768] * 12288 * 2 + row[12288] * 2
+    assert rank["base shard"] == 88 * block + root
+    # LoRA in float32: A [32, in] (one row on rank 0), B [out, 32]
+    pairs = [(12288, 12288), (12288, 1024), (12288, 1024), (12288, 12288), (12288, 28672), (12288, 28672), (28672, 12288)]
+    lora = 88 * sum(row[32] * inputs + row[outputs] * 32 for inputs, outputs in pairs) * 4
+    assert rank["trainable"] == rank["optimizer"] == 2 * lora  # value + gradient; AdamW's two moments
+    lora_block = sum(32 * (inputs + outputs) for inputs, outputs in pairs) * 2  # gathered in bf16
+    assert rank["gathered"] == 2 * ((12288 * 12288 * 2 + 12288 * 1024 * 2 + 3 * 12288 * 28672) * nvfp4 + 2 * 12288 * 2 + lora_block)
     # checkpointed: block inputs for every layer + one block's saved tensors + the LM head chunk
     tokens = 18432
     one_block = 2 * (4 * 12288 + 3 * 12288 + 3 * 1024 + 4 * 28672)
@@ -140,7 +151,7 @@ def test_missing_architecture_prints_placement_without_memory():
         (["trainer.ranks=60"], "need 68 GPUs; nodes=8 x gpus_per_node=8 has 64"),
         (["placement.gpu_memory_gb=80"], "node 0 GPU 0 needs ~137.8 GB (KV cache 128.8, engine weights 8.8, LoRA slot 0.1)"),
         (["placement.gpu_memory_gb=60", "engine.kv_cache_gb=40", "trainer.ranks=2"],
-         "node 1 GPU 0 needs ~88.9 GB (activations 47.8, base shard 35.1, trainable 4.5), over placement.gpu_memory_gb=60"),
+         "node 1 GPU 0 needs ~90.6 GB (activations 47.8, base shard 35.1, trainable 2.2), over placement.gpu_memory_gb=60"),
         (["placement.engine_gpus=4"], "placement.engine_gpus=4 must equal engine.tensor_parallel_size=8"),
         (["engine.tensor_parallel_size=16", "placement.engine_gpus=16"], "a TP group stays on one node"),
         (["placement.backend=local"], "the local backend runs on one machine"),
@@ -175,9 +186,33 @@ def test_seed_moe_config_plans_experts_mla_and_fits_8_nodes_of_4_gb200():
     assert out.returncode == 0, out.stdout + out.stderr
     assert "673.42B parameters" in out.stdout and "39.95B active per token" in out.stdout
     assert "MLA, KV latent 512 + RoPE key 64" in out.stdout and "fits placement.gpu_memory_gb=186" in out.stdout
-    assert "32 whole experts per GPU" in out.stdout and "5 of 128 per rank" in out.stdout
+    assert "32 whole experts per GPU" in out.stdout and "over 4 ranks, 32 of 128 per rank" in out.stdout
+    assert "fits placement.host_memory_gb=960" in out.stdout and "balance: split" in out.stdout
     plan = plan_of(SEED)
     assert (plan.fsdp_world, plan.engine_tp, plan.gpus_used, plan.nodes, plan.gpus_per_node) == (28, 4, 32, 8, 4)
+
+
+@pytest.mark.parametrize("shard_ranks, base_shard_gb, experts_per_rank", [("4", 95.39, 32), ("null", 14.86, 5)])
+def test_seed_base_shard_follows_trainer_shard_ranks(shard_ranks, base_shard_gb, experts_per_rank):
+    """HSDP shards each parameter over shard_ranks ranks, each replica a whole copy: 4 ranks hold
+    a quarter of the 382 GB base; FSDP over all 28 a 28th (5 of 128 experts, ranks 0-25)."""
+    out = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", str(SEED), "--dry-run", f"trainer.shard_ranks={shard_ranks}"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"{experts_per_rank} of 128 per rank" in out.stdout
+    (row,) = [line for line in out.stdout.splitlines() if line.startswith("base shard")]
+    assert float(row.split()[-1]) == base_shard_gb
+    assert round(rank_bytes(load_config(SEED, [f"trainer.shard_ranks={shard_ranks}"]), 0)["base_shard"] / GB, 2) == base_shard_gb
+
+
+def test_host_memory_too_small_exits_2_with_one_line():
+    out = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", str(SEED), "--dry-run", "placement.host_memory_gb=400"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2
+    (line,) = [l for l in out.stdout.splitlines() if "plan error" in l]
+    # nodes 1-7: 4 ranks x (95.39 GB shard + one 23.1 GB block)
+    assert line == (f"plan error: {SEED}: node 1 needs ~474.0 GB of host memory while loading (4 trainer ranks), "
+                    "over placement.host_memory_gb=400")
 
 
 def test_moe_estimate_counts_as_transformers_builds_the_model():
@@ -222,3 +257,80 @@ def test_moe_config_json_counts_match_transformers(tmp_path, arch_name):
     arch = read_architecture(load_config(SMALL, [f"model.path={packed}"]))
     stored = sum(_tensor_bytes(f) for f in Path(packed).glob("*.safetensors"))
     assert arch.nvfp4 and abs(arch.weight_bytes(4) - stored) / stored < 0.02  # per-tensor global scales not counted
+
+
+def _measured_rank_bytes(model, rank: int, shards: int, dtype_bytes: int) -> dict[str, float]:
+    """A rank's bytes on the real module tree by FSDP2's rule (dim 0 split as torch.chunk splits it)."""
+    from rlvr.orchestration.plan import shard_rows
+    from rlvr.training.policy import decoder_blocks
+
+    local = {False: 0.0, True: 0.0}
+    for param in {id(p): p for p in model.parameters()}.values():
+        rows = shard_rows(param.shape[0], shards, rank % shards)
+        local[param.requires_grad] += rows * param.nbytes / param.shape[0]
+    gathered = max(sum(p.numel() * dtype_bytes if p.requires_grad else p.nbytes for p in block.parameters())
+                   for block in decoder_blocks(model))
+    return {"base_shard": local[False], "gathered": 2 * gathered, "trainable": 2 * local[True], "optimizer": 2 * local[True]}
+
+
+@pytest.mark.parametrize(
+    "arch_name, quantized, lora",
+    [("deepseek_v3", True, ["lora.target_modules=all-linear"]),
+     ("deepseek_v3", True, ["lora.target_modules=[q_b_proj,kv_b_proj,down_proj]", "lora.target_experts=true"]),
+     ("llama", False, ["lora.target_modules=[q_proj,v_proj,up_proj]"]),
+     ("llama", False, [])],
+    ids=["moe-nvfp4-all-linear", "moe-nvfp4-experts", "dense-lora", "dense-full"],
+)
+def test_rank_bytes_match_the_real_module_tree(tmp_path, arch_name, quantized, lora):
+    """The plan's per-rank bytes against the module tree the trainer builds (the real loader, peft's
+    LoRA), at world sizes where trailing ranks get short or empty chunks (8 experts over 5 ranks:
+    2, 2, 2, 2, 0; LoRA A's 4 rows over 3 ranks: 2, 2, 0)."""
+    import torch
+
+    from rlvr.models.tiny import build_tiny_model
+    from rlvr.quant.checkpoint import quantize_checkpoint
+    from rlvr.training.policy import apply_lora, load_base
+
+    path = build_tiny_model(tmp_path / arch_name, arch_name, hidden_size=64, num_layers=3, intermediate_size=128,
+                            tie_word_embeddings=False)
+    if quantized:
+        path = quantize_checkpoint(path, tmp_path / "nvfp4")
+    lora_keys = [f"trainer.{item}" for item in ["lora.rank=4", "lora.dropout=0", *lora]] if lora else []
+    for ranks, shard_ranks in [(5, "null"), (3, "null"), (6, "2"), (1, "null")]:
+        cfg = load_config(SMALL, [f"model.path={path}", "model.dtype=bfloat16", f"trainer.ranks={ranks}",
+                                  f"trainer.shard_ranks={shard_ranks}", "trainer.lora=null" if not lora else "trainer.lora.rank=4",
+                                  *lora_keys])
+        model, _ = load_base(str(path), torch.bfloat16)
+        if cfg.trainer.lora:
+            model = apply_lora(model, **cfg.trainer.lora.model_dump())
+        shards = cfg.trainer.shard_ranks or ranks
+        for rank in range(ranks):
+            measured = _measured_rank_bytes(model, rank, shards, dtype_bytes=2)
+            assert rank_bytes(cfg, rank) == measured, (ranks, shard_ranks, rank)
+
+
+def test_gpu_kinds_in_the_config_are_those_of_the_table():
+    from typing import get_args
+
+    from rlvr.config import PlacementConfig
+    from rlvr.orchestration.accelerators import ACCELERATORS
+
+    assert set(get_args(get_args(PlacementConfig.model_fields["gpu"].annotation)[0])) == set(ACCELERATORS)
+
+
+def test_train_and_sync_time_by_hand():
+    """Qwen2.5-7B, LoRA, 4 ranks on H100s: pi_old's forward + forward, recomputation and an
+    input-gradient backward per token, causal attention, at 989 TFLOP/s per GPU."""
+    from rlvr.orchestration.step_time import step_time
+
+    cfg = load_config(MEDIUM, ["placement.gpu=h100"])
+    arch = read_architecture(cfg)
+    sequences, length = 128 * 8, 1536 + 4096
+    multiplied = arch.active_params - 152064 * 3584  # the input embedding is a lookup
+    linear = 2 * multiplied * sequences * length * 4
+    attention = 2 * 28 * (128 + 128) * length**2 / 2 * 28 * sequences * (1 + 1 + 1 + 2)
+    t = step_time(cfg, arch)
+    assert t.train_compute == pytest.approx((linear + attention) / (4 * 1979e12 / 2), rel=1e-12)
+    # the adapter in float32 over one 400 Gb/s NIC
+    assert t.sync == pytest.approx(arch.adapter_params(cfg.trainer.lora) * 4 / 50e9, rel=1e-12)
+    assert t.generate > 0 and t.waves == -(-sequences // t.decoded_at_once)

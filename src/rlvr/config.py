@@ -527,6 +527,10 @@ class PlacementConfig(Section):
     gpu_memory_gb: float | None = Field(
         None, gt=0, description="usable memory of one GPU in GB (1e9 bytes); --dry-run checks the estimate against it"
     )
+    gpu: Literal["gb200", "b200", "h200", "h100", "a100"] | None = Field(
+        None, description="the GPU kind: --dry-run times each phase of a step at its nominal peaks "
+        "(rlvr.orchestration.accelerators) and says which side waits (null: phases not timed)"
+    )
     host_memory_gb: float | None = Field(
         None, gt=0, description="usable host (CPU) memory of one node in GB (1e9 bytes); --dry-run checks what the "
         "node's processes hold while they load the base against it"

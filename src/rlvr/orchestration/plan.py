@@ -1,7 +1,11 @@
-"""Where a run's processes go and how much memory each device needs: `rlvr train CFG --dry-run`.
+"""Where a run's processes go, how much memory each device and each node needs, and how long
+each phase of a step takes at best: `rlvr train CFG --dry-run`.
 
     plan = make_plan(cfg)          # PlanError (one line) when the placement cannot hold the run
     plan.devices                   # per GPU (or CPU process): what runs there, bytes by component
+    plan.host                      # per node: host bytes while loading
+    plan.step                      # seconds per phase (with placement.gpu)
+    rank_bytes(cfg, rank)          # a trainer rank's bytes as FSDP2 shards the module tree
 
 Placement, as the `placement` section asks (the Ray backend reserves the same shape):
 - colocate: the trainer's FSDP2 ranks take GPUs 0..ranks-1, packed node by node; the engine's
@@ -20,12 +24,19 @@ width, Hq/Hkv query/key-value widths (heads x head_dim), V vocabulary, b bytes o
   says how many tokens it holds: GQA stores 2 x L x Hkv / TP values per token, MLA
   L x (kv_lora_rank + qk_rope_head_dim) on every GPU of the group (the latent serves all heads).
 - LoRA slot: the adapter at b / TP (the engine serves one adapter at a time).
-- base shard: the frozen base in the trainer's format (NVFP4 stays packed) / FSDP ranks; the
-  packed routed experts are sharded by expert, ceil(E / ranks) of them per rank.
-- gathered: two decoder blocks unsharded (FSDP2 gathers the block it runs and prefetches the
-  next), the largest: an MoE block with all its experts.
-- trainable: trainable parameters x 4 (value, gradient, AdamW m and v) / FSDP ranks; LoRA in
-  float32 (peft keeps adapters in float32), full fine-tuning at b.
+- a trainer rank (`rank_bytes`): FSDP2 (`fully_shard`) splits every parameter along dim 0
+  over the shard group (trainer.shard_ranks ranks, all of them by default; with HSDP each
+  replica holds a whole copy) as torch.chunk does: c = ceil(rows / shards) rows each, shard
+  s holding max(0, min(c, rows - s x c)) (rank r is shard r % shard_ranks: ranks are laid out
+  replica by replica). The tensors are those of rlvr.orchestration.architecture's `units`.
+  base shard: its frozen tensors; trainable: its trainable ones x 2 (value, gradient);
+  optimizer: AdamW's exp_avg and exp_avg_sq, 2 x its trainable bytes; gathered: two decoder
+  blocks unsharded (the one FSDP2 runs and the one it prefetches; an upper bound, since each
+  packed layer is a unit of its own, gathered while it runs), the largest. Shard 0 holds a
+  full chunk of every tensor, so the table shows rank 0, the worst; FSDP2 pads every rank's
+  parameter storage to a full chunk anyway.
+- root gathered: embeddings, final norm and lm_head unsharded: FSDP2 does not reshard its
+  root after forward (backward needs it at once).
 - activations, one micro-batch of T = trainer.micro_batch_tokens tokens, flash attention (no
   T x T matrix). Saved per token and layer: b * (4H + 3Hq + 3Hkv + 4I) (norm inputs and
   outputs, q/k/v before and after RoPE, attention output, MLP gate/up/activation/product);
@@ -33,291 +44,68 @@ width, Hq/Hkv query/key-value widths (heads x head_dim), V vocabulary, b bytes o
   Without gradient checkpointing T * L times that; with it T * L * H * b (block inputs) plus
   one block's worth recomputed. Plus the LM head's chunk: 1024 tokens x V x (b + 12)
   (logits, their float32 copy, softmax temporaries, float32 gradient).
-- at load, a rank's device holds its shard and one block in full (fully_shard moves the base
-  to the device unit by unit), less than the step's own peak; each rank process reads the
-  whole base into host memory first (a note says how much).
 Not counted: CUDA context, allocator fragmentation, vLLM's activation workspace and CUDA
 graphs (leave some 10 %).
+
+Host memory of a node while the run loads, checked against placement.host_memory_gb: the
+sum over the processes on the node. A trainer rank loads sharded: it builds the model on the
+meta device, shards it, and reads only its own slices from the checkpoint, so it holds at
+most its base shard and one decoder block in host memory before they move to its GPU. An
+engine worker (one per engine GPU) is counted at its whole share of the weights (weights /
+TP): vLLM's loader holds one tensor at a time privately, but the safetensors files it reads
+sit in the page cache, and colocated, vLLM's sleep (level 1) keeps those weights in host
+memory while the trainer runs.
+
+Time per step: rlvr.orchestration.step_time (its doc-string has the formulas). The balance
+line says who waits: split, with rollout.max_staleness >= 1 the engine generates step t + 1
+while the ranks train step t, so a step takes max(generate, train + sync); otherwise, and
+colocated, the phases run one after another and a step takes their sum.
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from rlvr.config import RunConfig
+from rlvr.orchestration.architecture import (
+    DTYPE_BYTES,
+    GB,
+    GiB,
+    Architecture,
+    NoArchitecture,
+    read_architecture,
+)
+from rlvr.orchestration.step_time import StepTime, step_time
 
-GB = 1e9
-GiB = 1 << 30
-NVFP4_BITS = 4.5  # 4-bit values + an FP8 (8-bit) scale per group of 16
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-LM_HEAD_CHUNK_TOKENS = 1024  # TokenLogprobs' chunk_tokens: the logits exist for this many tokens at a time
-OPTIMIZER_COPIES = 4  # value, gradient, AdamW exp_avg and exp_avg_sq
-LORA_DTYPE_BYTES = 4  # peft keeps adapter weights in float32 on a bf16 base
 
 class PlanError(ValueError):
     """The placement cannot hold the run; the message is one line naming the keys."""
 
 
-class NoArchitecture(ValueError):
-    """Nothing to estimate memory from: no config.json, no model.estimate, or an unknown layout."""
+def shard_rows(rows: int, shards: int, index: int) -> int:
+    """Rows of a `rows`-row tensor on shard `index` of `shards`, as FSDP2 splits dim 0 (torch.chunk)."""
+    chunk = -(-rows // shards)
+    return max(0, min(chunk, rows - index * chunk))
 
 
-# --------------------------------------------------------------------- architecture
-
-
-@dataclass(frozen=True)
-class Experts:
-    """A fine-grained MoE layer: `count` routed experts of which each token uses `top_k`, plus
-    shared experts every token uses, and a router (one logit per expert)."""
-
-    count: int
-    top_k: int
-    width: int  # one routed expert's hidden width
-    shared_width: int  # all shared experts together
-    first_dense: int  # leading layers with a dense MLP instead
-
-
-@dataclass(frozen=True)
-class LatentAttention:
-    """Multi-head latent attention (DeepSeek-V2/V3, Mistral Large 3): keys and values come from
-    one compressed latent of `kv_rank` values per token, which is all the KV cache stores (plus
-    the `rope` shared RoPE key values)."""
-
-    kv_rank: int
-    q_rank: int | None
-    nope: int
-    rope: int
-    v_head_dim: int
-
-
-@dataclass(frozen=True)
-class Architecture:
-    """A decoder's sizes (biases ignored: < 0.01 % of the weights): dense, MoE, GQA or MLA."""
-
-    hidden: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    tie_word_embeddings: bool
-    nvfp4: bool
-    source: str
-    experts: Experts | None = None
-    mla: LatentAttention | None = None
-
-    @property
-    def q_width(self) -> int:
-        return self.num_heads * (self.mla.nope + self.mla.rope if self.mla else self.head_dim)
-
-    @property
-    def kv_width(self) -> int:
-        return self.num_heads * (self.mla.nope + self.mla.v_head_dim) if self.mla else self.num_kv_heads * self.head_dim
-
-    def attention_linears(self) -> dict[str, tuple[int, int]]:
-        """The attention's Linear layers, (input, output) widths."""
-        h, heads = self.hidden, self.num_heads
-        if self.mla is None:
-            return {"q_proj": (h, self.q_width), "k_proj": (h, self.kv_width), "v_proj": (h, self.kv_width),
-                    "o_proj": (self.q_width, h)}
-        m = self.mla
-        query = {"q_a_proj": (h, m.q_rank), "q_b_proj": (m.q_rank, self.q_width)} if m.q_rank else {"q_proj": (h, self.q_width)}
-        return query | {
-            "kv_a_proj_with_mqa": (h, m.kv_rank + m.rope),
-            "kv_b_proj": (m.kv_rank, heads * (m.nope + m.v_head_dim)),
-            "o_proj": (heads * m.v_head_dim, h),
-        }
-
-    def mlp_linears(self, width: int) -> dict[str, tuple[int, int]]:
-        return {"gate_proj": (self.hidden, width), "up_proj": (self.hidden, width), "down_proj": (width, self.hidden)}
-
-    @property
-    def moe_layers(self) -> int:
-        return self.num_layers - self.experts.first_dense if self.experts else 0
-
-    def _linear_params(self, linears: dict[str, tuple[int, int]]) -> int:
-        return sum(a * b for a, b in linears.values())
-
-    @property
-    def _attention_linear_params(self) -> int:
-        return self._linear_params(self.attention_linears())
-
-    @property
-    def _dense_mlp_params(self) -> int:
-        return self._linear_params(self.mlp_linears(self.intermediate_size))
-
-    @property
-    def _moe_mlp_params(self) -> int:
-        """One MoE layer's experts, routed and shared (the router aside)."""
-        e = self.experts
-        shared = self._linear_params(self.mlp_linears(e.shared_width)) if e.shared_width else 0
-        return e.count * 3 * self.hidden * e.width + shared
-
-    @property
-    def routed_params(self) -> int:
-        """All routed experts' weights, of every MoE layer."""
-        e = self.experts
-        return self.moe_layers * e.count * 3 * self.hidden * e.width if e else 0
-
-    @property
-    def packed_params(self) -> int:
-        """The weights an NVFP4 checkpoint packs: every Linear of the decoder blocks, routed and
-        shared experts included (routers, norms, embeddings and lm_head stay in float)."""
-        moe = self.moe_layers * self._moe_mlp_params if self.moe_layers else 0
-        return self.num_layers * self._attention_linear_params + (self.num_layers - self.moe_layers) * self._dense_mlp_params + moe
-
-    @property
-    def embedding_params(self) -> int:
-        return self.vocab_size * self.hidden * (1 if self.tie_word_embeddings else 2)
-
-    @property
-    def params(self) -> int:
-        e = self.experts
-        routers = self.moe_layers * e.count * self.hidden if e else 0
-        latent_norms = (self.mla.q_rank or 0) + self.mla.kv_rank if self.mla else 0  # MLA's q_a and kv_a norms
-        norms = self.num_layers * (2 * self.hidden + latent_norms) + self.hidden
-        return self.packed_params + routers + norms + self.embedding_params
-
-    @property
-    def active_params(self) -> int:
-        """Parameters used per token: the routed experts count top_k / count of their weights."""
-        e = self.experts
-        return self.params - (self.routed_params * (e.count - e.top_k) // e.count if e else 0)
-
-    def weight_bytes(self, dtype_bytes: int, nvfp4: bool | None = None) -> float:
-        """All weights; the blocks' Linear layers and experts packed when NVFP4 (the default: as stored)."""
-        nvfp4 = self.nvfp4 if nvfp4 is None else nvfp4
-        return self.packed_params * (NVFP4_BITS / 8 if nvfp4 else dtype_bytes) + (self.params - self.packed_params) * dtype_bytes
-
-    def routed_bytes(self, dtype_bytes: int) -> float:
-        return self.routed_params * (NVFP4_BITS / 8 if self.nvfp4 else dtype_bytes)
-
-    def block_bytes(self, dtype_bytes: int) -> float:
-        """The largest decoder block (an MoE block with all its experts, when there is one)."""
-        per_weight = NVFP4_BITS / 8 if self.nvfp4 else dtype_bytes
-        mlp = self._moe_mlp_params if self.moe_layers else self._dense_mlp_params
-        return (self._attention_linear_params + mlp) * per_weight + 2 * self.hidden * dtype_bytes
-
-    def lora_params(self, rank: int, targets: list[str] | str, target_experts: bool = False) -> int:
-        """LoRA on the named Linears (all-linear: every Linear of the blocks: attention, dense MLPs and
-        shared experts); `target_experts` adds a pair per routed expert and projection."""
-        def pairs(linears: dict[str, tuple[int, int]]) -> int:
-            return sum(rank * (a + b) for name, (a, b) in linears.items() if targets == "all-linear" or name in targets)
-
-        e = self.experts
-        dense_layers = self.num_layers - self.moe_layers
-        total = self.num_layers * pairs(self.attention_linears()) + dense_layers * pairs(self.mlp_linears(self.intermediate_size))
-        if e and e.shared_width:
-            total += self.moe_layers * pairs(self.mlp_linears(e.shared_width))
-        if e and target_experts:  # gate/up fused (hidden -> 2 x width) and down, per expert
-            total += self.moe_layers * e.count * rank * ((self.hidden + 2 * e.width) + (e.width + self.hidden))
-        return total
-
-    @property
-    def active_mlp_width(self) -> int:
-        """The widest MLP a token passes through: the dense one, or top_k routed + shared experts."""
-        e = self.experts
-        moe = e.top_k * e.width + e.shared_width if e else 0
-        return max(moe, self.intermediate_size if self.num_layers > self.moe_layers else 0)
-
-    def activation_bytes(self, tokens: int, dtype_bytes: int, checkpointing: bool) -> float:
-        per_token_layer = dtype_bytes * (4 * self.hidden + 3 * self.q_width + 3 * self.kv_width + 4 * self.active_mlp_width)
-        if checkpointing:
-            blocks = tokens * self.num_layers * self.hidden * dtype_bytes + tokens * per_token_layer
-        else:
-            blocks = tokens * self.num_layers * per_token_layer
-        return blocks + min(tokens, LM_HEAD_CHUNK_TOKENS) * self.vocab_size * (dtype_bytes + 12)
-
-    def kv_bytes_per_token(self, tp: int, dtype_bytes: int) -> float:
-        """One token's KV cache on one GPU of a TP group. GQA: keys and values, heads split over TP
-        (vLLM replicates KV heads past TP = heads). MLA: the latent and the RoPE key, which every
-        head reads, so every GPU of the group holds all of it."""
-        if self.mla:
-            return self.num_layers * (self.mla.kv_rank + self.mla.rope) * dtype_bytes
-        return 2 * self.num_layers * math.ceil(self.num_kv_heads / tp) * self.head_dim * dtype_bytes
-
-
-def _experts_from_config(text: dict) -> Experts | None:
-    """The MoE shape from a config.json's fields, as DeepSeek-V3 / Mistral Large 3, Qwen3-MoE,
-    Qwen2-MoE and Mixtral name them."""
-    count = text.get("n_routed_experts") or text.get("num_experts") or text.get("num_local_experts")
-    if not count:
-        return None
-    width = text.get("moe_intermediate_size") or text["intermediate_size"]
-    shared = (text.get("n_shared_experts") or 0) * width or text.get("shared_expert_intermediate_size") or 0
-    return Experts(
-        count=count,
-        top_k=text["num_experts_per_tok"],
-        width=width,
-        shared_width=shared,
-        first_dense=text.get("first_k_dense_replace") or 0,
-    )
-
-
-def _mla_from_config(text: dict) -> LatentAttention | None:
-    if not text.get("kv_lora_rank"):
-        return None
-    return LatentAttention(kv_rank=text["kv_lora_rank"], q_rank=text.get("q_lora_rank"), nope=text["qk_nope_head_dim"],
-                           rope=text["qk_rope_head_dim"], v_head_dim=text["v_head_dim"])
-
-
-def read_architecture(cfg: RunConfig) -> Architecture:
-    """From model.path's config.json when it exists, else from model.estimate."""
-    config_path = Path(cfg.model.path) / "config.json"
-    if config_path.is_file():
-        raw = json.loads(config_path.read_text())
-        text = raw.get("text_config") or raw  # multimodal checkpoints keep the decoder's sizes there
-        quant = raw.get("quantization_config") or {}
-        if quant:
-            from rlvr.quant.checkpoint import FORMAT_NAME  # imported only here: it brings torch
-
-            if quant.get("format") != FORMAT_NAME:
-                kind = quant.get("format") or quant.get("quant_method")
-                raise NoArchitecture(f"{config_path}: quantization {kind!r} is not estimated")
-        heads = text["num_attention_heads"]
-        return Architecture(
-            hidden=text["hidden_size"],
-            num_layers=text["num_hidden_layers"],
-            num_heads=heads,
-            num_kv_heads=text.get("num_key_value_heads") or heads,
-            head_dim=text.get("head_dim") or text["hidden_size"] // heads,
-            intermediate_size=text["intermediate_size"],
-            vocab_size=text["vocab_size"],
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
-            nvfp4=bool(quant),
-            source=str(config_path),
-            experts=_experts_from_config(text),
-            mla=_mla_from_config(text),
-        )
-    e = cfg.model.estimate
-    if e is None:
-        raise NoArchitecture(f"no {config_path} and no model.estimate in the config")
-    experts = None
-    if e.num_experts:
-        experts = Experts(count=e.num_experts, top_k=e.num_experts_per_tok, width=e.moe_intermediate_size,
-                          shared_width=e.num_shared_experts * e.moe_intermediate_size, first_dense=e.first_dense_layers)
-    mla = None
-    if e.kv_lora_rank:
-        mla = LatentAttention(kv_rank=e.kv_lora_rank, q_rank=e.q_lora_rank, nope=e.qk_nope_head_dim,
-                              rope=e.qk_rope_head_dim, v_head_dim=e.v_head_dim)
-    return Architecture(
-        hidden=e.hidden_size,
-        num_layers=e.num_layers,
-        num_heads=e.num_heads,
-        num_kv_heads=e.num_kv_heads,
-        head_dim=e.head_dim or e.hidden_size // e.num_heads,
-        intermediate_size=e.intermediate_size,
-        vocab_size=e.vocab_size,
-        tie_word_embeddings=e.tie_word_embeddings,
-        nvfp4=e.weight_format == "nvfp4",
-        source="model.estimate",
-        experts=experts,
-        mla=mla,
-    )
+def rank_bytes(cfg: RunConfig, rank: int, arch: Architecture | None = None) -> dict[str, float]:
+    """Trainer rank `rank`'s bytes on its device between steps, by FSDP2's chunk rule (see the
+    module doc-string): base_shard, gathered, trainable, optimizer."""
+    arch = arch or read_architecture(cfg)
+    trainer, b = cfg.trainer, DTYPE_BYTES[cfg.model.dtype]
+    shards = trainer.shard_ranks or trainer.ranks
+    local = {False: 0.0, True: 0.0}  # by trainable
+    for unit in arch.units(b, trainer.lora):
+        for param in unit.params:
+            rows = shard_rows(param.rows, shards, rank % shards)
+            local[param.trainable] += unit.count * rows * param.row_elements * param.element_bytes
+    return {
+        "base_shard": local[False],
+        "gathered": 2 * arch.block_bytes(b, trainer.lora),
+        "trainable": 2 * local[True],
+        "optimizer": 2 * local[True],
+    }
 
 
 # ------------------------------------------------------------------------- the plan
@@ -351,10 +139,13 @@ class Plan:
     architecture: Architecture | None
     unknown: str | None  # why there is no memory estimate
     notes: list[str]
+    host: dict[int, float] = field(default_factory=dict)  # node -> host bytes while loading
+    step: StepTime | None = None  # with placement.gpu
 
 
 def make_plan(cfg: RunConfig) -> Plan:
-    """The placement and, when the architecture is known, the memory of every device."""
+    """The placement and, when the architecture is known, the memory of every device and node
+    and, on a known GPU, the time of each phase."""
     p, tp, ranks = cfg.placement, cfg.engine.tensor_parallel_size, cfg.trainer.ranks
     _check_lengths(cfg)
     if p.backend == "local" and p.nodes > 1:
@@ -370,9 +161,11 @@ def make_plan(cfg: RunConfig) -> Plan:
         return Plan(p.backend, p.colocate, p.nodes, p.gpus_per_node, tp, ranks, gpus_used, devices, None, str(why), notes)
     if arch.num_heads % tp:
         raise PlanError(f"engine.tensor_parallel_size={tp} does not divide the model's {arch.num_heads} attention heads")
-    _estimate(cfg, arch, devices, notes)
-    plan = Plan(p.backend, p.colocate, p.nodes, p.gpus_per_node, tp, ranks, gpus_used, devices, arch, None, notes)
+    host = _estimate(cfg, arch, devices, notes)
+    timed = step_time(cfg, arch) if p.gpu and p.gpus_per_node else None
+    plan = Plan(p.backend, p.colocate, p.nodes, p.gpus_per_node, tp, ranks, gpus_used, devices, arch, None, notes, host, timed)
     _check_fit(cfg, plan)
+    _check_host(cfg, plan)
     return plan
 
 
@@ -425,61 +218,56 @@ def _cpu_devices(cfg: RunConfig) -> list[Device]:
     ]
 
 
-def _estimate(cfg: RunConfig, arch: Architecture, devices: list[Device], notes: list[str]) -> None:
+def _estimate(cfg: RunConfig, arch: Architecture, devices: list[Device], notes: list[str]) -> dict[int, float]:
+    """Fill each device's memory; return each node's host bytes while loading (GPU placements)."""
     b = DTYPE_BYTES[cfg.model.dtype]
-    tp, ranks, lora = cfg.engine.tensor_parallel_size, cfg.trainer.ranks, cfg.trainer.lora
+    tp, lora = cfg.engine.tensor_parallel_size, cfg.trainer.lora
     base = arch.weight_bytes(b)
-    if lora is not None:
-        lora_params = arch.lora_params(lora.rank, lora.target_modules, lora.target_experts)
-        trainable = lora_params * LORA_DTYPE_BYTES * OPTIMIZER_COPIES
-        lora_slot = lora_params * b / tp
-    else:
-        trainable, lora_slot = arch.params * b * OPTIMIZER_COPIES, 0.0
+    lora_slot = arch.adapter_params(lora) * b / tp if lora else 0.0
     if cfg.engine.backend == "vllm":
         engine = {"engine weights": base / tp, "KV cache": cfg.engine.kv_cache_gb * GiB, "LoRA slot": lora_slot}
         _note_kv(cfg, arch, notes)
     else:  # transformers generate: float weights, a cache that grows with the batch
         engine = {"engine weights": arch.weight_bytes(b, nvfp4=False)}
         notes.append("engine.backend hf: its KV cache grows with the batch and is not estimated")
+    shard = rank_bytes(cfg, 0, arch)  # shard 0 holds the most (see the module doc-string)
+    root = next(u for u in arch.units(b, lora) if not u.is_block)
     trainer = {
-        "base shard": _base_shard(arch, b, ranks),
-        "gathered": 2 * arch.block_bytes(b),
-        "trainable": trainable / ranks,
+        "base shard": shard["base_shard"],
+        "gathered": shard["gathered"],
+        "root gathered": root.gathered_bytes(b),
+        "trainable": shard["trainable"],
+        "optimizer": shard["optimizer"],
         "activations": arch.activation_bytes(cfg.trainer.micro_batch_tokens, b, cfg.trainer.gradient_checkpointing),
     }
     if arch.experts:
         _note_experts(cfg, arch, notes)
-    if cfg.placement.gpus_per_node:
-        per_node = min(ranks, cfg.placement.gpus_per_node)
-        notes.append(f"host memory at load: each trainer process reads the whole base ({base / GB:.1f} GB) before "
-                     f"sharding it, {per_node} processes per node")
+    host: dict[int, float] = {}
     for device in devices:
         if device.engine_rank is not None:
             device.memory |= {k: v for k, v in engine.items() if v}
         if device.trainer_rank is not None:
             device.memory |= {k: v for k, v in trainer.items() if v}
-
-
-def _base_shard(arch: Architecture, dtype_bytes: int, ranks: int) -> float:
-    """One rank's share of the frozen base: FSDP2 splits each tensor along its first dimension,
-    which for packed experts is the expert: ceil(E / ranks) experts each (the last ranks padded)."""
-    routed = arch.routed_bytes(dtype_bytes)
-    rest = arch.weight_bytes(dtype_bytes) - routed
-    experts_per_rank = math.ceil(arch.experts.count / ranks) / arch.experts.count if arch.experts else 0.0
-    return rest / ranks + routed * experts_per_rank
+        if cfg.placement.gpus_per_node:
+            loading = (engine["engine weights"] if device.engine_rank is not None else 0.0) + (
+                shard["base_shard"] + arch.block_bytes(b) if device.trainer_rank is not None else 0.0)
+            host[device.node] = host.get(device.node, 0.0) + loading
+    return host
 
 
 def _note_experts(cfg: RunConfig, arch: Architecture, notes: list[str]) -> None:
-    e, tp, ranks = arch.experts, cfg.engine.tensor_parallel_size, cfg.trainer.ranks
+    e, tp = arch.experts, cfg.engine.tensor_parallel_size
+    shards = cfg.trainer.shard_ranks or cfg.trainer.ranks
     if cfg.engine.backend == "vllm":
         how = (f"expert parallel: {e.count} / {tp} = {e.count / tp:g} whole experts per GPU and layer"
                if cfg.engine.expert_parallel else f"tensor parallel: every expert split {tp} ways (engine.expert_parallel: false)")
         notes.append(f"engine MoE: {how}")
-    per_rank = math.ceil(e.count / ranks)
+    per_rank = math.ceil(e.count / shards)
+    holders = math.ceil(e.count / per_rank)
     notes.append(
-        f"trainer MoE: FSDP2 shards the packed experts by expert, {per_rank} of {e.count} per rank and layer "
-        f"(padded to {per_rank * ranks}); a block's experts are gathered for its forward, and only those that "
-        f"received tokens are dequantized"
+        f"trainer MoE: FSDP2 shards the packed experts by expert over {shards} ranks, {per_rank} of {e.count} per rank and "
+        f"layer (shards 0-{holders - 1} hold them; storage padded to {per_rank} on every rank); a block's experts are "
+        f"gathered for its forward, and only those that received tokens are dequantized"
     )
 
 
@@ -509,6 +297,24 @@ def _check_fit(cfg: RunConfig, plan: Plan) -> None:
         )
 
 
+def _check_host(cfg: RunConfig, plan: Plan) -> None:
+    capacity = cfg.placement.host_memory_gb
+    if capacity is None or not plan.host:
+        return
+    node, need = max(plan.host.items(), key=lambda kv: kv[1])
+    if need > capacity * GB:
+        raise PlanError(f"node {node} needs ~{need / GB:.1f} GB of host memory while loading ({_host_parts(plan, node)}), "
+                        f"over placement.host_memory_gb={capacity:g}")
+
+
+def _host_parts(plan: Plan, node: int) -> str:
+    on_node = [d for d in plan.devices if d.node == node]
+    engines = sum(d.engine_rank is not None for d in on_node)
+    ranks = sum(d.trainer_rank is not None for d in on_node)
+    parts = [f"{engines} engine worker{'s' * (engines != 1)}"] if engines else []
+    return ", ".join(parts + ([f"{ranks} trainer rank{'s' * (ranks != 1)}"] if ranks else []))
+
+
 # ------------------------------------------------------------------------- printing
 
 
@@ -526,7 +332,9 @@ def print_plan(plan: Plan, cfg: RunConfig, console) -> None:
         say(f"placement: {plan.backend}, CPU only: the engine in the controller process, one process per rank")
     lora = cfg.trainer.lora
     tuned = f"LoRA rank {lora.rank}" if lora else "full fine-tuning"
-    say(f"engine: {cfg.engine.backend}, tensor parallel {plan.engine_tp}; trainer: FSDP2 world size {plan.fsdp_world}, {tuned}")
+    shards = cfg.trainer.shard_ranks or plan.fsdp_world
+    mesh = f"HSDP, {plan.fsdp_world // shards} replicas x {shards} shards" if shards < plan.fsdp_world else "FSDP2"
+    say(f"engine: {cfg.engine.backend}, tensor parallel {plan.engine_tp}; trainer: world size {plan.fsdp_world} ({mesh}), {tuned}")
     arch = plan.architecture
     if arch is None:
         say(f"memory: not estimated ({plan.unknown})")
@@ -567,6 +375,42 @@ def print_plan(plan: Plan, cfg: RunConfig, console) -> None:
             f"(gradient checkpointing {checkpointing}); CUDA context and allocator slack not counted. "
             f"Largest device {largest / GB:.1f} GB: {fit}"
         )
+    if plan.host:
+        runs: list[list[int]] = []  # successive nodes alike
+        for node in sorted(plan.host):
+            alike = runs and (plan.host[runs[-1][-1]], _host_parts(plan, runs[-1][-1])) == (plan.host[node], _host_parts(plan, node))
+            runs[-1].append(node) if alike else runs.append([node])
+        per_node = ", ".join(f"node{'s' * (len(r) > 1)} {_span(r)}: {plan.host[r[0]] / GB:.1f} ({_host_parts(plan, r[0])})"
+                             for r in runs)
+        capacity = cfg.placement.host_memory_gb
+        fit = f"fits placement.host_memory_gb={capacity:g}" if capacity else "placement.host_memory_gb not set: not checked"
+        say(f"host memory while loading, GB per node (each rank reads only its shard; an engine worker its weights): "
+            f"{per_node}; {fit}")
+    if plan.step:
+        _print_step(plan, cfg, say)
+
+
+def _print_step(plan: Plan, cfg: RunConfig, say) -> None:
+    t = plan.step
+    longest = cfg.data.max_prompt_tokens + cfg.rollout.sampling.max_tokens
+    say(f"time per step at {cfg.placement.gpu.upper()} nominal peaks, every sample {longest:,} tokens long (an upper "
+        f"bound; rlvr.orchestration.step_time): generate {t.generate:,.0f} s ({t.engines} engine of TP {plan.engine_tp}: "
+        f"{t.decoded_at_once} sequences at once, {t.waves} waves), train {t.train:,.0f} s (compute {t.train_compute:,.0f} s, "
+        f"FSDP2 communication {t.train_communication:,.0f} s), sync {t.sync:.1f} s")
+    busy = t.train + t.sync
+    ratio = t.generate / busy
+    if plan.colocate or not cfg.rollout.max_staleness:
+        layout = "colocated" if plan.colocate else "split without rollout.max_staleness"
+        idle = plan.gpus_used - plan.engine_tp
+        say(f"balance: {layout}, the phases take turns: a step takes ~{t.generate + busy:,.0f} s"
+            + (f"; {idle} GPUs outside the engine idle while it generates ({t.generate:,.0f} s)" if idle else ""))
+    elif ratio >= 1:
+        say(f"balance: split, generating one step ahead: a step takes ~{t.generate:,.0f} s; the trainer waits "
+            f"{t.generate - busy:,.0f} s of it for rollouts (idle {1 - 1 / ratio:.0%}); generation is {ratio:.1f}x training, "
+            f"so GPUs moved from the trainer to more engines would shorten the step (rlvr places one engine)")
+    else:
+        say(f"balance: split, generating one step ahead: a step takes ~{busy:,.0f} s; the engine waits "
+            f"{busy - t.generate:,.0f} s of it for the trainer (idle {1 - ratio:.0%})")
 
 
 def _gb(value: float | None) -> str:
