@@ -33,9 +33,9 @@ def test_plan_colocates_the_engine_with_rank_0_and_splits_it_off_on_request():
     assert local.ranks[0].num_cpus + local.engine.num_cpus <= 1.0
 
     split = plan(PlacementConfig(backend="ray", colocate=False, nodes=2, gpus_per_node=4, engine_gpus=2), ranks=4)
-    assert split.bundles == [{"CPU": 1.0, "GPU": 1.0}] * 4 + [{"CPU": 1.0, "GPU": 2.0}]
+    assert split.bundles == [{"CPU": 1.0, "GPU": 2.0}] + [{"CPU": 1.0, "GPU": 1.0}] * 4
     assert split.strategy == "PACK"
-    assert split.ranks == [Slot(i, 1.0, 1.0) for i in range(4)] and split.engine == Slot(4, 1.0, 2.0)
+    assert split.ranks == [Slot(i, 1.0, 1.0) for i in range(1, 5)] and split.engine == Slot(0, 1.0, 2.0)
 
     with pytest.raises(ValueError, match="placement.engine_gpus"):
         plan(PlacementConfig(backend="ray", colocate=False, gpus_per_node=8), ranks=2)

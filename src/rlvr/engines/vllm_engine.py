@@ -19,6 +19,7 @@ import torch
 
 from rlvr.config import EngineConfig, ModelConfig
 from rlvr.engines.base import Engine, EngineDied
+from rlvr.engines.vllm_parallel import executor_backend
 from rlvr.models.moe import moe_layer_numbers
 from rlvr.training.routing import compact_routes
 from rlvr.records import LoraAdapter, Request, Rollout, Sampling
@@ -134,7 +135,7 @@ class VLLMEngine(Engine):
             logprobs_mode=LOGPROBS_MODE,
             worker_extension_cls="rlvr.engines.vllm_worker.WeightSyncExtension",
             enable_sleep_mode=self.sleep_supported,
-            distributed_executor_backend="uni" if self.in_process and engine.tensor_parallel_size == 1 else None,
+            distributed_executor_backend=executor_backend(engine.tensor_parallel_size),
             enable_return_routed_experts=self._moe_blocks is not None or None,
         )
         if self.enable_lora and not self.merge_lora:

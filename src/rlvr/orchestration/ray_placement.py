@@ -10,6 +10,13 @@ methods run in the engine actor. The ranks meet for torch.distributed on rank 0'
 IP, a port free there), so the same code runs on `ray start --head` on one machine and on a
 multi-node cluster, where every node needs the same Python environment with rlvr installed.
 
+The engine actor holds its whole tensor-parallel group in one bundle (so on one node) and vLLM
+runs the group's workers as the actor's child processes (rlvr.engines.vllm_parallel; the why is
+in docs/placement.md). Trainer ranks are numbered by node, then GPU, once Ray has placed them
+(`place_ranks`), so that an HSDP replica's consecutive ranks share a node. The actors
+themselves are in rlvr.orchestration.ray_actors; `rlvr rehearse` places them on a simulated
+cluster (rlvr.orchestration.rehearsal).
+
 The connection to Ray is process-wide (as `ray.init` is): the trainer and the engine share one
 `RayCluster`; when the last of its actors is closed it removes the placement group and
 disconnects (stopping Ray only if this process started it).
@@ -19,14 +26,14 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 from dataclasses import dataclass
 
 from rlvr.config import EngineConfig, ModelConfig, PlacementConfig
 from rlvr.engines.base import Engine
 from rlvr.orchestration import RunStopped
-from rlvr.training.trainer import RankDied, free_port
-from rlvr.training.worker import RankFailure, RankSpec, answer, join_group, leave_group
+from rlvr.orchestration.ray_actors import EngineActor, RankActor
+from rlvr.training.trainer import RankDied
+from rlvr.training.worker import RankSpec
 
 # A Ray started here on a laptop-sized machine: no dashboard, and an object store sized for
 # adapters and rollouts rather than Ray's default of 30% of memory.
@@ -85,9 +92,10 @@ def plan(placement: PlacementConfig, ranks: int) -> Plan:
             raise ValueError("placement.engine_gpus: split placement (colocate: false) on GPUs needs engine_gpus >= 1")
         if gpus and engine_gpus > gpus:
             raise ValueError(f"placement.engine_gpus={engine_gpus}: more than one node's gpus_per_node={gpus}")
-        bundles.append({"CPU": 1.0, "GPU": float(engine_gpus)} if gpus else {"CPU": 1.0})
-        rank_slots = [Slot(i, 1.0, 1.0 if gpus else 0.0) for i in range(ranks)]
-        engine = Slot(ranks, 1.0, float(engine_gpus) if gpus else 0.0)
+        # The engine's bundle first: PACK places it first, so its node is node 0, as in the plan.
+        bundles.insert(0, {"CPU": 1.0, "GPU": float(engine_gpus)} if gpus else {"CPU": 1.0})
+        rank_slots = [Slot(i, 1.0, 1.0 if gpus else 0.0) for i in range(1, ranks + 1)]
+        engine = Slot(0, 1.0, float(engine_gpus) if gpus else 0.0)
     needed = sum(b.get("GPU", 0.0) for b in bundles)
     if gpus and needed > placement.nodes * gpus:
         raise ValueError(
@@ -175,6 +183,15 @@ class RayCluster:
         if self._actors == 0:
             self._disconnect()
 
+    def _abandon(self, actors: list) -> None:
+        """Kill actors that never got a handle; with no other actor left, close the cluster."""
+        import ray
+
+        for actor in actors:
+            ray.kill(actor)
+        if self._actors == 0:
+            self._disconnect()
+
     def _actor(self, cls, slot: Slot):
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -184,34 +201,90 @@ class RayCluster:
             num_cpus=slot.num_cpus, num_gpus=slot.num_gpus, scheduling_strategy=strategy
         )
 
+    def close(self) -> None:
+        """Remove the placement group and disconnect now, whatever actors are left (a rehearsal's)."""
+        self._disconnect()
+
     # ------------------------------------------------------------------ trainer ranks
 
-    def launch_ranks(self, world_size: int, spec: RankSpec) -> list[RayRank]:
-        """`Trainer`'s launch: one actor per rank, meeting on rank 0's node."""
+    def place_ranks(self) -> tuple[list[Placed], tuple[str, int]]:
+        """One empty actor per rank slot, in rank order (by node, then by GPU on the node), and
+        the rendezvous they will meet at: rank 0's node IP and a port free there.
+
+        Ray's PACK fills nodes but does not promise that bundle order follows node order (on a
+        simulated 8-node cluster bundles 0, 13, 15 and 16 shared a node). HSDP lays its replicas
+        out rank by rank (rlvr.training.worker), so ranks numbered by bundle could put one shard
+        group on two nodes; numbered by node, each group of shard_ranks <= gpus_per_node
+        consecutive ranks stays on one."""
         import ray
 
+        actors = [(self._actor(RankActor, slot).remote(), slot.bundle) for slot in self.plan.ranks]
+        try:
+            wheres = ray.get([actor.where.remote() for actor, _ in actors])
+            placed = [Placed(actor, bundle, where) for (actor, bundle), where in zip(actors, wheres)]
+            nodes = number_nodes(placed)
+            ranks = sorted(placed, key=lambda p: (nodes[p.where["node_id"]], p.where["gpus"], p.bundle))
+            return ranks, ray.get(ranks[0].actor.rendezvous.remote())
+        except ray.exceptions.RayActorError as error:
+            self._abandon([actor for actor, _ in actors])
+            raise RuntimeError(f"a trainer rank could not start as a Ray actor ({_death(error)})") from None
+
+    def launch_ranks(self, world_size: int, spec: RankSpec) -> list[RayRank]:
+        """`Trainer`'s launch: one actor per rank, ordered by node, meeting on rank 0's node."""
         if world_size != self.world_size:
             raise ValueError(f"placement planned {self.world_size} trainer ranks, not {world_size}")
-        actors = [self._actor(_RankActor, slot).remote() for slot in self.plan.ranks]
-        try:
-            address, port = ray.get(actors[0].rendezvous.remote())
-        except ray.exceptions.RayActorError as error:
-            for actor in actors:
-                ray.kill(actor)
-            if self._actors == 0:
-                self._disconnect()
-            raise RuntimeError(f"trainer rank 0 could not start as a Ray actor ({_death(error)})") from None
+        ranks, (address, port) = self.place_ranks()
         return [
-            RayRank(actor, actor.start.remote(rank, world_size, address, port, spec), self)
-            for rank, actor in enumerate(actors)
+            RayRank(placed.actor, placed.actor.start.remote(rank, world_size, address, port, spec), self)
+            for rank, placed in enumerate(ranks)
         ]
 
     # ------------------------------------------------------------------ engine
 
+    def place_engine(self, engine: EngineConfig) -> Placed:
+        """The engine's empty actor in the engine's slot, holding its whole TP group: vLLM runs
+        the group's workers as the actor's child processes (rlvr.engines.vllm_parallel)."""
+        import ray
+
+        tp = engine.tensor_parallel_size
+        gpus = math.ceil(self.plan.engine.num_gpus)
+        if self.placement.gpus_per_node and tp != gpus:
+            self._abandon([])
+            raise ValueError(
+                f"engine.tensor_parallel_size={tp}: the engine's slot has {gpus} GPU(s)"
+                + (" (colocated, it shares rank 0's GPU: use placement.colocate: false with engine_gpus="
+                   f"{tp})" if self.placement.colocate else f" (placement.engine_gpus={self.placement.engine_gpus})")
+            )
+        actor = self._actor(EngineActor, self.plan.engine).remote()
+        try:
+            where = ray.get(actor.where.remote(engine))
+        except ray.exceptions.RayError as error:
+            self._abandon([actor])
+            raise EngineError(f"the engine actor failed to start:\n{error}") from None
+        return Placed(actor, self.plan.engine.bundle, where)
+
     def engine(self, model: ModelConfig, engine: EngineConfig, **options) -> RayEngine:
-        """The engine, built by `make_engine` inside an actor in the engine's slot."""
-        actor = self._actor(_EngineActor, self.plan.engine).remote(model, engine, options)
-        return RayEngine(actor, self)
+        """The engine, built by `make_engine` inside the engine's actor."""
+        placed = self.place_engine(engine)
+        return RayEngine(placed.actor, placed.actor.start.remote(model, engine, options), self)
+
+
+@dataclass(frozen=True)
+class Placed:
+    """An actor and where Ray put it: `where` is its node_id, ip, gpus (indices on the node) and
+    cuda_visible_devices (and for the engine, the executor_backend vLLM resolves there)."""
+
+    actor: object
+    bundle: int
+    where: dict
+
+
+def number_nodes(placed: list[Placed]) -> dict[str, int]:
+    """Ray's node ids numbered 0, 1, ... by the lowest bundle each node hosts."""
+    nodes: dict[str, int] = {}
+    for p in sorted(placed, key=lambda p: p.bundle):
+        nodes.setdefault(p.where["node_id"], len(nodes))
+    return nodes
 
 
 def _import_ray():
@@ -236,33 +309,7 @@ def _death(error) -> str:
 _DEATH_FIELDS = ("class_name", "actor_id", "pid", "name", "namespace", "ip")
 
 
-# ---------------------------------------------------------------------- rank actors
-
-
-class _RankActor:
-    """Hosts one `_Rank` (the same code a local rank process runs) inside a Ray worker."""
-
-    def __init__(self):
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's: it stops between steps
-        self.worker = None
-
-    def rendezvous(self) -> tuple[str, int]:
-        import ray
-
-        return ray.util.get_node_ip_address(), free_port()
-
-    def start(self, rank: int, world_size: int, address: str, port: int, spec: RankSpec) -> tuple[str, object]:
-        try:
-            self.worker = join_group(rank, world_size, address, port, spec)
-            return "ok", self.worker.info()
-        except Exception as error:
-            return "error", RankFailure.of(error)
-
-    def call(self, command: str, payload) -> tuple[str, object]:
-        return answer(self.worker, command, payload)
-
-    def close(self) -> None:
-        leave_group()
+# ---------------------------------------------------------------------- handles
 
 
 class RayRank:
@@ -299,35 +346,20 @@ class RayRank:
         self._cluster._release()
 
 
-# ---------------------------------------------------------------------- engine actor
-
-
-class _EngineActor:
-    """Hosts an engine from `make_engine` inside a Ray worker."""
-
-    def __init__(self, model: ModelConfig, engine: EngineConfig, options: dict):
-        from rlvr.engines import make_engine
-
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        self.engine = make_engine(model, engine, **options)
-
-    def call(self, method: str, args: tuple, kwargs: dict):
-        if method == "pending_count":  # a property: Ray calls methods
-            return self.engine.pending
-        return getattr(self.engine, method)(*args, **kwargs)
-
-    def name(self) -> str:
-        return self.engine.name
-
-
 class RayEngine(Engine):
     """An `Engine` whose every method runs in the engine actor."""
 
-    def __init__(self, actor, cluster: RayCluster):
+    def __init__(self, actor, started, cluster: RayCluster):
+        """`started`: the actor's pending `start`, which builds the engine and gives its name."""
+        import ray
+
         self._actor, self._cluster = actor, cluster
         cluster._acquire()
         try:
-            self.name = self._get(actor.name.remote(), "start")  # waits for the engine to be built
+            self.name = self._get(started, "start")
+        except ray.exceptions.RayTaskError as error:  # the engine could not be built: its own traceback says why
+            self.close()
+            raise EngineError(f"the engine actor failed to start:\n{error}") from None
         except BaseException:
             self.close()
             raise
@@ -388,6 +420,4 @@ class RayEngine(Engine):
         try:
             return ray.get(pending)
         except ray.exceptions.RayActorError as error:
-            if error.actor_init_failed:  # the engine could not be built: its own traceback says why
-                raise EngineError(f"the engine actor failed to start:\n{error}") from None
             raise EngineError(f"the engine actor died ({_death(error)}) during {operation}; the run stops") from None
