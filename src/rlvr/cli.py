@@ -1,4 +1,4 @@
-"""`rlvr` command line: train, demo, eval, score, import, quantize, export, report."""
+"""`rlvr` command line: train, rehearse, demo, eval, score, import, quantize, export, report."""
 
 from __future__ import annotations
 
@@ -65,6 +65,32 @@ def _train_config(config: str | None, overrides: list[str], resume: str | None):
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"--resume {resume}: not a run folder (no config.yaml)")
     return _load(run_dir / "config.yaml", [*([config] if config else []), *overrides, f"run_dir={resume}"])
+
+
+@app.command()
+def rehearse(
+    config: Path = typer.Argument(..., help="YAML config"),
+    overrides: Optional[list[str]] = typer.Argument(None, help="dotted overrides, e.g. trainer.shard_ranks=4"),
+    out: Optional[Path] = typer.Option(None, "--out", help="FILE.json: every actor's placement and every rehearsed rank's bytes"),
+):
+    """What the run does before its first step, at its real size, on this machine: its Ray actors on a
+    simulated cluster of the config's nodes and GPUs, its ranks' shards on meta; checked against the plan."""
+    from rlvr.orchestration.plan import PlanError, make_plan
+    from rlvr.orchestration.rehearsal import rehearse as run_rehearsal
+    from rlvr.orchestration.rehearsal import summary_lines
+
+    cfg = _load(config, overrides or [])
+    try:
+        make_plan(cfg)
+    except PlanError as err:
+        console.print(f"[red]plan error:[/red] {config}: {err}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    report = run_rehearsal(cfg)
+    if out is not None:
+        out.write_text(json.dumps(report, indent=1) + "\n")
+    for line in summary_lines(report):
+        console.print(line, highlight=False, soft_wrap=True)
+    raise typer.Exit(0 if report["ok"] else 1)
 
 
 @app.command("config")

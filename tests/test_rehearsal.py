@@ -1,0 +1,115 @@
+"""`rlvr rehearse`, the Ray half: the run's own placement group and actors on a simulated
+cluster (`ray.cluster_utils.Cluster`, logical GPUs), each actor saying where Ray put it and, for
+the engine, which executor vLLM's own ParallelConfig resolves to inside it.
+
+On the seed config (8 nodes x 4 GPUs, a TP-4 engine, 28 trainer ranks) Ray's PACK does not keep
+bundle order in node order (bundles 0, 13, 15 and 16 shared a node when this was written), so the
+ranks' node order is the placement's doing, not luck's.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rlvr.config import load_config
+from rlvr.orchestration.rehearsal import byte_failures, place, placement_failures, rehearsed_ranks, summary_lines
+
+SEED = Path(__file__).parent.parent / "configs" / "aime_mistral_large3_nvfp4_ray.yaml"
+RLVR = Path(sys.executable).parent / "rlvr"
+
+
+def _trainer(node_of_rank: list[int]) -> list[dict]:
+    return [{"role": "trainer", "rank": rank, "node": node, "bundle": rank, "gpus": [rank % 4],
+             "executor_backend": None} for rank, node in enumerate(node_of_rank)]
+
+
+def test_a_replica_across_nodes_and_an_engine_whose_workers_leave_its_actor_fail_the_placement():
+    cfg = load_config(SEED, ["placement.nodes=2", "trainer.ranks=4", "trainer.shard_ranks=2"])
+    engine = {"role": "engine", "rank": 0, "node": 1, "bundle": 4, "gpus": [0, 1, 2, 3], "executor_backend": "mp"}
+    assert placement_failures(cfg, _trainer([0, 0, 0, 0]) + [engine]) == []
+    straddling = _trainer([0, 1, 1, 1])
+    assert placement_failures(cfg, straddling + [engine]) == ["HSDP replica of ranks 0-1 spans nodes [0, 1]"]
+    assert placement_failures(cfg, _trainer([1, 0, 0, 0]) + [engine])[0] == \
+        "trainer ranks are not ordered by node: nodes [1, 0, 0, 0]"
+    ray_executor = {**engine, "executor_backend": "ray"}
+    assert placement_failures(cfg, _trainer([0, 0, 0, 0]) + [ray_executor]) == [
+        "engine 0: vLLM resolves executor 'ray', whose workers leave the engine's actor"]
+    two_of_four = {**engine, "gpus": [0, 1]}
+    assert placement_failures(cfg, _trainer([0, 0, 0, 0]) + [two_of_four]) == [
+        "engine 0: its actor holds GPUs [0, 1] of node 1, not its TP group of 4"]
+
+
+def test_measured_bytes_pass_within_two_percent_of_the_plan():
+    rows = [{"rank": 0, "planned": {"base_shard": 100e9, "trainable": 1e9},
+             "measured": {"base_shard": 101.9e9, "trainable": 1e9}}]
+    assert byte_failures(rows) == []
+    rows[0]["measured"]["base_shard"] = 102.1e9
+    assert byte_failures(rows) == ["rank 0: base_shard measured 102.100 GB, planned 100.000 GB (beyond 2%)"]
+    del rows[0]["measured"]["trainable"]
+    assert byte_failures(rows)[1] == "rank 0: trainable was not measured"
+    assert rehearsed_ranks(28) == [0, 14, 27] and rehearsed_ranks(1) == [0]
+
+
+@pytest.mark.slow
+def test_the_seed_run_places_its_tp_engine_in_one_actor_and_its_ranks_node_by_node():
+    cfg = load_config(SEED)
+    ranks, per_node, tp = cfg.trainer.ranks, cfg.placement.gpus_per_node, cfg.engine.tensor_parallel_size
+    assert tp > 1 and not cfg.placement.colocate
+    actors = place(cfg)
+    trainer = [a for a in actors if a["role"] == "trainer"]
+    (engine,) = [a for a in actors if a["role"] == "engine"]
+    assert engine["node"] == 0 and engine["gpus"] == list(range(tp))
+    assert engine["cuda_visible_devices"] == ",".join(map(str, range(tp)))
+    assert engine["executor_backend"] == "mp"  # vLLM left alone resolves "ray" in a placement group
+    # The ranks fill the engine node's other GPUs, then node after node, GPU after GPU.
+    slots = [(node, gpu) for node in range(cfg.placement.nodes) for gpu in range(per_node)][tp:][:ranks]
+    assert [(a["rank"], a["node"], a["gpus"]) for a in trainer] == [(r, n, [g]) for r, (n, g) in enumerate(slots)]
+    assert all(a["cuda_visible_devices"] == str(a["gpus"][0]) for a in trainer)
+    assert len({a["rendezvous"] for a in trainer}) == 1
+    assert sorted(a["bundle"] for a in actors) == list(range(ranks + 1))
+    for shard_ranks in ["null", per_node, per_node // 2]:
+        assert placement_failures(load_config(SEED, [f"trainer.shard_ranks={shard_ranks}"]), actors) == []
+    lines = summary_lines({"ok": True, "actors": actors, "ranks": [], "failures": []})
+    assert lines[-2] == f"engine rank 0: node 0, GPUs {','.join(map(str, range(tp)))}, executor mp"
+    assert lines[0].startswith(f"trainer ranks 0-{per_node - 1 - tp % per_node}: node {tp // per_node}, GPUs ")
+    assert lines[-1] == "ok"
+
+
+SMALL = ["placement.nodes=2", "placement.gpus_per_node=2", "placement.engine_gpus=1", "engine.tensor_parallel_size=1",
+         "engine.expert_parallel=false", "trainer.ranks=3", "trainer.shard_ranks=null"]
+
+
+@pytest.mark.slow
+def test_a_tp1_engine_gets_one_gpu_and_vllms_single_process_executor():
+    actors = place(load_config(SEED, SMALL))
+    engine, trainer = actors[-1], actors[:-1]
+    assert engine["role"] == "engine" and len(engine["gpus"]) == 1 and engine["executor_backend"] == "uni"
+    assert {(a["node"], a["gpus"][0]) for a in actors} == {(0, 0), (0, 1), (1, 0), (1, 1)}  # each GPU once
+    assert [a["node"] for a in trainer] == [0, 1, 1]
+
+    colocated = place(load_config(SEED, [*SMALL, "placement.colocate=true"]))
+    engine = colocated[-1]
+    sharing = next(a for a in colocated[:-1] if a["bundle"] == engine["bundle"])
+    assert engine["executor_backend"] == "uni" and engine["gpus"] == sharing["gpus"]
+
+
+@pytest.mark.slow
+def test_a_colocated_engine_wider_than_one_gpu_is_refused_in_one_line():
+    with pytest.raises(ValueError, match=r"^engine.tensor_parallel_size=2: the engine's slot has 1 GPU\(s\) "
+                                         r"\(colocated, it shares rank 0's GPU: use placement.colocate: false"):
+        place(load_config(SEED, [*SMALL, "placement.nodes=1", "placement.colocate=true",
+                                 "engine.tensor_parallel_size=2", "trainer.ranks=2"]))
+
+
+def test_rehearse_stops_with_one_line_and_exit_2_on_a_bad_config_or_plan(tmp_path):
+    bad_key = subprocess.run([str(RLVR), "rehearse", str(SEED), "placement.gpus=4"], capture_output=True, text=True)
+    assert bad_key.returncode == 2 and len(bad_key.stdout.strip().splitlines()) == 1, bad_key.stdout
+    assert "placement.gpus" in bad_key.stdout
+    unplaceable = subprocess.run([str(RLVR), "rehearse", str(SEED), "placement.engine_gpus=2"],
+                                 capture_output=True, text=True)
+    assert unplaceable.returncode == 2, unplaceable.stdout
+    assert unplaceable.stdout.strip().splitlines() == [
+        f"plan error: {SEED}: placement.engine_gpus=2 must equal engine.tensor_parallel_size=4 "
+        "(split placement: the engine's GPUs are its TP group)"]
