@@ -98,7 +98,7 @@ def test_a_tp1_engine_gets_one_gpu_and_vllms_single_process_executor():
 @pytest.mark.slow
 def test_a_colocated_engine_wider_than_one_gpu_is_refused_in_one_line():
     with pytest.raises(ValueError, match=r"^engine.tensor_parallel_size=2: the engine's slot has 1 GPU\(s\) "
-                                         r"\(colocated, it shares rank 0's GPU: use placement.colocate: false"):
+                                         r"\(colocated, it shares a trainer rank's GPU: use placement.colocate: false"):
         place(load_config(SEED, [*SMALL, "placement.nodes=1", "placement.colocate=true",
                                  "engine.tensor_parallel_size=2", "trainer.ranks=2"]))
 

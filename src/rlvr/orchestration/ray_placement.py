@@ -73,8 +73,9 @@ class Plan:
 def plan(placement: PlacementConfig, ranks: int) -> Plan:
     """One bundle per trainer rank (a GPU each when the nodes have GPUs), plus the engine's.
 
-    colocate: the engine shares rank 0's bundle (half its CPU, half its GPU: the engine sleeps
-    while the trainer runs). Split: the engine gets a bundle of its own (`engine_gpus` GPUs).
+    colocate: the engine shares bundle 0 with a trainer rank (half its CPU, half its GPU: the
+    engine sleeps while the trainer runs). Split: the engine gets a bundle of its own
+    (`engine_gpus` GPUs), the first.
     All on one node (STRICT_PACK) when `nodes` is 1; otherwise PACK, which fills a node before
     the next so that neighbouring ranks talk over the fast local links. (SPREAD would put every
     rank on its own node: the slowest layout for FSDP's collectives.)
@@ -252,7 +253,7 @@ class RayCluster:
             self._abandon([])
             raise ValueError(
                 f"engine.tensor_parallel_size={tp}: the engine's slot has {gpus} GPU(s)"
-                + (" (colocated, it shares rank 0's GPU: use placement.colocate: false with engine_gpus="
+                + (" (colocated, it shares a trainer rank's GPU: use placement.colocate: false with engine_gpus="
                    f"{tp})" if self.placement.colocate else f" (placement.engine_gpus={self.placement.engine_gpus})")
             )
         actor = self._actor(EngineActor, self.plan.engine).remote()
