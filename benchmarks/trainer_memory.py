@@ -24,8 +24,8 @@ docs/benchmarks.md.
 - nvfp4_local_bytes_1rank / nvfp4_local_bytes_2ranks / nvfp4_local_bytes_per_rank_2ranks /
   nvfp4_local_bytes_ratio_2ranks: the bytes of packed base (packed values, FP8 group scales,
   biases and global scales of the quantized Linears and experts, `rlvr.quant.experts.packed_base_bytes`)
-  each FSDP2 rank (gloo, built as the trainer's ranks build their policy: `load_base`, LoRA,
-  `TokenLogprobs`, `shard`) holds after one forward and backward, with 1 rank and with 2 (each,
+  each FSDP2 rank (gloo, built as the trainer's ranks build their policy: `Skeleton`, LoRA,
+  `TokenLogprobs`, `shard_and_load`) holds after one forward and backward, with 1 rank and with 2 (each,
   and the larger); FSDP2 shards it, so 2 ranks hold about half each (plus FSDP2's padding and
   the replicated global scales); the experts are sharded by expert.
 """

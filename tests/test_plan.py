@@ -289,7 +289,8 @@ def test_rank_bytes_match_the_real_module_tree(tmp_path, arch_name, quantized, l
 
     from rlvr.models.tiny import build_tiny_model
     from rlvr.quant.checkpoint import quantize_checkpoint
-    from rlvr.training.policy import apply_lora, load_base
+    from rlvr.quant.skeleton import Skeleton
+    from rlvr.training.policy import apply_lora
 
     path = build_tiny_model(tmp_path / arch_name, arch_name, hidden_size=64, num_layers=3, intermediate_size=128,
                             tie_word_embeddings=False)
@@ -300,7 +301,7 @@ def test_rank_bytes_match_the_real_module_tree(tmp_path, arch_name, quantized, l
         cfg = load_config(SMALL, [f"model.path={path}", "model.dtype=bfloat16", f"trainer.ranks={ranks}",
                                   f"trainer.shard_ranks={shard_ranks}", "trainer.lora=null" if not lora else "trainer.lora.rank=4",
                                   *lora_keys])
-        model, _ = load_base(str(path), torch.bfloat16)
+        model = Skeleton.from_checkpoint(path, torch.bfloat16).model  # on meta: shapes and dtypes only
         if cfg.trainer.lora:
             model = apply_lora(model, **cfg.trainer.lora.model_dump())
         shards = cfg.trainer.shard_ranks or ranks

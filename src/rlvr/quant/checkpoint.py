@@ -44,17 +44,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from accelerate import init_empty_weights
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlvr.models.moe import expert_projections, moe_layers
 from rlvr.quant import nf4, nvfp4
-from rlvr.quant.experts import PACKED_SUFFIXES, NVFP4Experts, expert_hidden, pack_experts, use_rlvr_experts
-from rlvr.quant.hub_layout import ExpertPiece, disk_name, expert_pieces, from_disk, to_disk
-from rlvr.quant.linear import NF4Linear, NVFP4Linear, quantized_linear_names
+from rlvr.quant.experts import expert_hidden
+from rlvr.quant.hub_layout import ExpertPiece, disk_name, expert_pieces, to_disk
 
 FORMAT_NAME = "nvfp4-pack-quantized"
 QUANT_METHOD = "compressed-tensors"
@@ -458,54 +456,10 @@ def _nf4_prefixes(tensors: dict) -> list[str]:
     return [key.removesuffix(suffix) for key in tensors if key.endswith(suffix)]
 
 
-def _keeps_float32(model: nn.Module, key: str) -> bool:
+def keeps_float32(model: nn.Module, key: str) -> bool:
     """Whether transformers keeps `key` in float32 whatever the model dtype (`_keep_in_fp32_modules`)."""
     kept = set(getattr(model, "_keep_in_fp32_modules_strict", None) or []) | set(getattr(model, "_keep_in_fp32_modules", None) or [])
     return any(name in key.split(".") for name in kept)
-
-
-def _stack_experts(pieces: list[ExpertPiece], shape: torch.Size, tensors: dict, source: dict, model_dir: Path) -> NVFP4Experts:
-    """One fused projection `[E, rows, in]` from its on-disk per-expert NVFP4 tensors."""
-    experts, rows, columns = shape
-    parts = max(p.part for p in pieces) + 1
-    packed = torch.empty(experts, rows, columns // 2, dtype=torch.uint8)
-    scale = torch.empty(experts, rows, columns // nvfp4.GROUP_SIZE, dtype=torch.float8_e4m3fn)
-    global_scale, input_global_scale = torch.ones(experts, parts), torch.ones(experts, parts)
-    for p in pieces:
-        weight, input_scale = _pop_quantized(tensors, source, p.prefix, model_dir)
-        if tuple(weight.weight_packed.shape) != (p.stop - p.start, columns // 2):
-            raise ValueError(
-                f"{model_dir / source.get(f'{p.prefix}.weight_scale', '')}: {p.prefix}.weight_packed has shape "
-                f"{tuple(weight.weight_packed.shape)}, the model needs {(p.stop - p.start, columns // 2)}"
-            )
-        packed[p.expert, p.start : p.stop] = weight.weight_packed
-        scale[p.expert, p.start : p.stop] = weight.weight_scale
-        global_scale[p.expert, p.part] = weight.weight_global_scale.reshape(())
-        if input_scale is not None:
-            input_global_scale[p.expert, p.part] = input_scale.reshape(())
-    return NVFP4Experts(packed, scale, global_scale, input_global_scale)
-
-
-def _pack_experts_from_files(model: nn.Module, tensors: dict, source: dict, model_dir: Path, dtype: torch.dtype) -> list[str]:
-    """Pack every experts module whose projections are stored NVFP4 in the files; their names."""
-    packed = []
-    for layer in moe_layers(model):
-        projections = {}
-        for projection in expert_projections(layer.experts):
-            shape = getattr(layer.experts, projection).shape
-            pieces = expert_pieces(model, f"{layer.experts_name}.{projection}", shape)
-            stored = [f"{p.prefix}.weight_packed" in tensors for p in pieces]
-            if any(stored) and not all(stored):
-                missing = pieces[stored.index(False)].prefix
-                raise ValueError(f"{model_dir}: {missing} has no weight_packed while other experts of {layer.experts_name} do")
-            if all(stored):
-                projections[projection] = _stack_experts(pieces, shape, tensors, source, model_dir)
-        if projections and len(projections) < len(expert_projections(layer.experts)):
-            raise ValueError(f"{model_dir}: {layer.experts_name} has some projections packed and some in float")
-        if projections:
-            pack_experts(layer.experts, projections, dtype)
-            packed.append(layer.experts_name)
-    return packed
 
 
 def load_quantized_model(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:
@@ -517,51 +471,15 @@ def load_quantized_model(model_dir: str | Path, dtype: torch.dtype = torch.float
     `weight_packed` (NF4: `weight.quant_state.bitsandbytes__nf4`) becomes packed, and so does an
     experts module whose every expert projection has. No float copy of a packed weight is ever
     built. A parameter no file provides, or a tensor no module takes, is an error naming it.
+    The trainer's ranks load the same skeleton sharded (rlvr.quant.skeleton).
     """
-    model_dir = Path(model_dir)
-    format = quantized_format(model_dir)
-    tensors, source = _read_tensors(model_dir)
-    config = AutoConfig.from_pretrained(model_dir)
-    # the model is built plain; the packed layers are put in below
-    del config.quantization_config
-    with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    from rlvr.quant.skeleton import Skeleton
 
-    for name, module in list(model.named_modules()):
-        if not isinstance(module, nn.Linear):
-            continue
-        disk = disk_name(model, f"{name}.weight", module.weight.shape).removesuffix(".weight")
-        if format == "nf4" and f"{disk}.weight.{nf4.QUANT_STATE_KEY}" in tensors:
-            weight = _pop_nf4(tensors, source, disk, model_dir)
-            model.set_submodule(name, NF4Linear(weight, tensors.pop(f"{disk}.bias", None), compute_dtype=dtype))
-        elif f"{disk}.weight_packed" in tensors:
-            weight, input_global_scale = _pop_quantized(tensors, source, disk, model_dir)
-            bias = tensors.pop(f"{disk}.bias", None)
-            model.set_submodule(name, NVFP4Linear(weight, bias, input_global_scale, compute_dtype=dtype))
-        # else a float Linear (ignored, or tied to the embedding): loaded below
-    if _pack_experts_from_files(model, tensors, source, model_dir, dtype):
-        use_rlvr_experts(model)
-
-    packed = set(quantized_linear_names(model))
-    wanted = {
-        key: value
-        for key, value in model.state_dict(keep_vars=True).items()
-        if key.rpartition(".")[0] not in packed and not key.endswith(tuple(f"_{s}" for s in PACKED_SUFFIXES))
-    }
-    loaded = from_disk(model, tensors, wanted)
-    if tensors:
-        key = next(iter(tensors))
-        raise ValueError(f"{model_dir / source[key]}: tensor {key} belongs to no module of {type(model).__name__}")
-    model.load_state_dict(
-        {k: v.to(torch.float32 if _keeps_float32(model, k) else dtype) if v.is_floating_point() else v for k, v in loaded.items()},
-        strict=False,
-        assign=True,
-    )
-    model.tie_weights()
-    still_empty = [name for name, p in model.named_parameters() if p.device.type == "meta"]
-    if still_empty:
-        raise ValueError(f"{model_dir}: no tensor for {still_empty[0]} ({len(still_empty)} missing)")
-    return model.eval()
+    quantized_format(model_dir)  # a quantized checkpoint, its config checked
+    skeleton = Skeleton.from_checkpoint(model_dir, dtype)
+    skeleton.keep_initialized(skeleton.model)
+    skeleton.fill(skeleton.model, "cpu")
+    return skeleton.model.eval()
 
 
 def dequantized_state_dict(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:

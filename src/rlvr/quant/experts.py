@@ -172,14 +172,21 @@ class ExpertsLora(ParamWrapper):
 
     def get_param(self) -> torch.Tensor:
         """The projection's fused parameter, or for a packed one a zero-stride stand-in of its
-        float shape `[E, out, in]`, compute dtype and device (peft reads only those)."""
+        float shape `[E, out, in]`, compute dtype and device (peft reads only those). On a meta
+        base (the sharded load's skeleton, rlvr.quant.skeleton) the stand-in is on the CPU: peft
+        moves the adapter it built to this device, and the CPU is where it drew its values."""
         experts = self.get_base_layer()
-        if not is_packed_experts(experts):
-            return getattr(experts, self.parameter_name)
-        packed = as_bytes(getattr(experts, f"{self.parameter_name}_weight_packed"))
-        num_experts, rows, packed_columns = packed.shape
-        stand_in = torch.zeros((), dtype=experts.compute_dtype, device=packed.device)
-        return stand_in.expand(num_experts, rows, 2 * packed_columns)
+        if is_packed_experts(experts):
+            packed = as_bytes(getattr(experts, f"{self.parameter_name}_weight_packed"))
+            num_experts, rows, packed_columns = packed.shape
+            shape, dtype, device = (num_experts, rows, 2 * packed_columns), experts.compute_dtype, packed.device
+        else:
+            param = getattr(experts, self.parameter_name)
+            if not param.is_meta:
+                return param
+            shape, dtype, device = param.shape, param.dtype, param.device
+        device = torch.device("cpu") if device.type == "meta" else device
+        return torch.zeros((), dtype=dtype, device=device).expand(shape)
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         active = [a for a in self.active_adapters if a in self.lora_A]

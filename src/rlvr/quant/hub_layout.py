@@ -75,24 +75,3 @@ def expert_pieces(model: nn.Module, key: str, shape: torch.Size) -> list[ExpertP
 def to_disk(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """In-memory tensors under their on-disk names and shapes (what `save_pretrained` writes)."""
     return revert_weight_conversion(model, state)
-
-
-def from_disk(model: nn.Module, tensors: dict[str, torch.Tensor], wanted: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The in-memory tensors `wanted` (key -> a tensor of its shape, meta is fine) built from the
-    on-disk `tensors`, which are removed from `tensors` as they are used. A missing on-disk
-    tensor is left out of the result (the caller names what stayed empty)."""
-    out = {}
-    for key, like in wanted.items():
-        stored = disk_tensors(model, key, torch.empty(like.shape, device="meta"))
-        if len(stored) == 1 and next(iter(stored.values())).shape == like.shape:
-            name = next(iter(stored))
-            if name in tensors:
-                out[key] = tensors.pop(name)
-            continue
-        pieces = expert_pieces(model, key, like.shape)
-        if all(f"{p.prefix}.weight" in tensors for p in pieces):
-            fused = torch.empty(like.shape, dtype=tensors[f"{pieces[0].prefix}.weight"].dtype)
-            for p in pieces:
-                fused[p.expert, p.start : p.stop] = tensors.pop(f"{p.prefix}.weight")
-            out[key] = fused
-    return out

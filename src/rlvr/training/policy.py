@@ -6,6 +6,9 @@ No model-specific code: decoder blocks are found from the model's own `_no_split
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -79,17 +82,6 @@ def decoder_blocks(model: nn.Module) -> list[nn.Module]:
     return list(max(lists, key=len))
 
 
-def load_base(model_path: str, dtype: torch.dtype) -> tuple[nn.Module, str]:
-    """The base model and its format: a 4-bit checkpoint stays packed ("nvfp4" or "nf4"), else "hf"."""
-    from transformers import AutoModelForCausalLM
-
-    from rlvr.quant.checkpoint import is_quantized_checkpoint, load_quantized_model, quantized_format
-
-    if is_quantized_checkpoint(model_path):
-        return load_quantized_model(model_path, dtype=dtype), quantized_format(model_path)
-    return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype), "hf"
-
-
 def apply_lora(
     model: nn.Module, rank: int, alpha: float, dropout: float, target_modules, target_experts: bool = False
 ) -> nn.Module:
@@ -116,11 +108,40 @@ def apply_lora(
         bias="none",
         task_type="CAUSAL_LM",
     )
-    with peft_targets_as_given():
+    with peft_targets_as_given(), _adapters_built_off_meta():
         peft_model = get_peft_model(model, prepare_lora_config(config, model))
-    if target_experts:
-        add_experts_lora(peft_model)
+        if target_experts:
+            add_experts_lora(peft_model)
     return peft_model
+
+
+@contextmanager
+def _adapters_built_off_meta() -> Iterator[None]:
+    """While active, peft keeps the adapters it builds on a meta-device base (the sharded
+    load's skeleton) on the CPU, where it drew their initial values, instead of moving them to
+    the base's device, which would throw those values away: the sharded trainer starts from
+    the very factors a whole load gave it (rlvr.quant.skeleton keeps and shards them). peft
+    moves them in two places: after building a layer's adapter, and after putting the layer in."""
+    from peft.tuners.lora import LoraModel
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    device_and_dtype, replace_module = BaseTunerLayer._get_base_layer_device_and_dtype, LoraModel._replace_module
+
+    def off_meta(self, base_layer):
+        device, dtype = device_and_dtype(self, base_layer)
+        return (torch.device("cpu") if device is not None and device.type == "meta" else device), dtype
+
+    def replace_keeping_values(self, parent, child_name, new_module, child):
+        built = {(m, name): p for m in new_module.modules() for name, p in m._parameters.items() if p is not None and not p.is_meta}
+        replace_module(self, parent, child_name, new_module, child)
+        for (module, name), parameter in built.items():
+            module._parameters[name] = parameter
+
+    BaseTunerLayer._get_base_layer_device_and_dtype, LoraModel._replace_module = off_meta, replace_keeping_values
+    try:
+        yield
+    finally:
+        BaseTunerLayer._get_base_layer_device_and_dtype, LoraModel._replace_module = device_and_dtype, replace_module
 
 
 def shard(module: nn.Module, mesh, param_dtype: torch.dtype, reduce_dtype: torch.dtype) -> None:
@@ -151,3 +172,11 @@ def shard(module: nn.Module, mesh, param_dtype: torch.dtype, reduce_dtype: torch
     for block in decoder_blocks(module):
         fully_shard(block, mesh=mesh, mp_policy=policy)
     fully_shard(module, mesh=mesh, mp_policy=policy)
+
+
+def shard_and_load(policy: nn.Module, skeleton, mesh, param_dtype: torch.dtype, device: torch.device | str) -> None:
+    """FSDP2 on the meta-device policy, then each rank reads only the rows it holds
+    (rlvr.quant.skeleton): torchtitan's meta init, parallelise, load what each rank owns."""
+    skeleton.keep_initialized(policy)  # LoRA's initial factors, rotary buffers: built, not read
+    shard(policy, mesh, param_dtype=param_dtype, reduce_dtype=torch.float32)
+    skeleton.fill(policy, device)

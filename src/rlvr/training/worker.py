@@ -28,10 +28,11 @@ import torch.distributed as dist
 
 from rlvr.config import AlgorithmConfig, ModelConfig, TrainerConfig
 from rlvr.models.moe import moe_layers
+from rlvr.quant.skeleton import Skeleton
 from rlvr.training import wire
 from rlvr.training.attention import use_packed_attention
 from rlvr.training.packing import MicroBatch, unpack
-from rlvr.training.policy import TokenLogprobs, apply_lora, load_base, shard
+from rlvr.training.policy import TokenLogprobs, apply_lora, shard_and_load
 from rlvr.training.routing import agreement_counts, expert_counts, replay_routing, row_routes
 
 
@@ -179,7 +180,9 @@ class _Rank:
         config = spec.trainer
         dtype = getattr(torch, spec.model.dtype)
         torch.manual_seed(spec.seed)
-        lm, self.base_format = load_base(spec.model.path, dtype)
+        # on the meta device: no rank reads a tensor before FSDP2 has said which rows it holds
+        skeleton = Skeleton.from_checkpoint(spec.model.path, dtype)
+        lm, self.base_format = skeleton.model, skeleton.base_format
         self.packed_attention = config.attention == "packed" and use_packed_attention(lm)
         if config.gradient_checkpointing:
             lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -197,10 +200,9 @@ class _Rank:
                 init_device_mesh(self.device.type, (world_size // shard_ranks, shard_ranks),
                                  mesh_dim_names=("replicate", "shard")))
         self.first_replica = rank < shard_ranks  # ranks are laid out replica by replica
-        # fully_shard moves each unit's tensors to the mesh's device and keeps only its shard
-        # there, unit by unit: the device never holds more than the shards and one block in full
-        # (moving the whole base first would need all of it on every GPU at once).
-        shard(self.policy, mesh, param_dtype=dtype, reduce_dtype=torch.float32)
+        # each rank reads its rows of each tensor straight into its shard on the device: neither
+        # host nor device ever holds more than the shards and one tensor's rows
+        shard_and_load(self.policy, skeleton, mesh, param_dtype=dtype, device=self.device)
         self.trainable = [(n, p) for n, p in self.policy.named_parameters() if p.requires_grad]
         self.trainable_params = sum(_numel(p) for _, p in self.trainable)
         self.total_params = sum(_numel(p) for p in self.policy.parameters())
