@@ -320,18 +320,22 @@ def test_gpu_kinds_in_the_config_are_those_of_the_table():
 
 
 def test_train_and_sync_time_by_hand():
-    """Qwen2.5-7B, LoRA, 4 ranks on H100s: pi_old's forward + forward, recomputation and an
-    input-gradient backward per token, causal attention, at 989 TFLOP/s per GPU."""
+    """Qwen2.5-7B, LoRA, 4 ranks on H100s, one update per step (pi_old is the policy itself):
+    forward, recomputation and an input-gradient backward per token, causal attention, at 989
+    TFLOP/s per GPU; with two mini-batches pi_old's forward and the one after the updates too."""
     from rlvr.orchestration.step_time import step_time
 
     cfg = load_config(MEDIUM, ["placement.gpu=h100"])
     arch = read_architecture(cfg)
     sequences, length = 128 * 8, 1536 + 4096
     multiplied = arch.active_params - 152064 * 3584  # the input embedding is a lookup
-    linear = 2 * multiplied * sequences * length * 4
-    attention = 2 * 28 * (128 + 128) * length**2 / 2 * 28 * sequences * (1 + 1 + 1 + 2)
+    linear = 2 * multiplied * sequences * length * 3
+    attention = 2 * 28 * (128 + 128) * length**2 / 2 * 28 * sequences * (1 + 1 + 2)
     t = step_time(cfg, arch)
     assert t.train_compute == pytest.approx((linear + attention) / (4 * 1979e12 / 2), rel=1e-12)
+    two = step_time(load_config(MEDIUM, ["placement.gpu=h100", "trainer.mini_batches=2"]), arch)
+    assert two.train_compute == pytest.approx(t.train_compute + (2 * multiplied * sequences * length * 2
+                                              + 2 * 28 * 256 * length**2 / 2 * 28 * sequences * 2) / (4 * 1979e12 / 2), rel=1e-12)
     # the adapter in float32 over one 400 Gb/s NIC
     assert t.sync == pytest.approx(arch.adapter_params(cfg.trainer.lora) * 4 / 50e9, rel=1e-12)
     assert t.generate > 0 and t.waves == -(-sequences // t.decoded_at_once)

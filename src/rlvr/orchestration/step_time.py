@@ -18,7 +18,8 @@ generate: each of the engines (TP GPUs each) samples S / engines sequences, side
   generate = prefill + ceil(S / engines / B) waves x Lr decode steps; prefill, once per prompt
   (prefix caching shares it between a prompt's samples) = 2 N x prompts x Lp / (TP x peak).
 train: T = S x L tokens over the FSDP2 ranks, in micro-batches of trainer.micro_batch_tokens.
-  Linear FLOPs = 2 N T per pass. Passes: pi_old's forward; the update's forward, its
+  Linear FLOPs = 2 N T per pass. Passes: pi_old's forward and one after the updates where a
+  step makes several (mini_batches x epochs > 1); the update's forward, its
   recomputation with gradient checkpointing, and backward: one pass with a frozen base (LoRA:
   input gradients only, the adapter's own are negligible), two with full fine-tuning (input
   and weight gradients), these x trainer.epochs; a reference forward when algorithm.kl_coef > 0.
@@ -98,7 +99,10 @@ def _train(cfg: RunConfig, arch: Architecture, gpu: Accelerator, b: int, multipl
     t, p = cfg.trainer, cfg.placement
     update = 2 + t.gradient_checkpointing + (t.lora is None)  # forward, recomputation, backward (x2 full)
     attention_update = 1 + t.gradient_checkpointing + 2
-    extra_forwards = 1 + (cfg.algorithm.kl_coef > 0)  # pi_old, the reference
+    # pi_old's forward and the one after the updates (approx_kl) only where a step makes several
+    # updates (with one, pi_old is the policy itself); the reference forward when KL is on
+    several = t.mini_batches * t.epochs > 1
+    extra_forwards = 2 * several + (cfg.algorithm.kl_coef > 0)
     linear = 2 * multiplied * sequences * length * (update * t.epochs + extra_forwards)
     qk, v = (arch.mla.nope + arch.mla.rope, arch.mla.v_head_dim) if arch.mla else (arch.head_dim, arch.head_dim)
     per_layer = 2 * arch.num_heads * (qk + v) * length**2 / 2
