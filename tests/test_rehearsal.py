@@ -7,6 +7,7 @@ bundle order in node order (bundles 0, 13, 15 and 16 shared a node when this was
 ranks' node order is the placement's doing, not luck's.
 """
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -113,3 +114,18 @@ def test_rehearse_stops_with_one_line_and_exit_2_on_a_bad_config_or_plan(tmp_pat
     assert unplaceable.stdout.strip().splitlines() == [
         f"plan error: {SEED}: placement.engine_gpus=2 must equal engine.tensor_parallel_size=4 "
         "(split placement: the engine's GPUs are its TP group)"]
+
+
+@pytest.mark.slow
+def test_rehearse_places_the_seed_run_and_its_shards_as_planned(tmp_path):
+    out = tmp_path / "rehearsal.json"
+    done = subprocess.run([str(RLVR), "rehearse", str(SEED), "--out", str(out)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    cfg = load_config(SEED)
+    assert report["ok"] and report["nodes"] == cfg.placement.nodes and report["failures"] == []
+    assert len(report["actors"]) == cfg.trainer.ranks + 1
+    assert {"role", "rank", "node", "bundle", "gpus", "executor_backend"} <= set(report["actors"][0])
+    assert [row["rank"] for row in report["ranks"]] == rehearsed_ranks(cfg.trainer.ranks)
+    assert all(set(row["measured"]) >= set(row["planned"]) for row in report["ranks"])
+    assert done.stdout.strip().splitlines()[-1] == "ok"
