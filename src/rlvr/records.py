@@ -96,6 +96,33 @@ class LoraAdapter:
     config: dict
     version: int
 
+    def __reduce__(self):
+        # Pickled (by Ray, for the engine's actor), each tensor goes as a numpy view of its bytes,
+        # which pickle protocol 5 hands over out of band: Ray writes it into its object store once
+        # and gives the reader a view of it there. torch's own reduction copies a tensor through
+        # torch.save into the pickle, and back out of it, twice on each side. So tensors rebuilt
+        # from Ray may be read-only memory: an engine copies what it keeps (rlvr.engines).
+        tensors = {name: (str(t.dtype).removeprefix("torch."), tuple(t.shape), _bytes_of(t)) for name, t in self.tensors.items()}
+        return _rebuild_adapter, (tensors, self.config, self.version)
+
+
+def _bytes_of(tensor: torch.Tensor):
+    import torch
+
+    return tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
+
+
+def _rebuild_adapter(tensors: dict, config: dict, version: int) -> LoraAdapter:
+    import warnings
+
+    import torch
+
+    with warnings.catch_warnings():  # views of Ray's object store are not writable: meant, see above
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        rebuilt = {name: torch.from_numpy(data).view(getattr(torch, dtype)).view(shape)
+                   for name, (dtype, shape, data) in tensors.items()}
+    return LoraAdapter(rebuilt, config, version)
+
 
 @dataclass
 class TrainBatch:

@@ -314,16 +314,16 @@ class VLLMEngine(Engine):
         lora_id = adapter.version + 1  # vLLM ids start at 1; versions start at 0
         if self._lora_request is not None and lora_id == self._lora_request.lora_int_id:
             raise ValueError(f"LoRA version {adapter.version} is already loaded: each sync needs a new version")
-        # Copies: vLLM scales lora_B in place when it loads an adapter, and in-process it
-        # would otherwise do so on the trainer's own parameters.
-        tensors = {name: t.detach().to("cpu", copy=True).contiguous() for name, t in adapter.tensors.items()}
-        if not self.in_process:
-            from rlvr.engines.vllm_worker import packed
+        from rlvr.engines.vllm_worker import shipped
 
-            tensors = {name: packed(t) for name, t in tensors.items()}
+        # vLLM keeps the tensors it is given and scales each lora_B in place (see rlvr_add_lora):
+        # in-process they must be copies, not the trainer's parameters (nor read-only views of
+        # Ray's object store); out of process the one copy is the shared file the worker maps.
+        named = [(name, t.detach().to("cpu", copy=self.in_process).contiguous()) for name, t in adapter.tensors.items()]
         # JSON round trip: PEFT's dict holds sets and enums, which cannot cross to the worker.
         config = json.loads(json.dumps(adapter.config, default=lambda v: sorted(v) if isinstance(v, set) else str(v)))
-        self._call("update_lora", lambda: self._llm.collective_rpc("rlvr_add_lora", args=(lora_id, tensors, config)))
+        with shipped(named, self.in_process) as tensors:
+            self._call("update_lora", lambda: self._llm.collective_rpc("rlvr_add_lora", args=(lora_id, tensors, config)))
         previous, self._lora_request = self._lora_request, LoRARequest(
             f"rlvr-v{adapter.version}", lora_id, IN_MEMORY_LORA_PATH
         )
@@ -348,13 +348,13 @@ class VLLMEngine(Engine):
 
     def _reload(self, operation: str, named_tensors) -> None:
         """Load `named_tensors` (all weights, or those of the modules an adapter changes) in
-        place through the worker's `reload_weights`; across a process boundary as `packed`
-        triples (see vllm_worker). Clears the prefix cache, which the old weights computed."""
-        from rlvr.engines.vllm_worker import packed
+        place through the worker's `reload_weights`; across a process boundary as a shared
+        file (see vllm_worker). Clears the prefix cache, which the old weights computed."""
+        from rlvr.engines.vllm_worker import shipped
 
         tensors = [(name, t.detach().to("cpu").contiguous()) for name, t in named_tensors]
-        shipped = tensors if self.in_process else [(name, packed(t)) for name, t in tensors]
-        self._call(operation, lambda: self._llm.collective_rpc("rlvr_reload_weights", args=(shipped,)))
+        with shipped(tensors, self.in_process) as weights:
+            self._call(operation, lambda: self._llm.collective_rpc("rlvr_reload_weights", args=(weights,)))
         self._call(operation, self._llm.reset_prefix_cache)
 
     # -- lifetime ---------------------------------------------------------------------------
