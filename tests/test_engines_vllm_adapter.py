@@ -27,8 +27,6 @@ from engine_fixtures import (
 from rlvr.records import LoraAdapter, Sampling
 from rlvr.sync.check import SyncCheck, logprob_gap, probe_inputs
 
-pytestmark = pytest.mark.slow
-
 PATHS = {
     "adapter": dict(merge_lora=False, in_process=False),
     "adapter in-process": dict(merge_lora=False, in_process=True),
@@ -76,6 +74,7 @@ def base_model(model_dir):
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
+@pytest.mark.slow
 def test_the_trainers_adapter_pushed_by_weight_sync_gives_the_trainers_logprobs(engine, trainer, prompts, base_model):
     """Two train steps, each followed by the push the loop makes (`WeightSync.push`, probed): the
     engine then samples with exactly the trainer's logprobs of the sampled tokens, at the sampling
@@ -101,6 +100,7 @@ def test_the_trainers_adapter_pushed_by_weight_sync_gives_the_trainers_logprobs(
         assert max(abs(a - b) for row, base_row in zip(wanted, base) for a, b in zip(row, base_row)) > 1e3 * REL * scale
 
 
+@pytest.mark.slow
 def test_update_lora_from_memory_matches_peft(engine, prompts, base_model, model_dir):
     from peft import get_peft_model_state_dict
 
@@ -121,6 +121,7 @@ def test_update_lora_from_memory_matches_peft(engine, prompts, base_model, model
         SyncCheck(0.05)(logprob_gap(engine_lp, reference_logprobs(base_model, sequences, prompt_lens)), step=3)
 
 
+@pytest.mark.slow
 def test_same_version_twice_is_refused(engine, model_dir):
     from peft import get_peft_model_state_dict
 
@@ -129,3 +130,44 @@ def test_same_version_twice_is_refused(engine, model_dir):
     engine.update_lora(adapter)
     with pytest.raises(ValueError, match="already loaded"):
         engine.update_lora(adapter)
+
+
+def _named_tensors():
+    g = torch.Generator().manual_seed(0)
+    return [("a", torch.randn(3, 5, generator=g)), ("b", torch.randn(7, generator=g).to(torch.bfloat16)),
+            ("c", torch.randn(4, 2, generator=g).t().contiguous()), ("d", torch.zeros(0, 3))]
+
+
+@pytest.mark.parametrize("room", [True, False])
+def test_tensors_shipped_to_another_process_arrive_equal_and_leave_no_file(monkeypatch, tmp_path, room):
+    """Out of process: one shared file the worker maps (private pages: writing to them changes
+    neither the file nor another reader's view); where the folder lacks the room, packed bytes."""
+    from rlvr.engines import vllm_worker
+
+    monkeypatch.setattr(vllm_worker, "SHARED_FOLDER", str(tmp_path if room else tmp_path / "missing"))
+    named = _named_tensors()
+    with vllm_worker.shipped(named, in_process=False) as sent:
+        assert (len(sent) == 3 and isinstance(sent[0], str)) == room  # a file, or a list of (name, packed)
+        got, again = vllm_worker.received(sent), vllm_worker.received(sent)
+        got[0][1].mul_(2)  # what vLLM does to a lora_B
+    assert [name for name, _ in got] == [name for name, _ in named]
+    for (_, sent_tensor), (_, tensor), (_, other) in zip(named, got, again):
+        assert tensor.dtype == sent_tensor.dtype and tensor.shape == sent_tensor.shape
+        assert torch.equal(other, sent_tensor)
+    assert torch.equal(got[0][1], 2 * named[0][1])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_adapter_pickles_its_tensors_out_of_band():
+    """Ray hands pickle 5's out-of-band buffers to its object store as they are: one per tensor,
+    none of the bytes inside the pickle itself."""
+    import pickle
+
+    adapter = LoraAdapter(dict(_named_tensors()), {"r": 2}, 3)
+    buffers = []
+    data = pickle.dumps(adapter, protocol=5, buffer_callback=buffers.append)
+    assert len(buffers) == len(adapter.tensors) and len(data) < 1000
+    for rebuilt in (pickle.loads(data, buffers=buffers), pickle.loads(pickle.dumps(adapter))):
+        assert (rebuilt.config, rebuilt.version) == (adapter.config, adapter.version)
+        for name, tensor in adapter.tensors.items():
+            assert rebuilt.tensors[name].dtype == tensor.dtype and torch.equal(rebuilt.tensors[name], tensor)

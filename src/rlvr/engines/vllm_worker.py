@@ -140,4 +140,6 @@ def as_tensor(value) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value
     dtype, shape, data = value
+    if not data:  # torch.frombuffer refuses an empty buffer
+        return torch.empty(shape, dtype=getattr(torch, dtype))
     return torch.frombuffer(bytearray(data), dtype=getattr(torch, dtype)).reshape(shape)
