@@ -237,6 +237,13 @@ class EngineConfig(Section):
 
     backend: Literal["vllm", "hf"] = Field("vllm", description="vllm: vLLM's offline engine; hf: transformers' generate")
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM: GPUs one engine spans")
+    replicas: int = Field(
+        1, ge=1, description="engines side by side (data parallel; SkyRL's num_inference_engines), each a whole engine of "
+        "tensor_parallel_size GPUs with its own seed (the run's + its index): a step's prompt groups are split between "
+        "them, every weight sync goes to all. Decoding is memory-bound, so where generation outlasts training "
+        "(--dry-run's balance line) GPUs serve more as more engines than as a wider one. vLLM replicas run as Ray "
+        "actors (placement.backend: ray); on the local backend only engine.backend: hf replicates"
+    )
     expert_parallel: bool = Field(
         False, description="vLLM (enable_expert_parallel): an MoE's routed experts are split whole over the "
         "tensor-parallel GPUs (E / TP experts each) instead of every expert's weights over all of them"
@@ -525,7 +532,7 @@ class PlacementConfig(Section):
     colocate: bool = Field(True, description="engine and trainer share devices (the engine sleeps while training)")
     nodes: int = Field(1, ge=1, description="machines in the cluster")
     gpus_per_node: int = Field(0, ge=0, description="0: CPU only")
-    engine_gpus: int = Field(0, ge=0, description="split placement: GPUs given to the engine(s)")
+    engine_gpus: int = Field(0, ge=0, description="split placement: GPUs given to the engines, engine.replicas x tensor_parallel_size")
     gpu_memory_gb: float | None = Field(
         None, gt=0, description="usable memory of one GPU in GB (1e9 bytes); --dry-run checks the estimate against it"
     )

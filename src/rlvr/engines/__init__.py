@@ -20,14 +20,34 @@ def make_engine(
     placement=None,
 ) -> Engine:
     """Start `engine.backend` on `model.path` (a local HF folder; a 4-bit one is served as
-    `served_model_path` says).
+    `served_model_path` says); `engine.replicas` of them behind one `ReplicatedEngine`.
 
     `lora_rank`: the engine serves LoRA adapters of up to this rank (None: no adapters).
     `sleep_mode`: the engine may free its device memory between steps (GPU vLLM only).
-    `placement`: None runs it here; a `rlvr.orchestration.ray_placement.RayCluster` runs it
-    in an actor in the cluster's placement group (which calls this again, there)."""
+    `placement`: None runs it here; a `rlvr.orchestration.ray_placement.RayCluster` runs each
+    replica in an actor of the cluster's placement group (which calls this again, there)."""
+    from rlvr.engines.replicas import ReplicatedEngine, replica_seed, unplaceable
+
+    why = unplaceable(engine, on_ray=placement is not None)
+    if why:
+        raise ValueError(why)
+    one = engine.model_copy(update={"replicas": 1})
+    seeds = [replica_seed(seed, i) for i in range(engine.replicas)]
     if placement is not None:
-        return placement.engine(model, engine, seed=seed, lora_rank=lora_rank, sleep_mode=sleep_mode)
+        engines = placement.engines(model, one, seeds=seeds, lora_rank=lora_rank, sleep_mode=sleep_mode)
+    else:
+        engines = []
+        try:
+            for each_seed in seeds:
+                engines.append(_start_here(model, one, seed=each_seed, lora_rank=lora_rank, sleep_mode=sleep_mode))
+        except BaseException:
+            for started in engines:
+                started.close()
+            raise
+    return engines[0] if len(engines) == 1 else ReplicatedEngine(engines)
+
+
+def _start_here(model: ModelConfig, engine: EngineConfig, *, seed: int, lora_rank: int | None, sleep_mode: bool) -> Engine:
     served = model.model_copy(update={"path": served_model_path(model.path, native_nvfp4=engine.backend == "vllm")})
     if engine.backend == "vllm":
         from rlvr.engines.vllm_engine import VLLMEngine
