@@ -29,13 +29,25 @@ RAY = Path(sys.executable).parent / "ray"
 def test_plan_colocates_the_engine_with_rank_0_and_splits_it_off_on_request():
     local = plan(PlacementConfig(backend="ray"), ranks=2)
     assert local.bundles == [{"CPU": 1.0}, {"CPU": 1.0}] and local.strategy == "STRICT_PACK"
-    assert local.ranks[0].bundle == local.engine.bundle == 0
-    assert local.ranks[0].num_cpus + local.engine.num_cpus <= 1.0
+    assert local.ranks[0].bundle == local.engines[0].bundle == 0
+    assert local.ranks[0].num_cpus + local.engines[0].num_cpus <= 1.0
 
     split = plan(PlacementConfig(backend="ray", colocate=False, nodes=2, gpus_per_node=4, engine_gpus=2), ranks=4)
     assert split.bundles == [{"CPU": 1.0, "GPU": 2.0}] + [{"CPU": 1.0, "GPU": 1.0}] * 4
     assert split.strategy == "PACK"
-    assert split.ranks == [Slot(i, 1.0, 1.0) for i in range(1, 5)] and split.engine == Slot(0, 1.0, 2.0)
+    assert split.ranks == [Slot(i, 1.0, 1.0) for i in range(1, 5)] and split.engines == [Slot(0, 1.0, 2.0)]
+
+
+def test_plan_gives_each_engine_replica_a_bundle_of_its_tp_group_or_a_rank_to_share():
+    split = plan(PlacementConfig(backend="ray", colocate=False, nodes=3, gpus_per_node=4, engine_gpus=8), ranks=4, engines=2)
+    assert split.bundles == [{"CPU": 1.0, "GPU": 4.0}] * 2 + [{"CPU": 1.0, "GPU": 1.0}] * 4
+    assert split.engines == [Slot(0, 1.0, 4.0), Slot(1, 1.0, 4.0)] and [s.bundle for s in split.ranks] == [2, 3, 4, 5]
+    colocated = plan(PlacementConfig(backend="ray", gpus_per_node=2), ranks=2, engines=2)
+    assert colocated.engines == colocated.ranks == [Slot(0, 0.5, 0.5), Slot(1, 0.5, 0.5)]
+    with pytest.raises(ValueError, match=r"^placement.engine_gpus=6 does not split into engine.replicas=4 engines"):
+        plan(PlacementConfig(backend="ray", colocate=False, gpus_per_node=8, engine_gpus=6), ranks=2, engines=4)
+    with pytest.raises(ValueError, match=r"^engine.replicas=3: colocated, each engine shares a trainer rank's bundle"):
+        plan(PlacementConfig(backend="ray"), ranks=2, engines=3)
 
     with pytest.raises(ValueError, match="placement.engine_gpus"):
         plan(PlacementConfig(backend="ray", colocate=False, gpus_per_node=8), ranks=2)

@@ -150,4 +150,4 @@ def _check_context(cfg: RunConfig) -> None:
 def _ray_cluster(cfg: RunConfig):
     from rlvr.orchestration.ray_placement import RayCluster
 
-    return RayCluster.shared(cfg.placement, cfg.trainer.ranks)
+    return RayCluster.shared(cfg.placement, cfg.trainer.ranks, cfg.engine.replicas)

@@ -1,8 +1,8 @@
 """Placement `ray`: the trainer ranks and the engine as Ray actors in one placement group.
 
-    cluster = RayCluster.shared(cfg.placement, ranks=2)
+    cluster = RayCluster.shared(cfg.placement, ranks=2, engines=cfg.engine.replicas)
     trainer = Trainer(spec, launch=cluster.launch_ranks)
-    engine = make_engine(cfg.model, cfg.engine, seed=cfg.seed, placement=cluster)
+    engine = make_engine(cfg.model, cfg.engine, seed=cfg.seed, placement=cluster)   # cluster.engines(...)
 
 The controller cannot tell the difference: `Trainer` keeps all its command and gather logic
 and only talks to `RayRank` handles instead of pipes, and `RayEngine` is an `Engine` whose
@@ -10,9 +10,9 @@ methods run in the engine actor. The ranks meet for torch.distributed on rank 0'
 IP, a port free there), so the same code runs on `ray start --head` on one machine and on a
 multi-node cluster, where every node needs the same Python environment with rlvr installed.
 
-The engine actor holds its whole tensor-parallel group in one bundle (so on one node) and vLLM
-runs the group's workers as the actor's child processes (rlvr.engines.vllm_parallel; the why is
-in docs/placement.md). Trainer ranks are numbered by node, then GPU, once Ray has placed them
+Each engine actor (one per `engine.replicas`, behind one `ReplicatedEngine`) holds its whole
+tensor-parallel group in one bundle (so on one node) and vLLM runs the group's workers as the
+actor's child processes (rlvr.engines.vllm_parallel; the why is in docs/placement.md). Trainer ranks are numbered by node, then GPU, once Ray has placed them
 (`place_ranks`), so that an HSDP replica's consecutive ranks share a node. The actors
 themselves are in rlvr.orchestration.ray_actors; `rlvr rehearse` places them on a simulated
 cluster (rlvr.orchestration.rehearsal).
@@ -63,19 +63,19 @@ class Plan:
     bundles: list[dict[str, float]]
     strategy: str
     ranks: list[Slot]
-    engine: Slot
+    engines: list[Slot]  # one per engine replica
 
     @property
     def cpus(self) -> float:
         return sum(b.get("CPU", 0.0) for b in self.bundles)
 
 
-def plan(placement: PlacementConfig, ranks: int) -> Plan:
-    """One bundle per trainer rank (a GPU each when the nodes have GPUs), plus the engine's.
+def plan(placement: PlacementConfig, ranks: int, engines: int = 1) -> Plan:
+    """One bundle per trainer rank (a GPU each when the nodes have GPUs), plus the engines'.
 
-    colocate: the engine shares bundle 0 with a trainer rank (half its CPU, half its GPU: the
-    engine sleeps while the trainer runs). Split: the engine gets a bundle of its own
-    (`engine_gpus` GPUs), the first.
+    colocate: engine i shares bundle i with trainer rank i (half its CPU, half its GPU: the
+    engines sleep while the trainer runs). Split: each engine gets a bundle of its own
+    (`engine_gpus / engines` GPUs, its TP group, so on one node), the first bundles.
     All on one node (STRICT_PACK) when `nodes` is 1; otherwise PACK, which fills a node before
     the next so that neighbouring ranks talk over the fast local links. (SPREAD would put every
     rank on its own node: the slowest layout for FSDP's collectives.)
@@ -84,26 +84,34 @@ def plan(placement: PlacementConfig, ranks: int) -> Plan:
     unit = {"CPU": 1.0, "GPU": 1.0} if gpus else {"CPU": 1.0}
     bundles = [dict(unit) for _ in range(ranks)]
     if placement.colocate:
-        half = Slot(0, 0.5, 0.5 if gpus else 0.0)
-        rank_slots = [half] + [Slot(i, 1.0, 1.0 if gpus else 0.0) for i in range(1, ranks)]
-        engine = half
+        if engines > ranks:
+            raise ValueError(f"engine.replicas={engines}: colocated, each engine shares a trainer rank's bundle, and "
+                             f"trainer.ranks={ranks}")
+        half = [Slot(i, 0.5, 0.5 if gpus else 0.0) for i in range(engines)]
+        rank_slots = half + [Slot(i, 1.0, 1.0 if gpus else 0.0) for i in range(engines, ranks)]
+        engine_slots = half
     else:
         engine_gpus = placement.engine_gpus
         if gpus and not engine_gpus:
             raise ValueError("placement.engine_gpus: split placement (colocate: false) on GPUs needs engine_gpus >= 1")
-        if gpus and engine_gpus > gpus:
-            raise ValueError(f"placement.engine_gpus={engine_gpus}: more than one node's gpus_per_node={gpus}")
-        # The engine's bundle first: PACK places it first, so its node is node 0, as in the plan.
-        bundles.insert(0, {"CPU": 1.0, "GPU": float(engine_gpus)} if gpus else {"CPU": 1.0})
-        rank_slots = [Slot(i, 1.0, 1.0 if gpus else 0.0) for i in range(1, ranks + 1)]
-        engine = Slot(0, 1.0, float(engine_gpus) if gpus else 0.0)
+        if gpus and engine_gpus % engines:
+            raise ValueError(f"placement.engine_gpus={engine_gpus} does not split into engine.replicas={engines} "
+                             "engines of equal size")
+        each = engine_gpus // engines
+        if gpus and each > gpus:
+            raise ValueError(f"placement.engine_gpus={engine_gpus}: {each} per engine, more than one node's "
+                             f"gpus_per_node={gpus}")
+        # The engines' bundles first: PACK places them first, so they fill the first nodes, as in the plan.
+        bundles[:0] = [{"CPU": 1.0, "GPU": float(each)} if gpus else {"CPU": 1.0} for _ in range(engines)]
+        rank_slots = [Slot(i, 1.0, 1.0 if gpus else 0.0) for i in range(engines, ranks + engines)]
+        engine_slots = [Slot(i, 1.0, float(each) if gpus else 0.0) for i in range(engines)]
     needed = sum(b.get("GPU", 0.0) for b in bundles)
     if gpus and needed > placement.nodes * gpus:
         raise ValueError(
-            f"placement: {ranks} trainer ranks + engine need {needed:g} GPUs; "
+            f"placement: {ranks} trainer ranks + {'engines' if engines > 1 else 'engine'} need {needed:g} GPUs; "
             f"nodes={placement.nodes} x gpus_per_node={gpus} has {placement.nodes * gpus}"
         )
-    return Plan(bundles, "STRICT_PACK" if placement.nodes == 1 else "PACK", rank_slots, engine)
+    return Plan(bundles, "STRICT_PACK" if placement.nodes == 1 else "PACK", rank_slots, engine_slots)
 
 
 # ---------------------------------------------------------------------- the cluster
@@ -116,17 +124,17 @@ class RayCluster:
     _current: RayCluster | None = None
 
     @classmethod
-    def shared(cls, placement: PlacementConfig, ranks: int) -> RayCluster:
+    def shared(cls, placement: PlacementConfig, ranks: int, engines: int = 1) -> RayCluster:
         """The run's cluster, connected (and its placement group reserved) by the first caller."""
         if cls._current is None:
-            cls._current = cls(placement, ranks)
-        elif (cls._current.placement, cls._current.world_size) != (placement, ranks):
+            cls._current = cls(placement, ranks, engines)
+        elif (cls._current.placement, cls._current.world_size, len(cls._current.plan.engines)) != (placement, ranks, engines):
             raise ValueError("placement: a Ray placement for another configuration is still open in this process")
         return cls._current
 
-    def __init__(self, placement: PlacementConfig, ranks: int):
+    def __init__(self, placement: PlacementConfig, ranks: int, engines: int = 1):
         self.placement, self.world_size = placement, ranks
-        self.plan = plan(placement, ranks)
+        self.plan = plan(placement, ranks, engines)
         self._actors = 0
         ray = _import_ray()
         from ray.util.placement_group import placement_group
@@ -242,33 +250,52 @@ class RayCluster:
 
     # ------------------------------------------------------------------ engine
 
-    def place_engine(self, engine: EngineConfig) -> Placed:
-        """The engine's empty actor in the engine's slot, holding its whole TP group: vLLM runs
-        the group's workers as the actor's child processes (rlvr.engines.vllm_parallel)."""
+    def place_engine(self, engine: EngineConfig, replica: int = 0) -> Placed:
+        """Engine `replica`'s empty actor in its slot, holding its whole TP group: vLLM runs the
+        group's workers as the actor's child processes (rlvr.engines.vllm_parallel)."""
         import ray
 
+        slot = self.plan.engines[replica]
         tp = engine.tensor_parallel_size
-        gpus = math.ceil(self.plan.engine.num_gpus)
+        gpus = math.ceil(slot.num_gpus)
         if self.placement.gpus_per_node and tp != gpus:
             self._abandon([])
             raise ValueError(
                 f"engine.tensor_parallel_size={tp}: the engine's slot has {gpus} GPU(s)"
                 + (" (colocated, it shares a trainer rank's GPU: use placement.colocate: false with engine_gpus="
-                   f"{tp})" if self.placement.colocate else f" (placement.engine_gpus={self.placement.engine_gpus})")
+                   f"{tp * len(self.plan.engines)})" if self.placement.colocate
+                   else f" (placement.engine_gpus={self.placement.engine_gpus} over {len(self.plan.engines)} engine(s))")
             )
-        actor = self._actor(EngineActor, self.plan.engine).remote()
+        actor = self._actor(EngineActor, slot).remote()
         try:
             where = ray.get(actor.where.remote(engine))
         except ray.exceptions.RayError as error:
             self._abandon([actor])
             raise EngineError(f"the engine actor failed to start:\n{error}") from None
-        return Placed(actor, self.plan.engine.bundle, where)
+        return Placed(actor, slot.bundle, where)
 
-    def engine(self, model: ModelConfig, engine: EngineConfig, **options) -> RayEngine:
-        """The engine, built by `make_engine` inside the engine's actor."""
-        placed = self.place_engine(engine)
-        return RayEngine(placed.actor, placed.actor.start.remote(model, engine, options), self)
-
+    def engines(self, model: ModelConfig, engine: EngineConfig, *, seeds: list[int], **options) -> list[RayEngine]:
+        """One engine per slot of the plan (`seeds[i]` for replica i), each built by `make_engine`
+        inside its actor; they start side by side. One that fails takes the others down with it."""
+        if len(seeds) != len(self.plan.engines):
+            raise ValueError(f"placement planned {len(self.plan.engines)} engine(s), not {len(seeds)}")
+        self._acquire()  # held while starting, so that no failure below disconnects under the others
+        placed, started, handed = [], [], 0
+        try:
+            for replica in range(len(seeds)):
+                placed.append(self.place_engine(engine, replica))
+            starts = [p.actor.start.remote(model, engine, {**options, "seed": seed}) for p, seed in zip(placed, seeds)]
+            for p, start in zip(placed, starts):
+                handed += 1  # a RayEngine that fails to start kills its own actor
+                started.append(RayEngine(p.actor, start, self))
+            return started
+        except BaseException:
+            self._abandon([p.actor for p in placed[handed:]])
+            for running in started:
+                running.close()
+            raise
+        finally:
+            self._release()
 
 @dataclass(frozen=True)
 class Placed:

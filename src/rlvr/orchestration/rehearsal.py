@@ -13,8 +13,8 @@ one CPU machine, checked against the plan.
   the config's world size; the first, a middle and the last rank's bytes go next to
   `rlvr.orchestration.plan.rank_bytes`.
 
-ok needs every engine's TP group in its one actor on one node with an executor that keeps the
-workers there, each HSDP replica's ranks on one node (where shard_ranks <= gpus_per_node), and
+ok needs one actor per engine replica, every engine's TP group in its one actor on one node with
+an executor that keeps the workers there, no GPU held twice (split), each HSDP replica's ranks on one node (where shard_ranks <= gpus_per_node), and
 every measured figure within `TOLERANCE` of the plan.
 """
 
@@ -59,21 +59,22 @@ def simulated_cluster(placement: PlacementConfig, cpus: float) -> Iterator[str]:
 def place(cfg: RunConfig) -> list[dict]:
     """The run's actors, placed on a simulated cluster as a real run places them: the trainer
     ranks in rank order, then the engine. Raises ValueError where the placement cannot hold the run."""
-    placement, ranks = cfg.placement, cfg.trainer.ranks
-    with simulated_cluster(placement, plan(placement, ranks).cpus) as address:
-        cluster = RayCluster(placement.model_copy(update={"ray_address": address}), ranks)
+    placement, ranks, replicas = cfg.placement, cfg.trainer.ranks, cfg.engine.replicas
+    with simulated_cluster(placement, plan(placement, ranks, replicas).cpus) as address:
+        cluster = RayCluster(placement.model_copy(update={"ray_address": address}), ranks, replicas)
         try:
             trainer, (host, port) = cluster.place_ranks()
-            engine = cluster.place_engine(cfg.engine)
+            engines = [cluster.place_engine(cfg.engine, replica) for replica in range(replicas)]
         finally:
             cluster.close()  # its actors go with its placement group
-    nodes = number_nodes([*trainer, engine])
+    nodes = number_nodes([*trainer, *engines])
     trainer_records = [
         _record(placed, "trainer", rank, nodes, rendezvous=f"{host}:{port}", executor_backend=None)
         for rank, placed in enumerate(trainer)
     ]
-    return trainer_records + [_record(engine, "engine", 0, nodes, rendezvous=None,
-                                      executor_backend=engine.where["executor_backend"])]
+    return trainer_records + [_record(engine, "engine", replica, nodes, rendezvous=None,
+                                      executor_backend=engine.where["executor_backend"])
+                              for replica, engine in enumerate(engines)]
 
 
 def _record(placed, role: str, rank: int, nodes: dict[str, int], **extra) -> dict:
@@ -86,7 +87,10 @@ def placement_failures(cfg: RunConfig, actors: list[dict]) -> list[str]:
     """What is wrong with the actors' layout, one line each (empty: nothing)."""
     failures = []
     tp, gpus_per_node = cfg.engine.tensor_parallel_size, cfg.placement.gpus_per_node
-    for engine in (a for a in actors if a["role"] == "engine"):
+    engines = [a for a in actors if a["role"] == "engine"]
+    if len(engines) != cfg.engine.replicas:
+        failures.append(f"{len(engines)} engine actor(s) placed for engine.replicas={cfg.engine.replicas}")
+    for engine in engines:
         if gpus_per_node and len(engine["gpus"]) != tp:
             failures.append(f"engine {engine['rank']}: its actor holds GPUs {engine['gpus']} of node {engine['node']}, "
                             f"not its TP group of {tp}")
@@ -104,9 +108,11 @@ def placement_failures(cfg: RunConfig, actors: list[dict]) -> list[str]:
             if len({a["node"] for a in replica}) > 1:
                 failures.append(f"HSDP replica of ranks {first}-{first + shard_ranks - 1} spans nodes "
                                 f"{sorted({a['node'] for a in replica})}")
-    used = [(a["node"], gpu) for a in trainer for gpu in a["gpus"]]
+    # colocated, an engine shares its trainer rank's GPU by design; split, no GPU has two holders
+    holders = trainer if cfg.placement.colocate else trainer + engines
+    used = [(a["node"], gpu) for a in holders for gpu in a["gpus"]]
     if len(used) != len(set(used)):
-        failures.append("two trainer ranks hold the same GPU")
+        failures.append(f"two {'trainer ranks' if cfg.placement.colocate else 'actors'} hold the same GPU")
     return failures
 
 
@@ -153,9 +159,10 @@ def summary_lines(report: dict) -> list[str]:
     lines = []
     for (role, node), group in groupby(report["actors"], key=lambda a: (a["role"], a["node"])):
         group = list(group)
-        who = f"rank {group[0]['rank']}" if len(group) == 1 else f"ranks {group[0]['rank']}-{group[-1]['rank']}"
+        numbers = str(group[0]["rank"]) if len(group) == 1 else f"{group[0]['rank']}-{group[-1]['rank']}"
+        who = f"{'engine' if role == 'engine' else 'trainer rank'}{'s' * (len(group) > 1)} {numbers}"  # an engine's: its replica
         gpus = [gpu for a in group for gpu in a["gpus"]]
-        line = f"{role} {who}: node {node}" + (f", GPUs {','.join(map(str, gpus))}" if gpus else "")
+        line = f"{who}: node {node}" + (f", GPUs {','.join(map(str, gpus))}" if gpus else "")
         line += f", executor {group[0]['executor_backend']}" if role == "engine" else f", rendezvous {group[0]['rendezvous']}"
         lines.append(line)
     if report["ranks"]:
