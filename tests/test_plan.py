@@ -152,7 +152,11 @@ def test_missing_architecture_prints_placement_without_memory():
         (["placement.gpu_memory_gb=80"], "node 0 GPU 0 needs ~137.8 GB (KV cache 128.8, engine weights 8.8, LoRA slot 0.1)"),
         (["placement.gpu_memory_gb=60", "engine.kv_cache_gb=40", "trainer.ranks=2"],
          "node 1 GPU 0 needs ~90.6 GB (activations 47.8, base shard 35.1, trainable 2.2), over placement.gpu_memory_gb=60"),
-        (["placement.engine_gpus=4"], "placement.engine_gpus=4 must equal engine.tensor_parallel_size=8"),
+        (["placement.engine_gpus=4"], "placement.engine_gpus=4 must equal engine.replicas x engine.tensor_parallel_size = 1 x 8"),
+        (["engine.replicas=2"], "placement.engine_gpus=8 must equal engine.replicas x engine.tensor_parallel_size = 2 x 8"),
+        (["engine.replicas=2", "placement.engine_gpus=16", "trainer.ranks=49"],
+         "placement: 49 trainer ranks + 16 engine GPUs need 65 GPUs; nodes=8 x gpus_per_node=8 has 64"),
+        (["engine.replicas=2", "placement.backend=local", "placement.nodes=1"], "engine.replicas=2: vLLM replicas run as Ray actors"),
         (["engine.tensor_parallel_size=16", "placement.engine_gpus=16"], "a TP group stays on one node"),
         (["placement.backend=local"], "the local backend runs on one machine"),
         (["trainer.micro_batch_tokens=8192"], "trainer.micro_batch_tokens=8192 < the longest sequence"),
@@ -189,13 +193,36 @@ def test_seed_moe_config_plans_experts_mla_and_fits_8_nodes_of_4_gb200():
     assert "32 whole experts per GPU" in out.stdout and "over 4 ranks, 32 of 128 per rank" in out.stdout
     assert "fits placement.host_memory_gb=960" in out.stdout and "balance: split" in out.stdout
     plan = plan_of(SEED)
-    assert (plan.fsdp_world, plan.engine_tp, plan.gpus_used, plan.nodes, plan.gpus_per_node) == (28, 4, 32, 8, 4)
+    assert (plan.fsdp_world, plan.engine_tp, plan.engine_replicas, plan.gpus_used, plan.nodes, plan.gpus_per_node) == \
+        (8, 4, 6, 32, 8, 4)
+    # one engine per node on nodes 0-5, the trainer's two HSDP replicas on nodes 6 and 7
+    assert [(d.node, d.gpu, d.engine_replica, d.engine_rank) for d in plan.devices if d.engine_rank is not None] == \
+        [(node, gpu, node, gpu) for node in range(6) for gpu in range(4)]
+    assert [(d.node, d.gpu) for d in plan.devices if d.trainer_rank is not None] == [(n, g) for n in (6, 7) for g in range(4)]
+    assert "engines 0-5, TP rank 0-3" in out.stdout and "generate 912 s (6 engines of TP 4" in out.stdout
 
 
-@pytest.mark.parametrize("shard_ranks, base_shard_gb, experts_per_rank", [("4", 95.39, 32), ("null", 14.86, 5)])
+def test_the_seed_layout_is_faster_than_one_engine_more_or_one_fewer():
+    """The layout the seed config's header argues for: 6 engines + 8 ranks against its neighbours."""
+    from rlvr.orchestration.step_time import step_time
+
+    def step(replicas: int, ranks: int) -> float:
+        cfg = load_config(SEED, [f"engine.replicas={replicas}", f"trainer.ranks={ranks}", f"placement.engine_gpus={4 * replicas}"])
+        t = step_time(cfg, read_architecture(cfg))
+        return max(t.generate, t.train + t.sync)  # split, generating one step ahead
+
+    assert step(6, 8) < min(step(5, 12), step(7, 4))
+    assert step(1, 28) / step(6, 8) > 5  # the one-engine layout the seed config had
+    out = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", str(SEED), "--dry-run"], capture_output=True, text=True)
+    (balance,) = [line for line in out.stdout.splitlines() if line.startswith("balance:")]
+    assert balance.endswith(f"with engine.replicas=7 and trainer.ranks=4 (placement.engine_gpus=28) a step would take "
+                            f"~{step(7, 4):,.0f} s")
+
+
+@pytest.mark.parametrize("shard_ranks, base_shard_gb, experts_per_rank", [("4", 95.39, 32), ("null", 47.70, 16)])
 def test_seed_base_shard_follows_trainer_shard_ranks(shard_ranks, base_shard_gb, experts_per_rank):
     """HSDP shards each parameter over shard_ranks ranks, each replica a whole copy: 4 ranks hold
-    a quarter of the 382 GB base; FSDP over all 28 a 28th (5 of 128 experts, ranks 0-25)."""
+    a quarter of the 382 GB base; FSDP over all 8 an eighth (16 of 128 experts)."""
     out = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", str(SEED), "--dry-run", f"trainer.shard_ranks={shard_ranks}"],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -210,8 +237,8 @@ def test_host_memory_too_small_exits_2_with_one_line():
                          capture_output=True, text=True)
     assert out.returncode == 2
     (line,) = [l for l in out.stdout.splitlines() if "plan error" in l]
-    # nodes 1-7: 4 ranks x (95.39 GB shard + one 23.1 GB block)
-    assert line == (f"plan error: {SEED}: node 1 needs ~474.0 GB of host memory while loading (4 trainer ranks), "
+    # nodes 6-7: 4 ranks x (95.39 GB shard + one 23.1 GB block)
+    assert line == (f"plan error: {SEED}: node 6 needs ~474.0 GB of host memory while loading (4 trainer ranks), "
                     "over placement.host_memory_gb=400")
 
 

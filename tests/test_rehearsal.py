@@ -2,7 +2,7 @@
 cluster (`ray.cluster_utils.Cluster`, logical GPUs), each actor saying where Ray put it and, for
 the engine, which executor vLLM's own ParallelConfig resolves to inside it.
 
-On the seed config (8 nodes x 4 GPUs, a TP-4 engine, 28 trainer ranks) Ray's PACK does not keep
+On the seed config (8 nodes x 4 GPUs, 6 TP-4 engines, 8 trainer ranks) Ray's PACK does not keep
 bundle order in node order (bundles 0, 13, 15 and 16 shared a node when this was written), so the
 ranks' node order is the placement's doing, not luck's.
 """
@@ -27,8 +27,9 @@ def _trainer(node_of_rank: list[int]) -> list[dict]:
 
 
 def test_a_replica_across_nodes_and_an_engine_whose_workers_leave_its_actor_fail_the_placement():
-    cfg = load_config(SEED, ["placement.nodes=2", "trainer.ranks=4", "trainer.shard_ranks=2"])
-    engine = {"role": "engine", "rank": 0, "node": 1, "bundle": 4, "gpus": [0, 1, 2, 3], "executor_backend": "mp"}
+    cfg = load_config(SEED, ["placement.nodes=3", "trainer.ranks=4", "trainer.shard_ranks=2", "engine.replicas=1",
+                             "placement.engine_gpus=4"])
+    engine = {"role": "engine", "rank": 0, "node": 2, "bundle": 4, "gpus": [0, 1, 2, 3], "executor_backend": "mp"}
     assert placement_failures(cfg, _trainer([0, 0, 0, 0]) + [engine]) == []
     straddling = _trainer([0, 1, 1, 1])
     assert placement_failures(cfg, straddling + [engine]) == ["HSDP replica of ranks 0-1 spans nodes [0, 1]"]
@@ -39,7 +40,7 @@ def test_a_replica_across_nodes_and_an_engine_whose_workers_leave_its_actor_fail
         "engine 0: vLLM resolves executor 'ray', whose workers leave the engine's actor"]
     two_of_four = {**engine, "gpus": [0, 1]}
     assert placement_failures(cfg, _trainer([0, 0, 0, 0]) + [two_of_four]) == [
-        "engine 0: its actor holds GPUs [0, 1] of node 1, not its TP group of 4"]
+        "engine 0: its actor holds GPUs [0, 1] of node 2, not its TP group of 4"]
 
 
 def test_measured_bytes_pass_within_two_percent_of_the_plan():
@@ -54,31 +55,39 @@ def test_measured_bytes_pass_within_two_percent_of_the_plan():
 
 
 @pytest.mark.slow
-def test_the_seed_run_places_its_tp_engine_in_one_actor_and_its_ranks_node_by_node():
+def test_the_seed_run_places_each_tp_engine_in_one_actor_and_its_ranks_node_by_node():
     cfg = load_config(SEED)
-    ranks, per_node, tp = cfg.trainer.ranks, cfg.placement.gpus_per_node, cfg.engine.tensor_parallel_size
-    assert tp > 1 and not cfg.placement.colocate
+    ranks, per_node, tp, replicas = (cfg.trainer.ranks, cfg.placement.gpus_per_node, cfg.engine.tensor_parallel_size,
+                                      cfg.engine.replicas)
+    assert tp > 1 and replicas > 1 and not cfg.placement.colocate
     actors = place(cfg)
     trainer = [a for a in actors if a["role"] == "trainer"]
-    (engine,) = [a for a in actors if a["role"] == "engine"]
-    assert engine["node"] == 0 and engine["gpus"] == list(range(tp))
-    assert engine["cuda_visible_devices"] == ",".join(map(str, range(tp)))
-    assert engine["executor_backend"] == "mp"  # vLLM left alone resolves "ray" in a placement group
-    # The ranks fill the engine node's other GPUs, then node after node, GPU after GPU.
-    slots = [(node, gpu) for node in range(cfg.placement.nodes) for gpu in range(per_node)][tp:][:ranks]
+    engines = [a for a in actors if a["role"] == "engine"]
+    # every engine a whole node's GPUs in one actor (nodes numbered by their lowest bundle: the engines' first)
+    assert [(a["rank"], a["node"], a["gpus"]) for a in engines] == [(r, r, list(range(tp))) for r in range(replicas)]
+    assert all(a["cuda_visible_devices"] == ",".join(map(str, range(tp))) for a in engines)
+    assert {a["executor_backend"] for a in engines} == {"mp"}  # vLLM left alone resolves "ray" in a placement group
+    # The ranks fill the nodes after the engines', node after node, GPU after GPU.
+    slots = [(node, gpu) for node in range(cfg.placement.nodes) for gpu in range(per_node)][tp * replicas:][:ranks]
     assert [(a["rank"], a["node"], a["gpus"]) for a in trainer] == [(r, n, [g]) for r, (n, g) in enumerate(slots)]
     assert all(a["cuda_visible_devices"] == str(a["gpus"][0]) for a in trainer)
     assert len({a["rendezvous"] for a in trainer}) == 1
-    assert sorted(a["bundle"] for a in actors) == list(range(ranks + 1))
+    assert sorted(a["bundle"] for a in actors) == list(range(ranks + replicas))
     for shard_ranks in ["null", per_node, per_node // 2]:
         assert placement_failures(load_config(SEED, [f"trainer.shard_ranks={shard_ranks}"]), actors) == []
+    assert placement_failures(load_config(SEED, ["engine.replicas=7", "placement.engine_gpus=28", "trainer.ranks=4"]),
+                              actors)[0] == "6 engine actor(s) placed for engine.replicas=7"
+    doubled = engines[:-1] + [{**engines[-1], "node": engines[0]["node"]}]  # the last engine on the first's GPUs
+    assert placement_failures(cfg, trainer + doubled) == ["two actors hold the same GPU"]
     lines = summary_lines({"ok": True, "actors": actors, "ranks": [], "failures": []})
-    assert lines[-2] == f"engine rank 0: node 0, GPUs {','.join(map(str, range(tp)))}, executor mp"
-    assert lines[0].startswith(f"trainer ranks 0-{per_node - 1 - tp % per_node}: node {tp // per_node}, GPUs ")
+    assert lines[-1 - replicas:-1] == [f"engine {r}: node {r}, GPUs {','.join(map(str, range(tp)))}, executor mp"
+                                       for r in range(replicas)]
+    assert lines[0] == f"trainer ranks 0-{per_node - 1}: node {replicas}, GPUs 0,1,2,3, rendezvous {trainer[0]['rendezvous']}"
     assert lines[-1] == "ok"
 
 
 SMALL = ["placement.nodes=2", "placement.gpus_per_node=2", "placement.engine_gpus=1", "engine.tensor_parallel_size=1",
+         "engine.replicas=1",
          "engine.expert_parallel=false", "trainer.ranks=3", "trainer.shard_ranks=null"]
 
 
@@ -112,8 +121,8 @@ def test_rehearse_stops_with_one_line_and_exit_2_on_a_bad_config_or_plan(tmp_pat
                                  capture_output=True, text=True)
     assert unplaceable.returncode == 2, unplaceable.stdout
     assert unplaceable.stdout.strip().splitlines() == [
-        f"plan error: {SEED}: placement.engine_gpus=2 must equal engine.tensor_parallel_size=4 "
-        "(split placement: the engine's GPUs are its TP group)"]
+        f"plan error: {SEED}: placement.engine_gpus=2 must equal engine.replicas x engine.tensor_parallel_size = 6 x 4 "
+        "(split placement: each engine's GPUs are its TP group)"]
 
 
 @pytest.mark.slow
@@ -124,7 +133,7 @@ def test_rehearse_places_the_seed_run_and_its_shards_as_planned(tmp_path):
     report = json.loads(out.read_text())
     cfg = load_config(SEED)
     assert report["ok"] and report["nodes"] == cfg.placement.nodes and report["failures"] == []
-    assert len(report["actors"]) == cfg.trainer.ranks + 1
+    assert len(report["actors"]) == cfg.trainer.ranks + cfg.engine.replicas
     assert {"role", "rank", "node", "bundle", "gpus", "executor_backend"} <= set(report["actors"][0])
     assert [row["rank"] for row in report["ranks"]] == rehearsed_ranks(cfg.trainer.ranks)
     assert all(set(row["measured"]) >= set(row["planned"]) for row in report["ranks"])

@@ -8,11 +8,13 @@ each phase of a step takes at best: `rlvr train CFG --dry-run`.
     rank_bytes(cfg, rank)          # a trainer rank's bytes as FSDP2 shards the module tree
 
 Placement, as the `placement` section asks (the Ray backend reserves the same shape):
-- colocate: the trainer's FSDP2 ranks take GPUs 0..ranks-1, packed node by node; the engine's
-  tensor-parallel group shares GPUs 0..TP-1 of node 0 with the first ranks.
-- split: the engine gets `engine_gpus` GPUs of its own (= its TP group, on node 0), the
-  trainer ranks the GPUs after them.
-- no GPUs (gpus_per_node: 0): one process for the controller and the engine, one per rank.
+- engines: `engine.replicas` of them, each a tensor-parallel group of TP GPUs within one node,
+  packed node by node from node 0 (gpus_per_node // TP engines a node).
+- colocate: the trainer's FSDP2 ranks take GPUs 0..ranks-1, packed node by node, under the
+  engines' GPUs.
+- split: the engines get `engine_gpus` = replicas x TP GPUs of their own, the trainer ranks the
+  GPUs left, in node and GPU order.
+- no GPUs (gpus_per_node: 0): one process for the controller and the engines, one per rank.
 
 Memory per device, in bytes (the table prints GB = 1e9 bytes). H hidden, L layers, I MLP
 width, Hq/Hkv query/key-value widths (heads x head_dim), V vocabulary, b bytes of model.dtype:
@@ -68,6 +70,7 @@ import math
 from dataclasses import dataclass, field
 
 from rlvr.config import RunConfig
+from rlvr.engines.replicas import unplaceable
 from rlvr.orchestration.architecture import (
     DTYPE_BYTES,
     GB,
@@ -118,6 +121,7 @@ class Device:
     node: int
     gpu: int | None
     engine_rank: int | None = None  # its rank in the engine's TP group; 0 for the CPU engine
+    engine_replica: int | None = None  # which engine (engine.replicas)
     trainer_rank: int | None = None
     memory: dict[str, float] = field(default_factory=dict)  # bytes by component (empty: unknown)
 
@@ -133,6 +137,7 @@ class Plan:
     nodes: int
     gpus_per_node: int
     engine_tp: int
+    engine_replicas: int
     fsdp_world: int
     gpus_used: int
     devices: list[Device]
@@ -150,6 +155,9 @@ def make_plan(cfg: RunConfig) -> Plan:
     _check_lengths(cfg)
     if p.backend == "local" and p.nodes > 1:
         raise PlanError(f"placement.nodes={p.nodes}: the local backend runs on one machine; use placement.backend: ray")
+    why = unplaceable(cfg.engine, on_ray=p.backend == "ray")
+    if why:
+        raise PlanError(why)
     devices = _gpu_devices(cfg) if p.gpus_per_node else _cpu_devices(cfg)
     gpus_used = len(devices) if p.gpus_per_node else 0
     notes = []
@@ -158,12 +166,14 @@ def make_plan(cfg: RunConfig) -> Plan:
     try:
         arch = read_architecture(cfg)
     except NoArchitecture as why:
-        return Plan(p.backend, p.colocate, p.nodes, p.gpus_per_node, tp, ranks, gpus_used, devices, None, str(why), notes)
+        return Plan(p.backend, p.colocate, p.nodes, p.gpus_per_node, tp, cfg.engine.replicas, ranks, gpus_used, devices,
+                    None, str(why), notes)
     if arch.num_heads % tp:
         raise PlanError(f"engine.tensor_parallel_size={tp} does not divide the model's {arch.num_heads} attention heads")
     host = _estimate(cfg, arch, devices, notes)
     timed = step_time(cfg, arch) if p.gpu and p.gpus_per_node else None
-    plan = Plan(p.backend, p.colocate, p.nodes, p.gpus_per_node, tp, ranks, gpus_used, devices, arch, None, notes, host, timed)
+    plan = Plan(p.backend, p.colocate, p.nodes, p.gpus_per_node, tp, cfg.engine.replicas, ranks, gpus_used, devices, arch,
+                None, notes, host, timed)
     _check_fit(cfg, plan)
     _check_host(cfg, plan)
     return plan
@@ -183,37 +193,44 @@ def _check_lengths(cfg: RunConfig) -> None:
 
 
 def _gpu_devices(cfg: RunConfig) -> list[Device]:
-    p, tp, ranks = cfg.placement, cfg.engine.tensor_parallel_size, cfg.trainer.ranks
-    available = p.nodes * p.gpus_per_node
-    if tp > p.gpus_per_node:
+    """Engines first, node by node, each TP group within one node; then the trainer ranks: split,
+    on the GPUs left (in node, GPU order); colocated, on the first GPUs, under the engines."""
+    p, tp, ranks, replicas = cfg.placement, cfg.engine.tensor_parallel_size, cfg.trainer.ranks, cfg.engine.replicas
+    per_node = p.gpus_per_node
+    if tp > per_node:
         raise PlanError(
-            f"engine.tensor_parallel_size={tp} > placement.gpus_per_node={p.gpus_per_node}: a TP group stays on one node"
+            f"engine.tensor_parallel_size={tp} > placement.gpus_per_node={per_node}: a TP group stays on one node"
         )
+    engines_per_node = per_node // tp
+    engine_slots = {(r // engines_per_node, (r % engines_per_node) * tp + t): (r, t) for r in range(replicas) for t in range(tp)}
+    grid = [(node, gpu) for node in range(p.nodes + ranks + replicas) for gpu in range(per_node)]  # more than enough
     if p.colocate:
-        needed, first_rank_gpu = max(ranks, tp), 0
-        what = f"{ranks} trainer ranks sharing with a TP-{tp} engine"
+        rank_slots = grid[:ranks]
+        what = f"{ranks} trainer ranks sharing with " + (f"a TP-{tp} engine" if replicas == 1 else f"{replicas} TP-{tp} engines")
     else:
-        if p.engine_gpus != tp:
+        if p.engine_gpus != replicas * tp:
             raise PlanError(
-                f"placement.engine_gpus={p.engine_gpus} must equal engine.tensor_parallel_size={tp} "
-                "(split placement: the engine's GPUs are its TP group)"
+                f"placement.engine_gpus={p.engine_gpus} must equal engine.replicas x engine.tensor_parallel_size = "
+                f"{replicas} x {tp} (split placement: each engine's GPUs are its TP group)"
             )
-        needed, first_rank_gpu = ranks + tp, tp
-        what = f"{ranks} trainer ranks + {tp} engine GPUs"
-    if needed > available:
-        raise PlanError(
-            f"placement: {what} need {needed} GPUs; nodes={p.nodes} x gpus_per_node={p.gpus_per_node} has {available}"
-        )
-    devices = [Device(node=i // p.gpus_per_node, gpu=i % p.gpus_per_node) for i in range(needed)]
-    for t in range(tp):
-        devices[t].engine_rank = t
-    for r in range(ranks):
-        devices[first_rank_gpu + r].trainer_rank = r
-    return devices
+        rank_slots = [slot for slot in grid if slot not in engine_slots][:ranks]
+        what = f"{ranks} trainer ranks + {replicas * tp} engine GPUs"
+    used = sorted(set(engine_slots) | set(rank_slots))
+    if used[-1][0] >= p.nodes:
+        needed = used[-1][0] * per_node + used[-1][1] + 1  # GPUs up to the last one used, idle ones between included
+        within = ", each engine within one node" if per_node % tp else ""
+        raise PlanError(f"placement: {what} need {needed} GPUs{within}; nodes={p.nodes} x gpus_per_node={per_node} "
+                        f"has {p.nodes * per_node}")
+    devices = {slot: Device(node=slot[0], gpu=slot[1]) for slot in used}
+    for slot, (replica, tp_rank) in engine_slots.items():
+        devices[slot].engine_replica, devices[slot].engine_rank = replica, tp_rank
+    for rank, slot in enumerate(rank_slots):
+        devices[slot].trainer_rank = rank
+    return [devices[slot] for slot in used]
 
 
 def _cpu_devices(cfg: RunConfig) -> list[Device]:
-    return [Device(node=0, gpu=None, engine_rank=0)] + [
+    return [Device(node=0, gpu=None, engine_rank=0, engine_replica=r) for r in range(cfg.engine.replicas)] + [
         Device(node=0, gpu=None, trainer_rank=r) for r in range(cfg.trainer.ranks)
     ]
 
@@ -275,10 +292,11 @@ def _note_kv(cfg: RunConfig, arch: Architecture, notes: list[str]) -> None:
     per_token = arch.kv_bytes_per_token(cfg.engine.tensor_parallel_size, DTYPE_BYTES[cfg.model.dtype])
     tokens = int(cfg.engine.kv_cache_gb * GiB // per_token)
     longest = cfg.data.max_prompt_tokens + cfg.rollout.sampling.max_tokens
-    asked = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
+    asked, replicas = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt, cfg.engine.replicas
+    each = f", {math.ceil(asked / replicas):,} per engine at most" if replicas > 1 else ""
     notes.append(
         f"KV cache: {cfg.engine.kv_cache_gb:g} GiB per engine GPU holds {tokens:,} tokens = {tokens // longest:,} "
-        f"sequences of {longest:,} tokens at once (a step samples {asked:,})"
+        f"sequences of {longest:,} tokens at once (a step samples {asked:,}{each})"
     )
 
 
@@ -334,7 +352,8 @@ def print_plan(plan: Plan, cfg: RunConfig, console) -> None:
     tuned = f"LoRA rank {lora.rank}" if lora else "full fine-tuning"
     shards = cfg.trainer.shard_ranks or plan.fsdp_world
     mesh = f"HSDP, {plan.fsdp_world // shards} replicas x {shards} shards" if shards < plan.fsdp_world else "FSDP2"
-    say(f"engine: {cfg.engine.backend}, tensor parallel {plan.engine_tp}; trainer: world size {plan.fsdp_world} ({mesh}), {tuned}")
+    engines = f"{plan.engine_replicas} replicas x " if plan.engine_replicas > 1 else ""
+    say(f"engine: {cfg.engine.backend}, {engines}tensor parallel {plan.engine_tp}; trainer: world size {plan.fsdp_world} ({mesh}), {tuned}")
     arch = plan.architecture
     if arch is None:
         say(f"memory: not estimated ({plan.unknown})")
@@ -394,23 +413,37 @@ def _print_step(plan: Plan, cfg: RunConfig, say) -> None:
     t = plan.step
     longest = cfg.data.max_prompt_tokens + cfg.rollout.sampling.max_tokens
     say(f"time per step at {cfg.placement.gpu.upper()} nominal peaks, every sample {longest:,} tokens long (an upper "
-        f"bound; rlvr.orchestration.step_time): generate {t.generate:,.0f} s ({t.engines} engine of TP {plan.engine_tp}: "
-        f"{t.decoded_at_once} sequences at once, {t.waves} waves), train {t.train:,.0f} s (compute {t.train_compute:,.0f} s, "
+        f"bound; rlvr.orchestration.step_time): generate {t.generate:,.0f} s ({t.engines} engine{'s' * (t.engines > 1)} of "
+        f"TP {plan.engine_tp}: {t.decoded_at_once} sequences at once{' each' * (t.engines > 1)}, {t.waves} waves), train {t.train:,.0f} s (compute {t.train_compute:,.0f} s, "
         f"FSDP2 communication {t.train_communication:,.0f} s), sync {t.sync:.1f} s")
     busy = t.train + t.sync
     ratio = t.generate / busy
     if plan.colocate or not cfg.rollout.max_staleness:
         layout = "colocated" if plan.colocate else "split without rollout.max_staleness"
-        idle = plan.gpus_used - plan.engine_tp
+        idle = plan.gpus_used - plan.engine_tp * plan.engine_replicas
         say(f"balance: {layout}, the phases take turns: a step takes ~{t.generate + busy:,.0f} s"
-            + (f"; {idle} GPUs outside the engine idle while it generates ({t.generate:,.0f} s)" if idle else ""))
-    elif ratio >= 1:
+            + (f"; {idle} GPUs outside the engines idle while they generate ({t.generate:,.0f} s)" if idle else ""))
+        return
+    if ratio >= 1:
         say(f"balance: split, generating one step ahead: a step takes ~{t.generate:,.0f} s; the trainer waits "
-            f"{t.generate - busy:,.0f} s of it for rollouts (idle {1 - 1 / ratio:.0%}); generation is {ratio:.1f}x training, "
-            f"so GPUs moved from the trainer to more engines would shorten the step (rlvr places one engine)")
+            f"{t.generate - busy:,.0f} s of it for rollouts (idle {1 - 1 / ratio:.0%})" + _moved(plan, cfg, +1))
     else:
-        say(f"balance: split, generating one step ahead: a step takes ~{busy:,.0f} s; the engine waits "
-            f"{busy - t.generate:,.0f} s of it for the trainer (idle {1 - ratio:.0%})")
+        say(f"balance: split, generating one step ahead: a step takes ~{busy:,.0f} s; the engines wait "
+            f"{busy - t.generate:,.0f} s of it for the trainer (idle {1 - ratio:.0%})" + _moved(plan, cfg, -1))
+
+
+def _moved(plan: Plan, cfg: RunConfig, engines: int) -> str:
+    """What the step would take with `engines` engines more (+1) or fewer (-1), their GPUs taken
+    from or given to the trainer ranks (a split run generating ahead); empty where impossible."""
+    replicas, ranks = plan.engine_replicas + engines, plan.fsdp_world - engines * plan.engine_tp
+    if replicas < 1 or ranks < (cfg.trainer.shard_ranks or 1):
+        return ""
+    moved = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"replicas": replicas}),
+                                   "trainer": cfg.trainer.model_copy(update={"ranks": ranks})})
+    t = step_time(moved, plan.architecture)
+    step = max(t.generate, t.train + t.sync)
+    return (f"; with engine.replicas={replicas} and trainer.ranks={ranks} (placement.engine_gpus="
+            f"{replicas * plan.engine_tp}) a step would take ~{step:,.0f} s")
 
 
 def _gb(value: float | None) -> str:
@@ -459,7 +492,10 @@ def _where(group: list[Device]) -> str:
 def _runs(group: list[Device]) -> str:
     parts = []
     if group[0].engine_rank is not None:
-        parts.append("controller + engine" if group[0].gpu is None else f"engine TP rank {_span([d.engine_rank for d in group])}")
+        replicas = _span([d.engine_replica for d in group])
+        engines = f"engines {replicas}" if "-" in replicas else "engine" if replicas == "0" else f"engine {replicas}"
+        parts.append(f"controller + {engines}" if group[0].gpu is None
+                     else f"{engines}{',' * (engines != 'engine')} TP rank {_span([d.engine_rank for d in group])}")
     if group[0].trainer_rank is not None:
         ranks = _span([d.trainer_rank for d in group])
         parts.append(f"trainer rank{'s' if '-' in ranks else ''} {ranks}")

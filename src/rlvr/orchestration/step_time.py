@@ -8,7 +8,8 @@ data.max_prompt_tokens (Lp): S = prompts_per_step x samples_per_prompt sequences
 L = Lp + Lr tokens. N is the parameters a token multiplies (the active parameters less an
 untied input embedding, a lookup), peak the GPU's dense BF16 FLOP/s, HBM its bandwidth.
 
-generate: each of the engines (TP GPUs each) samples S / engines sequences, side by side.
+generate: each of the engine.replicas engines (TP GPUs each) samples S / engines sequences, side
+  by side (a prompt's samples on one engine: the upper bound takes ceil(S / engines)).
   B = sequences decoded at once = min(S / engines, KV-cache tokens / L, max_num_seqs).
   A decode step is memory-bound: every GPU of the group reads its share of the weights (the
   routed experts only as far as B tokens reach them: a share 1 - (1 - top_k / E)^B) and the
@@ -30,7 +31,7 @@ train: T = S x L tokens over the FSDP2 ranks, in micro-batches of trainer.micro_
   NVLink when a shard group lies in one node (trainer.shard_ranks <= gpus_per_node), else over
   the GPU's network link. train = max(compute, communication) (FSDP2 prefetches: they overlap).
 sync: the adapter (float32, as the trainer holds it) or, fully fine-tuned, the weights at the
-  model's dtype, over one GPU's network link. Colocated, the engine also sleeps and wakes
+  model's dtype, once per engine, over one GPU's network link (the controller sends each its copy). Colocated, the engine also sleeps and wakes
   (vLLM's sleep level 1 moves its weights to host memory and back): 2 x its weights per GPU
   over the GPU-host link.
 """
@@ -59,8 +60,9 @@ class StepTime:
     engines: int
 
 
-def step_time(cfg: RunConfig, arch: Architecture, engines: int = 1) -> StepTime:
-    """The phases of the config's longest step on `placement.gpu` (set), with `engines` engines."""
+def step_time(cfg: RunConfig, arch: Architecture) -> StepTime:
+    """The phases of the config's longest step on `placement.gpu` (set), with `engine.replicas` engines."""
+    engines = cfg.engine.replicas
     gpu = ACCELERATORS[cfg.placement.gpu]
     b = DTYPE_BYTES[cfg.model.dtype]
     prompt, response = cfg.data.max_prompt_tokens, cfg.rollout.sampling.max_tokens
@@ -68,7 +70,7 @@ def step_time(cfg: RunConfig, arch: Architecture, engines: int = 1) -> StepTime:
     multiplied = arch.active_params - (0 if arch.tie_word_embeddings else arch.vocab_size * arch.hidden)
     generate, at_once, waves = _generate(cfg, arch, gpu, b, multiplied, prompt, response, math.ceil(sequences / engines))
     compute, communication = _train(cfg, arch, gpu, b, multiplied, sequences, prompt + response)
-    return StepTime(generate, max(compute, communication), _sync(cfg, arch, gpu, b), at_once, waves, compute,
+    return StepTime(generate, max(compute, communication), _sync(cfg, arch, gpu, b, engines), at_once, waves, compute,
                     communication, engines)
 
 
@@ -121,8 +123,8 @@ def _train(cfg: RunConfig, arch: Architecture, gpu: Accelerator, b: int, multipl
     return compute, communication
 
 
-def _sync(cfg: RunConfig, arch: Architecture, gpu: Accelerator, b: int) -> float:
+def _sync(cfg: RunConfig, arch: Architecture, gpu: Accelerator, b: int, engines: int) -> float:
     lora = cfg.trainer.lora
-    pushed = arch.adapter_params(lora) * LORA_DTYPE_BYTES if lora else arch.params * b
+    pushed = engines * (arch.adapter_params(lora) * LORA_DTYPE_BYTES if lora else arch.params * b)
     switch = 2 * arch.weight_bytes(b) / cfg.engine.tensor_parallel_size / gpu.host_bytes_per_s if cfg.placement.colocate else 0.0
     return pushed / gpu.network_bytes_per_s + switch
