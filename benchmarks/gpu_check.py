@@ -12,9 +12,16 @@ Four parts, each recorded (figures, or the error and its traceback) whether or n
    151936, tied), quantized to NVFP4, one FSDP2 rank over NCCL (`Trainer`), LoRA r16 on every
    linear layer, train steps on 16 prompts x 8 samples of 64-512 tokens: step time and tokens/s;
    then the same steps with the model's float weights as the base, for what packing costs;
+   The NVFP4 part also records that the packed base went through this torch's FSDP2 (its packed
+   parameters DTensors, none an integer tensor: torch 2.11 refused those, and no rank may hold
+   the whole base), and sets the measured step against the plan's estimate of the same step at
+   the device's nominal peak (rlvr.orchestration.step_time's train compute, from the mean prompt
+   and completion lengths): the achieved TFLOP/s and their share of the peak;
 4. RL steps: `rlvr train` on that NVFP4 model, the transformers engine on the same GPU (vLLM is
    not carried), LoRA, a reward that varies between samples of an untrained model: step time,
-   its stages and tokens/s.
+   its stages and tokens/s;
+5. a profile of one NVFP4 train step (torch.profiler): the 15 CUDA kernels that took the most
+   time, with their share, for raising the trainer's FLOP/s.
 """
 
 from __future__ import annotations
@@ -152,24 +159,113 @@ def build_nvfp4_model(root: Path, shape: dict) -> Path:
     return nvfp4_dir
 
 
-def trainer_steps(model_dir: Path, dtype: str, steps: int, base_format: str) -> dict:
-    from rlvr.config import AlgorithmConfig, LoraConfig, ModelConfig, TrainerConfig
+def train_batch():
+    """16 prompts x 8 samples of 64-512 tokens (the same every call)."""
     from rlvr.records import TrainBatch
-    from rlvr.training.trainer import Trainer
-    from rlvr.training.worker import RankSpec
 
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 300, (int(n),), generator=g).tolist() for n in torch.randint(64, 192, (16,), generator=g)]
     completions = [torch.randint(3, 300, (int(64 * 8 ** torch.rand(1, generator=g).item()),), generator=g).tolist()
                    for _ in range(128)]
-    batch = TrainBatch([prompts[i // 8] for i in range(128)], completions, [[-1.0] * len(c) for c in completions],
-                       torch.randn(128, generator=g), torch.arange(128) // 8)
-    spec = RankSpec(model=ModelConfig(path=str(model_dir), dtype=dtype),
+    return TrainBatch([prompts[i // 8] for i in range(128)], completions, [[-1.0] * len(c) for c in completions],
+                      torch.randn(128, generator=g), torch.arange(128) // 8)
+
+
+def trainer_spec(model_dir: Path, dtype: str, steps: int):
+    from rlvr.config import AlgorithmConfig, LoraConfig, ModelConfig, TrainerConfig
+    from rlvr.training.worker import RankSpec
+
+    return RankSpec(model=ModelConfig(path=str(model_dir), dtype=dtype),
                     trainer=TrainerConfig(ranks=1, lr=1e-4, micro_batch_tokens=8192,
                                           lora=LoraConfig(rank=16, alpha=32, target_modules="all-linear")),
                     algorithm=AlgorithmConfig(), seed=0, total_steps=steps)
+
+
+def gpu_kind() -> str | None:
+    """This device's entry in rlvr.orchestration.accelerators, from its name (None: not there)."""
+    from rlvr.orchestration.accelerators import ACCELERATORS
+
+    name = torch.cuda.get_device_name().lower().replace(" ", "") if torch.cuda.is_available() else ""
+    return next((k for k in ACCELERATORS if k in name), None)
+
+
+def planned_train_seconds(model_dir: Path, dtype: str, batch, kind: str) -> tuple[float, float]:
+    """The plan's train compute for this batch on a `kind` GPU (mean lengths), and its peak FLOP/s."""
+    from rlvr.config import load_config
+    from rlvr.orchestration.accelerators import ACCELERATORS
+    from rlvr.orchestration.architecture import read_architecture
+    from rlvr.orchestration.step_time import step_time
+
+    prompt = round(statistics.mean(len(p) for p in batch.prompt_ids))
+    completion = round(statistics.mean(len(c) for c in batch.completion_ids))
+    cfg = load_config("configs/demo.yaml", [
+        f"model.path={model_dir}", f"model.dtype={dtype}", f"placement.gpu={kind}", "trainer.ranks=1",
+        "trainer.micro_batch_tokens=8192", "trainer.lora.rank=16", "trainer.lora.target_modules=all-linear",
+        "rollout.prompts_per_step=16", "rollout.samples_per_prompt=8", f"data.max_prompt_tokens={prompt}",
+        f"rollout.sampling.max_tokens={completion}", "trainer.mini_batches=1", "trainer.epochs=1",
+        "trainer.gradient_checkpointing=false", "algorithm.kl_coef=0"])
+    return step_time(cfg, read_architecture(cfg)).train_compute, ACCELERATORS[kind].bf16_flops
+
+
+class InProcessRank:
+    """The one trainer rank in this process, so that the profiler sees its kernels; the
+    `Trainer` speaks to it as to a rank process (commands in order, one reply each)."""
+
+    def __init__(self, world_size: int, spec):
+        from rlvr.training.trainer import free_port
+        from rlvr.training.worker import join_group
+
+        self.worker = join_group(0, world_size, "127.0.0.1", free_port(), spec)
+        self.reply = ("ok", self.worker.info())
+
+    def send(self, command: str, payload) -> None:
+        from rlvr.training.worker import answer
+
+        self.reply = ("ok", None) if command == "close" else answer(self.worker, command, payload)
+
+    def receive(self, timeout_s):
+        return self.reply
+
+    def stop(self) -> None:
+        from rlvr.training.worker import leave_group
+
+        leave_group()
+
+    def wait_stopped(self) -> None:
+        pass
+
+
+def trainer_profile(model_dir: Path, dtype: str) -> dict:
+    """One NVFP4 train step under torch.profiler, after a warm-up step: where the time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from rlvr.training.trainer import Trainer
+
+    batch = train_batch()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with Trainer(trainer_spec(model_dir, dtype, 2), launch=lambda n, spec: [InProcessRank(n, spec)]) as trainer:
+        trainer.train_step(batch)
+        with profile(activities=activities) as prof:
+            trainer.train_step(batch)
+        packed = [p for n, p in trainer._ranks[0].worker.policy.named_parameters() if "weight_packed" in n]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    events = [e for e in prof.key_averages() if getattr(e, f"self_{device}_time_total", 0) > 0]
+    total = sum(getattr(e, f"self_{device}_time_total") for e in events)
+    top = sorted(events, key=lambda e: getattr(e, f"self_{device}_time_total"), reverse=True)[:15]
+    from torch.distributed.tensor import DTensor
+
+    return {"packed_params": len(packed), "packed_all_fsdp2_sharded": bool(packed) and all(isinstance(p, DTensor) for p in packed),
+            "packed_dtypes": sorted({str(p.dtype) for p in packed}), "device_time_ms": total / 1e3,
+            "top": [{"name": e.key[:120], "ms": getattr(e, f"self_{device}_time_total") / 1e3, "calls": e.count,
+                     "share": round(getattr(e, f"self_{device}_time_total") / total, 4)} for e in top]}
+
+
+def trainer_steps(model_dir: Path, dtype: str, steps: int, base_format: str) -> dict:
+    from rlvr.training.trainer import Trainer
+
+    batch = train_batch()
     started = time.perf_counter()
-    with Trainer(spec) as trainer:
+    with Trainer(trainer_spec(model_dir, dtype, steps)) as trainer:
         start_s = time.perf_counter() - started
         if trainer.base_format != base_format:
             raise RuntimeError(f"the trainer loaded a {trainer.base_format} base, not {base_format}")
@@ -179,12 +275,18 @@ def trainer_steps(model_dir: Path, dtype: str, steps: int, base_format: str) -> 
             metrics = trainer.train_step(batch)
             seconds.append(time.perf_counter() - t)
         base_bytes = trainer.packed_base_bytes()[0]
+    prompts, completions = batch.prompt_ids[::8], batch.completion_ids
     tokens = sum(len(c) for c in completions) + sum(len(p) for p in prompts)
     step_s = statistics.median(seconds[1:])
-    return {"start_s": start_s, "step_s": step_s, "steps_s": seconds, "tokens_per_step": tokens, "tokens_per_s": tokens / step_s,
-            "completion_tokens": sum(len(c) for c in completions), "loss": metrics["loss"], "grad_norm": metrics["grad_norm"],
-            "packed_base_bytes": base_bytes, "trainable_params": trainer.trainable_params,
-            "finite": all(map(lambda v: v == v and abs(v) != float("inf"), (metrics["loss"], metrics["grad_norm"])))}
+    out = {"start_s": start_s, "step_s": step_s, "steps_s": seconds, "tokens_per_step": tokens, "tokens_per_s": tokens / step_s,
+           "completion_tokens": sum(len(c) for c in completions), "loss": metrics["loss"], "grad_norm": metrics["grad_norm"],
+           "packed_base_bytes": base_bytes, "trainable_params": trainer.trainable_params, "torch": torch.__version__,
+           "finite": all(map(lambda v: v == v and abs(v) != float("inf"), (metrics["loss"], metrics["grad_norm"])))}
+    if gpu_kind() is not None:
+        seconds_at_peak, peak = planned_train_seconds(model_dir, dtype, batch, gpu_kind())
+        out.update(planned_train_s=seconds_at_peak, achieved_tflops=seconds_at_peak * peak / step_s / 1e12,
+                   share_of_peak=seconds_at_peak / step_s)
+    return out
 
 
 def rl_steps(root: Path, model_dir: Path, dtype: str, steps: int) -> dict:
@@ -267,11 +369,13 @@ def main() -> None:
         # the same model, its float weights as the base: what the packed base costs in speed
         part("float_trainer", trainer_steps, model_dir.parent / "model_float", dtype, args.train_steps, "hf")
         part("rl_steps", rl_steps, args.work, model_dir, dtype, args.rl_steps)
+        part("trainer_profile", trainer_profile, model_dir, dtype)
     result["ok"] = all(v.get("ok", True) for v in result.values() if isinstance(v, dict) and "ok" in v)
     result["wall_s"] = round(time.perf_counter() - started, 1)
     args.out.write_text(json.dumps(result, indent=2))
     summary = {f"{k} {f}": result[k].get(f) for k, f in (("packed_attention", "packed_tokens_per_s"),
                                                           ("nvfp4_trainer", "tokens_per_s"), ("nvfp4_trainer", "step_s"),
+                                                          ("nvfp4_trainer", "achieved_tflops"), ("nvfp4_trainer", "share_of_peak"),
                                                           ("float_trainer", "tokens_per_s"),
                                                           ("rl_steps", "throughput/tokens_per_s"), ("rl_steps", "time/step"))
                if k in result}

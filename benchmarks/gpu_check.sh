@@ -7,8 +7,10 @@
 #   on the GPU machine:        benchmarks/gpu_check.sh [OUT_DIR]     (default runs/gpu_check)
 #       installs from those wheels only what is missing (pip --no-index), then runs
 #       benchmarks/gpu_check.py under a 470 s limit: FSDP2 over NCCL (1 rank), packed attention
-#       on CUDA, the NVFP4 trainer on a random Qwen2.5-0.5B-shaped model, and RL steps with LoRA
-#       on the transformers engine (vLLM does not travel). It prints tokens/s and step times and
+#       on CUDA, the NVFP4 trainer on a random Qwen2.5-0.5B-shaped model (its packed base through
+#       this torch's FSDP2, its step against the plan's estimate at the GPU's nominal peak: achieved
+#       TFLOP/s), RL steps with LoRA on the transformers engine (vLLM does not travel), and a
+#       profile of one train step (the top kernels). It prints tokens/s and step times and
 #       writes OUT_DIR/gpu_check.json (rewritten after each part, so a timeout keeps what ran).
 #
 # torch, transformers and peft are the image's own; nothing else is downloaded there.
