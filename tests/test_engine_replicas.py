@@ -99,3 +99,30 @@ def test_hf_replicas_give_one_engines_rollouts_in_order_and_every_replica_gets_t
         two.generate(prompts, 1, GREEDY)
     with pytest.raises(RuntimeError, match="HF engine is closed"):
         two.replicas[1].generate(prompts, 1, GREEDY)
+
+
+@pytest.mark.slow
+def test_vllm_replicas_as_ray_actors_sample_as_one_engine_and_each_serves_the_adapter(model_dir, prompts):
+    """Two vLLM engines, each in its own actor on a (CPU-only) Ray started here, as a run with
+    placement.backend: ray places them: greedy rollouts split over both equal one engine's, in
+    the caller's order, and an adapter pushed once reaches both."""
+    from rlvr.orchestration.ray_placement import RayCluster, RayEngine
+
+    eos = AutoTokenizer.from_pretrained(model_dir).eos_token_id
+    cluster = RayCluster(PlacementConfig(backend="ray", colocate=False), ranks=0, engines=2)
+    with start_engine("vllm", model_dir, replicas=2, lora_rank=8, max_model_len=64, kv_cache_gb=0.25,
+                      placement=cluster) as two:
+        assert isinstance(two, ReplicatedEngine) and all(isinstance(r, RayEngine) for r in two.replicas)
+        expected = two.replicas[0].generate(prompts, 1, GREEDY)  # one engine, every prompt (vLLM: greedy is n=1)
+        split = two.generate(prompts, 1, GREEDY)
+        assert [r.prompt_index for r in split] == [0, 1, 2, 3, 4]
+        assert [r.completion_ids for r in split] == [r.completion_ids for r in expected]
+        requests = [Request(i, p, 1, GREEDY) for i, p in enumerate(prompts)]
+        assert _drain(two, requests) == {i: [r.completion_ids] for i, r in enumerate(expected)}
+
+        peft_model, config = random_lora(_hf_model(model_dir), seed=3, rank=8)
+        two.update_lora(LoraAdapter(get_peft_model_state_dict(peft_model), config.to_dict(), 0))
+        adapted = [reference_greedy(peft_model, p, GREEDY.max_tokens, eos) for p in prompts]
+        assert adapted != [r.completion_ids for r in expected]
+        for replica in two.replicas:
+            assert [r.completion_ids for r in replica.generate(prompts, 1, GREEDY)] == adapted
