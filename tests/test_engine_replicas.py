@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from engine_fixtures import build_peaked_model, random_lora, reference_greedy, start_engine
 from rlvr.config import EngineConfig, PlacementConfig
+from rlvr.engines.base import score_each
 from rlvr.engines.replicas import ReplicatedEngine, assign, spans, unplaceable
 from rlvr.records import LoraAdapter, Request, Sampling
 from rlvr.sync.check import logprob_gap
@@ -95,6 +96,12 @@ def test_hf_replicas_give_one_engines_rollouts_in_order_and_every_replica_gets_t
         assert adapted != [r.completion_ids for r in expected[::2]]  # the adapter changes the greedy rollouts
         for replica in two.replicas:  # each replica alone serves the adapter
             assert [r.completion_ids for r in replica.generate(prompts, 1, GREEDY)] == adapted
+        # the sync probe's scoring: every replica scores every sequence under its own weights
+        each = score_each(two, sequences, lens)
+        assert len(each) == 2 and logprob_gap(each[0], each[1]) <= 1e-5 and logprob_gap(each[0], expected_scores) > 1e-3
+        one.update_lora(LoraAdapter(get_peft_model_state_dict(peft_model), config.to_dict(), 0))
+        assert score_each(one, sequences, lens) == [one.score(sequences, lens)]
+        assert logprob_gap(each[1], one.score(sequences, lens)) <= 1e-5
     with pytest.raises(RuntimeError, match="closed"):
         two.generate(prompts, 1, GREEDY)
     with pytest.raises(RuntimeError, match="HF engine is closed"):

@@ -82,6 +82,14 @@ class Engine(Protocol):
         self.close()
 
 
+def score_each(engine: Engine, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[list[float]]]:
+    """`score` by every copy of the weights the engine serves from: one list per replica
+    (`engine.replicas`), where `score` splits the sequences between them. What checks a weight
+    push (the sync probe) must see every replica's weights."""
+    each = getattr(engine, "score_each", None)
+    return each(sequences, prompt_lens) if each is not None else [engine.score(sequences, prompt_lens)]
+
+
 def completion_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Logprob of each token in `tokens` [T] under the rows of `logits` [T, V], in float32."""
     return torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

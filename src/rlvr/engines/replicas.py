@@ -174,6 +174,11 @@ class ReplicatedEngine(Engine):
                                 for replica, span in zip(self.replicas, runs)])
         return [scores for part in parts for scores in part]
 
+    def score_each(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[list[float]]]:
+        """Every replica scores every sequence (the sync probe: each replica's weights checked)."""
+        self._settle("score")
+        return self._together([(lambda r: r.score(sequences, prompt_lens), replica) for replica in self.replicas])
+
     # -- weight sync and lifetime: every replica --------------------------------------------
 
     def update_lora(self, adapter: LoraAdapter) -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 
 import torch
 
-from rlvr.engines.base import Engine, EngineDied
+from rlvr.engines.base import Engine, EngineDied, score_each
 from rlvr.orchestration import RunStopped
 from rlvr.records import LoraAdapter, Request, Rollout, Sampling
 
@@ -58,6 +58,9 @@ class EngineSupervisor:
 
     def score(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
         return self._retrying("score", lambda engine: engine.score(sequences, prompt_lens))
+
+    def score_each(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[list[float]]]:
+        return self._retrying("score", lambda engine: score_each(engine, sequences, prompt_lens))
 
     def update_lora(self, adapter: LoraAdapter) -> None:
         self._retrying("update_lora", lambda engine: engine.update_lora(adapter))

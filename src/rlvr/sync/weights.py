@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from rlvr.engines.base import score_each
 from rlvr.records import LoraAdapter
 from rlvr.sync.check import Probe, SyncCheck, logprob_gap, probe_inputs
 from rlvr.tracking.timing import StepTimer
@@ -56,8 +57,9 @@ class WeightSync:
             # contend when they run at once (SmolLM2, 2 cores: update + both scores 2.2-2.6 s in
             # turn, 4.1-5.7 s at once).
             sequences, prompt_lens = probe_inputs(self.probe)
-            engine_logprobs = self.engine.score(sequences, prompt_lens)
-            gap = self.check(logprob_gap(engine_logprobs, self.trainer.logprobs(sequences, prompt_lens)), step)
+            engine_logprobs = score_each(self.engine, sequences, prompt_lens)  # every replica's weights
+            trainer_logprobs = self.trainer.logprobs(sequences, prompt_lens)
+            gap = self.check(max(logprob_gap(each, trainer_logprobs) for each in engine_logprobs), step)
             self._probed_engine = engine
         return {"sync/logprob_gap": gap}
 
