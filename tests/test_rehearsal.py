@@ -54,38 +54,6 @@ def test_measured_bytes_pass_within_two_percent_of_the_plan():
     assert rehearsed_ranks(28) == [0, 14, 27] and rehearsed_ranks(1) == [0]
 
 
-@pytest.mark.slow
-def test_the_seed_run_places_each_tp_engine_in_one_actor_and_its_ranks_node_by_node():
-    cfg = load_config(SEED)
-    ranks, per_node, tp, replicas = (cfg.trainer.ranks, cfg.placement.gpus_per_node, cfg.engine.tensor_parallel_size,
-                                      cfg.engine.replicas)
-    assert tp > 1 and replicas > 1 and not cfg.placement.colocate
-    actors = place(cfg)
-    trainer = [a for a in actors if a["role"] == "trainer"]
-    engines = [a for a in actors if a["role"] == "engine"]
-    # every engine a whole node's GPUs in one actor (nodes numbered by their lowest bundle: the engines' first)
-    assert [(a["rank"], a["node"], a["gpus"]) for a in engines] == [(r, r, list(range(tp))) for r in range(replicas)]
-    assert all(a["cuda_visible_devices"] == ",".join(map(str, range(tp))) for a in engines)
-    assert {a["executor_backend"] for a in engines} == {"mp"}  # vLLM left alone resolves "ray" in a placement group
-    # The ranks fill the nodes after the engines', node after node, GPU after GPU.
-    slots = [(node, gpu) for node in range(cfg.placement.nodes) for gpu in range(per_node)][tp * replicas:][:ranks]
-    assert [(a["rank"], a["node"], a["gpus"]) for a in trainer] == [(r, n, [g]) for r, (n, g) in enumerate(slots)]
-    assert all(a["cuda_visible_devices"] == str(a["gpus"][0]) for a in trainer)
-    assert len({a["rendezvous"] for a in trainer}) == 1
-    assert sorted(a["bundle"] for a in actors) == list(range(ranks + replicas))
-    for shard_ranks in ["null", per_node, per_node // 2]:
-        assert placement_failures(load_config(SEED, [f"trainer.shard_ranks={shard_ranks}"]), actors) == []
-    assert placement_failures(load_config(SEED, ["engine.replicas=7", "placement.engine_gpus=28", "trainer.ranks=4"]),
-                              actors)[0] == "6 engine actor(s) placed for engine.replicas=7"
-    doubled = engines[:-1] + [{**engines[-1], "node": engines[0]["node"]}]  # the last engine on the first's GPUs
-    assert placement_failures(cfg, trainer + doubled) == ["two actors hold the same GPU"]
-    lines = summary_lines({"ok": True, "actors": actors, "ranks": [], "failures": []})
-    assert lines[-1 - replicas:-1] == [f"engine {r}: node {r}, GPUs {','.join(map(str, range(tp)))}, executor mp"
-                                       for r in range(replicas)]
-    assert lines[0] == f"trainer ranks 0-{per_node - 1}: node {replicas}, GPUs 0,1,2,3, rendezvous {trainer[0]['rendezvous']}"
-    assert lines[-1] == "ok"
-
-
 SMALL = ["placement.nodes=2", "placement.gpus_per_node=2", "placement.engine_gpus=1", "engine.tensor_parallel_size=1",
          "engine.replicas=1",
          "engine.expert_parallel=false", "trainer.ranks=3", "trainer.shard_ranks=null"]
@@ -138,3 +106,32 @@ def test_rehearse_places_the_seed_run_and_its_shards_as_planned(tmp_path):
     assert [row["rank"] for row in report["ranks"]] == rehearsed_ranks(cfg.trainer.ranks)
     assert all(set(row["measured"]) >= set(row["planned"]) for row in report["ranks"])
     assert done.stdout.strip().splitlines()[-1] == "ok"
+    # the placement, from the report: each TP engine in one actor, the ranks node by node
+    ranks, per_node, tp, replicas = (cfg.trainer.ranks, cfg.placement.gpus_per_node, cfg.engine.tensor_parallel_size,
+                                      cfg.engine.replicas)
+    assert tp > 1 and replicas > 1 and not cfg.placement.colocate
+    actors = report["actors"]
+    trainer = [a for a in actors if a["role"] == "trainer"]
+    engines = [a for a in actors if a["role"] == "engine"]
+    # every engine a whole node's GPUs in one actor (nodes numbered by their lowest bundle: the engines' first)
+    assert [(a["rank"], a["node"], a["gpus"]) for a in engines] == [(r, r, list(range(tp))) for r in range(replicas)]
+    assert all(a["cuda_visible_devices"] == ",".join(map(str, range(tp))) for a in engines)
+    assert {a["executor_backend"] for a in engines} == {"mp"}  # vLLM left alone resolves "ray" in a placement group
+    # The ranks fill the nodes after the engines', node after node, GPU after GPU.
+    slots = [(node, gpu) for node in range(cfg.placement.nodes) for gpu in range(per_node)][tp * replicas:][:ranks]
+    assert [(a["rank"], a["node"], a["gpus"]) for a in trainer] == [(r, n, [g]) for r, (n, g) in enumerate(slots)]
+    assert all(a["cuda_visible_devices"] == str(a["gpus"][0]) for a in trainer)
+    assert len({a["rendezvous"] for a in trainer}) == 1
+    assert sorted(a["bundle"] for a in actors) == list(range(ranks + replicas))
+    for shard_ranks in ["null", per_node, per_node // 2]:
+        assert placement_failures(load_config(SEED, [f"trainer.shard_ranks={shard_ranks}"]), actors) == []
+    assert placement_failures(load_config(SEED, ["engine.replicas=7", "placement.engine_gpus=28", "trainer.ranks=4"]),
+                              actors)[0] == "6 engine actor(s) placed for engine.replicas=7"
+    doubled = engines[:-1] + [{**engines[-1], "node": engines[0]["node"]}]  # the last engine on the first's GPUs
+    assert placement_failures(cfg, trainer + doubled) == ["two actors hold the same GPU"]
+    lines = summary_lines({"ok": True, "actors": actors, "ranks": [], "failures": []})
+    assert lines[-1 - replicas:-1] == [f"engine {r}: node {r}, GPUs {','.join(map(str, range(tp)))}, executor mp"
+                                       for r in range(replicas)]
+    assert lines[0] == f"trainer ranks 0-{per_node - 1}: node {replicas}, GPUs 0,1,2,3, rendezvous {trainer[0]['rendezvous']}"
+    assert lines[-1] == "ok"
+

@@ -83,13 +83,15 @@ def decoder_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def apply_lora(
-    model: nn.Module, rank: int, alpha: float, dropout: float, target_modules, target_experts: bool = False
+    model: nn.Module, rank: int, alpha: float, dropout: float, target_modules, target_experts: bool = False,
+    shapes_only: bool = False,
 ) -> nn.Module:
     """peft LoRA on the frozen base (packed NVFP4 layers included); only the adapter trains.
 
     `target_experts` adds one rank-`rank` pair per routed expert and projection of every MoE
     layer (rlvr.quant.experts.ExpertsLora, peft's `target_parameters` layout), computed inside
-    rlvr's experts implementation, packed or float.
+    rlvr's experts implementation, packed or float. `shapes_only`: the factors stay on the meta
+    device, never drawn (peft's low_cpu_mem_usage), for measuring a model, not training it.
     """
     from peft import LoraConfig, get_peft_model
 
@@ -109,7 +111,7 @@ def apply_lora(
         task_type="CAUSAL_LM",
     )
     with peft_targets_as_given(), _adapters_built_off_meta():
-        peft_model = get_peft_model(model, prepare_lora_config(config, model))
+        peft_model = get_peft_model(model, prepare_lora_config(config, model), low_cpu_mem_usage=shapes_only)
         if target_experts:
             add_experts_lora(peft_model)
     return peft_model

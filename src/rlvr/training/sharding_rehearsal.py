@@ -57,12 +57,12 @@ def _measure(cfg: RunConfig, rank: int) -> dict[str, int]:
     try:
         lm = _skeleton(cfg, dtype).model
         if trainer.lora:
-            lm = apply_lora(lm, **trainer.lora.model_dump())
+            lm = apply_lora(lm, **trainer.lora.model_dump(), shapes_only=True)
         policy = TokenLogprobs(lm)
         # the worker's mesh: 1-D over every rank, or replicas x shards (HSDP)
         mesh = (init_device_mesh("cpu", (world_size,)) if shard_ranks == world_size else
                 init_device_mesh("cpu", (world_size // shard_ranks, shard_ranks), mesh_dim_names=("replicate", "shard")))
-        policy.to("meta")  # LoRA's factors too: only shapes are measured
+        policy.to("meta")  # what was built for real (rotary buffers, expert LoRA): only shapes are measured
         shard(policy, mesh, param_dtype=dtype, reduce_dtype=torch.float32)
 
         def local_bytes(p: torch.Tensor) -> int:
