@@ -139,3 +139,10 @@ def test_a_demo_model_folder_of_another_arch_is_one_line(tmp_path, tiny):
     line = one_line_error(rlvr("demo", f"model.path={tiny}", f"data.train={task / 'train.jsonl'}",
                                f"data.test={task / 'test.jsonl'}", "demo.model.arch=deepseek_v3"))
     assert f"{tiny} holds a qwen2 model, not demo.model.arch=deepseek_v3" in line, line
+
+
+@pytest.mark.parametrize("args, named", [(["frobnicate"], "No such command 'frobnicate'"),
+                                         (["train", "--bogus", "x"], "No such option: --bogus")])
+def test_an_unknown_subcommand_or_option_is_one_line_and_exit_2(args, named):
+    done = rlvr(*args)
+    assert done.returncode == 2 and named in one_line_error(done) and "internal error" not in done.stdout + done.stderr

@@ -7,7 +7,6 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-import click
 import typer
 from rich.console import Console
 
@@ -353,12 +352,15 @@ def main() -> None:
         code = app(standalone_mode=False)  # a command's typer.Exit(n) comes back as n
     except KeyboardInterrupt:
         sys.exit(130)
-    except click.exceptions.Abort:
-        sys.exit(130)
-    except click.exceptions.ClickException as usage:  # a bad option or argument: click's own message
-        usage.show()
-        sys.exit(usage.exit_code)
     except Exception as error:
+        # typer 0.29 raises its vendored click's exceptions (typer._click), not click's own
+        kinds = {kind.__name__ for kind in type(error).__mro__}
+        if "Abort" in kinds:
+            sys.exit(130)
+        if "ClickException" in kinds:  # a bad subcommand, option or argument: click's message, one line
+            console.print(f"[red]error:[/red] {error.format_message()} (rlvr --help lists the commands)",
+                          highlight=False, soft_wrap=True)
+            sys.exit(error.exit_code)
         if debug:
             traceback.print_exc()
             print(getattr(error, "details", ""), file=sys.stderr)
