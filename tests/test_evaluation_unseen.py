@@ -46,3 +46,24 @@ def test_after_evaluation_reports_before_and_after_on_the_test_problems_never_dr
         expected = summarize_rows([r for r in rows[when] if r.problem_id in ids], [1, 2])
         assert unseen[when]["n_problems"] == len(ids)
         assert unseen[when]["avg@2"] == expected["avg@2"] and unseen[when]["stderr"] == expected["stderr"]
+
+
+def test_the_headline_of_a_single_unseen_problem_has_no_standard_error(tmp_path):
+    """One test problem never drawn: no standard error (it needs two), and the log line says so
+    by leaving it out (it crashed on formatting None at the end of such a run)."""
+    cfg = RunConfig.model_validate({"run_dir": str(tmp_path), "model": {"path": "m"}, "data": {"train": "t"},
+                                    "eval": {"n": 1, "k": [1]}})
+    test = _prompt_set([[1], [2]], "t")
+    train = _prompt_set([[1]], "r")  # t0 is drawn at once; t1 never is
+    sampler = EpochSampler(len(train.problems), seed=0)
+    sampler.take(1)
+    lines = []
+    evaluation = Evaluation(cfg, None, None, test, StepTimer(), log=lines.append, train_set=train, sampler=sampler)
+    rows = [SampleRow(problem_id=f"t{i}", reward=r, extracted=str(r), sample=0, answer="1") for i, r in enumerate([1, 0])]
+    for when in ("before", "after"):
+        write_samples(tmp_path / "eval" / f"{when}.jsonl", rows)
+    result = summarize_rows(rows, [1]) | {"unseen": evaluation._unseen()}
+    assert result["unseen"]["after"]["n_problems"] == 1 and result["unseen"]["after"]["stderr"]["avg@1"] is None
+    headline = evaluation._headline("after", result)
+    assert headline["unseen_after/avg@1"] == 0.0
+    assert lines[-1] == "  on the 1 test problems never drawn for training: avg@1 0.000 -> 0.000"

@@ -55,6 +55,10 @@ class Evaluation:
         if self.train_set is not None and tag == "after":
             result["unseen"] = self._unseen()
         (self.folder / f"{tag}.json").write_text(json.dumps(result, indent=2))
+        return self._headline(tag, result)
+
+    def _headline(self, tag: str, result: dict) -> dict[str, float]:
+        """Log an evaluation's headline numbers (and the unseen problems'); return them."""
         keys = [f"{m}@{k}" for k in self.cfg.eval.k for m in ("avg", "pass", "maj")]
         headline = {k: round(float(result[k]), 4) for k in keys if k in result}
         k = max(self.cfg.eval.k)
@@ -64,8 +68,10 @@ class Evaluation:
             for when, figures in unseen.items():
                 headline |= {f"unseen_{when}/{key}": round(float(figures[key]), 4) for key in keys if key in figures}
             before = f"{headline[f'unseen_before/avg@{k}']:.3f} -> " if "before" in unseen else ""
+            stderr = unseen["after"]["stderr"].get(f"avg@{k}")  # None where too few problems give one
+            spread = "" if stderr is None else f" ± {stderr:.3f}"
             self.log(f"  on the {unseen['after']['n_problems']} test problems never drawn for training: avg@{k} {before}"
-                     f"{headline[f'unseen_after/avg@{k}']:.3f} ± {unseen['after']['stderr'][f'avg@{k}']:.3f}")
+                     f"{headline[f'unseen_after/avg@{k}']:.3f}{spread}")
         return headline
 
     def _unseen(self) -> dict:
