@@ -59,6 +59,12 @@ def test_cli_options_reach_the_verifier_and_bad_ones_are_one_line(tmp_path):
     assert json.loads(out.read_text())["reward"] == 1.0
     plain = run_score(src, "-o", out, "--workers", "1")
     assert plain.returncode == 0 and json.loads(out.read_text())["status"] == "no_answer"
+    # piped (not a terminal: Rich's 80 columns), a long output path still gives one summary line
+    deep = tmp_path / ("a-folder-with-a-long-name-" * 4) / "out.jsonl"
+    deep.parent.mkdir()
+    piped = run_score(src, "-o", deep, "--workers", "1")
+    summary = [line for line in piped.stderr.splitlines() if line.strip()]
+    assert piped.returncode == 0 and len(summary) == 1 and summary[0].startswith("scored 1 rows -> ") and len(summary[0]) > 80
     for option, message in [
         ("colour=red", "unknown option 'colour'"),
         ("percent=half", "option percent='half': choose from either, ratio, number"),

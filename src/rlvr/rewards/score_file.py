@@ -55,7 +55,7 @@ def _read_rows(in_path: Path, skip_bad: bool, console: Console) -> tuple[list[di
                 if not skip_bad:
                     raise
                 skipped += 1
-                console.print(f"skipped {e}", markup=False, highlight=False)
+                console.print(f"skipped {e}", markup=False, highlight=False, soft_wrap=True)
     return rows, skipped
 
 
@@ -82,7 +82,7 @@ def score_file(
         code_options, item_timeout_s, isolation = prepare_scoring((options or {}) if verifier == "code" else {}, timeout_s)
         options = code_options if verifier == "code" else options
         if isolation != "strict":
-            console.print(f"WARNING sandbox isolation {isolation}", markup=False, highlight=False)
+            console.print(f"WARNING sandbox isolation {isolation}", markup=False, highlight=False, soft_wrap=True)
     if options and verifier in VERIFIERS and verifier != "code":
         get_verifier(verifier, **options)  # bad options: one line here, not an error on every row
     counts: Counter = Counter({s: 0 for s in ("ok", "no_answer", "timeout", "error")})
@@ -114,5 +114,6 @@ def score_file(
         f"scored {len(rows)} rows -> {out_path}: " + ", ".join(f"{k} {v}" for k, v in summary.items()),
         markup=False,
         highlight=False,
+        soft_wrap=True,  # one line whatever the width (Rich wraps at 80 columns when piped)
     )
     return summary
