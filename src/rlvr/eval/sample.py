@@ -32,7 +32,7 @@ def evaluate_model(
     progress: RunProgress | None = None,
 ) -> dict:
     """`reward` None: the dataset's own verifier (built-in sets name one), else math."""
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
     from rlvr.checkpoint.peft_files import load_adapter
     from rlvr.engines import make_engine
@@ -45,7 +45,11 @@ def evaluate_model(
         reward = RewardConfig(verifier=prompt_set.problems[0].meta.get("verifier", "math"))
     lora = load_adapter(adapter) if adapter else None
     longest = max(map(len, prompt_set.prompts)) + sampling.max_tokens
-    engine = engine.model_copy(update={"max_model_len": max(engine.max_model_len, longest)})
+    # room for the longest prompt and its answer, but never past what the model was built for
+    # (vLLM refuses a max_model_len over the model's own; an answer then stops at that limit)
+    limit = getattr(AutoConfig.from_pretrained(model.path).get_text_config(), "max_position_embeddings", None)
+    max_model_len = max(engine.max_model_len, longest)
+    engine = engine.model_copy(update={"max_model_len": min(max_model_len, limit) if limit else max_model_len})
     lora_rank = int(lora.config.get("r", 16)) if lora is not None else None
     with make_engine(model, engine, seed=seed, lora_rank=lora_rank) as served, ScoringPool(
         reward.verifier, workers=reward.workers, timeout_s=reward.timeout_s, memory_limit_mb=reward.memory_limit_mb,
