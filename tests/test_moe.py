@@ -339,3 +339,24 @@ def test_packed_base_has_no_integer_parameters(tmp_path):
     assert torch.equal(as_bytes(packed[linear]), files[linear])
     weight = model.get_submodule(linear.removesuffix(".weight_packed")).dequantized_weight()
     assert torch.equal(weight, stored[linear.replace("weight_packed", "weight")])
+
+
+def test_peft_is_left_unpatched_after_models_get_lora_in_threads():
+    """Engine replicas build their LoRA models in threads: every patch of peft (targets as given,
+    adapters kept off meta) is undone afterwards, whatever the interleaving."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from peft.tuners.lora import LoraModel
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils import transformers_weight_conversion
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.models.tiny import tiny_config
+
+    originals = (transformers_weight_conversion.convert_peft_config_for_transformers, LoraModel._replace_module,
+                 BaseTunerLayer._get_base_layer_device_and_dtype)
+    config = tiny_config("deepseek_v3", vocab_size=64, **SIZES)
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda _: apply_lora(AutoModelForCausalLM.from_config(config), 4, 8.0, 0.0, "all-linear"), range(8)))
+    assert (transformers_weight_conversion.convert_peft_config_for_transformers, LoraModel._replace_module,
+            BaseTunerLayer._get_base_layer_device_and_dtype) == originals

@@ -26,6 +26,7 @@ through `LoraConfig._register_custom_module`, which `prepare_lora_config` does (
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -189,6 +190,9 @@ class QuantizedLoraLinear(FusedLoraLinear):
         )
 
 
+_PATCHING_PEFT = threading.RLock()  # held while peft's functions are patched (also by rlvr.training.policy's)
+
+
 @contextmanager
 def peft_targets_as_given() -> Iterator[None]:
     """While active, peft injects LoRA exactly where the config's targets say.
@@ -204,12 +208,15 @@ def peft_targets_as_given() -> Iterator[None]:
     """
     from peft.utils import transformers_weight_conversion
 
-    original = transformers_weight_conversion.convert_peft_config_for_transformers
-    transformers_weight_conversion.convert_peft_config_for_transformers = lambda *args, **kwargs: None
-    try:
-        yield
-    finally:
-        transformers_weight_conversion.convert_peft_config_for_transformers = original
+    # one patcher at a time: engine replicas build their LoRA models in threads, and a second
+    # patcher would save the first one's patch as "the original" and leave it in place for good
+    with _PATCHING_PEFT:
+        original = transformers_weight_conversion.convert_peft_config_for_transformers
+        transformers_weight_conversion.convert_peft_config_for_transformers = lambda *args, **kwargs: None
+        try:
+            yield
+        finally:
+            transformers_weight_conversion.convert_peft_config_for_transformers = original
 
 
 def quantized_linear_names(model: nn.Module) -> list[str]:

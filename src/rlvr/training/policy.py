@@ -123,7 +123,8 @@ def _adapters_built_off_meta() -> Iterator[None]:
     load's skeleton) on the CPU, where it drew their initial values, instead of moving them to
     the base's device, which would throw those values away: the sharded trainer starts from
     the very factors a whole load gave it (rlvr.quant.skeleton keeps and shards them). peft
-    moves them in two places: after building a layer's adapter, and after putting the layer in."""
+    moves them in two places: after building a layer's adapter, and after putting the layer in.
+    Enter it inside `peft_targets_as_given`, whose lock keeps other threads' patching out."""
     from peft.tuners.lora import LoraModel
     from peft.tuners.tuners_utils import BaseTunerLayer
 
