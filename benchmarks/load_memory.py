@@ -167,27 +167,18 @@ def write_checkpoint(out: Path) -> Path:
     return out
 
 
-def block_bytes(model_dir: Path) -> int:
-    """The largest decoder block's tensors in the files (one MoE layer, all its experts)."""
-    from safetensors import safe_open
+def tensor_bytes(model_dir: Path) -> tuple[int, int]:
+    """S, the checkpoint's tensor bytes, and the largest decoder block's (one MoE layer, all its
+    experts), from the headers as the trainer's loader reads them."""
+    from rlvr.quant.skeleton import CheckpointFiles
 
-    per_layer: dict[str, int] = {}
-    for path in model_dir.glob("*.safetensors"):
-        with safe_open(path, framework="pt") as handle:
-            for key in handle.keys():
-                if key.startswith("model.layers."):
-                    layer = key.split(".")[2]
-                    piece = handle.get_slice(key)
-                    per_layer[layer] = per_layer.get(layer, 0) + _nbytes(piece.get_shape(), piece.get_dtype())
-    return max(per_layer.values())
-
-
-def _nbytes(shape, dtype: str) -> int:
-    size = {"F32": 4, "BF16": 2, "F16": 2, "U8": 1, "F8_E4M3": 1, "I64": 8}[dtype]
-    count = 1
-    for n in shape:
-        count *= n
-    return count * size
+    files, per_layer = CheckpointFiles(model_dir), {}
+    sizes = {key: files.meta(key).nbytes for key in files.keys()}
+    for key, size in sizes.items():
+        if key.startswith("model.layers."):
+            layer = key.split(".")[2]
+            per_layer[layer] = per_layer.get(layer, 0) + size
+    return sum(sizes.values()), max(per_layer.values())
 
 
 def run(model_dir: Path, ranks: int, reports: Path) -> dict:
@@ -230,15 +221,9 @@ def main() -> None:
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4])
     args = parser.parse_args()
 
-    from safetensors import safe_open
-
     model_dir = write_checkpoint(args.checkpoint)
-    total = 0
-    for path in model_dir.glob("*.safetensors"):
-        with safe_open(path, framework="pt") as handle:
-            total += sum(_nbytes(handle.get_slice(k).get_shape(), handle.get_slice(k).get_dtype()) for k in handle.keys())
+    total, block = tensor_bytes(model_dir)
     on_disk = sum(p.stat().st_size for p in model_dir.glob("*.safetensors"))
-    block = block_bytes(model_dir)
     rows = []
     for ranks in args.ranks:
         reports = args.out.parent / f"load_memory_{ranks}ranks"
