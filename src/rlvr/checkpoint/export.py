@@ -46,7 +46,9 @@ def open_run(run_dir: str | Path, checkpoint: str | Path | None = None):
 
 def export_run(run_dir: str | Path, out_dir: str | Path, checkpoint: str | Path | None = None) -> Path:
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.models.tokenizer import load_tokenizer
 
     from rlvr.quant.checkpoint import is_quantized_checkpoint, write_dequantized_checkpoint
 
@@ -67,7 +69,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, checkpoint: str | Path 
         staging = out_dir.with_name(f".{out_dir.name}.tmp")
         shutil.rmtree(staging, ignore_errors=True)
         model.save_pretrained(staging)
-        AutoTokenizer.from_pretrained(cfg.model.path).save_pretrained(staging)
+        load_tokenizer(cfg.model.path).save_pretrained(staging)
     shutil.rmtree(out_dir, ignore_errors=True)
     staging.rename(out_dir)
     return out_dir

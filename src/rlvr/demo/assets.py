@@ -77,11 +77,10 @@ def _worked_example(problem, tokenizer, cfg: RunConfig, use_tool: bool) -> tuple
 
 
 def _build_model(cfg: RunConfig, model_dir: Path, console) -> None:
-    from transformers import AutoTokenizer
-
     from rlvr.data.datasets import load_problems
     from rlvr.demo.warm_start import warm_start_until_ready
     from rlvr.models.tiny import build_tiny_model
+    from rlvr.models.tokenizer import load_tokenizer
 
     spec = cfg.demo
     staging = model_dir.with_name(model_dir.name + ".building")
@@ -93,7 +92,7 @@ def _build_model(cfg: RunConfig, model_dir: Path, console) -> None:
                          max_position_embeddings=m.max_position_embeddings)
 
     build(staging, cfg.seed)
-    tokenizer = AutoTokenizer.from_pretrained(staging)
+    tokenizer = load_tokenizer(staging)
     problems = load_problems(str(cfg.data.train))
     # the check samples train rows the warm start never sees: the last check.rows of the file
     held_out = w.check.rows if w.check is not None and w.steps else 0

@@ -31,12 +31,14 @@ class HFEngine(Engine):
     name = "hf"  # what summary.json reports as the engine that ran
 
     def __init__(self, model: ModelConfig, engine: EngineConfig, *, seed: int, device: str | None = None):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM
+
+        from rlvr.models.tokenizer import load_tokenizer
 
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if self.device.type == "cpu":
             torch.set_num_threads(engine.num_threads or os.cpu_count() or 1)
-        self.tokenizer = AutoTokenizer.from_pretrained(model.path)
+        self.tokenizer = load_tokenizer(model.path)
         self.model = AutoModelForCausalLM.from_pretrained(model.path, dtype=getattr(torch, model.dtype)).to(self.device)
         self.model.eval()
         from rlvr.models.moe import moe_layers

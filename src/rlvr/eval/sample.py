@@ -32,15 +32,16 @@ def evaluate_model(
     progress: RunProgress | None = None,
 ) -> dict:
     """`reward` None: the dataset's own verifier (built-in sets name one), else math."""
-    from transformers import AutoConfig, AutoTokenizer
+    from transformers import AutoConfig
 
     from rlvr.checkpoint.peft_files import load_adapter
     from rlvr.engines import make_engine
     from rlvr.eval.runner import evaluate
     from rlvr.rewards import ScoringPool
+    from rlvr.models.tokenizer import load_tokenizer
     from rlvr.rollout.prompts import load_prompt_set
 
-    prompt_set = load_prompt_set(data, source, AutoTokenizer.from_pretrained(model.path), limit=limit)
+    prompt_set = load_prompt_set(data, source, load_tokenizer(model.path), limit=limit)
     if reward is None:
         reward = RewardConfig(verifier=prompt_set.problems[0].meta.get("verifier", "math"))
     lora = load_adapter(adapter) if adapter else None

@@ -51,9 +51,8 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     pool (closed by `stack`) and wire the stages between them. With `resume`, the checkpoint to
     continue from is found first: without one, nothing starts."""
     import torch
-    from transformers import AutoTokenizer
-
     from rlvr.models.folder import check_model_folder
+    from rlvr.models.tokenizer import load_tokenizer
 
     check_model_folder(cfg.model.path)
     _check_context(cfg)
@@ -61,7 +60,7 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(dump_config(cfg))
     torch.manual_seed(cfg.seed)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    tokenizer = load_tokenizer(cfg.model.path)
     train_set = load_prompt_set(cfg.data, cfg.data.train, tokenizer)
     test_set = load_prompt_set(cfg.data, cfg.data.test, tokenizer, limit=cfg.eval.max_problems) if cfg.data.test else None
     shared = test_set.shared_with(train_set) if test_set is not None else 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlvr.config import DataConfig
+from rlvr.models.tokenizer import chat_ids, has_chat_template, is_mistral_tokenizer
 from rlvr.records import Problem
 
 PROBE_SIZE = 4  # sequences the sync check scores after every weight push
@@ -37,10 +38,13 @@ class PromptSet:
 
 
 def encode_prompt(problem: Problem, tokenizer, data: DataConfig) -> list[int]:
-    """The prompt's token ids: the template, in the tokenizer's chat template if asked."""
-    from rlvr.data.templates import build_prompt
+    """The prompt's token ids: the template, in the tokenizer's chat template if asked (rendered
+    to ids directly: see `rlvr.models.tokenizer`)."""
+    from rlvr.data.templates import build_prompt, chat_messages
 
-    text = build_prompt(problem, tokenizer if data.chat_template else None, data.template, data.system_prompt)
+    if data.chat_template and has_chat_template(tokenizer):
+        return chat_ids(tokenizer, chat_messages(problem, data.template, data.system_prompt))
+    text = build_prompt(problem, None, data.template, data.system_prompt)
     return tokenizer(text, add_special_tokens=False).input_ids
 
 
@@ -53,15 +57,16 @@ class Renderer:
     next assistant header), found by rendering a fixed two-message conversation with and
     without the new messages. Earlier turns are never rendered again, so a template that
     rewrites history (one that strips reasoning from past assistant turns) cannot change a
-    token the model sampled. Without a chat template an observation is its messages' text on
-    lines of its own.
+    token the model sampled. mistral-common renders only to ids (`rlvr.models.tokenizer`): there
+    the delta is the ids after the marked assistant message's own. Without a chat template an
+    observation is its messages' text on lines of its own.
     """
 
     _MARK = "rlvr-assistant-turn"
 
     def __init__(self, tokenizer, data: DataConfig):
         self.tokenizer, self.data = tokenizer, data
-        self.chat = data.chat_template and bool(getattr(tokenizer, "chat_template", None))
+        self.chat = data.chat_template and has_chat_template(tokenizer)
         self.end_of_turn_id = tokenizer.eos_token_id
 
     def prompt(self, problem: Problem, messages: list[dict] | None = None) -> list[int]:
@@ -69,10 +74,8 @@ class Renderer:
         if messages is None:
             return encode_prompt(problem, self.tokenizer, self.data)
         if self.chat:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        else:
-            text = "\n\n".join(m["content"] for m in messages)
-        return self._ids(text)
+            return chat_ids(self.tokenizer, messages)
+        return self._ids("\n\n".join(m["content"] for m in messages))
 
     def observation(self, messages: list[dict], ended_turn: bool) -> list[int]:
         """The tokens after a turn the model ended (`ended_turn`: with its end-of-turn token) or
@@ -80,6 +83,8 @@ class Renderer:
         if not self.chat:
             return self._ids("\n" + "\n".join(m["content"] for m in messages) + "\n")
         base = [{"role": "user", "content": "x"}, {"role": "assistant", "content": self._MARK}]
+        if is_mistral_tokenizer(self.tokenizer):
+            return self._observation_ids(base + messages, ended_turn)
         before = self.tokenizer.apply_chat_template(base, tokenize=False)
         after = self.tokenizer.apply_chat_template(base + messages, tokenize=False, add_generation_prompt=True)
         if not after.startswith(before) or self._MARK not in before:
@@ -90,6 +95,15 @@ class Renderer:
         if ended_turn and eos and eos in end_of_turn:
             end_of_turn = end_of_turn[end_of_turn.index(eos) + len(eos):]
         return self._ids(end_of_turn + after[len(before):])
+
+    def _observation_ids(self, conversation: list[dict], ended_turn: bool) -> list[int]:
+        ids, mark = chat_ids(self.tokenizer, conversation), self._ids(self._MARK)
+        ends = [i + len(mark) for i in range(len(ids) - len(mark) + 1) if ids[i:i + len(mark)] == mark]
+        if len(ends) != 1:
+            raise ValueError("the model's tokenizer does not render an assistant message as its own text's tokens; "
+                             "rlvr cannot render an observation alone (set data.chat_template: false)")
+        tail = ids[ends[0]:]
+        return tail[1:] if ended_turn and tail[:1] == [self.end_of_turn_id] else tail
 
     def _ids(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False).input_ids
