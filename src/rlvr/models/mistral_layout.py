@@ -152,7 +152,7 @@ def _mistral4_config(adapted: dict, where: str):
             f"llama_4_scaling's {original}; transformers' mistral4 reads one value for both")
     rope.update(original_max_position_embeddings=original, llama_4_scaling_beta=float(scaling["beta"]))
     fields = _fields(Mistral4Config, adapted)
-    return Mistral4Config(**fields, rope_parameters=rope, rope_interleave=True)
+    return Mistral4Config(**fields, rope_parameters=rope, rope_interleave=True, architectures=["Mistral4ForCausalLM"])
 
 
 def _mistral_config(adapted: dict, where: str):
@@ -163,7 +163,7 @@ def _mistral_config(adapted: dict, where: str):
                                  "llama-4 query scaling, so rlvr reads such a model from its Hugging Face layout only")
     if adapted.get("layer_types") and len(set(adapted["layer_types"])) > 1:
         raise MistralLayoutError(f"{where}: sliding_window differs between layers; transformers' mistral takes one window")
-    return MistralConfig(**_fields(MistralConfig, adapted), rope_parameters=_rope(adapted))
+    return MistralConfig(**_fields(MistralConfig, adapted), rope_parameters=_rope(adapted), architectures=["MistralForCausalLM"])
 
 
 def params_from_config(config, quantization: dict | None = None) -> dict:

@@ -44,11 +44,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from rlvr.models.folder import config_file, model_config, model_config_dict
+from rlvr.models.mistral_layout import PARAMS_FILE, TOKENIZER_FILE, is_mistral_folder, write_mistral_folder
 from rlvr.models.moe import expert_projections, moe_layers
 from rlvr.quant import nf4, nvfp4
 from rlvr.quant.experts import expert_hidden
@@ -134,8 +135,14 @@ def calibration_inputs(model_dir: Path, vocab_size: int, texts: Sequence[str]) -
     weights' own scales need no data.
     """
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        ids = [tokenizer(text).input_ids for text in texts]
+        if (model_dir / TOKENIZER_FILE).is_file():  # Mistral's tokenizer, in either layout: the same ids
+            from mistral_common.tokens.tokenizers.tekken import Tekkenizer
+
+            tekken = Tekkenizer.from_file(model_dir / TOKENIZER_FILE)
+            ids = [tekken.encode(text, bos=True, eos=False) for text in texts]
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            ids = [tokenizer(text).input_ids for text in texts]
     except (OSError, ValueError) as err:
         ids, reason = [], f"no tokenizer ({str(err).splitlines()[0]})"
     else:
@@ -204,10 +211,11 @@ def _calibrate(model: nn.Module, linears: dict[str, nn.Linear], experts: dict[st
 
 
 def _copy_non_weight_files(model_dir: Path, out_dir: Path) -> None:
-    """Tokenizer, chat template, generation config…: everything but weights and config.json."""
+    """Tokenizer, chat template, generation config…: everything but weights and the config
+    (config.json, params.json)."""
     for path in model_dir.iterdir():
         is_weight = path.suffix in (".safetensors", ".bin", ".pt") or path.name.endswith(".index.json")
-        if path.is_file() and not is_weight and path.name != "config.json":
+        if path.is_file() and not is_weight and path.name not in ("config.json", PARAMS_FILE):
             shutil.copy2(path, out_dir / path.name)
 
 
@@ -303,13 +311,20 @@ def quantize_checkpoint(
     ignore: Sequence[str] = ("lm_head",),
     calibration_texts: Sequence[str] = DEFAULT_CALIBRATION_TEXTS,
 ) -> Path:
-    """Write `model_dir` (an HF causal LM folder) to `out_dir` as `format`: "nvfp4"
-    (compressed-tensors `nvfp4-pack-quantized`, MoE experts included) or "nf4" (bitsandbytes
-    4-bit NF4, Linears only). `ignore` names on-disk modules kept in float (exact, or `re:`)."""
+    """Write `model_dir` (an HF causal LM folder, or one in Mistral's layout) to `out_dir` as
+    `format`: "nvfp4" (compressed-tensors `nvfp4-pack-quantized`, MoE experts included) or "nf4"
+    (bitsandbytes 4-bit NF4, Linears only). `ignore` names modules kept in float (exact, or
+    `re:`) by their transformers on-disk names. A Mistral folder is written in Mistral's layout
+    (params.json's `quantization`, consolidated.safetensors), as vLLM reads it with
+    `--load-format mistral`."""
     if format not in FORMATS:
         raise ValueError(f"unknown quantization format {format!r}; known: {', '.join(FORMATS)}")
     model_dir, out_dir = Path(model_dir), Path(out_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
+    mistral = is_mistral_folder(model_dir)
+    if mistral and format != "nvfp4":
+        raise ValueError(f"{model_dir}: Mistral's layout carries compressed-tensors quantization only (vLLM's "
+                         f"adapt_config_dict); quantize it as nvfp4, or import it first (rlvr import) for {format}")
+    model = _float_model(model_dir)
     source_dtype = model.dtype
     dtypes = {key: tensor.dtype for key, tensor in model.state_dict().items()}
     model.float().eval()
@@ -327,9 +342,32 @@ def quantize_checkpoint(
     state.update(_float_tensors_on_disk(model, plan, dtypes))  # biases of packed Linears included
     out_dir.mkdir(parents=True, exist_ok=True)
     _copy_non_weight_files(model_dir, out_dir)
+    if mistral:
+        model.config.dtype = source_dtype
+        write_mistral_folder(state, model.config, out_dir, quantization=quantization_config)
+        return out_dir
     model.save_pretrained(out_dir, state_dict=state, save_original_format=False)
     _write_quantization_config(out_dir, quantization_config, source_dtype)
     return out_dir
+
+
+def _float_model(model_dir: Path) -> nn.Module:
+    """The float model of an HF folder (as stored), or of a Mistral folder (read as the trainer
+    reads it, in the dtype of its embedding). Its names go out through transformers' own mapping,
+    not through the one the folder was read with, so a folder of fused experts (what
+    `save_pretrained` writes where transformers has no conversion) is written one Linear per
+    expert, as vLLM reads it."""
+    if not is_mistral_folder(model_dir):
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
+        model._weight_conversions = None  # revert_weight_conversion then takes the model type's mapping
+        return model
+    from rlvr.quant.skeleton import CheckpointFiles, Skeleton
+
+    dtype = CheckpointFiles(model_dir).meta("model.embed_tokens.weight").dtype
+    skeleton = Skeleton.from_checkpoint(model_dir, dtype)
+    skeleton.keep_initialized(skeleton.model)
+    skeleton.fill(skeleton.model, "cpu")
+    return skeleton.model
 
 
 def _stored(prefix: str, weight: nvfp4.NVFP4Weight, input_global_scale: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -371,17 +409,17 @@ def _nvfp4_tensors(model: nn.Module, plan: _Plan, model_dir: Path, texts: Sequen
 
 
 def is_quantized_checkpoint(model_dir: str | Path) -> bool:
-    """Whether config.json declares a quantization_config (then read_quantization_config checks it)."""
-    config_path = Path(model_dir) / "config.json"
-    return config_path.is_file() and bool(json.loads(config_path.read_text()).get("quantization_config"))
+    """Whether the config (config.json, or params.json's `quantization`) declares a
+    quantization_config (then read_quantization_config checks it)."""
+    return config_file(model_dir).is_file() and bool(model_config_dict(model_dir).get("quantization_config"))
 
 
 def read_quantization_config(model_dir: str | Path) -> dict:
     """The checkpoint's `quantization_config`, checked to be NVFP4 or NF4 as this module reads them."""
-    config_path = Path(model_dir) / "config.json"
+    config_path = config_file(model_dir)
     if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path}: no config.json")
-    quantization_config = json.loads(config_path.read_text()).get("quantization_config")
+        raise FileNotFoundError(f"{config_path}: no {config_path.name}")
+    quantization_config = model_config_dict(model_dir).get("quantization_config")
     if not quantization_config:
         raise ValueError(f"{config_path}: no quantization_config (not a quantized checkpoint)")
     if quantization_config.get("quant_method") == BITSANDBYTES_METHOD:
@@ -411,25 +449,18 @@ def quantized_format(model_dir: str | Path) -> str:
     return "nf4" if method == BITSANDBYTES_METHOD else "nvfp4"
 
 
-def _read_tensors(model_dir: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """All tensors of the folder's safetensors files, and the file each came from."""
-    files = sorted(model_dir.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{model_dir}: no *.safetensors files")
-    tensors, source = {}, {}
-    for path in files:
-        with safe_open(path, framework="pt") as handle:
-            for key in handle.keys():
-                tensors[key] = handle.get_tensor(key)
-                source[key] = path.name
-    return tensors, source
+def _read_tensors(model_dir: Path):
+    """All tensors of the folder's safetensors files under transformers' on-disk names, and the
+    files (a CheckpointFiles, for naming where each came from)."""
+    from rlvr.quant.skeleton import CheckpointFiles
+
+    files = CheckpointFiles(model_dir)
+    return {key: files.read(key) for key in files.keys()}, files
 
 
-def _pop_quantized(
-    tensors: dict, source: dict, prefix: str, model_dir: Path
-) -> tuple[nvfp4.NVFP4Weight, torch.Tensor | None]:
+def _pop_quantized(tensors: dict, files, prefix: str) -> tuple[nvfp4.NVFP4Weight, torch.Tensor | None]:
     """Remove and return one layer's NVFP4 tensors (checked), and its input global scale if any."""
-    where = f"{model_dir / source[f'{prefix}.weight_packed']}: {prefix}"
+    where = files.where(f"{prefix}.weight_packed", prefix)
     missing = [s for s in ("weight_scale", "weight_global_scale") if f"{prefix}.{s}" not in tensors]
     if missing:
         raise ValueError(f"{where}: has weight_packed but no {' or '.join(missing)}")
@@ -442,9 +473,9 @@ def _quantized_prefixes(tensors: dict) -> list[str]:
     return [key.removesuffix(".weight_packed") for key in tensors if key.endswith(".weight_packed")]
 
 
-def _pop_nf4(tensors: dict, source: dict, prefix: str, model_dir: Path) -> nf4.NF4Weight:
+def _pop_nf4(tensors: dict, files, prefix: str) -> nf4.NF4Weight:
     """Remove and return one layer's NF4 tensors (bitsandbytes' keys), checked."""
-    where = f"{model_dir / source[f'{prefix}.weight.{nf4.QUANT_STATE_KEY}']}: {prefix}"
+    where = files.where(f"{prefix}.weight.{nf4.QUANT_STATE_KEY}", prefix)
     stored = {suffix: tensors.pop(f"{prefix}.{suffix}") for suffix in nf4.CHECKPOINT_SUFFIXES if f"{prefix}.{suffix}" in tensors}
     nested = [key for key in tensors if key.startswith(f"{prefix}.weight.nested_")]
     stored.update({key.removeprefix(f"{prefix}."): tensors[key] for key in nested})
@@ -485,33 +516,42 @@ def load_quantized_model(model_dir: str | Path, dtype: torch.dtype = torch.float
 def dequantized_state_dict(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors with every packed weight replaced by `P.weight` in `dtype`.
 
-    These are the values `load_quantized_model` computes with, under the checkpoint's own key
-    names, which is what an engine without 4-bit kernels (vLLM on CPU) loads.
+    These are the values `load_quantized_model` computes with, under transformers' on-disk names
+    (a Mistral folder's mapped as vLLM maps them), which is what an engine without 4-bit kernels
+    (vLLM on CPU) loads.
     """
     model_dir = Path(model_dir)
     format = quantized_format(model_dir)
-    tensors, source = _read_tensors(model_dir)
+    tensors, files = _read_tensors(model_dir)
     if format == "nf4":
         for prefix in _nf4_prefixes(tensors):
-            weight = _pop_nf4(tensors, source, prefix, model_dir)
+            weight = _pop_nf4(tensors, files, prefix)
             tensors[f"{prefix}.weight"] = nf4.dequantize(weight.weight_packed, weight.weight_absmax, dtype)
     for prefix in _quantized_prefixes(tensors):
-        weight, _input_global_scale = _pop_quantized(tensors, source, prefix, model_dir)
+        weight, _input_global_scale = _pop_quantized(tensors, files, prefix)
         tensors[f"{prefix}.weight"] = nvfp4.dequantize(
             weight.weight_packed, weight.weight_scale, weight.weight_global_scale, dtype
         )
     return {key: value.to(dtype) if value.is_floating_point() else value for key, value in tensors.items()}
 
 
-def write_dequantized_checkpoint(model_dir: str | Path, out_dir: str | Path, dtype: torch.dtype = torch.float32) -> Path:
-    """A plain float HF folder (no quantization_config) holding `dequantized_state_dict(model_dir)`."""
+def write_dequantized_checkpoint(model_dir: str | Path, out_dir: str | Path, dtype: torch.dtype = torch.float32,
+                                 layout: str = "hf") -> Path:
+    """A plain float folder (no quantization) holding `dequantized_state_dict(model_dir)`, in the
+    Hugging Face layout (config.json, model.safetensors) or, `layout="mistral"`, in Mistral's
+    (params.json, consolidated.safetensors; rlvr.models.mistral_layout)."""
     model_dir, out_dir = Path(model_dir), Path(out_dir)
-    state = dequantized_state_dict(model_dir, dtype)
+    state = {k: v.contiguous() for k, v in dequantized_state_dict(model_dir, dtype).items()}
+    config = model_config(model_dir)
+    del config.quantization_config
+    config.dtype = dtype
     out_dir.mkdir(parents=True, exist_ok=True)
     _copy_non_weight_files(model_dir, out_dir)
-    config = json.loads((model_dir / "config.json").read_text())
-    config.pop("quantization_config")
-    config["dtype"] = str(dtype).removeprefix("torch.")
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    save_file({k: v.contiguous() for k, v in state.items()}, out_dir / "model.safetensors", metadata={"format": "pt"})
+    if layout == "mistral":
+        write_mistral_folder(state, config, out_dir)
+        return out_dir
+    if layout != "hf":
+        raise ValueError(f"unknown layout {layout!r}; known: hf, mistral")
+    config.save_pretrained(out_dir)
+    save_file(state, out_dir / "model.safetensors", metadata={"format": "pt"})
     return out_dir

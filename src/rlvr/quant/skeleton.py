@@ -1,7 +1,7 @@
 """A model built on the meta device from its checkpoint's headers, then filled row by row: each
 process reads only the rows of each tensor it holds.
 
-    skeleton = Skeleton.from_checkpoint(model_dir, dtype)   # reads config.json and the headers
+    skeleton = Skeleton.from_checkpoint(model_dir, dtype)   # reads the config and the headers
     lm = apply_lora(skeleton.model, ...)                     # LoRA's factors are built for real
     skeleton.keep_initialized(policy)                        # ...so their values are kept
     shard(policy, mesh, ...)                                 # FSDP2 on meta: rows per rank
@@ -38,8 +38,10 @@ import torch
 from accelerate import init_empty_weights
 from safetensors import safe_open
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
 
+from rlvr.models.folder import model_config
+from rlvr.models.mistral_layout import TensorNames, is_mistral_folder, weight_files
 from rlvr.models.moe import expert_projections, moe_layers
 from rlvr.quant import nf4, nvfp4
 from rlvr.quant.checkpoint import is_quantized_checkpoint, keeps_float32, quantized_format
@@ -60,15 +62,30 @@ Source = Callable[[Rows], torch.Tensor]  # the rows, in the dtype of the tensor 
 
 
 class CheckpointFiles:
-    """The tensors of a folder's safetensors files by name: headers read at once, data only as asked."""
+    """The tensors of a folder's safetensors files by their transformers on-disk names: headers
+    read at once, data only as asked. A folder in Mistral's layout is read under the names vLLM
+    maps it to (rlvr.models.mistral_layout), its image encoder left out."""
 
     def __init__(self, model_dir: Path):
-        paths = sorted(model_dir.glob("*.safetensors"))
+        paths = weight_files(model_dir)
         if not paths:
             raise FileNotFoundError(f"{model_dir}: no *.safetensors files")
         self._handles = {path: safe_open(path, framework="pt") for path in paths}
-        self._path = {key: path for path, handle in self._handles.items() for key in handle.keys()}
+        self._names = TensorNames(model_config(model_dir)) if is_mistral_folder(model_dir) else None
+        self._stored: dict[str, str] = {}  # name -> the name in the file, where they differ
+        self._path = {}
+        for path, handle in self._handles.items():
+            for key in handle.keys():
+                name = key if self._names is None else self._hf_name(handle, key)
+                if name is not None:
+                    self._path[name] = path
+                    self._stored[name] = key
         self.unclaimed = set(self._path)  # tensors no module has taken yet
+
+    def _hf_name(self, handle, key: str) -> str | None:
+        stored = handle.get_slice(key)
+        mapped = self._names.to_hf(key, torch.empty(stored.get_shape(), dtype=_DTYPES[stored.get_dtype()], device="meta"))
+        return None if mapped is None else mapped[0]
 
     def __contains__(self, key: str) -> bool:
         return key in self._path
@@ -78,18 +95,22 @@ class CheckpointFiles:
 
     def where(self, key: str, name: str | None = None) -> str:
         """`file: name` for messages: the file holding `key`, then `name` (default: the key)."""
-        return f"{self._path[key]}: {name or key}"
+        stored = self._stored[key]
+        return f"{self._path[key]}: {name or key}" + (f" ({stored})" if stored != key and name is None else "")
 
     def meta(self, key: str) -> torch.Tensor:
         """A meta tensor of the stored tensor's shape and dtype; claims it."""
         self.unclaimed.discard(key)
-        stored = self._handles[self._path[key]].get_slice(key)
+        stored = self._handles[self._path[key]].get_slice(self._stored[key])
         return torch.empty(stored.get_shape(), dtype=_DTYPES[stored.get_dtype()], device="meta")
 
     def read(self, key: str, rows: Rows = None) -> torch.Tensor:
         self.unclaimed.discard(key)
-        handle = self._handles[self._path[key]]
-        return handle.get_tensor(key) if rows is None else handle.get_slice(key)[rows]
+        handle, stored = self._handles[self._path[key]], self._stored[key]
+        if self._names is not None and self._names.needs_whole_tensor(stored):
+            tensor = self._names.to_hf(stored, handle.get_tensor(stored))[1]
+            return tensor if rows is None else tensor[rows]
+        return handle.get_tensor(stored) if rows is None else handle.get_slice(stored)[rows]
 
 
 def _rows_of(files: CheckpointFiles, key: str, dtype: torch.dtype | None = None) -> Source:
@@ -128,7 +149,7 @@ class Skeleton:
         model_dir = Path(model_dir)
         base_format = quantized_format(model_dir) if is_quantized_checkpoint(model_dir) else "hf"
         files = CheckpointFiles(model_dir)
-        skeleton = cls._empty(AutoConfig.from_pretrained(model_dir), dtype, base_format)
+        skeleton = cls._empty(model_config(model_dir), dtype, base_format)
         skeleton._take_packed_linears(files, dtype)
         skeleton._take_packed_experts(files, dtype)
         skeleton._take_float_tensors(files, dtype)
@@ -372,6 +393,9 @@ def _float_source(model: nn.Module, files: CheckpointFiles, key: str, shape: tor
         return _rows_of(files, name, dtype)
     pieces = expert_pieces(model, key, shape)
     if not all(f"{p.prefix}.weight" in files for p in pieces):
+        if key in files:  # stored fused, as save_pretrained writes it where transformers has no conversion
+            _check_shape(files.where(key), files.meta(key), tuple(shape))
+            return _rows_of(files, key, dtype)
         return None
     for p in pieces:
         _check_shape(files.where(f"{p.prefix}.weight"), files.meta(f"{p.prefix}.weight"), (p.stop - p.start, shape[2]))
