@@ -253,11 +253,19 @@ def _ks(text: str) -> list[int]:
 
 @app.command("import")
 def import_command(
-    source: Path = typer.Argument(..., metavar="FILE.gguf", help="a GGUF model file (llama.cpp's format)"),
-    out: Path = typer.Argument(..., help="output folder: a float HF model with its tokenizer"),
-    dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 | float16: the weights' dtype in OUT"),
+    source: Path = typer.Argument(..., metavar="FILE.gguf|MISTRAL_DIR",
+                                  help="a GGUF model file (llama.cpp's format), or a folder in Mistral's layout"),
+    out: Path = typer.Argument(..., help="output folder: an HF model with its tokenizer"),
+    dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 | float16: the weights' dtype in OUT (GGUF)"),
 ):
-    """Write a GGUF file as a float HF model folder (config, safetensors, tokenizer, chat template)."""
+    """Write a GGUF file as a float HF model folder (config, safetensors, tokenizer, chat template),
+    or a Mistral folder (params.json, consolidated*.safetensors, tekken.json) in the HF layout,
+    its tensors as stored."""
+    from rlvr.models.mistral_layout import import_mistral, is_mistral_folder
+
+    if is_mistral_folder(source):
+        console.print(f"wrote {import_mistral(source, out)}")
+        return
     from rlvr.models.gguf_import import import_gguf
 
     console.print(f"wrote {import_gguf(source, out, dtype=dtype)}")
@@ -265,7 +273,7 @@ def import_command(
 
 @app.command()
 def quantize(
-    model: Path = typer.Argument(..., help="HF causal LM folder"),
+    model: Path = typer.Argument(..., help="HF causal LM folder, or one in Mistral's layout (written in it)"),
     out: Path = typer.Argument(..., help="output folder"),
     format: str = typer.Option(
         "nvfp4", "--format", help="nvfp4 (compressed-tensors nvfp4-pack-quantized) or nf4 (bitsandbytes 4-bit NF4)"

@@ -236,10 +236,10 @@ class TensorNames:
         """Mistral's name for the HF on-disk name `hf_name`, checked to map back to it."""
         if self.dense:
             raise MistralLayoutError("rlvr writes Mistral's layout for mistral4 (MLA) models only")
-        name = _reverse(hf_name)
-        if name is None or self.to_hf(name, torch.empty(0, device="meta"))[0] != hf_name:
-            raise MistralLayoutError(f"{hf_name}: no Mistral name maps to it through vLLM's mapping")
-        return name
+        for name in _reverse(hf_name):
+            if self.to_hf(name, torch.empty(0, device="meta"))[0] == hf_name:
+                return name
+        raise MistralLayoutError(f"{hf_name}: no Mistral name maps to it through vLLM's mapping")
 
     def module_to_mistral(self, hf_module: str) -> str:
         """Mistral's name of a module (an ignore-list entry); `re:` patterns are kept as they are."""
@@ -285,15 +285,12 @@ def _inverse_rules() -> tuple[list[tuple[re.Pattern, str]], dict[str, str]]:
     return rules, {new: old for old, new in mapper.orig_to_new_suffix.items()}
 
 
-def _reverse(hf_name: str) -> str | None:
+def _reverse(hf_name: str) -> list[str]:
+    """Candidate Mistral names of `hf_name`, the suffix kept first: vLLM maps `qscale_weight` to
+    `weight_scale` and keeps a `weight_scale` as it is, and compressed-tensors writes the latter."""
     rules, suffixes = _inverse_rules()
-    for new, old in suffixes.items():
-        if hf_name.endswith(new):
-            hf_name = hf_name.removesuffix(new) + old
-    for inverse, template in rules:
-        if inverse.match(hf_name):
-            return inverse.sub(template, hf_name)
-    return None
+    names = [hf_name] + [hf_name.removesuffix(new) + old for new, old in suffixes.items() if hf_name.endswith(new)]
+    return [inverse.sub(template, name) for name in names for inverse, template in rules if inverse.match(name)]
 
 
 # --------------------------------------------------------------------------- writing
@@ -339,3 +336,40 @@ def write_byte_tekken(out_file: str | Path) -> int:
     }  # fmt: skip
     Path(out_file).write_text(json.dumps(tekken))
     return len(specials) + 256
+
+
+# --------------------------------------------------------------------------- import
+
+
+def import_mistral(source: str | Path, out: str | Path) -> Path:
+    """Write the Mistral folder `source` in the Hugging Face layout: config.json (mistral4 /
+    mistral, `quantization_config` with its ignore list under HF names), model.safetensors
+    under transformers' on-disk names (experts one Linear each) as stored, tekken.json copied
+    and, where transformers builds a tokenizer from it, that tokenizer saved too."""
+    from safetensors.torch import save_file
+
+    from rlvr.quant.skeleton import CheckpointFiles
+
+    source, out = Path(source), Path(out)
+    config = hf_config(source)
+    quantization = getattr(config, "quantization_config", None)
+    if quantization:
+        names = TensorNames(config)
+        meta = torch.empty(0, device="meta")
+        config.quantization_config = {**quantization, "ignore": [
+            m if m.startswith("re:") else names.to_hf(f"{m}.weight", meta)[0].removesuffix(".weight")
+            for m in quantization.get("ignore", [])]}  # fmt: skip
+    files = CheckpointFiles(source)
+    out.mkdir(parents=True, exist_ok=True)
+    config.save_pretrained(out)
+    save_file({key: files.read(key).contiguous() for key in files.keys()}, out / "model.safetensors", metadata={"format": "pt"})
+    if (source / TOKENIZER_FILE).is_file():
+        (out / TOKENIZER_FILE).write_bytes((source / TOKENIZER_FILE).read_bytes())
+        _save_hf_tokenizer(out / TOKENIZER_FILE, out)
+    return out
+
+
+def _save_hf_tokenizer(tekken_file: Path, out: Path) -> None:
+    from transformers.integrations.mistral.tokenizer import convert_tekken_tokenizer
+
+    convert_tekken_tokenizer(str(tekken_file)).save_pretrained(out)
