@@ -313,10 +313,19 @@ def _mla_from_config(text: dict) -> LatentAttention | None:
 
 
 def read_architecture(cfg: RunConfig) -> Architecture:
-    """From model.path's config.json when it exists, else from model.estimate."""
-    config_path = Path(cfg.model.path) / "config.json"
+    """From model.path's config (config.json, or Mistral's params.json) when it exists, else from
+    model.estimate."""
+    path = Path(cfg.model.path)
+    config_path, raw = path / "config.json", None
     if config_path.is_file():
         raw = json.loads(config_path.read_text())
+    elif (path / "params.json").is_file():
+        from rlvr.models.folder import config_file, model_config_dict  # only here: it brings torch
+        from rlvr.models.mistral_layout import is_mistral_folder
+
+        if is_mistral_folder(path):  # read as vLLM reads it
+            config_path, raw = config_file(path), model_config_dict(path)
+    if raw is not None:
         text = raw.get("text_config") or raw  # multimodal checkpoints keep the decoder's sizes there
         quant = raw.get("quantization_config") or {}
         if quant:

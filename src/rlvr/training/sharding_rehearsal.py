@@ -26,6 +26,7 @@ import torch.distributed as dist
 
 from rlvr.config import RunConfig
 from rlvr.models.estimate import estimate_config
+from rlvr.models.folder import config_file
 from rlvr.quant.skeleton import Skeleton
 from rlvr.training.policy import TokenLogprobs, apply_lora, decoder_blocks, shard
 
@@ -37,7 +38,7 @@ def measure_ranks(cfg: RunConfig, ranks: list[int]) -> list[dict[str, int]]:
 
 def _skeleton(cfg: RunConfig, dtype: torch.dtype) -> Skeleton:
     path = Path(cfg.model.path)
-    if (path / "config.json").is_file() and any(path.glob("*.safetensors")):
+    if config_file(path).is_file() and any(path.glob("*.safetensors")):
         return Skeleton.from_checkpoint(path, dtype)
     if cfg.model.estimate is None:
         raise ValueError(f"model.path: {path} holds no checkpoint and the config has no model.estimate to build one from")
