@@ -127,7 +127,7 @@ def test_dense_params_is_mistral():
 def test_a_folder_of_neither_layout_is_one_line_exit_2(tmp_path):
     (tmp_path / "params.json").write_text("{}")
     assert not is_mistral_folder(tmp_path)
-    with pytest.raises(ModelFolderError, match="no config.json.*nor Mistral's layout .no params.json with consolidated"):
+    with pytest.raises(ModelFolderError, match="not a Hugging Face model folder .no config.json. nor one in Mistral's layout .no params.json with consolidated"):
         check_model_folder(tmp_path)
     done = subprocess.run([sys.executable, "-m", "rlvr.cli", "import", str(tmp_path), str(tmp_path / "out")],
                           capture_output=True, text=True)  # fmt: skip

@@ -39,8 +39,8 @@ def check_model_folder(path: str | Path, *, key: str = "model.path", need_tokeni
     elif not config_file.is_file():
         gguf = sorted(folder.glob("*.gguf"))
         hint = f"; it holds {gguf[0].name}: rlvr import {gguf[0]} OUT_DIR" if gguf else ""
-        raise ModelFolderError(f"{where}: neither a Hugging Face model folder (no config.json) nor Mistral's layout "
-                               f"(no {PARAMS_FILE} with {WEIGHTS_PATTERN}){hint}")
+        raise ModelFolderError(f"{where}: not a Hugging Face model folder (no config.json) nor one in Mistral's "
+                               f"layout (no {PARAMS_FILE} with {WEIGHTS_PATTERN}){hint}")
     else:
         try:
             config = json.loads(config_file.read_text())
