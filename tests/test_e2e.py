@@ -84,13 +84,13 @@ def test_rlvr_eval_on_a_builtin_set_through_the_real_engine(tmp_path):
     rescored = json.loads((tmp_path / "re.json").read_text())
     assert {k: rescored[k] for k in ("avg@4", "pass@4", "maj@4")} == {k: result[k] for k in ("avg@4", "pass@4", "maj@4")}
 
-    # a model built for 256 positions: the engine is sized to it, not to the 512 default
+    # a model built for 256 positions, no flags: the engine is sized to it, answers to what its positions leave
     short = build_tiny_model(tmp_path / "short", "qwen2", hidden_size=128, num_layers=2, intermediate_size=256,
                              max_position_embeddings=256)
     problems = tmp_path / "sums.jsonl"
     problems.write_text("".join(json.dumps({"question": f"{a}+{a}=?", "answer": str(2 * a)}) + "\n" for a in range(3)))
     done = subprocess.run([sys.executable, "-m", "rlvr.cli", "eval", str(short), "--dataset", str(problems), "--n", "1",
-                           "--k", "1", "--max-tokens", "16", "--out", str(tmp_path / "short.json")],
+                           "--k", "1", "--out", str(tmp_path / "short.json")],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert json.loads((tmp_path / "short.json").read_text())["n_problems"] == 3

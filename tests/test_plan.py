@@ -160,7 +160,8 @@ def test_missing_architecture_prints_placement_without_memory():
         (["engine.tensor_parallel_size=16", "placement.engine_gpus=16"], "a TP group stays on one node"),
         (["placement.backend=local"], "the local backend runs on one machine"),
         (["trainer.micro_batch_tokens=8192"], "trainer.micro_batch_tokens=8192 < the longest sequence"),
-        (["engine.max_model_len=4096"], "engine.max_model_len=4096 <"),
+        (["engine.max_model_len=4096"], "a prompt of data.max_prompt_tokens=2048 has 2048 prompt tokens: with "
+         "rollout.sampling.max_tokens=16384 that is 18432, more than engine.max_model_len=4096"),
     ],
 )
 def test_plans_that_cannot_run_are_refused(overrides, message):

@@ -249,7 +249,13 @@ class EngineConfig(Section):
         "tensor-parallel GPUs (E / TP experts each) instead of every expert's weights over all of them"
     )
     kv_cache_gb: float = Field(1.0, gt=0, description="vLLM: KV-cache size in GiB (CPU memory on CPU, per GPU on GPU)")
-    max_model_len: int = Field(512, gt=0, description="vLLM: longest prompt + completion the engine accepts")
+    max_model_len: int | None = Field(
+        None, gt=0, description="longest prompt + completion the engine accepts (vLLM's max_model_len; a multi-turn "
+        "trajectory ends where its next turn would not fit). null: sized from the model and the data, "
+        "the longest rendered prompt (train and test sets) + rollout.sampling.max_tokens, plus for multi-turn "
+        "environments (env.max_turns - 1) x (max_tokens + env.max_observation_chars), capped at the model's "
+        "max_position_embeddings. A prompt that cannot fit with max_tokens stops the run in one line naming its row"
+    )
     enable_prefix_caching: bool = Field(True, description="vLLM: the samples of a prompt share its KV blocks")
     enforce_eager: bool = Field(
         True, description="vLLM: no torch.compile / CUDA graphs (start-up in seconds; false pays off on long GPU runs)"

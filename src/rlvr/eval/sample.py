@@ -8,6 +8,7 @@ sections, it therefore renders, samples and scores exactly as the run's evaluati
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from rlvr.config import DataConfig, EngineConfig, ModelConfig, RewardConfig
@@ -30,27 +31,31 @@ def evaluate_model(
     seed: int,
     samples_path: Path,
     progress: RunProgress | None = None,
+    answers_fill_model: bool = False,
 ) -> dict:
-    """`reward` None: the dataset's own verifier (built-in sets name one), else math."""
-    from transformers import AutoConfig
-
+    """`reward` None: the dataset's own verifier (built-in sets name one), else math. `answers_fill_model`:
+    `sampling.max_tokens` is at most what the model's positions leave after the longest prompt
+    (`rlvr eval MODEL` with no --max-tokens, on a model shorter than its default answer)."""
     from rlvr.checkpoint.peft_files import load_adapter
     from rlvr.engines import make_engine
     from rlvr.eval.runner import evaluate
     from rlvr.rewards import ScoringPool
     from rlvr.models.tokenizer import load_tokenizer
-    from rlvr.rollout.prompts import load_prompt_set
+    from rlvr.models.multimodal import max_positions
+    from rlvr.rollout.prompts import engine_context, load_prompt_set
 
     prompt_set = load_prompt_set(data, source, load_tokenizer(model.path), limit=limit)
     if reward is None:
         reward = RewardConfig(verifier=prompt_set.problems[0].meta.get("verifier", "math"))
     lora = load_adapter(adapter) if adapter else None
-    longest = max(map(len, prompt_set.prompts)) + sampling.max_tokens
-    # room for the longest prompt and its answer, but never past what the model was built for
-    # (vLLM refuses a max_model_len over the model's own; an answer then stops at that limit)
-    limit = getattr(AutoConfig.from_pretrained(model.path).get_text_config(), "max_position_embeddings", None)
-    max_model_len = max(engine.max_model_len, longest)
-    engine = engine.model_copy(update={"max_model_len": min(max_model_len, limit) if limit else max_model_len})
+    positions = max_positions(model.path)
+    if answers_fill_model and positions is not None:
+        room = positions - prompt_set.longest()[1]
+        sampling = replace(sampling, max_tokens=max(1, min(sampling.max_tokens, room)))
+    # one answer per prompt (env None): evaluate() samples no later turns
+    context = engine_context([prompt_set], max_tokens=sampling.max_tokens, env=None,
+                             max_model_len=engine.max_model_len, positions=positions, model=model.path)
+    engine = engine.model_copy(update={"max_model_len": context})
     lora_rank = int(lora.config.get("r", 16)) if lora is not None else None
     with make_engine(model, engine, seed=seed, lora_rank=lora_rank) as served, ScoringPool(
         reward.verifier, workers=reward.workers, timeout_s=reward.timeout_s, memory_limit_mb=reward.memory_limit_mb,

@@ -18,7 +18,7 @@ from rlvr.orchestration.evaluation import Evaluation
 from rlvr.orchestration.run_state import RunCheckpoints
 from rlvr.rollout.collect import RolloutCollector
 from rlvr.envs import EnvContext
-from rlvr.rollout.prompts import Renderer, load_prompt_set
+from rlvr.rollout.prompts import PromptSet, Renderer, engine_context, load_prompt_set
 from rlvr.rollout.trajectories import TrajectoryRunner
 from rlvr.rollout.sampler import EpochSampler
 from rlvr.sync.check import SyncCheck
@@ -55,14 +55,14 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     from rlvr.models.tokenizer import load_tokenizer
 
     check_model_folder(cfg.model.path)
-    _check_context(cfg)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    (run_dir / "config.yaml").write_text(dump_config(cfg))  # as given: a resumed run sizes its engine again
     torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.model.path)
     train_set = load_prompt_set(cfg.data, cfg.data.train, tokenizer)
     test_set = load_prompt_set(cfg.data, cfg.data.test, tokenizer, limit=cfg.eval.max_problems) if cfg.data.test else None
+    cfg = sized_engine(cfg, [train_set, *([test_set] if test_set else [])])
     shared = test_set.shared_with(train_set) if test_set is not None else 0
     if shared:
         log(f"note: {shared} of the {len(test_set.problems)} test problems also occur in data.train (the same prompt): "
@@ -133,17 +133,15 @@ def build_scoring_pool(cfg: RunConfig):
     return ScoringPool(r.verifier, workers=r.workers, timeout_s=r.timeout_s, memory_limit_mb=r.memory_limit_mb, options=r.options)
 
 
-def _check_context(cfg: RunConfig) -> None:
-    """engine.max_model_len within what the model's positions cover: said here in rlvr's words, not
-    by vLLM as a validation error once the ranks are up."""
-    import json
+def sized_engine(cfg: RunConfig, prompt_sets: list[PromptSet]) -> RunConfig:
+    """`cfg` with engine.max_model_len as the engine gets it (rlvr.rollout.prompts.engine_context),
+    said here in rlvr's words before anything starts, not by vLLM once the ranks are up."""
+    from rlvr.models.multimodal import max_positions
 
-    config = json.loads((Path(cfg.model.path) / "config.json").read_text())
-    config = config.get("text_config") or config
-    limit = config.get("max_position_embeddings")
-    if limit and cfg.engine.max_model_len > limit:
-        raise ValueError(f"engine.max_model_len={cfg.engine.max_model_len} exceeds the model's max_position_embeddings="
-                         f"{limit} ({cfg.model.path}/config.json)")
+    context = engine_context(prompt_sets, max_tokens=cfg.rollout.sampling.max_tokens, env=cfg.env,
+                             max_model_len=cfg.engine.max_model_len, positions=max_positions(cfg.model.path),
+                             model=cfg.model.path)
+    return cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"max_model_len": context})})
 
 
 def _ray_cluster(cfg: RunConfig):

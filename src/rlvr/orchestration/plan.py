@@ -180,16 +180,22 @@ def make_plan(cfg: RunConfig) -> Plan:
 
 
 def _check_lengths(cfg: RunConfig) -> None:
-    longest = cfg.data.max_prompt_tokens + cfg.rollout.sampling.max_tokens
-    if cfg.engine.max_model_len < longest:
-        raise PlanError(
-            f"engine.max_model_len={cfg.engine.max_model_len} < data.max_prompt_tokens + rollout.sampling.max_tokens = {longest}"
-        )
-    if cfg.trainer.micro_batch_tokens < longest:
-        raise PlanError(
-            f"trainer.micro_batch_tokens={cfg.trainer.micro_batch_tokens} < the longest sequence "
-            f"(data.max_prompt_tokens + rollout.sampling.max_tokens = {longest})"
-        )
+    """The run's own length rule (rlvr.rollout.prompts.context_length) for a prompt as long as
+    data.max_prompt_tokens allows: the engine's max_model_len, and the longest sequence a
+    micro-batch must hold."""
+    from rlvr.models.multimodal import max_positions
+    from rlvr.rollout.prompts import context_length
+
+    try:
+        context = context_length(cfg.data.max_prompt_tokens, f"a prompt of data.max_prompt_tokens={cfg.data.max_prompt_tokens}",
+                                 max_tokens=cfg.rollout.sampling.max_tokens, env=cfg.env,
+                                 max_model_len=cfg.engine.max_model_len, positions=max_positions(cfg.model.path),
+                                 model=cfg.model.path)
+    except ValueError as why:
+        raise PlanError(str(why)) from None
+    if cfg.trainer.micro_batch_tokens < context:
+        raise PlanError(f"trainer.micro_batch_tokens={cfg.trainer.micro_batch_tokens} < the longest sequence (the engine's "
+                        f"max_model_len {context} for a prompt of data.max_prompt_tokens={cfg.data.max_prompt_tokens})")
 
 
 def _gpu_devices(cfg: RunConfig) -> list[Device]:
@@ -341,7 +347,7 @@ def print_plan(plan: Plan, cfg: RunConfig, console) -> None:
     from rich.table import Table
 
     def say(line: str) -> None:
-        console.print(line, highlight=False, soft_wrap=True)
+        console.print(line, highlight=False)
 
     if plan.gpus_per_node:
         layout = "colocated" if plan.colocate else "split"

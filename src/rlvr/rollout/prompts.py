@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlvr.config import DataConfig
+from rlvr.config import DataConfig, EnvConfig
 from rlvr.models.tokenizer import chat_ids, has_chat_template, is_mistral_tokenizer
 from rlvr.records import Problem
 
@@ -21,6 +21,18 @@ class PromptSet:
 
     problems: list[Problem]
     prompts: list[list[int]]
+    source: str = ""  # the data file or set they were read from, for messages
+
+    def longest(self) -> tuple[int, int] | None:
+        """(index, length) of the longest prompt; None for an empty set."""
+        if not self.prompts:
+            return None
+        index = max(range(len(self.prompts)), key=lambda i: len(self.prompts[i]))
+        return index, len(self.prompts[index])
+
+    def where(self, index: int) -> str:
+        """`source: problem #N (id ID)`: the problem at `index` as a user finds it in the data."""
+        return f"{self.source}: problem #{index + 1} (id {self.problems[index].id})"
 
     def shared_with(self, other: PromptSet) -> int:
         """How many of this set's prompts also occur in `other`, token for token: a test problem
@@ -116,7 +128,44 @@ def load_prompt_set(data: DataConfig, source: str, tokenizer, limit: int | None 
 
     problems = load_problems(source, problem_field=data.problem_field, answer_field=data.answer_field, limit=limit)
     prompts = [encode_prompt(p, tokenizer, data) for p in problems]
-    too_long = next((p.id for p, ids in zip(problems, prompts) if len(ids) > data.max_prompt_tokens), None)
-    if too_long is not None:
-        raise ValueError(f"{source}: problem {too_long} is longer than data.max_prompt_tokens={data.max_prompt_tokens}")
-    return PromptSet(problems, prompts)
+    prompt_set = PromptSet(problems, prompts, source)
+    longest = prompt_set.longest()
+    if longest is not None and longest[1] > data.max_prompt_tokens:
+        raise ValueError(f"{prompt_set.where(longest[0])} has {longest[1]} prompt tokens, more than "
+                         f"data.max_prompt_tokens={data.max_prompt_tokens}")
+    return prompt_set
+
+
+def engine_context(prompt_sets: list[PromptSet], *, max_tokens: int, env: EnvConfig | None, max_model_len: int | None,
+                   positions: int | None, model: str) -> int:
+    """The engine's max_model_len for these prompts (`context_length` of the longest of them)."""
+    prompt_set, index, tokens = max(((s, *s.longest()) for s in prompt_sets if s.prompts), key=lambda x: x[2],
+                                    default=(None, 0, 0))
+    return context_length(tokens, prompt_set.where(index) if prompt_set else "no prompt", max_tokens=max_tokens,
+                          env=env, max_model_len=max_model_len, positions=positions, model=model)
+
+
+def context_length(longest_prompt: int, where: str, *, max_tokens: int, env: EnvConfig | None, max_model_len: int | None,
+                   positions: int | None, model: str) -> int:
+    """The engine's max_model_len, one rule for `rlvr train`, `rlvr eval` and the plan: `max_model_len`
+    when given, else the longest prompt + `max_tokens`, never past the model's `positions`. A
+    multi-turn `env` (None: one answer per prompt) adds room for max_turns - 1 more answers and the
+    observations before them (a cut observation is about max_observation_chars tokens; a turn that
+    does not fit ends its trajectory with finish_reason 'length'). Every prompt must fit with
+    its first answer (prompt + max_tokens): the longest (`where`) not fitting is an error naming it,
+    not a run that skips it (a held-out score over fewer problems than asked is not the score
+    asked for; verl's default, data.truncation 'error', also stops)."""
+    if max_model_len is not None and positions is not None and max_model_len > positions:
+        raise ValueError(f"engine.max_model_len={max_model_len} exceeds the model's max_position_embeddings={positions} ({model})")
+    if max_model_len is None:
+        limit, by = positions, "the model's max_position_embeddings"
+    else:
+        limit, by = max_model_len, "engine.max_model_len"
+    if limit is not None and longest_prompt + max_tokens > limit:
+        raise ValueError(f"{where} has {longest_prompt} prompt tokens: with rollout.sampling.max_tokens={max_tokens} that "
+                         f"is {longest_prompt + max_tokens}, more than {by}={limit} ({model})")
+    if max_model_len is not None:
+        return max_model_len
+    later_turns = 0 if env is None or env.name == "single_turn" else (env.max_turns - 1) * (max_tokens + env.max_observation_chars)
+    wanted = longest_prompt + max_tokens + later_turns
+    return min(wanted, positions) if positions is not None else wanted
