@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 from rlvr.config import ConfigError, dump_config, load_config, set_dotted, validate_config
+from rlvr.tracking.terminal import console_for
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="RL of LLMs against verifiable rewards.")
-console = Console(soft_wrap=not sys.stdout.isatty())  # into a file or pipe: no breaks at 80 columns
+console = console_for()
 DEMO_CONFIG = "configs/demo.yaml"
 
 
@@ -43,7 +43,7 @@ def train(
         try:
             plan = make_plan(cfg)
         except PlanError as err:
-            console.print(f"[red]plan error:[/red] {config or resume}: {err}", highlight=False, soft_wrap=True)
+            console.print(f"[red]plan error:[/red] {config or resume}: {err}", highlight=False)
             raise typer.Exit(2) from None
         console.print()
         print_plan(plan, cfg, console)
@@ -82,13 +82,13 @@ def rehearse(
     try:
         make_plan(cfg)
     except PlanError as err:
-        console.print(f"[red]plan error:[/red] {config}: {err}", highlight=False, soft_wrap=True)
+        console.print(f"[red]plan error:[/red] {config}: {err}", highlight=False)
         raise typer.Exit(2) from None
     report = run_rehearsal(cfg)
     if out is not None:
         out.write_text(json.dumps(report, indent=1) + "\n")
     for line in summary_lines(report):
-        console.print(line, highlight=False, soft_wrap=True)
+        console.print(line, highlight=False)
     raise typer.Exit(0 if report["ok"] else 1)
 
 
@@ -102,12 +102,12 @@ def config_command(
     if defaults:
         from rlvr.config_docs import defaults_yaml
 
-        console.print(defaults_yaml(), highlight=False, end="", soft_wrap=True)
+        console.print(defaults_yaml(), highlight=False, end="")
         return
     if config is None:
         console.print("[red]error:[/red] give CONFIG or --defaults", highlight=False)
         raise typer.Exit(2)
-    console.print(dump_config(_load(config, overrides or [])), highlight=False, end="", soft_wrap=True)
+    console.print(dump_config(_load(config, overrides or [])), highlight=False, end="")
 
 
 @app.command()
@@ -152,7 +152,7 @@ def score(
             input_path, output, verifier=verifier, skip_bad=skip_bad, workers=workers, timeout_s=timeout_s, options=options
         )
     except (ValueError, FileNotFoundError) as err:
-        console.print(f"[red]error:[/red] {err}", highlight=False, soft_wrap=True)
+        console.print(f"[red]error:[/red] {err}", highlight=False)
         raise typer.Exit(2) from None
 
 
@@ -168,7 +168,10 @@ def eval_command(
     n: Optional[int] = typer.Option(None, "--n", help="samples per problem (default: the run's eval.n, else eval.n's default)"),
     k: Optional[str] = typer.Option(None, "--k", help="comma-separated k values (default: the run's eval.k)"),
     temperature: Optional[float] = typer.Option(None, "--temperature", help="default: the run's eval.temperature"),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="default: the run's rollout length, else 1024"),
+    max_tokens: Optional[int] = typer.Option(
+        None, "--max-tokens", help="default: the run's rollout length, else 1024 or what the model's positions leave "
+        "after the longest prompt, if less"
+    ),
     template: Optional[str] = typer.Option(None, "--template", help="prompt template (default: the run's data.template)"),
     verifier: Optional[str] = typer.Option(None, "--verifier", help="default: the run's, else the set's own (aime, gsm8k, math)"),
     limit: Optional[int] = typer.Option(None, "--limit", help="only the first N problems (default: the run's eval.max_problems)"),
@@ -208,6 +211,7 @@ def eval_command(
                 reward=cfg.reward if run is not None or verifier else None, adapter=adapter, n=cfg.eval.n,
                 ks=cfg.eval.k, sampling=held_out_sampling(cfg.eval, cfg.rollout.sampling, cfg.seed),
                 limit=cfg.eval.max_problems, seed=cfg.seed, samples_path=samples, progress=progress,
+                answers_fill_model=run is None and max_tokens is None,
             )
         console.print(f"samples: {samples}")
     headline = {key: value for key, value in result.items() if key != "problems"}
@@ -231,7 +235,9 @@ def _eval_config(model: str | None, dataset: str | None, adapter: Path | None, r
         from rlvr.models.folder import check_model_folder
 
         check_model_folder(model, key="MODEL")
-        context = json.loads((Path(model) / "config.json").read_text()).get("max_position_embeddings")
+        from rlvr.models.multimodal import max_positions
+
+        context = max_positions(model)
         # no run to say how long a prompt may be: as long as the model reads (the engine is sized to the prompts)
         data = {"train": dataset, "test": dataset} | ({"max_prompt_tokens": context} if context else {})
         raw = {"model": {"path": model}, "data": data, "rollout": {"sampling": {"max_tokens": EVAL_MAX_TOKENS}}}
@@ -343,7 +349,7 @@ def _print_summary(summary: dict, cfg, report: Path, logs: bool) -> None:
                       f"({(after[unseen[1]] - after[unseen[0]]) * 100:+.1f} points)", highlight=False)
     run_dir = Path(cfg.run_dir)
     console.print(f"wrote {run_dir / 'summary.json'}, metrics.jsonl and {report.name}"
-                  + (f"; logs in {run_dir / 'logs'}" if logs else ""), highlight=False, soft_wrap=True)
+                  + (f"; logs in {run_dir / 'logs'}" if logs else ""), highlight=False)
 
 
 def main() -> None:
@@ -367,18 +373,18 @@ def main() -> None:
             sys.exit(130)
         if "ClickException" in kinds:  # a bad subcommand, option or argument: click's message, one line
             console.print(f"[red]error:[/red] {error.format_message()} (rlvr --help lists the commands)",
-                          highlight=False, soft_wrap=True)
+                          highlight=False)
             sys.exit(error.exit_code)
         if debug:
             traceback.print_exc()
             print(getattr(error, "details", ""), file=sys.stderr)
         line = user_error_line(error)
         if line is not None:
-            console.print(f"[red]error:[/red] {line}", highlight=False, soft_wrap=True)
+            console.print(f"[red]error:[/red] {line}", highlight=False)
             sys.exit(2)
         console.print(f"[red]internal error:[/red] {type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
                       f"{'' if debug else ' (rerun with --debug for the traceback; a run also has it in RUN_DIR/logs/run.log)'}",
-                      highlight=False, soft_wrap=True)
+                      highlight=False)
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
 

@@ -22,6 +22,7 @@ from rich.progress import Progress
 
 from rlvr.rewards.pool import ScoringPool
 from rlvr.rewards.verifiers import VERIFIERS, get_verifier
+from rlvr.tracking.terminal import console_for
 
 BATCH_ROWS = 256
 _REQUIRED = ("response", "answer")
@@ -55,7 +56,7 @@ def _read_rows(in_path: Path, skip_bad: bool, console: Console) -> tuple[list[di
                 if not skip_bad:
                     raise
                 skipped += 1
-                console.print(f"skipped {e}", markup=False, highlight=False, soft_wrap=True)
+                console.print(f"skipped {e}", markup=False, highlight=False)
     return rows, skipped
 
 
@@ -73,7 +74,7 @@ def score_file(
 
     `options` configure `verifier` (not the rows that name their own)."""
     in_path, out_path = Path(in_path), Path(out_path)
-    console = Console(stderr=True)
+    console = console_for(stderr=True)
     rows, skipped = _read_rows(in_path, skip_bad, console)
     item_timeout_s = timeout_s
     if verifier == "code" or any(r.get("verifier") == "code" for r in rows):
@@ -82,7 +83,7 @@ def score_file(
         code_options, item_timeout_s, isolation = prepare_scoring((options or {}) if verifier == "code" else {}, timeout_s)
         options = code_options if verifier == "code" else options
         if isolation != "strict":
-            console.print(f"WARNING sandbox isolation {isolation}", markup=False, highlight=False, soft_wrap=True)
+            console.print(f"WARNING sandbox isolation {isolation}", markup=False, highlight=False)
     if options and verifier in VERIFIERS and verifier != "code":
         get_verifier(verifier, **options)  # bad options: one line here, not an error on every row
     counts: Counter = Counter({s: 0 for s in ("ok", "no_answer", "timeout", "error")})
@@ -114,6 +115,5 @@ def score_file(
         f"scored {len(rows)} rows -> {out_path}: " + ", ".join(f"{k} {v}" for k, v in summary.items()),
         markup=False,
         highlight=False,
-        soft_wrap=True,  # one line whatever the width (Rich wraps at 80 columns when piped)
     )
     return summary

@@ -25,12 +25,24 @@ from pathlib import Path
 from rich.console import Console
 
 LOG_FILE = "logs/run.log"
+# Rich lays out at 80 columns where it finds no terminal; into a file or pipe, lines are as long as
+# they are (soft wrap) and tables as wide as their content (a width no table reaches)
+UNBOUNDED_WIDTH = 100_000
+
+
+def console_for(file=None, *, stderr: bool = False) -> Console:
+    """rlvr's console on `file` (None: stdout, or stderr): a terminal's as Rich makes it; into a
+    file or pipe, no line broken at 80 columns (grep and log readers see whole lines)."""
+    stream = file if file is not None else sys.stderr if stderr else sys.stdout
+    if stream.isatty():
+        return Console(file=file, stderr=stderr)
+    return Console(file=file, stderr=stderr, soft_wrap=True, width=UNBOUNDED_WIDTH)
 
 
 @contextmanager
 def run_output(run_dir: str | Path, verbose: bool = False) -> Iterator[Console]:
     if verbose:
-        yield Console()
+        yield console_for()
         return
     log_path = Path(run_dir) / LOG_FILE
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -42,8 +54,7 @@ def run_output(run_dir: str | Path, verbose: bool = False) -> Iterator[Console]:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
         try:
-            # a file or pipe has no width: rich would break long lines at 80 columns
-            yield Console(file=terminal, soft_wrap=not terminal.isatty())
+            yield console_for(terminal)
         except BaseException as error:  # the traceback goes to the log; the terminal gets one line (rlvr.cli)
             traceback.print_exc()
             if getattr(error, "details", ""):  # a trainer rank's own traceback
