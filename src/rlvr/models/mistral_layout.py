@@ -241,10 +241,6 @@ class TensorNames:
                 return name
         raise MistralLayoutError(f"{hf_name}: no Mistral name maps to it through vLLM's mapping")
 
-    def module_to_mistral(self, hf_module: str) -> str:
-        """Mistral's name of a module (an ignore-list entry); `re:` patterns are kept as they are."""
-        return hf_module if hf_module.startswith("re:") else self.to_mistral(f"{hf_module}.weight").removesuffix(".weight")
-
 
 @cache
 def _mla_mapper():
@@ -299,14 +295,17 @@ def _reverse(hf_name: str) -> list[str]:
 def write_mistral_folder(tensors: dict[str, torch.Tensor], config, out_dir: str | Path, *,
                          quantization: dict | None = None, tokenizer_file: Path | None = None) -> Path:
     """A Mistral folder of `tensors` (HF on-disk names, experts one Linear each): params.json of
-    `config` (with `quantization`, its ignore list in Mistral's names), consolidated.safetensors
-    under Mistral's names, and `tokenizer_file` copied as tekken.json."""
+    `config` (with `quantization`), consolidated.safetensors under Mistral's names, and
+    `tokenizer_file` copied as tekken.json.
+
+    The ignore list stays in transformers' names: vLLM maps compressed-tensors' layer lists with
+    the same weight mapper (`apply_vllm_mapper`), whose patterns need a tensor suffix, so a
+    Mistral module name (`layers.0.attention.wkv_b`) would reach vLLM unmapped and match no
+    layer, while `model.layers.0.self_attn.kv_b_proj` passes through and matches."""
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
     names = TensorNames(config)
-    if quantization:
-        quantization = {**quantization, "ignore": [names.module_to_mistral(m) for m in quantization.get("ignore", [])]}
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / PARAMS_FILE).write_text(json.dumps(params_from_config(config, quantization), indent=2) + "\n")
     stored = {names.to_mistral(k): v.contiguous() for k, v in tensors.items()}
