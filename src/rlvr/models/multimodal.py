@@ -23,6 +23,7 @@ holds the text weights only, as the trainer does.
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -89,6 +90,12 @@ def text_tensor_name(name: str) -> str | None:
     return name
 
 
+def text_model_names(model_dir: str | Path):
+    """name on disk -> its name in the text causal LM (None: an encoder's, not read), for the
+    checkpoint in `model_dir`; a text model's names are its own."""
+    return text_tensor_name if is_multimodal(read_model_config(model_dir)) else (lambda name: name)
+
+
 def engine_options(config: dict) -> dict:
     """vLLM engine arguments for a text-only run: no item of any modality per prompt, so no encoder built."""
     found = modalities(config)
@@ -96,5 +103,11 @@ def engine_options(config: dict) -> dict:
 
 
 def text_model_config(config):
-    """The transformers config the trainer builds: a multimodal config's text config (its causal LM)."""
-    return config.get_text_config() if is_multimodal(config.to_dict()) else config
+    """The transformers config the trainer builds: a multimodal config's text config (its causal LM),
+    its output head tied as the whole model's was (transformers ties it by the outer config's
+    tie_word_embeddings, and a tied head is not in the files)."""
+    if not is_multimodal(config.to_dict()):
+        return config
+    text = copy.deepcopy(config.get_text_config())
+    text.tie_word_embeddings = config.tie_word_embeddings
+    return text

@@ -43,6 +43,7 @@ from transformers import AutoModelForCausalLM
 from rlvr.models.folder import model_config
 from rlvr.models.mistral_layout import TensorNames, is_mistral_folder, weight_files
 from rlvr.models.moe import expert_projections, moe_layers
+from rlvr.models.multimodal import text_model_config, text_model_names
 from rlvr.quant import nf4, nvfp4
 from rlvr.quant.checkpoint import is_quantized_checkpoint, keeps_float32, quantized_format
 from rlvr.quant.experts import NVFP4Experts, pack_experts, use_rlvr_experts
@@ -74,9 +75,10 @@ class CheckpointFiles:
         self._names = TensorNames(model_config(model_dir)) if is_mistral_folder(model_dir) else None
         self._stored: dict[str, str] = {}  # name -> the name in the file, where they differ
         self._path = {}
+        own_name = text_model_names(model_dir)  # a multimodal checkpoint's language model, without its encoders
         for path, handle in self._handles.items():
             for key in handle.keys():
-                name = key if self._names is None else self._hf_name(handle, key)
+                name = own_name(key) if self._names is None else self._hf_name(handle, key)
                 if name is not None:
                     self._path[name] = path
                     self._stored[name] = key
@@ -184,8 +186,8 @@ class Skeleton:
     def _empty(cls, config, dtype: torch.dtype, base_format: str) -> Skeleton:
         if getattr(config, "quantization_config", None) is not None:
             del config.quantization_config  # the model is built plain; the packed layers are put in
-        with init_empty_weights(include_buffers=False):
-            model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        with init_empty_weights(include_buffers=False):  # of a multimodal checkpoint, the language model alone
+            model = AutoModelForCausalLM.from_config(text_model_config(config), dtype=dtype)
         return cls(model, base_format)
 
     def _take_packed_linears(self, files: CheckpointFiles, dtype: torch.dtype) -> None:

@@ -1,0 +1,101 @@
+"""Text-only runs of multimodal checkpoints (rlvr.models.multimodal): the trainer builds the text
+config's causal LM and never reads an encoder tensor; the engine is told no modality takes an item."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+from transformers import Mistral3Config, Mistral3ForConditionalGeneration, MistralConfig, MistralForCausalLM, PixtralVisionConfig
+
+from rlvr.models import multimodal
+from rlvr.models.tiny import build_char_tokenizer
+from rlvr.quant.skeleton import Skeleton
+
+
+def build_tiny_mistral3(out: Path, max_position_embeddings: int = 256) -> Path:
+    """A tiny Mistral3ForConditionalGeneration (Pixtral vision tower + projector + Mistral text model)."""
+    tokenizer = build_char_tokenizer()
+    text = MistralConfig(vocab_size=-(-(len(tokenizer) + 1) // 64) * 64, hidden_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
+                         max_position_embeddings=max_position_embeddings, sliding_window=None, tie_word_embeddings=False,
+                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id)
+    vision = PixtralVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                 head_dim=16, image_size=64, patch_size=16)
+    torch.manual_seed(0)
+    model = Mistral3ForConditionalGeneration(Mistral3Config(text_config=text, vision_config=vision, image_token_index=3,
+                                                            spatial_merge_size=2, dtype="float32")).float().eval()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def mistral3(tmp_path_factory) -> Path:
+    return build_tiny_mistral3(tmp_path_factory.mktemp("mm") / "mistral3")
+
+
+def stored_names(folder: Path) -> list[str]:
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        return list(f.keys())
+
+
+def test_what_the_config_says():
+    hf = {"architectures": ["Mistral3ForConditionalGeneration"], "text_config": {"max_position_embeddings": 256},
+          "vision_config": {"hidden_size": 32}}
+    assert multimodal.modalities(hf) == ("image", "video")
+    assert multimodal.engine_options(hf) == {"limit_mm_per_prompt": {"image": 0, "video": 0}}
+    assert multimodal.text_config(hf) == {"max_position_embeddings": 256}
+    mistral = {"dim": 64, "max_seq_len": 128, "vision_encoder": {"hidden_size": 32}}  # params.json
+    assert multimodal.modalities(mistral) == ("image",) and multimodal.text_config(mistral) is mistral
+    voxtral = {"multimodal": {"whisper_model_args": {"dim": 32}}}
+    assert multimodal.modalities(voxtral) == ("audio",)
+    text_only = {"model_type": "qwen2", "max_position_embeddings": 1024}
+    assert not multimodal.is_multimodal(text_only) and multimodal.engine_options(text_only) == {}
+
+
+@pytest.mark.parametrize(
+    "name, own",
+    [
+        ("language_model.model.layers.0.mlp.up_proj.weight", "model.layers.0.mlp.up_proj.weight"),
+        ("language_model.lm_head.weight", "lm_head.weight"),
+        ("model.language_model.embed_tokens.weight", "model.embed_tokens.weight"),
+        ("lm_head.weight", "lm_head.weight"),
+        ("vision_tower.transformer.layers.0.attention.q_proj.weight", None),
+        ("model.vision_tower.patch_conv.weight", None),
+        ("multi_modal_projector.linear_1.weight", None),
+        ("model.multi_modal_projector.patch_merger.merging_layer.weight", None),
+        # Mistral's layout (vLLM's pixtral.py names)
+        ("vision_encoder.transformer.layers.0.attention.wq.weight", None),
+        ("vision_language_adapter.w_in.weight", None),
+        ("patch_merger.merging_layer.weight", None),
+        ("pre_mm_projector_norm.weight", None),
+        ("layers.0.attention.wq.weight", "layers.0.attention.wq.weight"),
+    ],
+)
+def test_tensor_names(name, own):
+    assert multimodal.text_tensor_name(name) == own
+
+
+def test_the_trainer_loads_the_text_model_alone(mistral3):
+    stored = stored_names(mistral3)
+    encoder = [n for n in stored if multimodal.is_encoder_tensor(n)]
+    assert encoder and any(n.startswith("vision_tower.") for n in encoder)  # the checkpoint does carry an encoder
+    assert multimodal.max_positions(mistral3) == 256
+
+    skeleton = Skeleton.from_checkpoint(mistral3, torch.float32)
+    assert type(skeleton.model) is MistralForCausalLM
+    skeleton.keep_initialized(skeleton.model)
+    skeleton.fill(skeleton.model, "cpu")
+    trained = skeleton.model.eval()
+    names = [n for n, _ in trained.named_parameters()]
+    assert not [n for n in names if "vision" in n or "projector" in n]
+    assert sum(p.numel() for p in trained.parameters()) == sum(
+        p.numel() for n, p in Mistral3ForConditionalGeneration.from_pretrained(mistral3).named_parameters()
+        if not n.startswith(("model.vision_tower.", "model.multi_modal_projector.")))
+
+    full = Mistral3ForConditionalGeneration.from_pretrained(mistral3, dtype=torch.float32).eval()
+    ids = torch.tensor([[5, 9, 17, 33, 60, 61, 7, 8]])
+    with torch.no_grad():
+        assert torch.equal(trained(ids).logits, full(input_ids=ids).logits)
