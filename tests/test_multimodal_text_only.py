@@ -99,3 +99,23 @@ def test_the_trainer_loads_the_text_model_alone(mistral3):
     ids = torch.tensor([[5, 9, 17, 33, 60, 61, 7, 8]])
     with torch.no_grad():
         assert torch.equal(trained(ids).logits, full(input_ids=ids).logits)
+
+
+def test_the_plan_counts_what_is_loaded(mistral3):
+    """Both sides hold the text model alone (the plan sizes it from text_config); the note says what is left out."""
+    from safetensors.torch import load_file
+
+    from rlvr.config import load_config
+    from rlvr.orchestration.plan import make_plan
+
+    stored = load_file(mistral3 / "model.safetensors")
+    encoder = {n: t for n, t in stored.items() if n.startswith(("vision_tower.", "multi_modal_projector."))}
+    text = sum(t.numel() * t.element_size() for n, t in stored.items() if n not in encoder)
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "demo.yaml", [f"model.path={mistral3}"])
+    plan = make_plan(cfg)
+    size = sum(t.numel() * t.element_size() for t in encoder.values())
+    assert (f"multimodal checkpoint (image, video), run text-only: the trainer builds the language model alone and the "
+            f"engine gets limit_mm_per_prompt 0, with which vLLM builds no encoder; its {len(encoder)} encoder tensors "
+            f"({size / 1e9:.2f} GB) are counted on neither") in plan.notes
+    engine, trainer = plan.devices[0], plan.devices[-1]  # local: the engine, then the demo's 2 ranks
+    assert engine.memory["engine weights"] == 2 * trainer.memory["base shard"] == text

@@ -96,6 +96,21 @@ def text_model_names(model_dir: str | Path):
     return text_tensor_name if is_multimodal(read_model_config(model_dir)) else (lambda name: name)
 
 
+def encoder_weight_bytes(model_dir: str | Path) -> tuple[int, int]:
+    """(tensors, bytes) of the encoders' weights in the folder's safetensors files, from their
+    headers' data offsets (nothing else is read)."""
+    import struct
+
+    count = size = 0
+    for file in sorted(Path(model_dir).glob("*.safetensors")):
+        with file.open("rb") as f:
+            header = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+        for name, entry in header.items():
+            if name != "__metadata__" and is_encoder_tensor(name):
+                count, size = count + 1, size + entry["data_offsets"][1] - entry["data_offsets"][0]
+    return count, size
+
+
 def engine_options(config: dict) -> dict:
     """vLLM engine arguments for a text-only run: no item of any modality per prompt, so no encoder built."""
     found = modalities(config)

@@ -253,6 +253,7 @@ def _estimate(cfg: RunConfig, arch: Architecture, devices: list[Device], notes: 
     else:  # transformers generate: float weights, a cache that grows with the batch
         engine = {"engine weights": arch.weight_bytes(b, nvfp4=False)}
         notes.append("engine.backend hf: its KV cache grows with the batch and is not estimated")
+    _note_encoders(cfg, notes)
     shard = rank_bytes(cfg, 0, arch)  # shard 0 holds the most (see the module doc-string)
     root = next(u for u in arch.units(b, lora) if not u.is_block)
     trainer = {
@@ -292,6 +293,18 @@ def _note_experts(cfg: RunConfig, arch: Architecture, notes: list[str]) -> None:
         f"layer (shards 0-{holders - 1} hold them; storage padded to {per_rank} on every rank); a block's experts are "
         f"gathered for its forward, and only those that received tokens are dequantized"
     )
+
+
+def _note_encoders(cfg: RunConfig, notes: list[str]) -> None:
+    """A multimodal checkpoint runs text-only: its encoders are loaded by neither side, so counted on neither."""
+    from rlvr.models.multimodal import encoder_weight_bytes, modalities, read_model_config
+
+    found = modalities(read_model_config(cfg.model.path))
+    if found:
+        tensors, size = encoder_weight_bytes(cfg.model.path)
+        notes.append(f"multimodal checkpoint ({', '.join(found)}), run text-only: the trainer builds the language model "
+                     f"alone and the engine gets limit_mm_per_prompt 0, with which vLLM builds no encoder; its "
+                     f"{tensors} encoder tensors ({size / GB:.2f} GB) are counted on neither")
 
 
 def _note_kv(cfg: RunConfig, arch: Architecture, notes: list[str]) -> None:
