@@ -49,11 +49,17 @@ smollm2: setup
 bench-setup: setup
 	$(BIN)/python -c "import trl, peft, transformers; print('bench-setup ok: trl', trl.__version__, 'peft', peft.__version__, 'transformers', transformers.__version__)"
 
+# The suite on every core (at most 3: each worker may hold two trainer ranks and an engine, in
+# 24 GB), a file per worker at a time (tests/conftest.py); then, alone, the tests marked solo.
+TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 3 ? n : 3 )))
+PYTEST_PARALLEL := $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 test: setup
-	$(BIN)/python -m pytest -q -ra tests
+	$(PYTEST_PARALLEL) -m "not solo" tests
+	$(BIN)/python -m pytest -q -ra -m solo tests
 
 test-fast: setup
-	$(BIN)/python -m pytest -q -m "not slow" tests
+	$(PYTEST_PARALLEL) -m "not slow and not solo" tests
+	$(BIN)/python -m pytest -q -m "not slow and solo" tests
 
 clean:
 	rm -rf runs .pytest_cache

@@ -14,6 +14,9 @@ import pytest
 
 from rlvr.rewards import ScoringPool, batched_reward
 
+# wall-clock bounds (a timeout kills in time): run alone (conftest.py)
+pytestmark = pytest.mark.solo
+
 TIMEOUT_S = 1.0
 MARKER = Path("/tmp/rlvr_pwned_marker")
 

@@ -16,6 +16,9 @@ from rlvr.config import SandboxConfig
 from rlvr.sandbox import Sandbox, SandboxPool, SandboxUnavailable, cgroups
 from rlvr.sandbox.cgroups import parse_mountinfo, parse_self_cgroup
 
+# wall-clock bounds (a limit kills in time) and every cgroup on the machine: run alone (conftest.py)
+pytestmark = pytest.mark.solo
+
 
 @pytest.fixture(scope="module")
 def sandbox():

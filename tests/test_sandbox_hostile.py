@@ -24,6 +24,9 @@ import pytest
 
 from rlvr.data.humaneval import load_humaneval
 
+# every process of the sandbox's uid and every cgroup on the machine are checked: run alone (conftest.py)
+pytestmark = pytest.mark.solo
+
 WALL_S = 3.0
 MARGIN_S = 2.0  # start-up and clean-up of one run
 CGROUP_PIDS = Path("/sys/fs/cgroup/pids")
