@@ -134,7 +134,7 @@ def test_a_folder_of_neither_layout_is_one_line_exit_2(tmp_path):
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 2, done.stderr
     lines = (done.stdout + done.stderr).strip().splitlines()
-    assert len(lines) == 1 and "nor Mistral's layout" in lines[0], lines
+    assert len(lines) == 1 and "nor a folder in Mistral's layout (no config.json, no params.json with consolidated" in lines[0], lines
 
 
 @pytest.mark.slow

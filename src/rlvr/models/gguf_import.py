@@ -37,8 +37,8 @@ def _check_source(source: Path) -> None:
     if source.is_dir():
         if (source / "config.json").is_file():
             raise ValueError(f"{source} is already an HF model folder: use it as model.path, no import needed")
-        raise ValueError(f"{source}: a folder that is no model: neither an HF model folder (config.json) nor Mistral's "
-                         "layout (params.json with consolidated*.safetensors), and not a GGUF file")
+        raise ValueError(f"{source}: neither an HF model folder nor a GGUF file, nor a folder in Mistral's layout "
+                         "(no config.json, no params.json with consolidated*.safetensors)")
     if not is_gguf_file(source):
         hint = "; give the folder that holds it" if source.suffix in (".safetensors", ".bin", ".json") else ""
         raise ValueError(f"{source}: not a GGUF file (it does not start with the bytes 'GGUF'){hint}")
