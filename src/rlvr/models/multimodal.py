@@ -119,10 +119,10 @@ def engine_options(config: dict) -> dict:
 
 def text_model_config(config):
     """The transformers config the trainer builds: a multimodal config's text config (its causal LM),
-    its output head tied as the whole model's was (transformers ties it by the outer config's
-    tie_word_embeddings, and a tied head is not in the files)."""
+    its output head tied as the whole model's was (transformers ties by the outer config's
+    tie_word_embeddings, False where it has none, and leaves a tied head out of the files)."""
     if not is_multimodal(config.to_dict()):
         return config
     text = copy.deepcopy(config.get_text_config())
-    text.tie_word_embeddings = config.tie_word_embeddings
+    text.tie_word_embeddings = getattr(config, "tie_word_embeddings", False)
     return text
