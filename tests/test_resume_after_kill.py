@@ -23,26 +23,16 @@ from rlvr.demo import ensure_demo_assets
 STEPS = 4
 
 
-# The demo's update (one per step), and the seed stack's: 4 mini-batches of whole groups a step,
-# and DAPO's dynamic sampling refilling the step with informative groups (the data position moves
-# by what each step drew, which the checkpoint must capture).
-VARIANTS = {
-    "demo": {},
-    "mini_batches": {"trainer": {"mini_batches": 4}, "rollout": {"dynamic_sampling": True, "max_sampling_rounds": 3}},
-}
+# The seed stack's update: 4 mini-batches of whole groups a step, and DAPO's dynamic sampling
+# refilling the step with informative groups (the data position moves by what each step drew,
+# which the checkpoint must capture). The demo's one update a step is the case of 1 mini-batch.
+CHANGES = {"trainer": {"mini_batches": 4}, "rollout": {"dynamic_sampling": True, "max_sampling_rounds": 3}}
 
 
 @pytest.fixture(scope="module")
-def settings(tmp_path_factory):
-    """variant -> (config(run_dir, checkpoint_every), the reference run's metrics, root), built on first use."""
-    built = {}
-
-    def setting(variant: str):
-        if variant not in built:
-            built[variant] = _setting(tmp_path_factory.mktemp(f"resume-{variant}"), VARIANTS[variant])
-        return built[variant]
-
-    return setting
+def setting(tmp_path_factory):
+    """(config(run_dir, checkpoint_every), the reference run's metrics, root)."""
+    return _setting(tmp_path_factory.mktemp("resume"), CHANGES)
 
 
 def _setting(root, changes: dict):
@@ -74,10 +64,9 @@ def _setting(root, changes: dict):
 
 @pytest.mark.slow
 # seed 1 kills after step 1, 2.3 s into step 2; seed 9 after step 2, 2.5 s into step 3
-@pytest.mark.parametrize("variant, seed, resume_from", [("demo", 1, "config"), ("demo", 9, "folder"),
-                                                        ("mini_batches", 1, "config")])
-def test_sigkill_then_resume_gives_the_uninterrupted_metrics(settings, variant, seed, resume_from):
-    config, expected, root = settings(variant)
+@pytest.mark.parametrize("seed, resume_from", [(1, "config"), (9, "folder")])
+def test_sigkill_then_resume_gives_the_uninterrupted_metrics(setting, seed, resume_from):
+    config, expected, root = setting
     rng = random.Random(seed)
     run_dir = root / f"killed{seed}"
     path = config(run_dir)
@@ -108,8 +97,8 @@ def test_sigkill_then_resume_gives_the_uninterrupted_metrics(settings, variant, 
 
 
 @pytest.mark.slow
-def test_sigterm_finishes_the_step_checkpoints_exits_0_and_resumes_to_the_same_metrics(settings):
-    config, expected, root = settings("demo")
+def test_sigterm_finishes_the_step_checkpoints_exits_0_and_resumes_to_the_same_metrics(setting):
+    config, expected, root = setting
     run_dir = root / "terminated"
     path = config(run_dir, checkpoint_every=STEPS)  # the stop must write its own checkpoint
     victim = start_training(path)
