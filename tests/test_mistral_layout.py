@@ -237,3 +237,16 @@ def test_a_dense_mistral_folder_reads_as_the_hf_model(tmp_path):
     assert "layers.0.attention.wq.weight" in stored and is_mistral_folder(folder)
     ids = torch.randint(0, c.vocab_size, (1, 24), generator=torch.Generator().manual_seed(0))
     assert (_trainer(folder)(input_ids=ids).logits - hf(input_ids=ids).logits).abs().max() <= 1e-5
+
+
+def test_the_image_encoder_is_left_out(mistral_dir, tmp_path):
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "multimodal"
+    shutil.copytree(mistral_dir, folder)
+    params = json.loads((folder / PARAMS_FILE).read_text())
+    (folder / PARAMS_FILE).write_text(json.dumps({**params, "vision_encoder": {"hidden_size": 32, "image_token_id": 10}}))
+    save_file({"vision_encoder.patch_conv.weight": torch.ones(32, 3, 4, 4), "patch_merger.merging_layer.weight": torch.ones(32, 128)},
+              folder / "consolidated-vision.safetensors")  # fmt: skip
+    ids = torch.arange(3, 43).view(1, -1)
+    assert torch.equal(_trainer(folder)(input_ids=ids).logits, _trainer(mistral_dir)(input_ids=ids).logits)

@@ -19,8 +19,9 @@ what the engine serves:
   (experts one Linear each). The way back (for writing a Mistral folder) is derived from the
   mapper's own patterns, and every name it gives is checked to map forward to where it came
   from; rlvr writes Mistral's layout for MLA models only.
-- tensors the mapping leaves alone under a vision-encoder prefix belong to the image encoder,
-  which a text-only run neither loads nor trains; any other unmapped tensor is an error.
+- tensors the mapping leaves alone that `rlvr.models.multimodal.is_encoder_tensor` names belong
+  to the image (or audio) encoder, which a text-only run neither loads nor trains; any other
+  unmapped tensor is an error.
 """
 
 from __future__ import annotations
@@ -35,13 +36,12 @@ from types import SimpleNamespace
 import torch
 
 from rlvr.errors import UserError
+from rlvr.models.multimodal import is_encoder_tensor
 
 PARAMS_FILE = "params.json"
 WEIGHTS_PATTERN = "consolidated*.safetensors"
 WEIGHTS_FILE = "consolidated.safetensors"
 TOKENIZER_FILE = "tekken.json"
-# top-level prefixes of the image encoder in Mistral's multimodal checkpoints (vLLM's pixtral.py)
-VISION_PREFIXES = ("vision_encoder.", "vision_language_adapter.", "patch_merger.", "pre_mm_projector_norm.")
 
 
 class MistralLayoutError(UserError, ValueError):
@@ -214,7 +214,7 @@ class TensorNames:
 
     def to_hf(self, name: str, tensor: torch.Tensor) -> tuple[str, torch.Tensor] | None:
         """The HF name and tensor of Mistral's `name` (dense: rope rows un-interleaved, vLLM's
-        way); None for an image-encoder tensor. A meta tensor maps the name alone."""
+        way); None for an encoder tensor. A meta tensor maps the name alone."""
         if self.dense:
             from vllm.model_executor.models.mistral import MistralForCausalLM
 
@@ -223,7 +223,7 @@ class TensorNames:
         else:
             hf_name = _mla_mapper().map_name(name)
         if hf_name is None or (hf_name == name and not hf_name.startswith(("model.", "lm_head."))):
-            if name.startswith(VISION_PREFIXES):
+            if is_encoder_tensor(name):
                 return None
             raise MistralLayoutError(f"{name}: a tensor vLLM's {self.config.model_type} mapping does not name")
         return hf_name, tensor
