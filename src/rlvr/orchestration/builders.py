@@ -63,6 +63,7 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     train_set = load_prompt_set(cfg.data, cfg.data.train, tokenizer)
     test_set = load_prompt_set(cfg.data, cfg.data.test, tokenizer, limit=cfg.eval.max_problems) if cfg.data.test else None
     cfg = sized_engine(cfg, [train_set, *([test_set] if test_set else [])])
+    cfg = with_engine_lora_targets(cfg, log)
     shared = test_set.shared_with(train_set) if test_set is not None else 0
     if shared:
         log(f"note: {shared} of the {len(test_set.problems)} test problems also occur in data.train (the same prompt): "
@@ -98,6 +99,37 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
         progress=progress,
         log=log,
     )
+
+
+def with_engine_lora_targets(cfg: RunConfig, log=print) -> RunConfig:
+    """`cfg` with `lora.target_modules` resolved to the modules the engine applies in prefill
+    and decode (rlvr.engines.lora_targets): "all-linear" without them, said once; an explicit
+    target the engine would not apply is refused."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlvr.engines.lora_targets import dropped_line, engine_lora_targets, engine_uses_mla
+    from rlvr.models.estimate import estimate_config
+    from rlvr.models.folder import config_file
+    from rlvr.quant.linear import all_linear_names
+
+    lora = cfg.trainer.lora
+    if lora is None:
+        return cfg
+    # a checkpoint's config, or the one model.estimate describes (plans and rehearsals of a model not at hand)
+    has_config = config_file(Path(cfg.model.path)).is_file() or cfg.model.estimate is None
+    config = AutoConfig.from_pretrained(cfg.model.path) if has_config else estimate_config(cfg.model.estimate)
+    if not engine_uses_mla(config):
+        return cfg
+    names = []
+    if lora.target_modules == "all-linear":
+        with torch.device("meta"):
+            names = all_linear_names(AutoModelForCausalLM.from_config(config))
+    targets, dropped = engine_lora_targets(lora.target_modules, names, uses_mla=True)
+    if dropped:
+        log(dropped_line(dropped))
+    trainer = cfg.trainer.model_copy(update={"lora": lora.model_copy(update={"target_modules": targets})})
+    return cfg.model_copy(update={"trainer": trainer})
 
 
 def build_trainer(cfg: RunConfig):

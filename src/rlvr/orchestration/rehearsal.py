@@ -124,10 +124,12 @@ def rehearsed_ranks(world_size: int) -> list[int]:
 def compare_bytes(cfg: RunConfig) -> list[dict]:
     """For the rehearsed ranks: the plan's bytes and those measured on the sharded meta model."""
     from rlvr.orchestration.plan import rank_bytes
+    from rlvr.orchestration.builders import with_engine_lora_targets
     from rlvr.training.sharding_rehearsal import measure_ranks
 
     ranks = rehearsed_ranks(cfg.trainer.ranks)
-    measured = measure_ranks(cfg, ranks)
+    # the trainer's LoRA as the run resolves it (the plan counts it so): not kv_b_proj on MLA
+    measured = measure_ranks(with_engine_lora_targets(cfg, log=lambda line: None), ranks)
     return [{"rank": rank, "planned": rank_bytes(cfg, rank), "measured": bytes_}
             for rank, bytes_ in zip(ranks, measured)]
 

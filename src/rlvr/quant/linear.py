@@ -234,12 +234,18 @@ def prepare_lora_config(config: LoraConfig, model: nn.Module) -> LoraConfig:
     """
     config._register_custom_module({QuantizedLinear: QuantizedLoraLinear, nn.Linear: FusedLoraLinear})
     if isinstance(config.target_modules, str) and config.target_modules.lower() == "all-linear":
-        head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-        config.target_modules = sorted(
-            {
-                name.rsplit(".", 1)[-1]
-                for name, module in model.named_modules()
-                if isinstance(module, (nn.Linear, QuantizedLinear)) and module is not head
-            }
-        )
+        config.target_modules = all_linear_names(model)
     return config
+
+
+def all_linear_names(model: nn.Module) -> list[str]:
+    """What `target_modules="all-linear"` adapts: the leaf names of every `nn.Linear` and
+    `QuantizedLinear` of `model` except the output head."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return sorted(
+        {
+            name.rsplit(".", 1)[-1]
+            for name, module in model.named_modules()
+            if isinstance(module, (nn.Linear, QuantizedLinear)) and module is not head
+        }
+    )
