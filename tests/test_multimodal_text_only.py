@@ -188,4 +188,13 @@ def test_vllm_serves_it_text_only_as_the_trainer_computes(checkpoint):
     trainer = [float(logits[i - 1, sequence[i]]) for i in range(prompt_len, len(sequence))]
     with start_engine("vllm", folder, max_model_len=64, kv_cache_gb=0.25) as engine:
         served = engine.score([sequence], [prompt_len])[0]
+        (parameters, encoders), = engine._llm.collective_rpc(_loaded_modules)  # on CPU the engine core is in-process
     assert max(abs(a - b) for a, b in zip(served, trainer)) < 1e-4, (served, trainer)
+    assert parameters == ["language_model"] and set(encoders) == {"StageMissingLayer"}, (parameters, encoders)
+
+
+def _loaded_modules(worker):
+    """The served model's top-level modules holding parameters, and what its encoder modules are."""
+    model = worker.model_runner.model
+    encoders = [getattr(model, name) for name in ("vision_tower", "audio_tower", "multi_modal_projector") if hasattr(model, name)]
+    return sorted({name.split(".")[0] for name, _ in model.named_parameters()}), [type(m).__name__ for m in encoders]
