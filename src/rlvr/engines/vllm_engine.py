@@ -151,6 +151,7 @@ class VLLMEngine(Engine):
             # precision only (float32 fails to load: "expect weight to be bfloat16, float16, ...")
             attention_backend="CPU_MLA" if not on_gpu and uses_mla and model.dtype == "float32" else None,
         )
+        options.update(folder_options(model_path))
         if self.enable_lora and not self.merge_lora:
             options.update(max_lora_rank=lora_rank, max_loras=1)  # one adapter at a time: the current policy
         set_num_threads = torch.set_num_threads
@@ -468,17 +469,32 @@ def merged_weights(
     return list(merged.items())
 
 
-def _num_experts(model_path: str) -> int:
-    from pathlib import Path
+def folder_options(model_path: str) -> dict:
+    """vLLM's readers for what the folder holds. Mistral's layout (params.json +
+    consolidated*.safetensors) goes through vLLM's Mistral formats: the config through
+    `adapt_config_dict`, the tensor names through the model's own mapper, as the trainer reads
+    them (rlvr.models.mistral_layout). A tekken.json tokenizer is read by mistral-common
+    (`tokenizer_mode="mistral"`) wherever rlvr's own tokenizer is (rlvr.models.tokenizer), so
+    both see the same ids. A multimodal checkpoint is served text-only (rlvr.models.multimodal)."""
+    from rlvr.models import multimodal
+    from rlvr.models.mistral_layout import is_mistral_folder
+    from rlvr.models.tokenizer import uses_mistral_tokenizer
 
-    file = Path(model_path) / "config.json"
-    if not file.is_file():
-        return 0
-    config = json.loads(file.read_text())
-    config = config.get("text_config") or config  # multimodal wrappers keep the LM's config inside
+    options = multimodal.engine_options(multimodal.read_model_config(model_path))
+    if is_mistral_folder(model_path):
+        options.update(config_format="mistral", load_format="mistral")
+    if uses_mistral_tokenizer(model_path):
+        options["tokenizer_mode"] = "mistral"
+    return options
+
+
+def _num_experts(model_path: str) -> int:
+    from rlvr.models.folder import model_config
+
+    config = model_config(model_path).get_text_config()  # multimodal wrappers keep the LM's config inside
     # the keys vLLM 0.32 reads for the expert count (ModelArchConfigConvertor.get_num_experts)
     keys = ("num_experts", "moe_num_experts", "n_routed_experts", "num_local_experts")
-    return next((int(config[key]) for key in keys if config.get(key)), 0)
+    return next((int(getattr(config, key)) for key in keys if getattr(config, key, None)), 0)
 
 
 def _read_weights(model_path: str) -> dict[str, torch.Tensor]:

@@ -87,9 +87,11 @@ def moe_layer_numbers(model_path: str) -> list[int]:
     """The decoder-block index of each MoE layer, in forward order, from the model folder's
     config alone (the model built on the meta device, no weights read). vLLM's routed experts
     have a row for every decoder block, dense ones included; these select rlvr's MoE layers."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.models.folder import model_config
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+        model = AutoModelForCausalLM.from_config(model_config(model_path))
     # every transformers decoder keeps its blocks in one ModuleList: the first index in a name is the block's
     return [int(re.search(r"\.(\d+)\.", layer.router_name).group(1)) for layer in moe_layers(model)]
