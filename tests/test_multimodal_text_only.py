@@ -1,6 +1,7 @@
 """Text-only runs of multimodal checkpoints (rlvr.models.multimodal): the trainer builds the text
 config's causal LM and never reads an encoder tensor; the engine is told no modality takes an item."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,21 @@ def test_what_the_config_says():
     assert multimodal.modalities(voxtral) == ("audio",)
     text_only = {"model_type": "qwen2", "max_position_embeddings": 1024}
     assert not multimodal.is_multimodal(text_only) and multimodal.engine_options(text_only) == {}
+
+
+@pytest.mark.parametrize(
+    "file, config, positions",
+    [
+        ("config.json", {"text_config": {"max_position_embeddings": 256}, "vision_config": {}}, 256),
+        ("config.json", {"n_positions": 1024, "max_position_embeddings": 2048}, 1024),  # vLLM takes the smallest
+        ("config.json", {"model_type": "qwen2"}, None),
+        ("params.json", {"dim": 64, "max_seq_len": 4096, "max_position_embeddings": 131072}, 4096),
+        ("params.json", {"dim": 64}, 128_000),  # adapt_config_dict's default
+    ],
+)
+def test_the_positions_are_what_vllm_derives(tmp_path, file, config, positions):
+    (tmp_path / file).write_text(json.dumps(config))
+    assert multimodal.max_positions(tmp_path) == positions
 
 
 @pytest.mark.parametrize(

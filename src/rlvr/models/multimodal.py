@@ -67,11 +67,24 @@ def text_config(config: dict) -> dict:
     return config.get("text_config") or config
 
 
+# the length keys vLLM 0.32 reads from a text config; it takes the smallest one present
+# (`ModelArchConfigConvertorBase.derive_max_model_len_and_key`)
+LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+               "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+# what vLLM's `adapt_config_dict` puts in a params.json that names no length
+MISTRAL_DEFAULT_POSITIONS = 128_000
+
+
 def max_positions(model_dir: str | Path) -> int | None:
-    """The longest sequence the language model was built for (config.json's max_position_embeddings,
-    params.json's max_seq_len), None when neither says."""
-    text = text_config(read_model_config(model_dir))
-    return text.get("max_position_embeddings") or text.get("max_seq_len")
+    """The longest sequence the engine accepts for the language model, as vLLM derives it: the
+    smallest length key of the text config (params.json: 128,000 when it names none); None when
+    a config.json names none."""
+    config = read_model_config(model_dir)
+    text = text_config(config)
+    lengths = [text[key] for key in LENGTH_KEYS if isinstance(text.get(key), int)]
+    if not (Path(model_dir) / "config.json").is_file() and config:
+        lengths = lengths or [MISTRAL_DEFAULT_POSITIONS]
+    return min(lengths, default=None)
 
 
 def is_encoder_tensor(name: str) -> bool:
