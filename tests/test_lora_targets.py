@@ -75,6 +75,21 @@ def test_all_linear_on_mla_keeps_every_linear_but_kv_b_proj(mla_dir):
     assert list(dropped) == ["kv_b_proj"]
 
 
+def test_a_mistral_large_3_folder_drops_kv_b_proj_as_vllm_reads_it(tmp_path):
+    """Mistral's layout: the trainer builds transformers' mistral4 (a model type vLLM's MLA list
+    lacks), vLLM reads params.json as deepseek_v3; the run resolves against vLLM's reading."""
+    from rlvr.config import load_config
+    from rlvr.models.tiny import build_tiny_mistral_folder
+    from rlvr.orchestration.builders import with_engine_lora_targets
+
+    path = build_tiny_mistral_folder(tmp_path / "mistral", hidden_size=64, num_heads=2, num_layers=2,
+                                     intermediate_size=128, kv_lora_rank=512, qk_rope_head_dim=64)
+    said = []
+    cfg = with_engine_lora_targets(load_config("configs/demo.yaml", [f"model.path={path}"]), log=said.append)
+    assert "kv_b_proj" not in cfg.trainer.lora.target_modules and "q_b_proj" in cfg.trainer.lora.target_modules
+    assert said == [f"LoRA: not adapting kv_b_proj: {MLA_DECODE_ABSORBS['kv_b_proj']}"]
+
+
 def test_an_explicit_kv_b_proj_is_refused_and_other_lists_pass(mla_dir):
     with pytest.raises(UnappliedLoraTarget, match=r"^lora.target_modules: kv_b_proj cannot"):
         engine_lora_targets(["q_b_proj", "kv_b_proj"], [], uses_mla=True)

@@ -106,20 +106,21 @@ def with_engine_lora_targets(cfg: RunConfig, log=print) -> RunConfig:
     and decode (rlvr.engines.lora_targets): "all-linear" without them, said once; an explicit
     target the engine would not apply is refused."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from rlvr.engines.lora_targets import dropped_line, engine_lora_targets, engine_uses_mla
     from rlvr.models.estimate import estimate_config
-    from rlvr.models.folder import config_file
+    from rlvr.models.folder import config_file, model_config
     from rlvr.quant.linear import all_linear_names
 
     lora = cfg.trainer.lora
     if lora is None:
         return cfg
-    # a checkpoint's config, or the one model.estimate describes (plans and rehearsals of a model not at hand)
-    has_config = config_file(Path(cfg.model.path)).is_file() or cfg.model.estimate is None
-    config = AutoConfig.from_pretrained(cfg.model.path) if has_config else estimate_config(cfg.model.estimate)
-    if not engine_uses_mla(config):
+    # the folder as vLLM reads it (a Mistral Large 3 folder: the trainer's mistral4, vLLM's deepseek_v3),
+    # or the model model.estimate describes (plans and rehearsals of a model not at hand)
+    folder = config_file(cfg.model.path).is_file() or cfg.model.estimate is None
+    config = model_config(cfg.model.path) if folder else estimate_config(cfg.model.estimate)
+    if not engine_uses_mla(cfg.model.path if folder else config):
         return cfg
     names = []
     if lora.target_modules == "all-linear":
