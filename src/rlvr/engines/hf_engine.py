@@ -31,15 +31,13 @@ class HFEngine(Engine):
     name = "hf"  # what summary.json reports as the engine that ran
 
     def __init__(self, model: ModelConfig, engine: EngineConfig, *, seed: int, device: str | None = None):
-        from transformers import AutoModelForCausalLM
-
         from rlvr.models.tokenizer import load_tokenizer
 
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if self.device.type == "cpu":
             torch.set_num_threads(engine.num_threads or os.cpu_count() or 1)
         self.tokenizer = load_tokenizer(model.path)
-        self.model = AutoModelForCausalLM.from_pretrained(model.path, dtype=getattr(torch, model.dtype)).to(self.device)
+        self.model = _load_model(model.path, getattr(torch, model.dtype)).to(self.device)
         self.model.eval()
         from rlvr.models.moe import moe_layers
 
@@ -228,3 +226,21 @@ class HFEngine(Engine):
     def _check_open(self, operation: str) -> None:
         if self._closed:
             raise RuntimeError(f"HF engine is closed: cannot {operation}")
+
+
+def _load_model(path: str, dtype: torch.dtype):
+    """transformers' own load of an HF folder; a folder in Mistral's layout as the trainer builds
+    it (`Skeleton`: the config and names vLLM reads it with, rlvr.models.mistral_layout), which
+    `from_pretrained` cannot read (no config.json)."""
+    from transformers import AutoModelForCausalLM
+
+    from rlvr.models.mistral_layout import is_mistral_folder
+
+    if not is_mistral_folder(path):
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    from rlvr.quant.skeleton import Skeleton
+
+    skeleton = Skeleton.from_checkpoint(path, dtype)
+    skeleton.keep_initialized(skeleton.model)
+    skeleton.fill(skeleton.model, "cpu")
+    return skeleton.model
