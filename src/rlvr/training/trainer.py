@@ -25,7 +25,7 @@ import torch
 from rlvr.records import LoraAdapter, TrainBatch
 from rlvr.training import wire
 from rlvr.training.packing import plan, split_by_group
-from rlvr.training.worker import MiniBatch, RankSpec, StepInput, run_rank
+from rlvr.training.worker import MiniBatch, RankSpec, StepInput, SumLossInput, run_rank
 
 
 class TrainerError(RuntimeError):
@@ -156,6 +156,37 @@ class Trainer:
         for part in self._call_each("logprobs", [(mbs, temperature) for mbs in per_rank]):
             merged.update(part)
         return [merged[i] for i in range(len(sequences))]
+
+    def forward_backward(
+        self, inputs: list[list[int]], targets: list[list[int]], loss: str, loss_inputs: list[dict[str, torch.Tensor]],
+        clip_thresholds: tuple[float, float], backward: bool = True,
+    ) -> tuple[list[torch.Tensor], float]:
+        """The Tinker API's forward_backward: `inputs[i][t]` predicts `targets[i][t]`; the loss
+        (rlvr.algorithms.sum_losses) is a sum over every token of every datum, and its gradient
+        adds up over calls until optim_step(). Returns each datum's logprobs and the loss."""
+        # each datum is scored as a completion after its first token; the targets it scores are
+        # the datum's own, whatever its next input token is
+        sequences = [list(x) + [y[-1]] for x, y in zip(inputs, targets)]
+        per_rank = plan(sequences, [1] * len(sequences), self.world_size, self.micro_batch_tokens, share_prompts=False)
+        payloads = []
+        for micro_batches in per_rank:
+            for mb in micro_batches:
+                mb.score_targets = torch.cat([torch.as_tensor(targets[i], dtype=mb.score_targets.dtype) for i in mb.sequences]
+                                             ) if mb.sequences else mb.score_targets
+            mine = [i for mb in micro_batches for i in mb.sequences]
+            payloads.append(SumLossInput(micro_batches, loss, {i: loss_inputs[i] for i in mine}, clip_thresholds, backward))
+        merged: dict[int, torch.Tensor] = {}
+        total = 0.0
+        for part in self._call_each("forward_backward", payloads):
+            merged.update(part["logprobs"])
+            total += part["loss"]
+        return [merged[i] for i in range(len(sequences))], total
+
+    def optim_step(self, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
+                   max_grad_norm: float) -> dict[str, float]:
+        """Apply the gradient forward_backward() accumulated with these AdamW settings; grad_norm and skipped."""
+        adam = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay, "max_grad_norm": max_grad_norm}
+        return self._call_all("optim_step", adam)[0]
 
     def adapter(self) -> LoraAdapter:
         if not self.spec.trainer.lora:

@@ -85,6 +85,18 @@ class StepInput:
     routes: dict[int, torch.Tensor] | None = None  # MoE: sequence index -> the engine's routes; None: none recorded
 
 
+@dataclass
+class SumLossInput:
+    """One rank's share of a forward_backward call (the Tinker API's): a loss summed over tokens
+    (rlvr.algorithms.sum_losses), its gradient added to the parameters' until optim_step."""
+
+    micro_batches: list[MicroBatch]
+    loss: str
+    inputs: dict[int, dict[str, torch.Tensor]]  # sequence index -> the loss's per-token inputs, by name
+    clip_thresholds: tuple[float, float]
+    backward: bool  # False: forward only (logprobs and loss, no gradient)
+
+
 def run_rank(rank: int, world_size: int, port: int, spec: RankSpec, conn) -> None:
     """A local rank process: join the group, then answer commands from `conn` until "close"."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's: it stops between steps
@@ -251,7 +263,7 @@ class _Rank:
         for mini in updates:
             for mb in mini.micro_batches:
                 self._train_micro_batch(mb, mini, step, old, sums, measure=old is None)
-            for key, value in self._optimizer_step().items():
+            for key, value in self._optimizer_step(self.spec.trainer.grad_clip).items():
                 self._accumulate(sums, key, value)
         self.scheduler.step()  # the schedule counts RL steps: N mini-batches x E epochs share one rate
         sums["loss"] /= len(updates)  # the mean update's loss
@@ -263,6 +275,40 @@ class _Rank:
             self._accumulate(sums, "approx_kl_after_tokens", float(sum(len(lp) for lp in old.values())))
         sums["seconds"] = time.perf_counter() - started  # this rank's compute, for the overlap figures
         return sums
+
+    def forward_backward(self, work: SumLossInput) -> dict:
+        """Every sequence's logprobs and the loss summed over the rank's tokens; with `backward`,
+        its gradient is added to what earlier calls left, for optim_step to apply."""
+        from rlvr.algorithms.sum_losses import sum_loss
+
+        logprobs_out: dict[int, torch.Tensor] = {}
+        total = 0.0
+        with torch.set_grad_enabled(work.backward):
+            for mb in work.micro_batches:
+                logprobs, _ = self._forward(mb, 1.0)
+                if mb.is_empty:
+                    if work.backward:  # keeps this rank in step with the others' collectives
+                        (logprobs.sum() * 0.0).backward()
+                    continue
+                rows = unpack(logprobs, mb)
+                lp = _padded(rows)
+                inputs = {key: _padded([work.inputs[i][key] for i in mb.sequences]).to(self.device, lp.dtype)
+                          for key in work.inputs[mb.sequences[0]]}
+                loss = sum_loss(work.loss, lp, inputs, _padded([torch.ones(len(r)) for r in rows]).bool().to(self.device),
+                                work.clip_thresholds)
+                if work.backward:
+                    # FSDP averages gradients over ranks; the world_size factor makes that the sum
+                    (loss * self.world_size).backward()
+                total += loss.item()
+                logprobs_out.update((i, row.detach().float().cpu()) for i, row in zip(mb.sequences, rows))
+        return {"logprobs": logprobs_out, "loss": total}
+
+    def optim_step(self, adam: dict) -> dict[str, float]:
+        """Apply the gradient forward_backward calls accumulated, with this call's AdamW settings
+        (lr, betas, eps, weight_decay; max_grad_norm, inf: no clip); the gradient is cleared."""
+        for group in self.optimizer.param_groups:
+            group.update(lr=adam["lr"], betas=adam["betas"], eps=adam["eps"], weight_decay=adam["weight_decay"])
+        return self._optimizer_step(adam["max_grad_norm"])
 
     def _train_micro_batch(
         self, mb: MicroBatch, mini: MiniBatch, step: StepInput, old: dict | None, sums: dict, measure: bool
@@ -396,9 +442,9 @@ class _Rank:
             metrics = {**metrics, "kl": float(kl)}
         return loss, metrics, is_weights
 
-    def _optimizer_step(self) -> dict[str, float]:
+    def _optimizer_step(self, max_grad_norm: float) -> dict[str, float]:
         """Clip and step, unless the gradient is not finite (then the update is skipped)."""
-        grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in self.trainable], self.spec.trainer.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in self.trainable], max_grad_norm)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         skipped = not math.isfinite(grad_norm)
         if not skipped:
