@@ -9,9 +9,11 @@ SRC = Path(__file__).parents[1] / "src" / "rlvr"
 
 # package -> the packages it must not import (at module level or inside a function)
 FORBIDDEN = {
-    pkg: ("rlvr.orchestration", "rlvr.eval", "rlvr.cli", "rlvr.demo")
+    pkg: ("rlvr.orchestration", "rlvr.eval", "rlvr.cli", "rlvr.demo", "rlvr.serve")
     for pkg in ("tracking", "algorithms", "quant", "rewards", "engines", "data", "training", "checkpoint", "sync", "rollout")
 }
+# the Tinker server is a thin layer over the same pieces the loop drives, never over the loop
+FORBIDDEN["serve"] = ("rlvr.orchestration", "rlvr.eval", "rlvr.cli", "rlvr.demo")
 FORBIDDEN["algorithms"] += ("rlvr.training", "rlvr.engines", "rlvr.rollout", "rlvr.sync")
 FORBIDDEN["rewards"] += ("rlvr.training", "rlvr.engines", "rlvr.rollout", "rlvr.sync", "rlvr.algorithms")
 

@@ -1,4 +1,4 @@
-"""`rlvr` command line: train, rehearse, demo, eval, score, import, quantize, export, report."""
+"""`rlvr` command line: train, rehearse, demo, eval, score, import, quantize, export, report, serve."""
 
 from __future__ import annotations
 
@@ -350,6 +350,21 @@ def _print_summary(summary: dict, cfg, report: Path, logs: bool) -> None:
     run_dir = Path(cfg.run_dir)
     console.print(f"wrote {run_dir / 'summary.json'}, metrics.jsonl and {report.name}"
                   + (f"; logs in {run_dir / 'logs'}" if logs else ""), highlight=False)
+
+
+@app.command()
+def serve(
+    host: Optional[str] = typer.Option(None, "--host", help="address to listen on (default: the config's serve host)"),
+    port: Optional[int] = typer.Option(None, "--port", help="TCP port (default: the config's port)"),
+    config: Optional[Path] = typer.Option(None, "--config", help="FILE.yaml: engine and trainer sections, as a run's"),
+):
+    """Serve the Tinker API (the `tinker` SDK's ServiceClient(base_url=...)): LoRA training and sampling."""
+    from rlvr.config import ServeConfig
+    from rlvr.serve.app import serve as run_server
+
+    cfg = load_config(config, schema=ServeConfig) if config else ServeConfig()
+    given = {"host": host, "port": port}
+    run_server(cfg.model_copy(update={key: value for key, value in given.items() if value is not None}))
 
 
 def main() -> None:

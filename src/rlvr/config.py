@@ -592,11 +592,22 @@ class RunConfig(Section):
         return self
 
 
+class ServeConfig(Section):
+    """`rlvr serve FILE.yaml`: the Tinker API over a run's trainer and engine (the same sections and defaults).
+    The base model and the LoRA rank come with each create_model request."""
+
+    host: str = Field("127.0.0.1", description="address the server listens on (--host wins)")
+    port: int = Field(8000, ge=1, le=65535, description="TCP port (--port wins)")
+    seed: int = Field(0, description="seeds LoRA initialisation (unless the request gives one) and the engine's sampling")
+    engine: EngineConfig = Field(EngineConfig(), description="the engine that samples")
+    trainer: TrainerConfig = Field(TrainerConfig(), description="trainer ranks; trainer.lora's rank is the request's")
+
+
 # --------------------------------------------------------------------------- loading
 
 
-def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Read a YAML config, apply `a.b.c=value` overrides, validate; raise ConfigError."""
+def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (), schema: type[Section] = RunConfig):
+    """Read a YAML config of `schema`, apply `a.b.c=value` overrides, validate; raise ConfigError."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: config file not found")
@@ -611,15 +622,15 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     for item in overrides:
         alone: dict = {}
         _apply_override(alone, item)
-        _check_keys(alone, RunConfig, prefix="", source=f"override {item!r}")
+        _check_keys(alone, schema, prefix="", source=f"override {item!r}")
         _apply_override(raw, item)
-    return validate_config(raw, source=str(path))
+    return validate_config(raw, source=str(path), schema=schema)
 
 
-def validate_config(raw: dict, source: str = "<config>") -> RunConfig:
-    _check_keys(raw, RunConfig, prefix="", source=source)
+def validate_config(raw: dict, source: str = "<config>", schema: type[Section] = RunConfig):
+    _check_keys(raw, schema, prefix="", source=source)
     try:
-        return RunConfig.model_validate(raw)
+        return schema.model_validate(raw)
     except ValidationError as err:
         first = err.errors()[0]
         message = first["msg"].removeprefix("Value error, ")

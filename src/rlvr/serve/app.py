@@ -1,0 +1,348 @@
+"""The Tinker API over HTTP: the routes the unmodified `tinker` SDK calls, on rlvr's trainer and engine.
+
+    rlvr serve --port 8000          # then: tinker.ServiceClient(base_url="http://127.0.0.1:8000")
+
+Every training or sampling call answers at once with a request id; the work runs on one worker
+thread, in arrival order, except that a model's training calls run in the order of their seq_id
+(the SDK sends forward_backward chunks in parallel). `retrieve_future` holds a poll until the
+result is there or _HOLD_S has passed, then says try_again. A request that is malformed or
+names what does not exist gets a 400 with its reason, and the model is left as it was.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import uuid
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+from tinker import types
+
+from rlvr.config import ServeConfig
+from rlvr.errors import UserError
+from rlvr.models.folder import check_model_folder
+from rlvr.records import LoraAdapter, Sampling
+from rlvr.serve.protocol import BadRequest, forward_backward_output, read_forward_backward, sample_response
+
+# The SDK waits 45 s for each retrieve_future answer; holding a poll for less keeps it under that.
+_HOLD_S = 30.0
+_PROTOBUF = "application/x-protobuf"
+
+
+@dataclass
+class SamplerSession:
+    base_model: str
+    model_id: str | None  # the training model whose engine samples it (None: a base-model session)
+    adapter: LoraAdapter | None  # the snapshot it samples (None: the base)
+    model_path: str | None = None
+
+
+class TinkerServer:
+    """Sessions, models, sampling sessions and futures; `app` is the ASGI application."""
+
+    def __init__(self, cfg: ServeConfig):
+        self.cfg = cfg
+        self.sessions: set[str] = set()
+        self.models: dict = {}  # model id -> rlvr.serve.model.ServedModel
+        self._claimed: set[str] = set()  # models created or being built
+        self.samplers: dict[str, SamplerSession] = {}
+        self.named: dict[str, tuple[str, LoraAdapter]] = {}  # tinker:// path -> (model id, adapter)
+        self.futures: dict[str, concurrent.futures.Future] = {}
+        self._next_seq: dict[str, int] = {}  # model id -> the seq_id its next training call must carry
+        self._waiting: dict[str, dict[int, Callable | None]] = {}  # model id -> seq_id -> work (None: refused)
+        self._work = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlvr-serve")
+        self._ids = itertools.count(1)
+        self.app = self._routes()
+
+    # ------------------------------------------------------------------ futures
+
+    def _submit(self, work: Callable, model_id: str | None = None, seq_id: int | None = None, **extra) -> dict:
+        """Queue `work` (in seq_id order for a model's training calls); the SDK's UntypedAPIFuture."""
+        request_id = f"req-{next(self._ids)}"
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self.futures[request_id] = future
+
+        def run() -> None:
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(work())
+                except BaseException as error:  # reported to the client through retrieve_future
+                    future.set_exception(error)
+
+        if model_id is None or seq_id is None:
+            self._work.submit(run)
+        else:
+            self._in_order(model_id, seq_id, run)
+        return {"request_id": request_id, "model_id": model_id, **extra}
+
+    def _in_order(self, model_id: str, seq_id: int, run: Callable | None) -> None:
+        """Run a model's training calls by seq_id: a later one waits for the ones before it; a refused
+        one (`run` None) still takes its turn, so that the calls after it are not held forever."""
+        expected = self._next_seq.setdefault(model_id, 1)
+        if seq_id < expected or seq_id in self._waiting.setdefault(model_id, {}):
+            raise BadRequest(f"seq_id {seq_id} of model {model_id} was already used (the next is {expected})")
+        waiting = self._waiting[model_id]
+        waiting[seq_id] = run
+        while self._next_seq[model_id] in waiting:
+            ready = waiting.pop(self._next_seq[model_id])
+            self._next_seq[model_id] += 1
+            if ready is not None:
+                self._work.submit(ready)
+
+    async def _retrieve(self, request_id: str) -> Response:
+        future = self.futures.get(request_id)
+        if future is None:
+            return _refuse(f"unknown request_id {request_id!r}", status=404)
+        wrapped = asyncio.wrap_future(future)
+        done, _ = await asyncio.wait([wrapped], timeout=_HOLD_S)  # never cancels the work itself
+        if not done:
+            return JSONResponse({"type": "try_again", "request_id": request_id, "queue_state": "active"})
+        error = future.exception()
+        if error is not None:
+            user = isinstance(error, (BadRequest, ValueError)) or getattr(error, "user_error", False)
+            return JSONResponse({"error": f"{type(error).__name__}: {error}", "category": "user" if user else "server"})
+        result = future.result()
+        if isinstance(result, bytes):
+            return Response(result, media_type=_PROTOBUF)
+        return JSONResponse(result)
+
+    # ------------------------------------------------------------------ the work
+
+    def _create_model(self, request: types.CreateModelRequest, model_id: str) -> dict:
+        from rlvr.serve.model import ServedModel
+
+        seed = self.cfg.seed if request.lora_config.seed is None else request.lora_config.seed
+        try:
+            self.models[model_id] = ServedModel(model_id, request.base_model, request.lora_config.rank, seed, self.cfg)
+        except BaseException:
+            self._claimed.discard(model_id)
+            raise
+        return {"model_id": model_id, "type": "create_model"}
+
+    def _model(self, model_id: str):
+        if model_id not in self.models:
+            raise BadRequest(f"unknown model_id {model_id!r}")
+        return self.models[model_id]
+
+    def _save_for_sampler(self, request: types.SaveWeightsForSamplerRequest) -> dict:
+        model = self._model(request.model_id)
+        adapter = model.publish()
+        if request.path is not None:
+            path = f"tinker://{request.model_id}/sampler_weights/{request.path}"
+            self.named[path] = (request.model_id, adapter)
+            return {"path": path, "type": "save_weights_for_sampler"}
+        sampler_id = f"{request.model_id}:sample:{request.sampling_session_seq_id}"
+        self.samplers[sampler_id] = SamplerSession(model.base_model, request.model_id, adapter)
+        return {"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"}
+
+    def _sample(self, request: types.SampleRequest, sampler: SamplerSession) -> bytes:
+        if sampler.model_id is None:
+            raise BadRequest(f"sampling {sampler.base_model} needs a model created on it first (create_model)")
+        model = self._model(sampler.model_id)
+        return sample_response(model.sample(sampler.adapter, _tokens(request.prompt), request.num_samples,
+                                            _sampling(request.sampling_params)))
+
+    # ------------------------------------------------------------------ routes
+
+    def _routes(self) -> FastAPI:
+        @asynccontextmanager
+        async def lifespan(_):
+            yield
+            # here, not after uvicorn.run: on SIGTERM uvicorn re-raises the signal once it has shut down
+            self.close()
+
+        app = FastAPI(title="rlvr serve: the Tinker API", lifespan=lifespan)
+
+        @app.exception_handler(UserError)  # BadRequest, and a model folder that is not one
+        async def bad_request(_, error: UserError):
+            return _refuse(str(error))
+
+        @app.exception_handler(ValidationError)
+        async def invalid(_, error: ValidationError):
+            first = error.errors()[0]
+            return _refuse(f"{error.title}: {'.'.join(map(str, first['loc']))}: {first['msg']}")
+
+        @app.get("/api/v1/healthz")
+        async def healthz():
+            return {"status": "ok"}
+
+        @app.post("/api/v1/telemetry")
+        async def telemetry():
+            return {"status": "accepted"}  # the SDK's own error reports: not kept
+
+        @app.post("/api/v1/client/config")
+        async def client_config():
+            return {"pjwt_auth_enabled": False}
+
+        @app.post("/api/v1/create_session")
+        async def create_session(request: Request):
+            types.CreateSessionRequest.model_validate(await request.json())
+            session_id = f"session-{uuid.uuid4().hex[:12]}"
+            self.sessions.add(session_id)
+            return {"type": "create_session", "session_id": session_id}
+
+        @app.post("/api/v1/session_heartbeat")
+        async def session_heartbeat(request: Request):
+            self._session(types.SessionHeartbeatRequest.model_validate(await request.json()).session_id)
+            return {"type": "session_heartbeat"}
+
+        @app.post("/api/v1/sessions/{session_id}/finish")
+        async def finish_session(session_id: str):
+            self.sessions.discard(session_id)
+            return {}
+
+        @app.post("/api/v1/create_model")
+        async def create_model(request: Request):
+            body = types.CreateModelRequest.model_validate(await request.json())
+            self._session(body.session_id)
+            if body.lora_config is None:
+                raise BadRequest("create_model: full fine-tuning is not served; ask for LoRA (lora_config.rank)")
+            if not (body.lora_config.train_attn and body.lora_config.train_mlp):
+                raise BadRequest("lora_config: LoRA on attention and MLP both is all this server trains")
+            check_model_folder(body.base_model, key="base_model")
+            if self._claimed:
+                raise BadRequest(f"this server trains one model at a time; {next(iter(self._claimed))} exists")
+            model_id = f"{body.session_id}:train:{body.model_seq_id}"
+            self._claimed.add(model_id)  # now, not when built: a second request meanwhile is refused too
+            return self._submit(lambda: self._create_model(body, model_id), model_id=model_id)
+
+        @app.post("/api/v1/get_info")
+        async def get_info(request: Request):
+            model = self._model(types.GetInfoRequest.model_validate(await request.json()).model_id)
+            return {"type": "get_info", "model_id": model.model_id, "is_lora": True, "lora_rank": model.rank,
+                    "model_name": model.base_model,
+                    "model_data": {"arch": None, "model_name": model.base_model, "tokenizer_id": model.base_model}}
+
+        @app.post("/api/v1/forward_backward")
+        async def forward_backward(request: Request):
+            batch = read_forward_backward(await request.body())
+            model = self._model(batch.model_id)
+            try:
+                checked = model.check(batch)  # refused here, before the call takes its turn
+            except BadRequest:
+                self._in_order(batch.model_id, batch.seq_id, None)
+                raise
+
+            def work() -> bytes:
+                logprobs, loss = model.forward_backward(checked)
+                return forward_backward_output(logprobs, {"loss:sum": loss})
+
+            return self._submit(work, batch.model_id, batch.seq_id)
+
+        @app.post("/api/v1/optim_step")
+        async def optim_step(request: Request):
+            body = types.OptimStepRequest.model_validate(await request.json())
+            model = self._model(body.model_id)
+            if not isinstance(body.optim_params, types.AdamParams):
+                self._in_order(body.model_id, body.seq_id, None)
+                raise BadRequest(f"optim_step: only AdamParams are supported, not {type(body.optim_params).__name__}")
+            return self._submit(lambda: {"metrics": model.optim_step(body.optim_params)}, body.model_id, body.seq_id)
+
+        @app.post("/api/v1/save_weights_for_sampler")
+        async def save_weights_for_sampler(request: Request):
+            body = types.SaveWeightsForSamplerRequest.model_validate(await request.json())
+            self._model(body.model_id)
+            return self._submit(lambda: self._save_for_sampler(body), body.model_id, body.seq_id)
+
+        @app.post("/api/v1/create_sampling_session")
+        async def create_sampling_session(request: Request):
+            body = types.CreateSamplingSessionRequest.model_validate(await request.json())
+            self._session(body.session_id)
+            sampler_id = f"{body.session_id}:sample:{body.sampling_session_seq_id}"
+            if body.model_path is not None:
+                if body.model_path not in self.named:
+                    raise BadRequest(f"unknown model_path {body.model_path!r} (save_weights_for_sampler(name=...) makes one)")
+                model_id, adapter = self.named[body.model_path]
+                session = SamplerSession(self.models[model_id].base_model, model_id, adapter, body.model_path)
+            elif body.base_model is not None:
+                on_it = [m.model_id for m in self.models.values() if m.base_model == body.base_model]
+                session = SamplerSession(body.base_model, on_it[0] if on_it else None, None)
+            else:
+                raise BadRequest("create_sampling_session: give base_model or model_path")
+            self.samplers[sampler_id] = session
+            return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
+
+        @app.get("/api/v1/samplers/{sampler_id}")
+        async def get_sampler(sampler_id: str):
+            session = self._sampler(sampler_id)
+            return {"sampler_id": sampler_id, "base_model": session.base_model, "model_path": session.model_path}
+
+        @app.post("/api/v1/asample")
+        async def asample(request: Request):
+            body = types.SampleRequest.model_validate(await request.json())
+            if body.sampling_session_id is None:
+                raise BadRequest("asample: sampling_session_id is required (create_sampling_session makes one)")
+            session = self._sampler(body.sampling_session_id)
+            unsupported = {"prompt_logprobs": body.prompt_logprobs, "topk_prompt_logprobs": body.topk_prompt_logprobs,
+                           "topk_sample_logprobs": body.topk_sample_logprobs, "prompt_alt_tokens_k": body.prompt_alt_tokens_k,
+                           "target_prompt_logprobs": body.target_prompt_logprobs,
+                           "record_stability_info": body.record_stability_info}
+            asked = [name for name, value in unsupported.items() if value]
+            if asked:
+                raise BadRequest(f"asample: {asked[0]} is not supported yet")
+            _sampling(body.sampling_params)  # refuse what the engine cannot do now, not in the future
+            reply = self._submit(lambda: self._sample(body, session))
+            reply["sample_sequence_ids"] = [f"{reply['request_id']}:{j}" for j in range(body.num_samples)]
+            return reply
+
+        @app.post("/api/v1/retrieve_future")
+        async def retrieve_future(request: Request):
+            body = types.FutureRetrieveRequest.model_validate(await request.json())
+            return await self._retrieve(body.request_id)
+
+        return app
+
+    def _session(self, session_id: str) -> None:
+        if session_id not in self.sessions:
+            raise BadRequest(f"unknown session_id {session_id!r}")
+
+    def _sampler(self, sampler_id: str) -> SamplerSession:
+        if sampler_id not in self.samplers:
+            raise BadRequest(f"unknown sampling session {sampler_id!r}")
+        return self.samplers[sampler_id]
+
+    def close(self) -> None:
+        self._work.shutdown(wait=True, cancel_futures=True)
+        for model in self.models.values():
+            model.close()
+
+
+def _refuse(message: str, status: int = 400) -> JSONResponse:
+    return JSONResponse({"detail": message}, status_code=status)
+
+
+def _tokens(model_input: types.ModelInput) -> list[int]:
+    tokens: list[int] = []
+    for chunk in model_input.chunks:
+        if not isinstance(chunk, types.EncodedTextChunk):
+            raise BadRequest(f"only text inputs are supported, not {type(chunk).__name__}")
+        tokens.extend(chunk.tokens)
+    return tokens
+
+
+def _sampling(params: types.SamplingParams) -> Sampling:
+    """rlvr's Sampling for the SDK's; what it cannot express is refused."""
+    if params.top_k not in (-1, 0):
+        raise BadRequest("sampling_params.top_k is not supported yet (use -1)")
+    stop = [params.stop] if isinstance(params.stop, str) else list(params.stop or [])
+    if params.stop is not None and not stop:
+        raise BadRequest("sampling_params.stop=[] (no end-of-sequence stop) is not supported yet")
+    if any(not isinstance(s, str) for s in stop):
+        raise BadRequest("sampling_params.stop: token-id stops are not supported yet; give strings")
+    given = {"temperature": params.temperature, "top_p": params.top_p, "seed": params.seed, "max_tokens": params.max_tokens}
+    return Sampling(stop=tuple(stop), **{key: value for key, value in given.items() if value is not None})
+
+
+def serve(cfg: ServeConfig) -> None:
+    """Serve until interrupted; the models' ranks and engines are closed on the way out."""
+    import uvicorn
+
+    server = TinkerServer(cfg)
+    print(f"rlvr serve: the Tinker API on http://{cfg.host}:{cfg.port}", flush=True)
+    uvicorn.run(server.app, host=cfg.host, port=cfg.port, log_level="warning")

@@ -1,0 +1,136 @@
+"""One model a Tinker client trains: LoRA on a frozen base, on rlvr's trainer ranks, sampled by an engine.
+
+    model = ServedModel("s1:train:0", base_model="/models/x", rank=8, seed=0, cfg=serve_config)
+    logprobs, loss = model.forward_backward(batch)     # gradients add up ...
+    metrics = model.optim_step(adam)                   # ... until applied here
+    adapter = model.publish()                          # the engine serves the adapter, checked by the sync probe
+    rollouts = model.sample(adapter, prompt, n, sampling)
+
+Every request is checked here before any rank sees it: a rank that fails takes the trainer
+down with it (rlvr.training.trainer), so a bad request must never reach one.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rlvr.algorithms.sum_losses import DEFAULT_CLIP_THRESHOLDS, SUM_LOSS_INPUTS, SUM_LOSSES
+from rlvr.config import AlgorithmConfig, LoraConfig, ModelConfig, ServeConfig
+from rlvr.engines import make_engine
+from rlvr.models.folder import model_config_dict
+from rlvr.models.multimodal import text_config
+from rlvr.records import LoraAdapter, Rollout, Sampling
+from rlvr.serve.protocol import BadRequest, ForwardBackwardBatch
+from rlvr.sync.check import SyncCheck
+from rlvr.sync.weights import WeightSync
+from rlvr.tracking.timing import StepTimer
+from rlvr.training.trainer import Trainer
+from rlvr.training.worker import RankSpec
+
+# A fixed probe for the sync check: any tokens do, the check compares engine and trainer on them.
+_PROBE = [([1], [2, 3, 4, 5])]
+
+
+@dataclass
+class CheckedBatch:
+    batch: ForwardBackwardBatch
+    targets: list[list[int]]
+    loss_inputs: list[dict[str, torch.Tensor]]  # the loss's per-token inputs, float32
+
+
+class ServedModel:
+    def __init__(self, model_id: str, base_model: str, rank: int, seed: int, cfg: ServeConfig):
+        self.model_id, self.base_model, self.rank = model_id, base_model, rank
+        self.vocab_size = int(text_config(model_config_dict(base_model))["vocab_size"])
+        model = ModelConfig(path=base_model)
+        lora = (cfg.trainer.lora or LoraConfig()).model_copy(update={"rank": rank})
+        trainer = cfg.trainer.model_copy(update={"lora": lora})
+        # the schedule is the client's: each optim_step brings its learning rate
+        self.trainer = Trainer(RankSpec(model=model, trainer=trainer, algorithm=AlgorithmConfig(), seed=seed, total_steps=1))
+        try:
+            self.engine = make_engine(model, cfg.engine, seed=seed, lora_rank=rank)
+        except BaseException:
+            self.trainer.close()
+            raise
+        self.sync = WeightSync(self.engine, self.trainer, _PROBE, SyncCheck(cfg.engine.sync_check_threshold), StepTimer(),
+                               lora=True)
+        self.published = 0
+
+    def forward_backward(self, checked: CheckedBatch) -> tuple[list[np.ndarray], float]:
+        """Each datum's logprobs and the loss summed over all tokens; with forward_only, no gradient."""
+        batch = checked.batch
+        thresholds = (batch.config.get("clip_low_threshold", DEFAULT_CLIP_THRESHOLDS[0]),
+                      batch.config.get("clip_high_threshold", DEFAULT_CLIP_THRESHOLDS[1]))
+        logprobs, loss = self.trainer.forward_backward(batch.inputs, checked.targets, batch.loss, checked.loss_inputs,
+                                                       thresholds, backward=not batch.forward_only)
+        return [row.numpy() for row in logprobs], loss
+
+    def optim_step(self, adam) -> dict[str, float]:
+        """Apply the accumulated gradient with the request's AdamParams (grad_clip_norm 0: no clip)."""
+        for name in ("learning_rate", "beta1", "beta2", "eps", "weight_decay", "grad_clip_norm"):
+            value = getattr(adam, name)
+            if not math.isfinite(value) or value < 0:
+                raise BadRequest(f"optim_step: adam_params.{name} must be a finite number >= 0, got {value}")
+        metrics = self.trainer.optim_step(lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps,
+                                          weight_decay=adam.weight_decay, max_grad_norm=adam.grad_clip_norm or math.inf)
+        return {"grad_norm:mean": metrics["grad_norm"], "skipped:sum": metrics["skipped"]}
+
+    def publish(self) -> LoraAdapter:
+        """Serve the trainer's current adapter on the engine; the sync probe checks it arrived."""
+        self.published += 1
+        self.sync.push(self.published, used_unchecked=True)
+        return self.sync.serving
+
+    def sample(self, adapter: LoraAdapter | None, prompt: list[int], n: int, sampling: Sampling) -> list[Rollout]:
+        """`n` samples of `prompt` from the base with `adapter` (a snapshot publish() returned; None: the base)."""
+        self.check_tokens(prompt, "prompt")
+        if adapter is None and self.sync.serving is not None:
+            raise BadRequest("sampling the bare base after a save_weights_for_sampler is not supported yet")
+        if adapter is not None and adapter is not self.sync.serving:
+            self.sync.serve(adapter)  # an older snapshot: checked by the probe when it was published
+        return self.engine.generate([prompt], n, sampling)
+
+    def check_tokens(self, tokens: list[int], where: str) -> None:
+        if not tokens:
+            raise BadRequest(f"{where}: no tokens")
+        bad = [t for t in tokens if not 0 <= t < self.vocab_size]
+        if bad:
+            raise BadRequest(f"{where}: token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
+
+    def close(self) -> None:
+        self.engine.close()
+        self.trainer.close()
+
+    def check(self, batch: ForwardBackwardBatch) -> CheckedBatch:
+        """The batch with its targets and per-token loss inputs, if it is valid; BadRequest, naming the datum, otherwise."""
+        if batch.loss not in SUM_LOSSES:
+            raise BadRequest(f"forward_backward: loss_fn {batch.loss!r} is not supported; choose one of {SUM_LOSSES}")
+        if not batch.inputs:
+            raise BadRequest("forward_backward: no data")
+        unknown = set(batch.config) - {"clip_low_threshold", "clip_high_threshold"}
+        if unknown:
+            raise BadRequest(f"forward_backward: unknown loss_fn_config key {sorted(unknown)[0]!r}")
+        targets, loss_inputs = [], []
+        for index, (tokens, given) in enumerate(zip(batch.inputs, batch.loss_inputs)):
+            where = f"datum {index}"
+            self.check_tokens(tokens, f"{where}: model_input")
+            needed = ("target_tokens", *SUM_LOSS_INPUTS[batch.loss])
+            missing = [name for name in needed if name not in given]
+            if missing:
+                raise BadRequest(f"{where}: loss {batch.loss!r} needs loss_fn_inputs[{missing[0]!r}]")
+            for name in needed:
+                if len(given[name]) != len(tokens):
+                    raise BadRequest(f"{where}: loss_fn_inputs[{name!r}] has {len(given[name])} values for "
+                                     f"{len(tokens)} model_input tokens")
+            target = given["target_tokens"].astype(np.int64).tolist()
+            self.check_tokens(target, f"{where}: target_tokens")
+            values = {name: torch.from_numpy(given[name].astype(np.float32)) for name in SUM_LOSS_INPUTS[batch.loss]}
+            if not all(torch.isfinite(v).all() for v in values.values()):
+                raise BadRequest(f"{where}: loss_fn_inputs hold a value that is not finite")
+            targets.append(target)
+            loss_inputs.append(values)
+        return CheckedBatch(batch, targets, loss_inputs)

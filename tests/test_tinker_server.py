@@ -1,0 +1,153 @@
+"""`rlvr serve` driven by the real `tinker` SDK: a subprocess on a free port, a tiny model, the
+SDK's ServiceClient as a user would write it (the key is a dummy: the server asks for none)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+
+tinker = pytest.importorskip("tinker")
+from tinker import types  # noqa: E402
+
+from rlvr.models.tiny import build_tiny_model  # noqa: E402
+from rlvr.training.trainer import free_port  # noqa: E402
+
+TOKENS = list(range(5, 29))  # one fixed sequence: the SL loop learns it
+
+
+def test_a_bad_serve_config_is_one_line_and_exit_2(tmp_path):
+    config = tmp_path / "serve.yaml"
+    config.write_text("engine:\n  kv_cache_gbb: 1\n")
+    done = subprocess.run([sys.executable, "-m", "rlvr.cli", "serve", "--config", str(config)], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    assert done.returncode == 2
+    assert done.stdout.strip().splitlines() == [
+        f"error: {config}: unknown key 'engine.kv_cache_gbb'; did you mean engine.kv_cache_gb?"]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tinker")
+    model = build_tiny_model(folder / "model", "qwen2", hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
+                             intermediate_size=128)
+    config = folder / "serve.yaml"
+    config.write_text("engine:\n  max_model_len: 128\n  kv_cache_gb: 0.25\n")
+    port = free_port()
+    log = open(folder / "server.log", "w")
+    process = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "serve", "--port", str(port), "--config", str(config)],
+                               stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/api/v1/healthz", timeout=2) as reply:
+                assert json.load(reply) == {"status": "ok"}
+            break
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"rlvr serve did not come up:\n{(folder / 'server.log').read_text()[-3000:]}")
+            time.sleep(0.5)
+    yield url, str(model)
+    process.terminate()
+    assert process.wait(timeout=60) is not None
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def training(server):
+    url, model = server
+    service = tinker.ServiceClient(base_url=url, api_key="tml-dummy")
+    return service.create_lora_training_client(base_model=model, rank=4, seed=0).result()
+
+
+def _datum(tokens: list[int], **inputs) -> types.Datum:
+    """model_input[i] predicts target_tokens[i]: the sequence and itself shifted by one."""
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
+                       loss_fn_inputs={"target_tokens": np.array(tokens[1:], dtype=np.int64), **inputs})
+
+
+def _logprobs(training, tokens: list[int]) -> np.ndarray:
+    weights = np.ones(len(tokens) - 1, dtype=np.float32)
+    result = training.forward([_datum(tokens, weights=weights)], "cross_entropy").result()
+    return np.asarray(result.loss_fn_outputs[0]["logprobs"].tolist())
+
+
+@pytest.mark.slow
+def test_smoke_path_losses_are_sums_and_sampling_is_seeded(training):
+    n = len(TOKENS) - 1
+    weights = np.linspace(-0.5, 2.0, n).astype(np.float32)  # any floats, negatives included
+    result = training.forward_backward([_datum(TOKENS, weights=weights), _datum(TOKENS[:9], weights=np.ones(8, np.float32))],
+                                       "cross_entropy").result()
+    first, second = (np.asarray(out["logprobs"].tolist()) for out in result.loss_fn_outputs)
+    assert first.shape == (n,) and second.shape == (8,)
+    assert np.all(first < 0)
+    expected = -(weights * first).sum() - second.sum()
+    assert result.metrics["loss:sum"] == pytest.approx(expected, rel=1e-4)
+    # the prefix's logprobs are the longer datum's: the same model scored both
+    np.testing.assert_allclose(second, first[:8], atol=1e-5)
+
+    # importance_sampling at the sampler's own logprobs: every ratio is 1, the loss -sum(A)
+    advantages = np.linspace(-1.0, 1.0, n).astype(np.float32)
+    sampled = _datum(TOKENS, advantages=advantages, logprobs=first.astype(np.float32))
+    result = training.forward_backward([sampled], "importance_sampling").result()
+    assert result.metrics["loss:sum"] == pytest.approx(-advantages.sum(), abs=1e-4)
+
+    training.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    assert not np.allclose(_logprobs(training, TOKENS), first, atol=1e-6)  # the step moved the adapter
+
+    sampler = training.save_weights_and_get_sampling_client().result()
+    params = types.SamplingParams(max_tokens=6, seed=3, temperature=1.0)
+    prompt = types.ModelInput.from_ints(TOKENS[:5])
+    one = sampler.sample(prompt, 2, params).result()
+    again = sampler.sample(prompt, 2, params).result()
+    assert [s.tokens for s in one.sequences] == [s.tokens for s in again.sequences]
+    assert one.sequences[0].tokens != one.sequences[1].tokens
+    for sequence in one.sequences:
+        assert len(sequence.tokens) == len(sequence.logprobs) and sequence.stop_reason in ("stop", "length")
+        assert all(lp <= 0 for lp in sequence.logprobs)
+    ids = [s.sequence_id for s in one.sequences + again.sequences]
+    assert all(isinstance(i, str) for i in ids) and len(set(ids)) == 4
+    # the engine samples the trained adapter: its logprobs are the trainer's for the same tokens
+    tokens = TOKENS[:5] + one.sequences[0].tokens
+    trainer_side = _logprobs(training, tokens)[4:]
+    np.testing.assert_allclose(one.sequences[0].logprobs, trainer_side, atol=2e-3)
+
+
+@pytest.mark.slow
+def test_supervised_loop_loss_falls(training):
+    weights = np.ones(len(TOKENS) - 1, dtype=np.float32)
+    batch = [_datum(TOKENS, weights=weights), _datum(TOKENS[3:], weights=weights[3:])]
+    losses = []
+    for _ in range(12):
+        result = training.forward_backward(batch, "cross_entropy").result()
+        training.optim_step(types.AdamParams(learning_rate=3e-3)).result()
+        losses.append(result.metrics["loss:sum"])
+    # a random tiny model starts near uniform (log 320 nats a token) and learns slowly: 8 steps took 10%
+    assert losses[-1] < 0.9 * losses[0] and max(losses[-3:]) < min(losses[:3]), losses
+
+
+@pytest.mark.slow
+def test_malformed_request_is_refused_and_leaves_the_model_alone(server, training):
+    service = tinker.ServiceClient(base_url=server[0], api_key="tml-dummy")
+    with pytest.raises(tinker.BadRequestError, match="base_model=/no/such/model: no such file"):
+        service.create_lora_training_client(base_model="/no/such/model", rank=4).result()
+    with pytest.raises(tinker.BadRequestError, match="one model at a time"):
+        service.create_lora_training_client(base_model=server[1], rank=4).result()
+    before = _logprobs(training, TOKENS)
+    vocab_size = 10**6
+    bad = _datum([*TOKENS[:4], vocab_size], weights=np.ones(4, np.float32))
+    with pytest.raises(tinker.BadRequestError, match="outside the vocabulary"):
+        training.forward_backward([bad], "cross_entropy").result()
+    with pytest.raises(tinker.BadRequestError, match="needs loss_fn_inputs\\['advantages'\\]"):
+        training.forward_backward([_datum(TOKENS, weights=np.ones(len(TOKENS) - 1, np.float32))],
+                                  "importance_sampling").result()
+    # the refused calls left no gradient behind, and the calls after them still take their turn
+    training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    np.testing.assert_array_equal(_logprobs(training, TOKENS), before)
