@@ -73,9 +73,12 @@ def test_config_carries_what_vllm_computes(mistral_dir):
     rope = config.rope_parameters
     assert rope["llama_4_scaling_beta"] == adapted["llama_4_scaling"]["beta"] == 0.1
     assert rope["original_max_position_embeddings"] == adapted["llama_4_scaling"]["original_max_position_embeddings"] == 16
+    # all but mscale_all_dim: with attention_factor 1 vLLM leaves the softmax scale alone, and
+    # transformers would scale it by mscale^2 whenever the key is there
+    assert rope["attention_factor"] == 1.0 and adapted["rope_parameters"]["mscale_all_dim"] == 1
+    assert "mscale_all_dim" not in rope and config.rope_interleave is True
     for key, value in adapted["rope_parameters"].items():
-        assert rope[key] == value, key
-    assert rope["attention_factor"] == 1.0 and config.rope_interleave is True
+        assert key == "mscale_all_dim" or rope[key] == value, key
     # and params.json written from the config reads back to it
     assert config_from_params(params_from_config(config), "x").to_dict() == config.to_dict()
 

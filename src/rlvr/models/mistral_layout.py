@@ -151,6 +151,12 @@ def _mistral4_config(adapted: dict, where: str):
             f"{where}: yarn.original_max_position_embeddings {rope['original_max_position_embeddings']} differs from "
             f"llama_4_scaling's {original}; transformers' mistral4 reads one value for both")
     rope.update(original_max_position_embeddings=original, llama_4_scaling_beta=float(scaling["beta"]))
+    if rope.get("attention_factor") == 1.0:
+        # yarn.apply_scale false: vLLM's MLA then takes rope type deepseek_llama_scaling and leaves
+        # the softmax scale alone, while transformers' DeepSeek-V3 attention multiplies it by
+        # mscale(factor, mscale_all_dim)^2 whenever mscale_all_dim is set (x2.0 at factor 64);
+        # with attention_factor given, mscale_all_dim changes nothing else in transformers' YaRN
+        rope.pop("mscale_all_dim", None)
     fields = _fields(Mistral4Config, adapted)
     return Mistral4Config(**fields, rope_parameters=rope, rope_interleave=True, architectures=["Mistral4ForCausalLM"])
 
