@@ -436,7 +436,9 @@ class LoraConfig(Section):
     alpha: float = Field(32.0, gt=0, description="scale numerator: updates are scaled by alpha / r")
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the LoRA branch's input")
     target_modules: list[str] | Literal["all-linear"] = Field(
-        "all-linear", description="module names to adapt, or all-linear (every Linear of the decoder blocks)"
+        "all-linear", description="module names to adapt, or all-linear (every Linear of the decoder blocks); either is "
+        "resolved against what vLLM applies in prefill and decode (MLA: kv_b_proj is absorbed into decode, so all-linear "
+        "leaves it out and says so, and naming it is an error; docs/day0.md)"
     )
     target_experts: bool = Field(
         False,
