@@ -8,7 +8,10 @@ imported folder's tokenizer is the one transformers builds from tekken.json, wit
 template, which is what vLLM's auto mode reads there too.
 """
 
+import base64
+import json
 import subprocess
+from pathlib import Path
 
 import pytest
 from run_fixtures import DIGIT_SHARE, comparable_metrics, small_config, start_training
@@ -22,10 +25,27 @@ pytestmark = pytest.mark.slow
 SIZES = dict(hidden_size=64, num_heads=2, num_layers=2, intermediate_size=128)
 
 
+def cover_the_vocab(folder: Path) -> None:
+    """Give the tiny folder's byte-level tekken.json an id for every row of the model's (padded)
+    vocabulary, two-byte merges, as a real Mistral model's tokenizer has: a random model samples
+    every id, and mistral-common refuses to decode one it does not know."""
+    tekken_file = folder / "tekken.json"
+    tekken = json.loads(tekken_file.read_text())
+    config = tekken["config"]
+    vocab_size = json.loads((folder / "params.json").read_text())["vocab_size"]
+    extra = vocab_size - config["default_vocab_size"]
+    pairs = [bytes([ord("a") + i // 26, ord("a") + i % 26]) for i in range(extra)]
+    tekken["vocab"] += [{"rank": 256 + i, "token_bytes": base64.b64encode(pair).decode(), "token_str": None}
+                        for i, pair in enumerate(pairs)]
+    config.update(num_vocab_tokens=256 + extra, default_vocab_size=vocab_size)
+    tekken_file.write_text(json.dumps(tekken))
+
+
 @pytest.fixture(scope="module")
 def layouts(tmp_path_factory):
     root = tmp_path_factory.mktemp("layouts")
     mistral = build_tiny_mistral_folder(root / "mistral", **SIZES)
+    cover_the_vocab(mistral)
     return {"mistral": mistral, "hf": import_mistral(mistral, root / "hf")}
 
 
@@ -36,9 +56,9 @@ def test_three_rl_steps_equal_between_layouts(tmp_path, layouts, base_format):
         if base_format == "nvfp4":
             path = quantize_checkpoint(path, tmp_path / f"{layout}-nvfp4")
         config = small_config(tmp_path, layout, 3, reward=DIGIT_SHARE, engine={"backend": "hf"},
-                              data={"chat_template": False}, trainer={"routing_replay": True})
+                              data={"chat_template": False}, trainer={"routing_replay": True, "ranks": 1})
         # after small_config, which builds the demo's own model (and task) at the model.path it is given
-        done = train(config, "model.path=" + str(path))
+        done = train(config, f"model.path={path}", "data.test=null")  # no evaluation: the steps are the check
         assert done.returncode == 0, done.stdout[-3000:]
         metrics[layout] = comparable_metrics(tmp_path / layout)
     steps = [row for row in metrics["mistral"] if "reward/mean" in row]
