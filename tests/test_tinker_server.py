@@ -38,7 +38,7 @@ def server(tmp_path_factory):
     model = build_tiny_model(folder / "model", "qwen2", hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
                              intermediate_size=128)
     config = folder / "serve.yaml"
-    config.write_text("engine:\n  max_model_len: 128\n  kv_cache_gb: 0.25\n")
+    config.write_text(f"checkpoint_dir: {folder / 'checkpoints'}\nengine:\n  max_model_len: 128\n  kv_cache_gb: 0.25\n")
     port = free_port()
     log = open(folder / "server.log", "w")
     process = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "serve", "--port", str(port), "--config", str(config)],
@@ -54,7 +54,7 @@ def server(tmp_path_factory):
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"rlvr serve did not come up:\n{(folder / 'server.log').read_text()[-3000:]}")
             time.sleep(0.5)
-    yield url, str(model)
+    yield url, str(model), folder / "checkpoints"
     process.terminate()
     assert process.wait(timeout=60) is not None
     log.close()
@@ -62,7 +62,7 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def training(server):
-    url, model = server
+    url, model, _ = server
     service = tinker.ServiceClient(base_url=url, api_key="tml-dummy")
     return service.create_lora_training_client(base_model=model, rank=4, seed=0).result()
 
@@ -151,3 +151,22 @@ def test_malformed_request_is_refused_and_leaves_the_model_alone(server, trainin
     # the refused calls left no gradient behind, and the calls after them still take their turn
     training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
     np.testing.assert_array_equal(_logprobs(training, TOKENS), before)
+
+
+@pytest.mark.slow
+def test_save_state_writes_peft_and_loads_back(server, training):
+    saved = _logprobs(training, TOKENS)
+    path = training.save_state("first").result().path
+    folder = server[2] / training.model_id.replace(":", "_") / "first"
+    assert path == f"tinker://{training.model_id}/weights/first"
+    assert (folder / "adapter" / "adapter_model.safetensors").is_file() and (folder / "adapter" / "adapter_config.json").is_file()
+    with pytest.raises(tinker.RequestFailedError, match="exists"):
+        training.save_state("first").result()
+    weights = np.ones(len(TOKENS) - 1, dtype=np.float32)
+    training.forward_backward([_datum(TOKENS, weights=weights)], "cross_entropy").result()
+    training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+    assert not np.allclose(_logprobs(training, TOKENS), saved, atol=1e-6)
+    training.load_state_with_optimizer(path).result()
+    np.testing.assert_array_equal(_logprobs(training, TOKENS), saved)
+    with pytest.raises(tinker.BadRequestError, match="not a checkpoint"):
+        training.load_state_with_optimizer(f"tinker://{training.model_id}/weights/never-saved").result()

@@ -14,10 +14,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
+import shutil
 import uuid
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -141,6 +143,36 @@ class TinkerServer:
         self.samplers[sampler_id] = SamplerSession(model.base_model, request.model_id, adapter)
         return {"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"}
 
+    def _state_folder(self, model_id: str, name: str) -> Path:
+        if not name or name in (".", "..") or "/" in name or "\\" in name:
+            raise BadRequest(f"checkpoint name {name!r}: give a name without slashes")
+        return Path(self.cfg.checkpoint_dir) / model_id.replace(":", "_") / name
+
+    def _save_state(self, request: types.SaveWeightsRequest) -> dict:
+        model = self._model(request.model_id)
+        name = request.path or f"state-{next(self._ids)}"
+        folder = self._state_folder(request.model_id, name)
+        if folder.exists():
+            if not request.overwrite:
+                raise BadRequest(f"checkpoint {name!r} exists ({folder}); save with overwrite=True to replace it")
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        model.save_state(folder)
+        return {"path": f"tinker://{request.model_id}/weights/{name}", "type": "save_weights"}
+
+    def _load_state(self, request: types.LoadWeightsRequest) -> dict:
+        model = self._model(request.model_id)
+        model.load_state(self._saved_state(request.path))
+        return {"path": request.path, "model_id": request.model_id, "type": "load_weights"}
+
+    def _saved_state(self, path: str) -> Path:
+        """The folder of a tinker://MODEL_ID/weights/NAME path save_state returned (this server's or an earlier one's)."""
+        model_id, kind, name = (path.removeprefix("tinker://").rsplit("/", 2) + ["", "", ""])[:3]
+        folder = self._state_folder(model_id, name) if path.startswith("tinker://") and kind == "weights" else None
+        if folder is None or not (folder / "trainer").is_dir():
+            raise BadRequest(f"{path!r} is not a checkpoint save_state wrote under {self.cfg.checkpoint_dir}")
+        return folder
+
     def _sample(self, request: types.SampleRequest, sampler: SamplerSession) -> bytes:
         if sampler.model_id is None:
             raise BadRequest(f"sampling {sampler.base_model} needs a model created on it first (create_model)")
@@ -249,6 +281,29 @@ class TinkerServer:
             body = types.SaveWeightsForSamplerRequest.model_validate(await request.json())
             self._model(body.model_id)
             return self._submit(lambda: self._save_for_sampler(body), body.model_id, body.seq_id)
+
+        @app.post("/api/v1/save_weights")
+        async def save_weights(request: Request):
+            body = types.SaveWeightsRequest.model_validate(await request.json())
+            self._model(body.model_id)
+            return self._submit(lambda: self._save_state(body), body.model_id, body.seq_id)
+
+        @app.post("/api/v1/load_weights")
+        async def load_weights(request: Request):
+            body = types.LoadWeightsRequest.model_validate(await request.json())
+            if body.model_id is None:
+                raise BadRequest("load_weights: creating a model from a checkpoint is not supported yet; "
+                                 "create_lora_training_client, then load_state_with_optimizer")
+            self._model(body.model_id)
+            try:
+                self._saved_state(body.path)
+                if not body.optimizer:
+                    raise BadRequest("load_weights: only load_state_with_optimizer is supported yet (the optimizer "
+                                     "state comes back with the weights)")
+            except BadRequest:
+                self._in_order(body.model_id, body.seq_id, None)
+                raise
+            return self._submit(lambda: self._load_state(body), body.model_id, body.seq_id)
 
         @app.post("/api/v1/create_sampling_session")
         async def create_sampling_session(request: Request):

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from rlvr.algorithms.sum_losses import DEFAULT_CLIP_THRESHOLDS, SUM_LOSS_INPUTS, SUM_LOSSES
+from rlvr.checkpoint.peft_files import save_adapter
 from rlvr.config import AlgorithmConfig, LoraConfig, ModelConfig, ServeConfig
 from rlvr.engines import make_engine
 from rlvr.models.folder import model_config_dict
@@ -84,6 +86,16 @@ class ServedModel:
         self.published += 1
         self.sync.push(self.published, used_unchecked=True)
         return self.sync.serving
+
+    def save_state(self, folder: Path) -> None:
+        """The adapter in PEFT format (folder/adapter) and the trainer's state with its optimizer (folder/trainer)."""
+        save_adapter(self.trainer.adapter(), folder / "adapter")
+        (folder / "trainer").mkdir()
+        self.trainer.save(str(folder / "trainer"))
+
+    def load_state(self, folder: Path) -> None:
+        """Put back what save_state wrote: the adapter and the optimizer's state."""
+        self.trainer.load(str(folder / "trainer"))
 
     def sample(self, adapter: LoraAdapter | None, prompt: list[int], n: int, sampling: Sampling) -> list[Rollout]:
         """`n` samples of `prompt` from the base with `adapter` (a snapshot publish() returned; None: the base)."""
