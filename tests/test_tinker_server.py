@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -32,32 +34,44 @@ def test_a_bad_serve_config_is_one_line_and_exit_2(tmp_path):
         f"error: {config}: unknown key 'engine.kv_cache_gbb'; did you mean engine.kv_cache_gb?"]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tinker")
-    model = build_tiny_model(folder / "model", "qwen2", hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
-                             intermediate_size=128)
+@contextmanager
+def serving(folder: Path):
+    """`rlvr serve` as a subprocess on a free port, its checkpoints under `folder`; yields its URL."""
     config = folder / "serve.yaml"
     config.write_text(f"checkpoint_dir: {folder / 'checkpoints'}\nengine:\n  max_model_len: 128\n  kv_cache_gb: 0.25\n")
     port = free_port()
-    log = open(folder / "server.log", "w")
-    process = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "serve", "--port", str(port), "--config", str(config)],
-                               stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
+    with open(folder / "server.log", "w") as log:
+        process = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "serve", "--port", str(port), "--config", str(config)],
+                                   stdout=log, stderr=subprocess.STDOUT)
         try:
-            with urllib.request.urlopen(f"{url}/api/v1/healthz", timeout=2) as reply:
-                assert json.load(reply) == {"status": "ok"}
-            break
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"rlvr serve did not come up:\n{(folder / 'server.log').read_text()[-3000:]}")
-            time.sleep(0.5)
-    yield url, str(model), folder / "checkpoints"
-    process.terminate()
-    assert process.wait(timeout=60) is not None
-    log.close()
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    with urllib.request.urlopen(f"{url}/api/v1/healthz", timeout=2) as reply:
+                        assert json.load(reply) == {"status": "ok"}
+                    break
+                except OSError:
+                    if process.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"rlvr serve did not come up:\n{(folder / 'server.log').read_text()[-3000:]}")
+                    time.sleep(0.5)
+            yield url
+        finally:
+            process.terminate()
+            process.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("model"), "qwen2", hidden_size=64, num_layers=2, num_heads=2,
+                            num_kv_heads=1, intermediate_size=128)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, model_dir):
+    folder = tmp_path_factory.mktemp("tinker")
+    with serving(folder) as url:
+        yield url, str(model_dir), folder / "checkpoints"
 
 
 @pytest.fixture(scope="module")
@@ -170,3 +184,21 @@ def test_save_state_writes_peft_and_loads_back(server, training):
     np.testing.assert_array_equal(_logprobs(training, TOKENS), saved)
     with pytest.raises(tinker.BadRequestError, match="not a checkpoint"):
         training.load_state_with_optimizer(f"tinker://{training.model_id}/weights/never-saved").result()
+
+
+@pytest.mark.slow
+def test_cookbook_arithmetic_recipe_runs_unmodified(tmp_path, model_dir):
+    """tinker-cookbook's math_rl recipe as its README runs it; role_colon: the renderer whose stops are strings."""
+    pytest.importorskip("tinker_cookbook")
+    with serving(tmp_path) as url:
+        done = subprocess.run(
+            [sys.executable, "-m", "tinker_cookbook.recipes.math_rl.train", f"base_url={url}", f"model_name={model_dir}",
+             "renderer_name=role_colon", "env=arithmetic", "loss_fn=importance_sampling", "groups_per_batch=4",
+             "group_size=4", "max_steps=3", "eval_every=0", "save_every=0", "lora_rank=8", f"log_path={tmp_path / 'run'}",
+             "behavior_if_log_dir_exists=delete"],
+            env={**os.environ, "TINKER_API_KEY": "tml-dummy"}, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [step["step"] for step in steps if "env/all/reward/total" in step] == [0, 1, 2]
+    final, = (tmp_path / "checkpoints").glob("*/final")  # the recipe's closing save_state
+    assert (final / "adapter" / "adapter_model.safetensors").is_file()
