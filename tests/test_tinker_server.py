@@ -38,7 +38,7 @@ def test_a_bad_serve_config_is_one_line_and_exit_2(tmp_path):
 def serving(folder: Path):
     """`rlvr serve` as a subprocess on a free port, its checkpoints under `folder`; yields its URL."""
     config = folder / "serve.yaml"
-    config.write_text(f"checkpoint_dir: {folder / 'checkpoints'}\nengine:\n  max_model_len: 128\n  kv_cache_gb: 0.25\n")
+    config.write_text(f"checkpoint_dir: {folder / 'checkpoints'}\nlog_every_s: 1\nengine:\n  max_model_len: 128\n  kv_cache_gb: 0.25\n")
     port = free_port()
     with open(folder / "server.log", "w") as log:
         process = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "serve", "--port", str(port), "--config", str(config)],
@@ -71,12 +71,12 @@ def model_dir(tmp_path_factory) -> Path:
 def server(tmp_path_factory, model_dir):
     folder = tmp_path_factory.mktemp("tinker")
     with serving(folder) as url:
-        yield url, str(model_dir), folder / "checkpoints"
+        yield url, str(model_dir), folder / "checkpoints", folder / "server.log"
 
 
 @pytest.fixture(scope="module")
 def training(server):
-    url, model, _ = server
+    url, model, *_ = server
     service = tinker.ServiceClient(base_url=url, api_key="tml-dummy")
     return service.create_lora_training_client(base_model=model, rank=4, seed=0).result()
 
@@ -202,3 +202,22 @@ def test_cookbook_arithmetic_recipe_runs_unmodified(tmp_path, model_dir):
     assert [step["step"] for step in steps if "env/all/reward/total" in step] == [0, 1, 2]
     final, = (tmp_path / "checkpoints").glob("*/final")  # the recipe's closing save_state
     assert (final / "adapter" / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_requests_are_logged_by_kind_not_one_by_one(server, training):
+    log = server[3]
+
+    def forward_backward_lines() -> list[int]:
+        return [int(line.split(": ")[2].split()[0]) for line in log.read_text().splitlines()
+                if line.startswith("rlvr serve: forward_backward: ")]
+
+    time.sleep(1.5)  # what earlier tests sent is logged by now
+    before = len(forward_backward_lines())
+    weights = np.ones(len(TOKENS) - 1, dtype=np.float32)
+    futures = [training.forward([_datum(TOKENS, weights=weights)], "cross_entropy") for _ in range(6)]
+    for future in futures:
+        future.result()
+    time.sleep(2.5)
+    counts = forward_backward_lines()[before:]
+    assert sum(counts) == 6 and len(counts) < 6, counts

@@ -601,6 +601,9 @@ class ServeConfig(Section):
     host: str = Field("127.0.0.1", description="address the server listens on (--host wins)")
     port: int = Field(8000, ge=1, le=65535, description="TCP port (--port wins)")
     seed: int = Field(0, description="seeds LoRA initialisation (unless the request gives one) and the engine's sampling")
+    log_every_s: float = Field(
+        60.0, gt=0, description="seconds between request-log lines: one line per request kind with its count, not one per request"
+    )
     checkpoint_dir: str = Field(
         "serve_checkpoints", description="folder of save_state's named checkpoints: MODEL_ID/NAME/adapter (PEFT) and "
         "trainer (adapter and optimizer state, as a run's checkpoints hold them)"

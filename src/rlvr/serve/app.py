@@ -16,6 +16,7 @@ import concurrent.futures
 import itertools
 import shutil
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -35,6 +36,33 @@ from rlvr.serve.protocol import BadRequest, forward_backward_output, read_forwar
 # The SDK waits 45 s for each retrieve_future answer; holding a poll for less keeps it under that.
 _HOLD_S = 30.0
 _PROTOBUF = "application/x-protobuf"
+
+
+class RequestLog:
+    """One line per request kind every `every_s` seconds, with its count (a client polls retrieve_future
+    many times a second: a line per request would drown everything else)."""
+
+    def __init__(self, every_s: float):
+        self.every_s = every_s
+        self._counts: Counter[str] = Counter()
+        self._refused: Counter[str] = Counter()
+
+    def add(self, kind: str, status: int) -> None:
+        self._counts[kind] += 1
+        if status >= 400:
+            self._refused[kind] += 1
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.every_s)
+            self.flush()
+
+    def flush(self) -> None:
+        for kind, count in sorted(self._counts.items()):
+            refused = f", {self._refused[kind]} refused" if self._refused[kind] else ""
+            print(f"rlvr serve: {kind}: {count} in {self.every_s:g} s{refused}", flush=True)
+        self._counts.clear()
+        self._refused.clear()
 
 
 @dataclass
@@ -60,6 +88,7 @@ class TinkerServer:
         self._waiting: dict[str, dict[int, Callable | None]] = {}  # model id -> seq_id -> work (None: refused)
         self._work = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlvr-serve")
         self._ids = itertools.count(1)
+        self.log = RequestLog(cfg.log_every_s)
         self.app = self._routes()
 
     # ------------------------------------------------------------------ futures
@@ -185,11 +214,22 @@ class TinkerServer:
     def _routes(self) -> FastAPI:
         @asynccontextmanager
         async def lifespan(_):
+            log_lines = asyncio.create_task(self.log.run())
             yield
+            log_lines.cancel()
+            self.log.flush()
             # here, not after uvicorn.run: on SIGTERM uvicorn re-raises the signal once it has shut down
             self.close()
 
         app = FastAPI(title="rlvr serve: the Tinker API", lifespan=lifespan)
+
+        @app.middleware("http")
+        async def count(request: Request, call_next):
+            response = await call_next(request)
+            route = request.scope.get("route")  # the template (samplers/{sampler_id}), not the id
+            path = route.path if route else f"{request.url.path} (no such route)"
+            self.log.add(path.removeprefix("/api/v1/"), response.status_code)
+            return response
 
         @app.exception_handler(UserError)  # BadRequest, and a model folder that is not one
         async def bad_request(_, error: UserError):
