@@ -73,15 +73,21 @@ def test_all_linear_on_mla_keeps_every_linear_but_kv_b_proj(mla_dir):
     assert list(dropped) == ["kv_b_proj"]
 
 
-def test_a_mistral_large_3_folder_drops_kv_b_proj_as_vllm_reads_it(tmp_path):
+@pytest.mark.parametrize("layout", ["mistral", "hf"])
+def test_a_mistral_large_3_folder_drops_kv_b_proj_as_vllm_reads_it(tmp_path, layout):
     """Mistral's layout: the trainer builds transformers' mistral4 (a model type vLLM's MLA list
-    lacks), vLLM reads params.json as deepseek_v3; the run resolves against vLLM's reading."""
+    lacks), vLLM reads params.json as deepseek_v3; the run resolves against vLLM's reading. The
+    same model imported to the HF layout (config.json mistral4) resolves the same way, so both
+    layouts train the same adapter."""
     from rlvr.config import load_config
+    from rlvr.models.mistral_layout import import_mistral
     from rlvr.models.tiny import build_tiny_mistral_folder
     from rlvr.orchestration.builders import with_engine_lora_targets
 
     path = build_tiny_mistral_folder(tmp_path / "mistral", hidden_size=64, num_heads=2, num_layers=2,
                                      intermediate_size=128, kv_lora_rank=512, qk_rope_head_dim=64)
+    if layout == "hf":
+        path = import_mistral(path, tmp_path / "hf")
     said = []
     cfg = with_engine_lora_targets(load_config("configs/demo.yaml", [f"model.path={path}"]), log=said.append)
     assert "kv_b_proj" not in cfg.trainer.lora.target_modules and "q_b_proj" in cfg.trainer.lora.target_modules

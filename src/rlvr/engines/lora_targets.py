@@ -18,9 +18,16 @@ same on every machine, and its adapter servable by vLLM.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 
 from rlvr.errors import UserError
+
+# transformers model types vLLM has no class of its own for, -> the model type of the class it
+# serves that architecture with: vLLM reads a mistral4 checkpoint from Mistral's layout as
+# MistralLarge3ForCausalLM, a DeepseekV3 (its HF layout reaches only the generic Transformers
+# backend). One architecture gets one rule in either layout, so both train the same adapter.
+SERVED_NATIVELY_AS = {"mistral4": "deepseek_v3"}
 
 # Linear layers vLLM's MLA decode bypasses, and why.
 MLA_DECODE_ABSORBS = {
@@ -73,5 +80,8 @@ def engine_uses_mla(model) -> bool:
 
     config = get_config(model, trust_remote_code=False) if isinstance(model, str) else model
     text = config.get_text_config()
+    if text.model_type in SERVED_NATIVELY_AS:
+        text = copy.copy(text)
+        text.model_type = SERVED_NATIVELY_AS[text.model_type]
     convertor = MODEL_ARCH_CONFIG_CONVERTORS.get(config.model_type, ModelArchConfigConvertorBase)(config, text)
     return not envs.VLLM_MLA_DISABLE and getattr(text, "is_causal", True) and convertor.is_deepseek_mla()
