@@ -46,11 +46,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 from torch import nn
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from rlvr.models.folder import config_file, model_config, model_config_dict
 from rlvr.models.mistral_layout import PARAMS_FILE, TOKENIZER_FILE, is_mistral_folder, write_mistral_folder
 from rlvr.models.moe import expert_projections, moe_layers
+from rlvr.models.tokenizer import load_tokenizer
 from rlvr.quant import nf4, nvfp4
 from rlvr.quant.experts import expert_hidden
 from rlvr.quant.hub_layout import ExpertPiece, disk_name, expert_pieces, to_disk
@@ -141,7 +142,7 @@ def calibration_inputs(model_dir: Path, vocab_size: int, texts: Sequence[str]) -
             tekken = Tekkenizer.from_file(model_dir / TOKENIZER_FILE)
             ids = [tekken.encode(text, bos=True, eos=False) for text in texts]
         else:
-            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+            tokenizer = load_tokenizer(model_dir)
             ids = [tokenizer(text).input_ids for text in texts]
     except (OSError, ValueError) as err:
         ids, reason = [], f"no tokenizer ({str(err).splitlines()[0]})"
