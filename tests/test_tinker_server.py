@@ -130,8 +130,15 @@ def test_smoke_path_losses_are_sums_and_sampling_is_seeded(training):
     assert all(isinstance(i, str) for i in ids) and len(set(ids)) == 4
     # the engine samples the trained adapter: its logprobs are the trainer's for the same tokens
     tokens = TOKENS[:5] + one.sequences[0].tokens
-    trainer_side = _logprobs(training, tokens)[4:]
-    np.testing.assert_allclose(one.sequences[0].logprobs, trainer_side, atol=2e-3)
+    trainer_side = _logprobs(training, tokens)
+    np.testing.assert_allclose(one.sequences[0].logprobs, trainer_side[4:], atol=2e-3)
+    # and the prompt's logprobs, the whole prompt's or its last tokens', as compute_logprobs asks for them
+    scored = sampler.compute_logprobs(types.ModelInput.from_ints(tokens)).result()
+    assert scored[0] is None
+    np.testing.assert_allclose(scored[1:], trainer_side, atol=2e-3)
+    last = sampler.compute_logprobs(types.ModelInput.from_ints(tokens), prompt_logprobs_last_n=3).result()
+    assert last[:-3] == [None] * (len(tokens) - 3)
+    np.testing.assert_allclose(last[-3:], trainer_side[-3:], atol=2e-3)
 
 
 @pytest.mark.slow

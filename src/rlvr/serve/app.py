@@ -206,8 +206,11 @@ class TinkerServer:
         if sampler.model_id is None:
             raise BadRequest(f"sampling {sampler.base_model} needs a model created on it first (create_model)")
         model = self._model(sampler.model_id)
-        return sample_response(model.sample(sampler.adapter, _tokens(request.prompt), request.num_samples,
-                                            _sampling(request.sampling_params)))
+        prompt = _tokens(request.prompt)
+        scored = (model.prompt_logprobs(sampler.adapter, prompt, request.prompt_logprobs_last_n)
+                  if request.prompt_logprobs else None)
+        rollouts = model.sample(sampler.adapter, prompt, request.num_samples, _sampling(request.sampling_params))
+        return sample_response(rollouts, scored)
 
     # ------------------------------------------------------------------ routes
 
@@ -374,7 +377,7 @@ class TinkerServer:
             if body.sampling_session_id is None:
                 raise BadRequest("asample: sampling_session_id is required (create_sampling_session makes one)")
             session = self._sampler(body.sampling_session_id)
-            unsupported = {"prompt_logprobs": body.prompt_logprobs, "topk_prompt_logprobs": body.topk_prompt_logprobs,
+            unsupported = {"topk_prompt_logprobs": body.topk_prompt_logprobs,
                            "topk_sample_logprobs": body.topk_sample_logprobs, "prompt_alt_tokens_k": body.prompt_alt_tokens_k,
                            "target_prompt_logprobs": body.target_prompt_logprobs,
                            "record_stability_info": body.record_stability_info}

@@ -99,12 +99,28 @@ class ServedModel:
 
     def sample(self, adapter: LoraAdapter | None, prompt: list[int], n: int, sampling: Sampling) -> list[Rollout]:
         """`n` samples of `prompt` from the base with `adapter` (a snapshot publish() returned; None: the base)."""
+        self._serve(adapter, prompt)
+        return self.engine.generate([prompt], n, sampling)
+
+    def prompt_logprobs(self, adapter: LoraAdapter | None, prompt: list[int], last_n: int | None) -> np.ndarray:
+        """The engine's logprob of each prompt token after the first (temperature 1), NaN where none is
+        scored: the first token, and with `last_n` every token before the last n."""
+        self._serve(adapter, prompt)
+        if last_n is not None and not 1 <= last_n < len(prompt):
+            raise BadRequest(f"prompt_logprobs_last_n={last_n} must be between 1 and len(prompt) - 1 = {len(prompt) - 1}")
+        out = np.full(len(prompt), np.nan, dtype=np.float32)
+        if len(prompt) > 1:
+            out[1:] = self.engine.score([prompt], [1])[0]
+        if last_n is not None:
+            out[: len(prompt) - last_n] = np.nan
+        return out
+
+    def _serve(self, adapter: LoraAdapter | None, prompt: list[int]) -> None:
         self.check_tokens(prompt, "prompt")
         if adapter is None and self.sync.serving is not None:
             raise BadRequest("sampling the bare base after a save_weights_for_sampler is not supported yet")
         if adapter is not None and adapter is not self.sync.serving:
             self.sync.serve(adapter)  # an older snapshot: checked by the probe when it was published
-        return self.engine.generate([prompt], n, sampling)
 
     def check_tokens(self, tokens: list[int], where: str) -> None:
         if not tokens:

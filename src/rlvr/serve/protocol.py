@@ -80,9 +80,12 @@ def forward_backward_output(logprobs: list[np.ndarray], metrics: dict[str, float
     return message.SerializeToString()
 
 
-def sample_response(rollouts: list[Rollout]) -> bytes:
-    """The sampled sequences with their logprobs; their ids go with the request's future, not here."""
+def sample_response(rollouts: list[Rollout], prompt_logprobs: np.ndarray | None = None) -> bytes:
+    """The sampled sequences with their logprobs (and the prompt's, NaN where unscored); the
+    sequences' ids go with the request's future, not here."""
     message = pb.SampleResponse()
+    if prompt_logprobs is not None:
+        message.prompt_logprobs = np.asarray(prompt_logprobs, dtype=np.float32).tobytes()
     for rollout in rollouts:
         message.sequences.add(
             stop_reason=pb.STOP_REASON_LENGTH if rollout.finish_reason == "length" else pb.STOP_REASON_STOP,
