@@ -286,3 +286,14 @@ def test_vllm_cpu_on_the_dequantized_checkpoint_matches_the_packed_trainer_model
         logits = load_quantized_model(nvfp4_dir)(torch.tensor([ids])).logits[0, :-1]
     trainer = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:]).unsqueeze(-1)).squeeze(-1)
     torch.testing.assert_close(sampler, trainer, rtol=0, atol=1e-3)
+
+
+def test_an_fp8_release_is_refused_in_one_line(tmp_path):
+    """DeepSeek's and Mistral's FP8 releases (block-scaled float8 weights) are not a format rlvr
+    reads: the folder is refused, naming its config, before anything loads."""
+    from rlvr.quant.checkpoint import read_quantization_config
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "deepseek_v3", "quantization_config": {
+        "quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}}))
+    with pytest.raises(ValueError, match=r"config.json: quant_method is 'fp8', not 'compressed-tensors' or 'bitsandbytes'$"):
+        read_quantization_config(tmp_path)
