@@ -34,6 +34,28 @@ def test_a_bad_serve_config_is_one_line_and_exit_2(tmp_path):
         f"error: {config}: unknown key 'engine.kv_cache_gbb'; did you mean engine.kv_cache_gb?"]
 
 
+def test_sessions_end_when_finished_or_silent():
+    from starlette.testclient import TestClient
+
+    from rlvr.config import ServeConfig
+    from rlvr.serve.app import TinkerServer
+
+    server = TinkerServer(ServeConfig(session_timeout_s=11))
+    with TestClient(server.app) as client:
+        def heartbeat(session_id: str):
+            return client.post("/api/v1/session_heartbeat", json={"session_id": session_id})
+
+        body = {"tags": [], "user_metadata": None, "sdk_version": "0.38.0"}
+        first, second = (client.post("/api/v1/create_session", json=body).json()["session_id"] for _ in range(2))
+        assert client.post(f"/api/v1/sessions/{first}/finish", json={}).status_code == 200
+        assert heartbeat(first).status_code == 400 and heartbeat(second).status_code == 200
+        server.expire_sessions(now=time.monotonic() + 5)  # heard from 5 s ago: kept
+        assert heartbeat(second).status_code == 200
+        server.expire_sessions(now=time.monotonic() + 12)
+        refused = heartbeat(second)
+        assert refused.status_code == 400 and "unknown session_id" in refused.json()["detail"]
+
+
 @contextmanager
 def serving(folder: Path):
     """`rlvr serve` as a subprocess on a free port, its checkpoints under `folder`; yields its URL."""

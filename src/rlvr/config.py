@@ -601,6 +601,10 @@ class ServeConfig(Section):
     host: str = Field("127.0.0.1", description="address the server listens on (--host wins)")
     port: int = Field(8000, ge=1, le=65535, description="TCP port (--port wins)")
     seed: int = Field(0, description="seeds LoRA initialisation (unless the request gives one) and the engine's sampling")
+    session_timeout_s: float = Field(
+        120.0, gt=10, description="a session not heard from for this long (heartbeat, or a call on its model) ends and "
+        "its model is closed; the SDK heartbeats every 10 s"
+    )
     log_every_s: float = Field(
         60.0, gt=0, description="seconds between request-log lines: one line per request kind with its count, not one per request"
     )

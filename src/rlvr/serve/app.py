@@ -15,6 +15,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import shutil
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -78,7 +79,7 @@ class TinkerServer:
 
     def __init__(self, cfg: ServeConfig):
         self.cfg = cfg
-        self.sessions: set[str] = set()
+        self.sessions: dict[str, float] = {}  # session id -> when it was last heard from (time.monotonic)
         self.models: dict = {}  # model id -> rlvr.serve.model.ServedModel
         self._claimed: set[str] = set()  # models created or being built
         self.samplers: dict[str, SamplerSession] = {}
@@ -150,16 +151,43 @@ class TinkerServer:
 
         seed = self.cfg.seed if request.lora_config.seed is None else request.lora_config.seed
         try:
-            self.models[model_id] = ServedModel(model_id, request.base_model, request.lora_config.rank, seed, self.cfg)
+            model = ServedModel(model_id, request.base_model, request.lora_config.rank, seed, self.cfg)
         except BaseException:
             self._claimed.discard(model_id)
             raise
+        if model_id not in self._claimed:  # its session ended while it was being built
+            model.close()
+            raise BadRequest(f"session {request.session_id} ended before its model was built")
+        self.models[model_id] = model
         return {"model_id": model_id, "type": "create_model"}
 
     def _model(self, model_id: str):
         if model_id not in self.models:
             raise BadRequest(f"unknown model_id {model_id!r}")
+        session_id = model_id.split(":", 1)[0]
+        if session_id in self.sessions:  # a call on a model is as good as a heartbeat
+            self.sessions[session_id] = time.monotonic()
         return self.models[model_id]
+
+    def end_session(self, session_id: str, why: str) -> None:
+        """Forget a session and what it made; its models close once the work queued before now has run."""
+        self.sessions.pop(session_id, None)
+        ended = [model_id for model_id in self._claimed if model_id.split(":", 1)[0] == session_id]
+        for model_id in ended:
+            self._claimed.discard(model_id)
+            model = self.models.pop(model_id, None)  # None: still being built, _create_model closes it
+            if model is not None:
+                self._work.submit(model.close)
+        self.samplers = {key: s for key, s in self.samplers.items()
+                         if key.split(":", 1)[0] != session_id and s.model_id not in ended}
+        self.named = {path: (model_id, adapter) for path, (model_id, adapter) in self.named.items() if model_id not in ended}
+        print(f"rlvr serve: session {session_id} {why}" + (f"; closing {', '.join(ended)}" if ended else ""), flush=True)
+
+    def expire_sessions(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        for session_id, seen in list(self.sessions.items()):
+            if now - seen > self.cfg.session_timeout_s:
+                self.end_session(session_id, f"expired: nothing heard for {now - seen:.0f} s")
 
     def _save_for_sampler(self, request: types.SaveWeightsForSamplerRequest) -> dict:
         model = self._model(request.model_id)
@@ -218,8 +246,10 @@ class TinkerServer:
         @asynccontextmanager
         async def lifespan(_):
             log_lines = asyncio.create_task(self.log.run())
+            expiry = asyncio.create_task(self._expire_every(min(5.0, self.cfg.session_timeout_s / 2)))
             yield
             log_lines.cancel()
+            expiry.cancel()
             self.log.flush()
             # here, not after uvicorn.run: on SIGTERM uvicorn re-raises the signal once it has shut down
             self.close()
@@ -259,7 +289,7 @@ class TinkerServer:
         async def create_session(request: Request):
             types.CreateSessionRequest.model_validate(await request.json())
             session_id = f"session-{uuid.uuid4().hex[:12]}"
-            self.sessions.add(session_id)
+            self.sessions[session_id] = time.monotonic()
             return {"type": "create_session", "session_id": session_id}
 
         @app.post("/api/v1/session_heartbeat")
@@ -269,7 +299,8 @@ class TinkerServer:
 
         @app.post("/api/v1/sessions/{session_id}/finish")
         async def finish_session(session_id: str):
-            self.sessions.discard(session_id)
+            self._session(session_id)
+            self.end_session(session_id, "finished by its client")
             return {}
 
         @app.post("/api/v1/create_model")
@@ -399,6 +430,12 @@ class TinkerServer:
     def _session(self, session_id: str) -> None:
         if session_id not in self.sessions:
             raise BadRequest(f"unknown session_id {session_id!r}")
+        self.sessions[session_id] = time.monotonic()
+
+    async def _expire_every(self, interval_s: float) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            self.expire_sessions()
 
     def _sampler(self, sampler_id: str) -> SamplerSession:
         if sampler_id not in self.samplers:
