@@ -73,14 +73,14 @@ _ARCH_EXTRAS: dict[str, dict] = {
     },  # fmt: skip
     # Mistral Large 3 as vLLM serves it (rlvr.models.mistral_layout): the same MLA and MoE shape,
     # softmax routing, llama-4 query scaling past 16 positions and YaRN (attention factor 1, as
-    # Mistral's `apply_scale: false`; factor: max_position_embeddings 1024 over 16), so that short test
-    # sequences cross the scaling steps
+    # Mistral's `apply_scale: false`, hence no mscale_all_dim: rlvr.models.mistral_layout; factor:
+    # max_position_embeddings 1024 over 16), so that short test sequences cross the scaling steps
     "mistral4": {
         "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
         "first_k_dense_replace": 1, "routed_scaling_factor": 2.0, "tie_word_embeddings": False,
         "rope_parameters": {
             "rope_type": "yarn", "rope_theta": 10000.0, "factor": 64.0, "original_max_position_embeddings": 16,
-            "beta_fast": 32.0, "beta_slow": 1.0, "mscale_all_dim": 1.0, "attention_factor": 1.0, "llama_4_scaling_beta": 0.1,
+            "beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": 1.0, "llama_4_scaling_beta": 0.1,
         },
     },  # fmt: skip
 }
