@@ -1,4 +1,4 @@
-"""The environment interface and its registry.
+"""The environment interface: what an environment answers, and what environments share in a run.
 
 An environment sees the model's text (an action) and answers with messages (an observation),
 a reward and whether the trajectory is done, as skyrl-gym's BaseTextEnv, verifiers' MultiTurnEnv
@@ -8,7 +8,6 @@ verifier, applied to the last action in the scoring pool, as single-turn RLVR al
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -58,30 +57,3 @@ class EnvContext:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
-
-
-# name -> factory(problem, context); `skyrl:ID` names are resolved by rlvr.envs.skyrl
-ENVIRONMENTS: dict[str, Callable[[Problem, EnvContext], Environment]] = {}
-
-
-def register(name: str):
-    def add(factory):
-        ENVIRONMENTS[name] = factory
-        return factory
-
-    return add
-
-
-def make_env(name: str, problem: Problem, context: EnvContext) -> Environment:
-    """A fresh environment for one trajectory of `problem`; the row's own `env` (meta) wins over `name`."""
-    import rlvr.envs.builtin  # noqa: F401  (registers the built-in environments)
-
-    name = problem.meta.get("env") or name
-    if name.startswith("skyrl:"):
-        from rlvr.envs.skyrl import SkyRLEnv
-
-        return SkyRLEnv(name.removeprefix("skyrl:"), problem, context)
-    if name not in ENVIRONMENTS:
-        raise ValueError(f"env.name={name!r} (problem {problem.id!r}): unknown environment; known: "
-                         f"{', '.join(sorted(ENVIRONMENTS))}, or skyrl:ID for a skyrl-gym environment")
-    return ENVIRONMENTS[name](problem, context)

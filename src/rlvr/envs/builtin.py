@@ -14,11 +14,10 @@ import json
 import operator
 import re
 
-from rlvr.envs.base import EnvContext, EnvStep, register
+from rlvr.envs.base import EnvContext, EnvStep
 from rlvr.records import Problem
 
 
-@register("single_turn")
 class SingleTurn:
     """One completion, scored by the run's verifier: rlvr's original path."""
 
@@ -85,7 +84,6 @@ def tool_call(action: str, tool: str) -> str | None:
     return tag.group(1).strip() if tag else None
 
 
-@register("calculator")
 class Calculator(ToolEnv):
     """`<calc>EXPR</calc>` -> the value of an arithmetic expression (+ - * / // % **, parentheses):
     parsed, never evaluated as code, with bounds on exponents and sizes."""
@@ -104,7 +102,6 @@ class Calculator(ToolEnv):
         return _format(_arithmetic(ast.parse(expression, mode="eval").body))
 
 
-@register("python_tool")
 class PythonTool(ToolEnv):
     """`<python>CODE</python>` -> its stdout (and stderr), run in rlvr's sandbox (never here)."""
 
@@ -118,7 +115,6 @@ class PythonTool(ToolEnv):
         return output.strip() or "(no output)", result.status == "ok" and result.exit_code == 0
 
 
-@register("code_tests")
 class CodeTestsEnv:
     """Program synthesis: the response's last python block against the row's tests (its answer),
     in the sandbox; reward 1 if they pass (env.options.fraction: the fraction of asserts passed).
