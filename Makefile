@@ -19,6 +19,9 @@ setup: $(STAMP)
 # fails ("operator torchvision::nms does not exist") and breaks transformers, so they go.
 # tinker-cookbook (the tests drive `rlvr serve` with its recipes) goes in without its declared
 # dependencies, which are listed instead (requirements/cpu.txt says why).
+# verl goes in without its dependencies (they pin ray, transformers and tensordict against this
+# venv's) and with the three its rollout_corr_helper imports: tests/test_off_policy_family.py
+# runs verl's own off-policy corrections against rlvr's.
 $(STAMP): pyproject.toml $(PINS)
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 	command -v bwrap >/dev/null || (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null)
@@ -29,6 +32,7 @@ $(STAMP): pyproject.toml $(PINS)
 	$(PIP) install -q -c $(PINS) -e '.[dev,tracking,ray,envs,gguf,data]'
 	$(PIP) install -q -c $(PINS) tml-renderers blobfile chz pyrage pylatexenc termcolor tiktoken
 	$(PIP) install -q -c $(PINS) --no-deps tinker-cookbook
+	$(PIP) install -q --no-deps verl==0.9.1 tensordict==0.15.3 pyvers==0.2.3 codetiming==1.4.0
 	$(BIN)/python -c "import vllm, transformers, peft, rlvr; print('rlvr setup ok: vllm', vllm.__version__, 'transformers', transformers.__version__)"
 	touch $(STAMP)
 

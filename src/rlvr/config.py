@@ -379,6 +379,47 @@ class SandboxConfig(Section):
     uid: int = Field(65534, ge=1, description="user (and group) id the program runs as when rlvr runs as root")
 
 
+class RatioBand(Section):
+    """A band [low, high] on the ratio pi_old / pi_sampler, taken at a level (the fields: its subclasses)."""
+
+    @model_validator(mode="after")
+    def _a_band(self) -> RatioBand:
+        if self.low >= self.high:
+            raise ValueError(f"low={self.low} must be below high={self.high}")
+        return self
+
+
+class MaskedISConfig(RatioBand):
+    """Masked importance sampling (rlvr.algorithms.masked_is_weights): w = pi_old / pi_sampler where
+    low <= w <= high, 0 outside, so an out-of-band token (or response) gets no gradient but still
+    counts in the denominator. The defaults are IcePop's (Ling Team 2025, Ring-1T, arXiv:2510.18855:
+    alpha 0.5, beta 5; verl's decoupled_token_icepop). level sequence, low 0, high 3 is TRL's
+    vllm_importance_sampling_mode=sequence_mask with its defaults."""
+
+    level: Literal["token", "sequence", "geometric"] = Field(
+        "token", description="where the ratio is taken: per token (IcePop), per response (product) or its geometric mean"
+    )
+    low: float = Field(0.5, ge=0, description="weights below it are zeroed (IcePop's alpha: 0.5; 0: no lower bound)")
+    high: float = Field(5.0, gt=0, description="weights above it are zeroed (IcePop's beta: 5)")
+
+
+class RejectionConfig(RatioBand):
+    """Rejection (rlvr.algorithms.off_policy_keep_mask): tokens, or whole responses, whose ratio
+    pi_old / pi_sampler leaves [low, high] are taken out of the loss mask (no gradient, KL term
+    included; the update's denominator still counts them). The defaults are verl's geometric
+    rejection (Geo-RS, RolloutCorrectionConfig.decoupled_geo_rs: rollout_rs=seq_mean_k1,
+    0.999_1.001): a response goes when its per-token geometric-mean ratio is off by more than 0.1%.
+    level sequence with low 0.5, high 2 is verl's decoupled_seq_is_rs rejection; with tis_cap set as
+    well, either is sequence-masked TIS."""
+
+    level: Literal["token", "sequence", "geometric"] = Field(
+        "geometric", description="what is rejected: a token by its own ratio, or a whole response by its ratio's "
+        "product (sequence) or geometric mean (geometric)"
+    )
+    low: float = Field(0.999, ge=0, description="ratios below it are rejected (verl Geo-RS: 0.999; 0: no lower bound)")
+    high: float = Field(1.001, gt=0, description="ratios above it are rejected (verl Geo-RS: 1.001)")
+
+
 class AlgorithmConfig(Section):
     """The policy-gradient algorithm (formulas and papers: rlvr.algorithms, docs/algorithms.md)."""
 
@@ -420,6 +461,14 @@ class AlgorithmConfig(Section):
     )
     tis_level: Literal["token", "sequence", "geometric"] = Field(
         "token", description="where the IS ratio is taken: per token, per sequence (product) or its geometric mean"
+    )
+    masked_is: MaskedISConfig | None = Field(
+        None, description="masked importance sampling instead of tis_cap's truncated weights (IcePop at token level); "
+        "null: off"
+    )
+    rejection: RejectionConfig | None = Field(
+        None, description="drop tokens or whole responses too far off policy from the loss (geometric rejection by "
+        "default); combines with tis_cap or masked_is. null: off"
     )
     overlong_filter: bool = Field(
         False, description="mask responses cut off at max_tokens out of the loss (DAPO's overlong filtering, Yu et al. 2025)"
@@ -589,7 +638,10 @@ class RunConfig(Section):
     def _correct_stale_rollouts(self) -> RunConfig:
         # Rollouts one policy version behind need the off-policy correction; written into the
         # config itself so that the run's config.yaml says what ran (Yao et al. use cap 2).
-        if self.rollout.max_staleness and self.algorithm.tis_cap is None:
+        if self.algorithm.masked_is and self.algorithm.tis_cap is not None:
+            raise ValueError(f"algorithm.tis_cap={self.algorithm.tis_cap} and algorithm.masked_is both set the "
+                             "importance weights: choose one (algorithm.tis_cap: null)")
+        if self.rollout.max_staleness and self.algorithm.tis_cap is None and self.algorithm.masked_is is None:
             self.algorithm.tis_cap = 2.0
         return self
 

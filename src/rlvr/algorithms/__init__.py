@@ -15,7 +15,13 @@ from rlvr.algorithms.dynamic_sampling import (
 from rlvr.algorithms.kl import KL_KINDS, kl_penalty
 from rlvr.algorithms.logits import entropy_from_logits, token_logprobs
 from rlvr.algorithms.losses import AGGREGATIONS, LOSSES, aggregate, policy_loss
-from rlvr.algorithms.off_policy import LEVELS, logprob_gap_metrics, off_policy_keep_mask, truncated_is_weights
+from rlvr.algorithms.off_policy import (
+    LEVELS,
+    logprob_gap_metrics,
+    masked_is_weights,
+    off_policy_keep_mask,
+    truncated_is_weights,
+)
 
 __all__ = [
     "AGGREGATIONS",
@@ -30,6 +36,7 @@ __all__ = [
     "informative_group_mask",
     "kl_penalty",
     "logprob_gap_metrics",
+    "masked_is_weights",
     "off_policy_keep_mask",
     "overlong_filter",
     "overlong_penalty",

@@ -13,6 +13,20 @@ Levels of the ratio, for the valid tokens t of response i (x_t = trainer_t - sam
   ``sequence``   w_i  = exp(sum_t x_t), the true sequence ratio (explodes with length)
   ``geometric``  w_i  = exp(mean_t x_t), length-normalised, a better threshold for long answers
 Sequence-level values are broadcast over the response's tokens. Everything here is detached.
+
+The family, and how the peers name its members (rlvr.config's ``algorithm`` keys in brackets):
+  truncated IS, TIS  `truncated_is_weights`: min(w, C) [tis_cap, tis_level]; verl
+                     ``rollout_is=token|sequence``, TRL ``*_truncate``
+  masked IS          `masked_is_weights`: w inside [low, high], 0 outside [masked_is]; token level
+                     is IcePop (verl ``rollout_is_threshold="low_high"``), sequence level TRL's
+                     ``vllm_importance_sampling_mode="sequence_mask"``
+  rejection          `off_policy_keep_mask`: tokens or whole responses outside [low, high] leave
+                     the loss mask [rejection]; geometric level is verl's geometric rejection
+                     (Geo-RS, ``rollout_rs="seq_mean_k1"``), sequence level ``seq_sum_k1``,
+                     token level ``token_k1``. With TIS on top it is sequence-masked TIS
+                     (verl's ``decoupled_seq_is_rs`` / ``decoupled_geo_rs_seq_tis`` presets).
+The ratio is always taken against the logprob the sampler reported for each token, so under an
+asynchronous pipeline each token is corrected for the policy version that produced it.
 """
 
 from __future__ import annotations
@@ -48,6 +62,34 @@ def truncated_is_weights(
     return _log_ratio(trainer_logprobs, sampler_logprobs, mask, level).clamp(max=math.log(cap)).exp()
 
 
+def masked_is_weights(
+    trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, *, low: float, high: float, level: str = "token"
+) -> Tensor:
+    """Masked IS weights w * 1[low <= w <= high] [B, T], detached; finite (at most `high`) everywhere.
+
+    Unlike TIS, a ratio outside the band is not capped but zeroed: the token (or, at sequence /
+    geometric level, the whole response) gets no gradient, while it still counts in the loss's
+    denominator. At token level this is IcePop (Ling Team 2025, "Every Step Evolves: Scaling
+    Reinforcement Learning for Trillion-Scale Thinking Model", arXiv:2510.18855, Ring-1T):
+    M(k) = k if alpha <= k <= beta else 0, k = pi_train / pi_infer, with alpha = 0.5, beta = 5
+    (verl's ``decoupled_token_icepop`` and INTELLECT-3 use the same). At sequence level it is
+    TRL's ``vllm_importance_sampling_mode="sequence_mask"`` (TRL's default mode, C_max = 3, no
+    lower bound: ``low=0``).
+    """
+    if not 0 <= low < high:
+        raise ValueError(f"masked IS band must satisfy 0 <= low < high; got low={low}, high={high}")
+    log_ratio = _log_ratio(trainer_logprobs, sampler_logprobs, mask, level)
+    # capped at `high`, which changes no weight inside the band, so that no position (a padded one
+    # of a rejected response included) holds an inf whose gradient would be 0 * inf = nan
+    weights = log_ratio.clamp(max=math.log(high)).exp()
+    return torch.where(mask.bool() & ~_inside(log_ratio, low, high), 0.0, weights)
+
+
+def _inside(log_ratio: Tensor, low: float, high: float) -> Tensor:
+    """low <= exp(log_ratio) <= high, compared in log space (no overflow); low = 0: no lower bound."""
+    return (log_ratio >= (math.log(low) if low > 0 else -math.inf)) & (log_ratio <= math.log(high))
+
+
 def off_policy_keep_mask(
     trainer_logprobs: Tensor,
     sampler_logprobs: Tensor,
@@ -67,9 +109,7 @@ def off_policy_keep_mask(
         low = 1.0 / high
     if high <= 0 or low < 0:
         raise ValueError(f"off-policy mask bounds must be 0 <= low and 0 < high; got low={low}, high={high}")
-    log_ratio = _log_ratio(trainer_logprobs, sampler_logprobs, mask, level)
-    inside = (log_ratio >= (math.log(low) if low > 0 else -math.inf)) & (log_ratio <= math.log(high))
-    return mask.bool() & inside
+    return mask.bool() & _inside(_log_ratio(trainer_logprobs, sampler_logprobs, mask, level), low, high)
 
 
 def logprob_gap_metrics(trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> dict[str, Tensor]:

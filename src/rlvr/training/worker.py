@@ -326,8 +326,8 @@ class _Rank:
                 old_lp = lp.detach() if old is None else _padded([old[i] for i in mb.sequences])
                 sampler = self._sampler(mb, step, lp.dtype)
                 adv = torch.tensor([step.advantages[i] for i in mb.sequences], dtype=lp.dtype, device=self.device)
-                loss, metrics, is_weights = self._loss(mb, lp, old_lp, sampler, adv, mask, step)
-                weight, denominator = self._share(mask, mb, mini)
+                loss, metrics, is_weights, kept = self._loss(mb, lp, old_lp, sampler, adv, mask, step)
+                weight, denominator = self._share(kept, mb, mini)
                 # FSDP averages gradients over ranks; the world_size factor turns that into a sum,
                 # so the update's loss is normalised once, by the mini-batch's global denominator.
                 (loss * (weight / denominator) * self.world_size).backward()
@@ -345,6 +345,8 @@ class _Rank:
                 self._accumulate(sums, f"{key}_sum", float(metrics[key]) * tokens)
         if is_weights is not None:
             self._accumulate(sums, "is_weight_sum", float(torch.where(mask, is_weights, 0.0).sum()))
+        if self.spec.algorithm.rejection is not None:
+            self._accumulate(sums, "rejected_sum", float((mask & ~kept).sum()))
 
     def _share(self, mask: torch.Tensor, mb: MicroBatch, mini: MiniBatch) -> tuple[float, float]:
         """The micro-batch's share of its update, as (weight, denominator): its aggregated loss
@@ -420,16 +422,31 @@ class _Rank:
         return _padded([torch.tensor(step.sampler_logprobs[i], dtype=dtype) for i in mb.sequences]).to(self.device)
 
     def _loss(self, mb: MicroBatch, lp, old, sampler, adv, mask, step: StepInput):
-        """The policy loss of one micro-batch (plus the KL term), its metrics and the IS weights."""
-        from rlvr.algorithms import aggregate, kl_penalty, policy_loss, truncated_is_weights
+        """The policy loss of one micro-batch (plus the KL term), its metrics, the IS weights and
+        the tokens it trained on (`mask` less those rejected as too far off policy)."""
+        from rlvr.algorithms import (
+            aggregate,
+            kl_penalty,
+            masked_is_weights,
+            off_policy_keep_mask,
+            policy_loss,
+            truncated_is_weights,
+        )
 
         algo = self.spec.algorithm
-        # The tokens were drawn by the sampler (a policy version behind, with max_staleness 1),
-        # not by π_old: truncated IS reweights them, min(π_old / π_sampler, cap) (Yao et al. 2025;
-        # AReaL's decoupled PPO: the clip stays around π_old, the behaviour policy only weights).
+        # The tokens were drawn by the sampler (policy versions behind under max_staleness, each
+        # token's logprob from the version that drew it), not by π_old: IS reweights them by
+        # π_old / π_sampler, truncated or masked (Yao et al. 2025; AReaL's decoupled PPO: the clip
+        # stays around π_old, the behaviour policy only weights), and rejection drops the farthest.
         is_weights = None
-        if algo.tis_cap:
+        if algo.masked_is:
+            band = algo.masked_is
+            is_weights = masked_is_weights(old, sampler, mask, low=band.low, high=band.high, level=band.level)
+        elif algo.tis_cap:
             is_weights = truncated_is_weights(old, sampler, mask, cap=algo.tis_cap, level=algo.tis_level)
+        if algo.rejection:
+            band = algo.rejection
+            mask = off_policy_keep_mask(old, sampler, mask, low=band.low, high=band.high, level=band.level)
         loss, metrics = policy_loss(
             algo.loss, lp, old, adv, mask, clip_low=algo.clip_low, clip_high=algo.clip_high, dual_clip=algo.dual_clip,
             sapo_tau_pos=algo.sapo_tau_pos, sapo_tau_neg=algo.sapo_tau_neg, agg=algo.agg, max_len=step.max_len,
@@ -440,7 +457,7 @@ class _Rank:
             kl = aggregate(kl_penalty(algo.kl, lp, ref), mask, algo.agg, step.max_len)
             loss = loss + algo.kl_coef * kl
             metrics = {**metrics, "kl": float(kl)}
-        return loss, metrics, is_weights
+        return loss, metrics, is_weights, mask
 
     def _optimizer_step(self, max_grad_norm: float) -> dict[str, float]:
         """Clip and step, unless the gradient is not finite (then the update is skipped)."""
