@@ -9,8 +9,9 @@ from rlvr.algorithms import AGGREGATIONS, LOSSES, aggregate
 from rlvr.algorithms import policy_loss as _policy_loss
 
 # The hand-worked values below clip at PPO's epsilon = 0.2, gate SAPO at the paper's
-# temperatures and aggregate per token, unless a test says otherwise.
-HAND_WORKED = {"clip_low": 0.2, "clip_high": 0.2, "sapo_tau_pos": 1.0, "sapo_tau_neg": 1.05, "agg": "token_mean"}
+# temperatures, mask DPPO at its TV threshold and aggregate per token, unless a test says otherwise.
+HAND_WORKED = {"clip_low": 0.2, "clip_high": 0.2, "sapo_tau_pos": 1.0, "sapo_tau_neg": 1.05, "dppo_delta": 0.15,
+               "agg": "token_mean"}
 
 
 def policy_loss(*args, **options):
@@ -152,9 +153,9 @@ def test_gradcheck_float64(name):
     log_ratio = (lp - old).detach()
     for agg in AGGREGATIONS:
         def fn(x):
-            # CISPO's weight is a stop-gradient, which finite differences cannot see: hold it
-            # fixed by moving old_logprobs with x, so only the logprob path is checked.
-            x_old = x - log_ratio if name == "cispo" else old
+            # CISPO's and DPPO's weights are stop-gradients, which finite differences cannot see:
+            # hold them fixed by moving old_logprobs with x, so only the logprob path is checked.
+            x_old = x - log_ratio if name in ("cispo", "dppo_tv", "dppo_kl") else old
             return policy_loss(name, x, x_old, adv, mask, clip_low=0.1, clip_high=0.15, agg=agg, max_len=5)[0]
 
         assert torch.autograd.gradcheck(fn, (lp,))

@@ -206,3 +206,68 @@ def test_sequence_masked_tis_matches_verl_decoupled_seq_is_rs(verl_corr, seed):
     assert torch.where(mask, ours - weights.batch["rollout_is_weights"], 0.0).abs().max().item() < 1e-9
     our_kept = off_policy_keep_mask(trainer, sampler, mask, low=0.5, high=2.0, level="sequence")
     assert torch.equal(our_kept, kept.bool()) and 0 < int(our_kept.any(-1).sum()) < 8
+
+
+# ------------------------------------------------------------------------------- DPPO
+
+
+def test_dppo_masks_by_hand():
+    """Probabilities p_old -> p of four tokens, advantages +, +, -, -; delta 0.15 (tv), 0.05 (kl)."""
+    from rlvr.algorithms import dppo_keep_mask
+
+    p_old = torch.tensor([[0.001, 0.5, 0.9, 0.3]], dtype=torch.float64)
+    p = torch.tensor([[0.1, 0.7, 0.7, 0.35]], dtype=torch.float64)  # a 100x ratio on a rare token: tv 0.099
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0]], dtype=torch.float64)
+    tv = dppo_keep_mask(p.log(), p_old.log(), adv, divergence="tv", delta=0.15)
+    assert tv.tolist() == [[True, False, False, True]]  # +0.2 with A > 0, -0.2 with A < 0 are masked
+
+    def binary_kl(a, b):
+        return a * math.log(a / b) + (1 - a) * math.log((1 - a) / (1 - b))
+
+    kl = dppo_keep_mask(p.log(), p_old.log(), adv, divergence="kl", delta=0.05)
+    # token 0: D = 0.094 > 0.05 and p rose under A > 0: masked (TV let it through)
+    assert binary_kl(0.001, 0.1) > 0.05 and binary_kl(0.5, 0.7) > 0.05 and binary_kl(0.9, 0.7) > 0.05
+    assert kl.tolist() == [[False, False, False, True]]
+    # the mask only stops moves that widen the gap: p fell with A > 0 is kept however far
+    assert dppo_keep_mask(p_old.log(), p.log(), adv, divergence="kl", delta=0.05)[0, :2].tolist() == [True, True]
+
+
+@pytest.fixture(scope="module")
+def verl_core():
+    return pytest.importorskip("verl.trainer.ppo.core_algos", reason="verl not installed (see the docstring)")
+
+
+@pytest.mark.parametrize("divergence, delta", [("tv", 0.15), ("kl", 0.05), ("tv", 0.05)])
+@pytest.mark.parametrize("seed", range(3))
+def test_dppo_loss_matches_verl(verl_core, divergence, delta, seed):
+    from verl.workers.config.actor import ActorConfig
+
+    from rlvr.algorithms import policy_loss
+
+    # the authors' example: symmetric delta, clip_ratio_c 10000 (no truncation of the ratio)
+    config = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio=delta,
+                         clip_ratio_low=delta, clip_ratio_high=delta, clip_ratio_c=10000.0)
+    gen = torch.Generator().manual_seed(seed)
+    old = -2.5 * torch.rand(8, 12, generator=gen, dtype=torch.float64)
+    new = old + 0.5 * torch.randn(8, 12, generator=gen, dtype=torch.float64)
+    adv = torch.randn(8, generator=gen, dtype=torch.float64)
+    mask = torch.arange(12) < torch.tensor([12, 9, 1, 5, 12, 3, 7, 10])[:, None]
+    theirs_lp = new.clone().requires_grad_()
+    loss_fn = getattr(verl_core, f"compute_policy_loss_dppo_{divergence}")
+    theirs, their_metrics = loss_fn(old, theirs_lp, adv[:, None].expand(8, 12), mask.double(), "token-mean", config)
+    theirs.backward()
+    ours_lp = new.clone().requires_grad_()
+    ours, metrics = policy_loss(f"dppo_{divergence}", ours_lp, old, adv, mask, clip_low=0.2, clip_high=0.2,
+                                dppo_delta=delta, agg="token_mean")
+    ours.backward()
+    assert abs(ours.item() - theirs.item()) < 1e-9
+    assert torch.where(mask, ours_lp.grad - theirs_lp.grad, 0.0).abs().max().item() < 1e-9
+    assert metrics["clip_fraction"].item() == pytest.approx(their_metrics["actor/pg_clipfrac"], abs=1e-6)
+    assert 0 < metrics["clip_fraction"].item() < 1  # the mask bites, and not everywhere
+
+
+def test_dppo_threshold_defaults_to_the_authors():
+    assert AlgorithmConfig(loss="dppo_tv").dppo_delta == 0.15
+    assert AlgorithmConfig(loss="dppo_kl").dppo_delta == 0.05
+    assert AlgorithmConfig(loss="dppo_kl", dppo_delta=0.1).dppo_delta == 0.1
+    assert AlgorithmConfig().dppo_delta is None

@@ -429,9 +429,10 @@ class AlgorithmConfig(Section):
         "reinforce_pp_baseline (the same after a group-mean baseline)"
     )
     std_normalize: bool = Field(True, description="grpo: divide by the group's reward std (false: Dr. GRPO's centring only)")
-    loss: Literal["ppo", "gspo", "cispo", "sapo"] = Field(
+    loss: Literal["ppo", "gspo", "cispo", "sapo", "dppo_tv", "dppo_kl"] = Field(
         "ppo", description="policy loss: ppo clip (Schulman et al. 2017), gspo sequence ratio (Zheng et al. 2025), "
-        "cispo clipped IS weight (MiniMax-M1, 2025), sapo soft gate instead of the clip (Gao et al. 2025)"
+        "cispo clipped IS weight (MiniMax-M1, 2025), sapo soft gate instead of the clip (Gao et al. 2025), "
+        "dppo_tv / dppo_kl a divergence mask instead of the clip (DPPO, Qi et al. 2026)"
     )
     agg: Literal["token_mean", "token_sum", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = Field(
         "token_mean", description="loss aggregation: token_mean (DAPO), token_sum (sum over tokens, no normalisation; "
@@ -448,6 +449,11 @@ class AlgorithmConfig(Section):
     )
     sapo_tau_neg: float = Field(
         1.05, gt=0, description="sapo: gate temperature on tokens with advantage <= 0 (Gao et al. 2025, SAPO: 1.05)"
+    )
+    dppo_delta: float | None = Field(
+        None, gt=0, description="dppo_tv / dppo_kl: the threshold on the binary TV / KL divergence between pi and "
+        "pi_old; null: the authors' (verl's DPPO example: 0.15 for dppo_tv, 0.05 for dppo_kl), written into the "
+        "run's config"
     )
     kl: Literal["k1", "k2", "k3", "k3+"] | None = Field(
         None, description="KL estimator against the frozen base, the adapter disabled (Schulman 2020); "
@@ -476,6 +482,12 @@ class AlgorithmConfig(Section):
     overlong_penalty: OverlongPenaltyConfig | None = Field(
         None, description="DAPO's soft length penalty on the reward (null: none)"
     )
+
+    @model_validator(mode="after")
+    def _dppo_threshold(self) -> AlgorithmConfig:
+        if self.loss.startswith("dppo") and self.dppo_delta is None:
+            self.dppo_delta = 0.15 if self.loss == "dppo_tv" else 0.05
+        return self
 
 
 class LoraConfig(Section):

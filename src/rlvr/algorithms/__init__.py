@@ -14,7 +14,7 @@ from rlvr.algorithms.dynamic_sampling import (
 )
 from rlvr.algorithms.kl import KL_KINDS, kl_penalty
 from rlvr.algorithms.logits import entropy_from_logits, token_logprobs
-from rlvr.algorithms.losses import AGGREGATIONS, LOSSES, aggregate, policy_loss
+from rlvr.algorithms.losses import AGGREGATIONS, LOSSES, aggregate, dppo_keep_mask, policy_loss
 from rlvr.algorithms.off_policy import (
     LEVELS,
     logprob_gap_metrics,
@@ -31,6 +31,7 @@ __all__ = [
     "LOSSES",
     "advantages",
     "aggregate",
+    "dppo_keep_mask",
     "entropy_from_logits",
     "groups_to_refill",
     "informative_group_mask",

@@ -1,4 +1,4 @@
-"""Policy losses (PPO, GSPO, CISPO, SAPO) and the reduction of per-token losses to one scalar.
+"""Policy losses (PPO, GSPO, CISPO, SAPO, DPPO) and the reduction of per-token losses to one scalar.
 
 Shapes: logprobs, old_logprobs, mask are [B, T] (B responses, T completion positions, right
 padded); advantages are [B] (one per response, broadcast over its tokens) or [B, T]. `mask`
@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 AGGREGATIONS = ("token_mean", "token_sum", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
-LOSSES = ("ppo", "gspo", "cispo", "sapo")
+LOSSES = ("ppo", "gspo", "cispo", "sapo", "dppo_tv", "dppo_kl")
 
 # exp(20) ~ 5e8 is far outside any clip range; clamping the log-ratio there keeps a token whose
 # logprob collapsed from overflowing float32 into inf (and nan gradients) in the unclipped branch.
@@ -58,6 +58,31 @@ def aggregate(per_token: Tensor, mask: Tensor, mode: str, max_len: int | None = 
     raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {AGGREGATIONS}")
 
 
+def dppo_keep_mask(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, *, divergence: str, delta: float) -> Tensor:
+    """DPPO's trust region (Qi et al. 2026, "Rethinking the Trust Region in LLM Reinforcement
+    Learning", arXiv:2602.04879): bool [B, T], False where the token's update is masked.
+
+    The divergence between pi and pi_old is taken on the binary distribution {the sampled token,
+    everything else}, p = pi(y_t), p_old = pi_old(y_t):
+      ``tv``  D = |p - p_old|
+      ``kl``  D = p_old log(p_old / p) + (1 - p_old) log((1 - p_old) / (1 - p))  (1e-8 inside the
+              second log, as the authors' verl code has it)
+    A token is masked when its update would push D past ``delta`` in the advantage's direction:
+    A > 0 and p has risen by more than delta (tv) / D > delta with p >= p_old (kl); A <= 0 and p has
+    fallen by more than delta / D > delta with p <= p_old. Unlike the ratio clip, a rare token may
+    grow a hundredfold while its probability stays small. Everything here is detached.
+    """
+    advantages = advantages.expand_as(logprobs)
+    log_p, log_p_old = logprobs.detach(), old_logprobs.detach()
+    p, p_old = log_p.exp(), log_p_old.exp()
+    if divergence == "tv":
+        return torch.where(advantages > 0, p - p_old <= delta, p - p_old >= -delta)
+    if divergence == "kl":
+        within = p_old * (log_p_old - log_p) + (1 - p_old) * torch.log((1 - p_old + 1e-8) / (1 - p + 1e-8)) <= delta
+        return torch.where(advantages > 0, within | (p <= p_old), within | (p >= p_old))
+    raise ValueError(f"unknown DPPO divergence {divergence!r}; choose tv or kl")
+
+
 def policy_loss(
     name: str,
     logprobs: Tensor,
@@ -70,6 +95,7 @@ def policy_loss(
     dual_clip: float | None = None,
     sapo_tau_pos: float | None = None,
     sapo_tau_neg: float | None = None,
+    dppo_delta: float | None = None,
     agg: str,
     max_len: int | None = None,
     is_weights: Tensor | None = None,
@@ -96,6 +122,11 @@ def policy_loss(
       policy the gradient fades smoothly (weight 4 sigma (1 - sigma) rho) instead of dropping to 0
       at the clip. clip_low / clip_high are not read. The paper, TRL and verl aggregate it with
       seq_mean_token_mean.
+    - ``dppo_tv`` / ``dppo_kl`` (DPPO, Qi et al. 2026, arXiv:2602.04879): no clip; the policy
+      gradient l = -sg(rho) A logprobs (gradient -A d rho) on the tokens `dppo_keep_mask` keeps,
+      0 on the others, with threshold ``dppo_delta`` (required; the authors' verl example: 0.15
+      for tv, 0.05 for kl). clip_low / clip_high are not read. verl also caps sg(rho) at its
+      clip_ratio_c; the authors' example turns that off (10000), as rlvr has it.
 
     ``is_weights`` [B, T] (e.g. `truncated_is_weights`, for the sampler/trainer mismatch) multiply
     the per-token loss before aggregation.
@@ -105,7 +136,8 @@ def policy_loss(
     ``ratio_mean`` / ``ratio_min`` / ``ratio_max`` (of rho, or of s_i for gspo);
     ``clip_fraction`` = ``clip_fraction_low`` + ``clip_fraction_high``: tokens whose clipped branch
     is active (ppo/gspo: rho < 1 - clip_low with A < 0, or rho > 1 + clip_high with A > 0, i.e. no
-    gradient; cispo: weight clamped below / above; sapo: 0, it has no hard clip);
+    gradient; cispo: weight clamped below / above; sapo: 0, it has no hard clip; dppo: masked,
+    A <= 0 / A > 0);
     ``dual_clip_fraction`` when dual_clip is set;
     ``approx_kl``: k3 estimate of KL(old || new) = mean((rho - 1) - log rho) per token.
     """
@@ -115,6 +147,8 @@ def policy_loss(
         raise ValueError("dual_clip applies to loss 'ppo' only and must be > 1")
     if name == "sapo" and not (sapo_tau_pos and sapo_tau_neg and sapo_tau_pos > 0 and sapo_tau_neg > 0):
         raise ValueError("loss 'sapo' needs sapo_tau_pos > 0 and sapo_tau_neg > 0 (the paper: 1.0 and 1.05)")
+    if name.startswith("dppo") and not (dppo_delta and dppo_delta > 0):
+        raise ValueError(f"loss {name!r} needs dppo_delta > 0 (the authors: 0.15 for tv, 0.05 for kl)")
     valid = mask.bool()
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1)
@@ -131,6 +165,11 @@ def policy_loss(
     if name == "cispo":
         per_token = -clipped.detach() * advantages * logprobs
         low, high = ratio < 1.0 - clip_low, ratio > 1.0 + clip_high
+    elif name.startswith("dppo"):
+        keep = dppo_keep_mask(logprobs, old_logprobs, advantages, divergence=name.removeprefix("dppo_"),
+                              delta=dppo_delta)
+        per_token = torch.where(keep, -ratio.detach() * advantages * logprobs, 0.0)
+        low, high = ~keep & (advantages <= 0), ~keep & (advantages > 0)
     elif name == "sapo":
         tau = torch.where(advantages > 0, sapo_tau_pos, sapo_tau_neg).to(ratio.dtype)
         per_token = -torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau) * advantages

@@ -449,7 +449,8 @@ class _Rank:
             mask = off_policy_keep_mask(old, sampler, mask, low=band.low, high=band.high, level=band.level)
         loss, metrics = policy_loss(
             algo.loss, lp, old, adv, mask, clip_low=algo.clip_low, clip_high=algo.clip_high, dual_clip=algo.dual_clip,
-            sapo_tau_pos=algo.sapo_tau_pos, sapo_tau_neg=algo.sapo_tau_neg, agg=algo.agg, max_len=step.max_len,
+            sapo_tau_pos=algo.sapo_tau_pos, sapo_tau_neg=algo.sapo_tau_neg, dppo_delta=algo.dppo_delta, agg=algo.agg,
+            max_len=step.max_len,
             is_weights=is_weights,
         )
         if algo.kl and algo.kl_coef > 0:
