@@ -52,17 +52,21 @@ def test_shared_prompts_pack_one_copy_and_score_each_completion_from_its_end():
 # (ranks, shard_ranks): one rank; two sharding every parameter (FSDP); two replicas of it; two
 # replicas each sharded over two ranks (HSDP)
 LAYOUTS = [(1, None), (2, None), (2, 1), (4, 2)]
+# A packed base: HSDP both shards it (each rank holds half) and replicates it (two groups), so
+# against one rank it covers what FSDP and replicas would each show (FSDP over 2 ranks trains on
+# an NVFP4 base in every 2-rank run of test_day0 and test_e2e as well)
+PACKED_LAYOUTS = [(1, None), (4, 2)]
 
 
-def _each_layout(model_path: str, reference_model) -> dict[tuple, tuple]:
-    """For each of LAYOUTS: (logprobs, train-step metrics, updated adapter, packed-base bytes per
+def _each_layout(model_path: str, reference_model, layouts=LAYOUTS) -> dict[tuple, tuple]:
+    """For each layout: (logprobs, train-step metrics, updated adapter, packed-base bytes per
     rank), after checking the logprobs against `reference_model`'s; all must train alike."""
     batch = random_train_batch()
     sequences = [p + c for p, c in zip(batch.prompt_ids, batch.completion_ids)]
     prompt_lens = [len(p) for p in batch.prompt_ids]
     expected = reference_logprobs(reference_model, sequences, prompt_lens)
     results = {}
-    for ranks, shard_ranks in LAYOUTS:
+    for ranks, shard_ranks in layouts:
         spec = rank_spec(model_path, lr=1e-2, lora=LORA, ranks=ranks, shard_ranks=shard_ranks,
                          micro_batch_tokens=14)  # 14 splits group 1
         with Trainer(spec) as trainer:
@@ -71,8 +75,8 @@ def _each_layout(model_path: str, reference_model) -> dict[tuple, tuple]:
             held = trainer.packed_base_bytes()
             results[ranks, shard_ranks] = (lp, metrics, trainer.adapter().tensors, held)
         assert_close_scaled(sum(lp, []), sum(expected, []))
-    _, m1, a1, _ = results[LAYOUTS[0]]
-    for layout in LAYOUTS[1:]:
+    _, m1, a1, _ = results[layouts[0]]
+    for layout in layouts[1:]:
         _, m2, a2, _ = results[layout]
         assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-5)
         assert m1["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
@@ -104,7 +108,7 @@ def test_each_rank_holds_its_share_of_the_packed_base_and_trains_like_one(tiny, 
     packed_dir = quantize_checkpoint(tiny, tmp_path / base_format, format=base_format)
     # transformers on the dequantized weights computes what the packed layers do
     reference = AutoModelForCausalLM.from_pretrained(write_dequantized_checkpoint(packed_dir, tmp_path / "float"))
-    results = _each_layout(str(packed_dir), reference)
+    results = _each_layout(str(packed_dir), reference, PACKED_LAYOUTS)
     packed_bytes = _packed_layer_bytes(load_file(packed_dir / "model.safetensors"), base_format)
     for (ranks, shard_ranks), (*_, held) in results.items():
         shards = shard_ranks or ranks
