@@ -82,16 +82,17 @@ def test_masked_is_band_must_be_a_band():
 # ------------------------------------------------------------------------------- the trainer
 
 
-def trainer_loss(algorithm: AlgorithmConfig, agg: str = "token_mean"):
+def trainer_loss(algorithm: AlgorithmConfig, agg: str = "token_mean", old: torch.Tensor | None = None):
     """The trainer's own `_loss` (rlvr.training.worker) on the tensors above, with the current
-    policy = pi_old = TRAINER (one update); returns the loss, d loss / d logprobs and the kept mask."""
+    policy = TRAINER and pi_old = `old` (default: TRAINER, one update); returns the loss,
+    d loss / d logprobs, the IS weights and the kept mask."""
     from rlvr.training.worker import _Rank
 
     rank = SimpleNamespace(spec=SimpleNamespace(algorithm=algorithm.model_copy(update={"agg": agg})))
     lp = TRAINER.clone().requires_grad_()
     advantages = torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
-    loss, _, is_weights, kept = _Rank._loss(rank, None, lp, lp.detach(), SAMPLER, advantages, MASK,
-                                            SimpleNamespace(max_len=4))
+    loss, _, is_weights, kept = _Rank._loss(rank, None, lp, lp.detach() if old is None else old, SAMPLER, advantages,
+                                            MASK, SimpleNamespace(max_len=4))
     loss.backward()
     return loss, lp.grad, is_weights, kept
 
@@ -271,3 +272,16 @@ def test_dppo_threshold_defaults_to_the_authors():
     assert AlgorithmConfig(loss="dppo_kl").dppo_delta == 0.05
     assert AlgorithmConfig(loss="dppo_kl", dppo_delta=0.1).dppo_delta == 0.1
     assert AlgorithmConfig().dppo_delta is None
+
+
+def test_trainer_applies_dppo_against_pi_old():
+    # pi_old = the sampler, so the trainer's ratios above are pi / pi_old: some tokens move their
+    # probability by more than delta = 0.15 in their advantage's direction, others do not
+    config = AlgorithmConfig(loss="dppo_tv")
+    assert config.dppo_delta == 0.15
+    old = SAMPLER.clone()
+    _, grad, _, _ = trainer_loss(config, old=old)
+    p, p_old = TRAINER.exp(), old.exp()
+    expected_keep = torch.where(torch.tensor([1.0, -1.0, 0.5])[:, None] > 0, p - p_old <= 0.15, p - p_old >= -0.15)
+    assert torch.equal(MASK & (grad != 0), MASK & expected_keep)
+    assert (MASK & ~expected_keep).any() and (MASK & expected_keep).any()
