@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 from rlvr.config import AlgorithmConfig, EngineConfig, ModelConfig, TrainerConfig
 from rlvr.engines import make_engine
 from rlvr.models.tiny import build_tiny_model
-from rlvr.records import TrainBatch
+from rlvr.records import Sampling, TrainBatch
 from rlvr.training.worker import RankSpec
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -110,3 +110,23 @@ def grpo_train_batch(groups: int, samples: int = 4, seed: int = 0) -> TrainBatch
         advantages=centred / centred.std(),
         group=torch.tensor(group),
     )
+
+
+def assert_stop_token_cuts_the_same_draws(engine, prompts) -> None:
+    """A stop token ends each completion at its first place (kept), with the same draws as without it."""
+    free = engine.generate(prompts, 4, Sampling(temperature=1.0, max_tokens=16, seed=3))
+    stop = next(r.completion_ids[3] for r in free if len(r.completion_ids) > 4)  # a token the samples do produce
+    stopped = engine.generate(prompts, 4, Sampling(temperature=1.0, max_tokens=16, seed=3, stop_token_ids=(stop,)))
+    for before, after in zip(free, stopped):
+        if stop in before.completion_ids:
+            assert after.completion_ids == before.completion_ids[: before.completion_ids.index(stop) + 1]
+            assert after.finish_reason == "stop"
+        else:
+            assert after.completion_ids == before.completion_ids
+
+
+def assert_top_k_one_is_greedy(engine, prompts) -> None:
+    greedy = [r.completion_ids for r in engine.generate(prompts, 1, Sampling(temperature=0.0, max_tokens=8))]
+    top1 = engine.generate(prompts, 3, Sampling(temperature=1.0, top_k=1, max_tokens=8, seed=4))
+    assert [r.completion_ids for r in top1] == [ids for ids in greedy for _ in range(3)]
+    assert max(abs(lp) for r in top1 for lp in r.logprobs) < 1e-5  # the only token left in the distribution

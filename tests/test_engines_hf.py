@@ -7,7 +7,16 @@ import torch
 from peft import get_peft_model_state_dict
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine_fixtures import build_peaked_model, random_lora, rank_spec, reference_greedy, reference_logprobs, start_engine
+from engine_fixtures import (
+    assert_stop_token_cuts_the_same_draws,
+    assert_top_k_one_is_greedy,
+    build_peaked_model,
+    random_lora,
+    rank_spec,
+    reference_greedy,
+    reference_logprobs,
+    start_engine,
+)
 from rlvr.sync.check import SyncCheck, logprob_gap, probe_inputs
 from rlvr.records import LoraAdapter, Sampling
 
@@ -70,6 +79,14 @@ def test_stop_string_kept_in_text(engine, prompts):
     stopped = [r for r in engine.generate(prompts, 4, Sampling(temperature=1.0, max_tokens=20, seed=3, stop=(stop,)))
                if stop in r.text]
     assert stopped and all(r.text.endswith(stop) and r.finish_reason == "stop" for r in stopped)
+
+
+def test_stop_token_ends_the_completion_and_stays_in_it(engine, prompts):
+    assert_stop_token_cuts_the_same_draws(engine, prompts)
+
+
+def test_top_k_one_samples_the_greedy_completion(engine, prompts):
+    assert_top_k_one_is_greedy(engine, prompts)
 
 
 def test_update_lora_matches_peft_and_sync_check_catches_a_stale_engine(engine, prompts, model_dir):

@@ -10,7 +10,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine_fixtures import build_peaked_model, reference_logprobs, start_engine
+from engine_fixtures import (
+    assert_stop_token_cuts_the_same_draws,
+    assert_top_k_one_is_greedy,
+    build_peaked_model,
+    reference_logprobs,
+    start_engine,
+)
 from rlvr.records import Sampling
 from rlvr.sync.check import logprob_gap
 
@@ -69,6 +75,14 @@ def test_stop_string_ends_the_completion_and_stays_in_text(engine, prompts):
     assert stopped
     for r in stopped:
         assert r.text.endswith(stop) and r.text.count(stop) == 1
+
+
+def test_stop_token_ends_the_completion_and_stays_in_it(engine, prompts):
+    assert_stop_token_cuts_the_same_draws(engine, prompts)
+
+
+def test_top_k_one_samples_the_greedy_completion(engine, prompts):
+    assert_top_k_one_is_greedy(engine, prompts)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])

@@ -32,12 +32,16 @@ class Problem:
 
 @dataclass(frozen=True)
 class Sampling:
-    """How the engine samples. `seed` makes a generate call reproducible."""
+    """How the engine samples. `seed` makes a generate call reproducible. A completion ends at
+    EOS, at a `stop` string or at a `stop_token_ids` token (each kept in the completion);
+    `top_k` -1 samples from the whole vocabulary."""
 
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = -1
     max_tokens: int = 64
     stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
 
 

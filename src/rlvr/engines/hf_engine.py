@@ -61,17 +61,16 @@ class HFEngine(Engine):
     ) -> list[Rollout]:
         """Sample `n` completions per prompt; `sampling` may be one per prompt.
 
-        One `generate` call serves rows that share temperature, top_p, stop and seed; only
-        max_tokens may differ between prompts (each row is cut at its own). A matched stop
+        One `generate` call serves rows that sample alike (temperature, top_p, top_k, stops, seed);
+        only max_tokens may differ between prompts (each row is cut at its own). A matched stop
         string is kept in the text, as the vLLM engine does. `progress` is called with each
         finished batch's row count.
         """
         samplings = [sampling] * len(prompts) if isinstance(sampling, Sampling) else list(sampling)
         if len(samplings) != len(prompts):
             raise ValueError(f"got {len(samplings)} samplings for {len(prompts)} prompts")
-        shared = {(s.temperature, s.top_p, s.stop, s.seed) for s in samplings}
-        if len(shared) > 1:
-            raise ValueError("the HF engine needs one temperature, top_p, stop and seed per generate call")
+        if len({replace(s, max_tokens=0) for s in samplings}) > 1:
+            raise ValueError("the HF engine needs one temperature, top_p, top_k, stops and seed per generate call")
         rows = [(i, prompt, samplings[i].max_tokens) for i, prompt in enumerate(prompts) for _ in range(n)]
         rollouts = []
         for start in range(0, len(rows), self.batch_size):
@@ -87,15 +86,15 @@ class HFEngine(Engine):
         self._queue += [(request, ignore_eos) for request in requests]
 
     def poll(self) -> list[tuple[Hashable, list[Rollout]]]:
-        """Generate every queued request: one batched call per kind of sampling (temperature,
-        top_p, stop, n, ignore_eos), seeded by its first request's seed."""
+        """Generate every queued request: one batched call per kind of sampling (all but max_tokens
+        and seed, with n and ignore_eos), seeded by its first request's seed."""
         queue, self._queue = self._queue, []
         kinds: dict[tuple, list[Request]] = {}
         for request, ignore_eos in queue:
-            s = request.sampling
-            kinds.setdefault((s.temperature, s.top_p, s.stop, request.n, ignore_eos), []).append(request)
+            kind = replace(request.sampling, max_tokens=0, seed=None)
+            kinds.setdefault((kind, request.n, ignore_eos), []).append(request)
         done = []
-        for (_, _, _, n, ignore_eos), group in kinds.items():
+        for (_, n, ignore_eos), group in kinds.items():
             seed = group[0].sampling.seed
             rollouts = self.generate([r.prompt for r in group], n, [replace(r.sampling, seed=seed) for r in group],
                                      ignore_eos=ignore_eos)
@@ -115,6 +114,7 @@ class HFEngine(Engine):
         input_ids = torch.tensor([[pad] * (width - len(p)) + list(p) for _, p, _ in rows], device=self.device)
         attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for _, p, _ in rows], device=self.device)
         greedy = sampling.temperature == 0
+        stop_ids = () if ignore_eos else tuple(t for t in (eos, *sampling.stop_token_ids) if t is not None)
         torch.manual_seed((self.seed if sampling.seed is None else sampling.seed) + batch_index)
         from rlvr.training.routing import compact_routes, record_routing
 
@@ -126,10 +126,10 @@ class HFEngine(Engine):
                 do_sample=not greedy,
                 temperature=None if greedy else sampling.temperature,
                 top_p=None if greedy else sampling.top_p,
-                top_k=None,
+                top_k=None if greedy or sampling.top_k <= 0 else sampling.top_k,
                 stop_strings=list(sampling.stop) or None,
                 tokenizer=self.tokenizer if sampling.stop else None,
-                eos_token_id=None if ignore_eos else eos,
+                eos_token_id=list(stop_ids) or None,
                 pad_token_id=pad,
                 output_scores=True,
                 return_dict_in_generate=True,
@@ -142,7 +142,7 @@ class HFEngine(Engine):
         rollouts = []
         for row, (prompt_index, prompt, max_tokens) in enumerate(rows):
             ids = new_tokens[row, :max_tokens].tolist()
-            length, finish = self._finish(ids, sampling.stop, eos if not ignore_eos else None)
+            length, finish = self._finish(ids, sampling.stop, stop_ids)
             ids = ids[:length]
             rollouts.append(
                 Rollout(
@@ -157,13 +157,11 @@ class HFEngine(Engine):
             )
         return rollouts
 
-    def _finish(self, ids: list[int], stop: tuple[str, ...], eos: int | None) -> tuple[int, str]:
-        """Length of the completion (up to and including EOS or a stop string) and why it ended."""
-        if eos is not None and eos in ids:
-            ids = ids[: ids.index(eos) + 1]
-            ended_at = len(ids)
-        else:
-            ended_at = None
+    def _finish(self, ids: list[int], stop: tuple[str, ...], stop_ids: tuple[int, ...]) -> tuple[int, str]:
+        """Length of the completion (up to and including EOS, a stop token or a stop string) and why it ended."""
+        ended_at = next((at + 1 for at, token in enumerate(ids) if token in stop_ids), None)
+        if ended_at is not None:
+            ids = ids[:ended_at]
         if stop:
             for length in range(1, len(ids) + 1):
                 if any(s in self.tokenizer.decode(ids[:length]) for s in stop):

@@ -272,8 +272,10 @@ class VLLMEngine(Engine):
             n=n,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
+            top_k=sampling.top_k,
             max_tokens=sampling.max_tokens,
             stop=list(sampling.stop) or None,
+            stop_token_ids=list(sampling.stop_token_ids) or None,
             include_stop_str_in_output=True,
             seed=sampling.seed,
             logprobs=0,  # the sampled token's own logprob only
