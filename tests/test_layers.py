@@ -12,8 +12,12 @@ FORBIDDEN = {
     pkg: ("rlvr.orchestration", "rlvr.eval", "rlvr.cli", "rlvr.demo", "rlvr.serve")
     for pkg in ("tracking", "algorithms", "quant", "rewards", "engines", "data", "training", "checkpoint", "sync", "rollout")
 }
-# the Tinker server is a thin layer over the same pieces the loop drives, never over the loop
-FORBIDDEN["serve"] = ("rlvr.orchestration", "rlvr.eval", "rlvr.cli", "rlvr.demo")
+# the Tinker server is a thin layer over the same pieces the loop drives, never over the loop: of
+# orchestration it uses the plan's memory estimate and the builders' LoRA-target resolution, as a run does
+FORBIDDEN["serve"] = ("rlvr.eval", "rlvr.cli", "rlvr.demo") + tuple(
+    f"rlvr.orchestration.{name}" for name in ("loop", "run_state", "engine_supervisor", "evaluation", "rehearsal",
+                                              "ray_actors", "ray_placement")
+)
 FORBIDDEN["algorithms"] += ("rlvr.training", "rlvr.engines", "rlvr.rollout", "rlvr.sync")
 FORBIDDEN["rewards"] += ("rlvr.training", "rlvr.engines", "rlvr.rollout", "rlvr.sync", "rlvr.algorithms")
 

@@ -672,6 +672,11 @@ class ServeConfig(Section):
     log_every_s: float = Field(
         60.0, gt=0, description="seconds between request-log lines: one line per request kind with its count, not one per request"
     )
+    memory_gb: float | None = Field(
+        None, gt=0, description="memory the served models may hold together, by the plan's estimate of each (`rlvr plan`: "
+        "engine weights and KV cache, trainer shards, LoRA, optimizer, activations); a create_model that would pass it is "
+        "refused before anything loads. null: this machine's RAM, or its GPUs' memory where it has GPUs"
+    )
     checkpoint_dir: str = Field(
         "serve_checkpoints", description="folder of save_state's named checkpoints: MODEL_ID/NAME/adapter (PEFT) and "
         "trainer (adapter and optimizer state, as a run's checkpoints hold them)"

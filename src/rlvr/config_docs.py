@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from rlvr.config import RunConfig, Section
+from rlvr.config import RunConfig, Section, ServeConfig
 
 
 def sections(model: type[BaseModel] = RunConfig, path: str = "") -> Iterator[tuple[str, type[BaseModel]]]:
@@ -59,6 +59,11 @@ def reference_markdown() -> str:
             if section_type(field) is not None:
                 shown = "`null`, section below" if shown == "`null`" else "section below"
             lines.append(f"| `{name}` | {_type(field.annotation)} | {shown} | {field.description} |")
+    lines += ["", "## `rlvr serve` (serve.yaml)", "", _doc(ServeConfig), "", "| key | type | default | description |",
+              "|---|---|---|---|"]
+    for name, field in ServeConfig.model_fields.items():
+        shown = f"the run's `{name}` section, above" if section_type(field) is not None else _default(field)
+        lines.append(f"| `{name}` | {_type(field.annotation)} | {shown} | {field.description} |")
     return "\n".join(lines) + "\n"
 
 

@@ -3,8 +3,9 @@
     rlvr serve --port 8000          # then: tinker.ServiceClient(base_url="http://127.0.0.1:8000")
 
 Every training or sampling call answers at once with a request id; the work runs on one worker
-thread, in arrival order, except that a model's training calls run in the order of their seq_id
-(the SDK sends forward_backward chunks in parallel). `retrieve_future` holds a poll until the
+thread, the sessions' calls taken in turn (rlvr.serve.fair_queue), each session's in arrival
+order except that a model's training calls run in the order of their seq_id (the SDK sends
+forward_backward chunks in parallel). `retrieve_future` holds a poll until the
 result is there or _HOLD_S has passed, then says try_again. A request that is malformed or
 names what does not exist gets a 400 with its reason, and the model is left as it was.
 """
@@ -14,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import itertools
+import json
 import shutil
+import threading
 import time
 import uuid
 from collections import Counter
@@ -28,10 +31,12 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 from tinker import types
 
-from rlvr.config import ServeConfig
+from rlvr.config import RunConfig, ServeConfig
 from rlvr.errors import UserError
 from rlvr.models.folder import check_model_folder
 from rlvr.records import LoraAdapter, Sampling
+from rlvr.serve.fair_queue import FairQueue
+from rlvr.serve.model import ServedModel, planned_bytes, served_run
 from rlvr.serve.protocol import BadRequest, forward_backward_output, read_forward_backward, sample_response
 
 # The SDK waits 45 s for each retrieve_future answer; holding a poll for less keeps it under that.
@@ -74,6 +79,14 @@ class SamplerSession:
     model_path: str | None = None
 
 
+@dataclass
+class PendingSample:
+    request: types.SampleRequest
+    sampler: SamplerSession
+    sampling: Sampling
+    future: concurrent.futures.Future
+
+
 class TinkerServer:
     """Sessions, models, sampling sessions and futures; `app` is the ASGI application."""
 
@@ -81,24 +94,25 @@ class TinkerServer:
         self.cfg = cfg
         self.sessions: dict[str, float] = {}  # session id -> when it was last heard from (time.monotonic)
         self.models: dict = {}  # model id -> rlvr.serve.model.ServedModel
-        self._claimed: set[str] = set()  # models created or being built
+        self._claimed: dict[str, float] = {}  # models created or being built -> the memory planned for each
         self.samplers: dict[str, SamplerSession] = {}
         self.named: dict[str, tuple[str, LoraAdapter]] = {}  # tinker:// path -> (model id, adapter)
         self.futures: dict[str, concurrent.futures.Future] = {}
         self._next_seq: dict[str, int] = {}  # model id -> the seq_id its next training call must carry
         self._waiting: dict[str, dict[int, Callable | None]] = {}  # model id -> seq_id -> work (None: refused)
-        self._work = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlvr-serve")
+        self._work = FairQueue()
+        self._to_sample: dict[str, list[PendingSample]] = {}  # model id -> sampling calls waiting for its batch
+        self._batch_lock = threading.Lock()  # the routes add to a batch while the worker takes one
         self._ids = itertools.count(1)
         self.log = RequestLog(cfg.log_every_s)
         self.app = self._routes()
 
     # ------------------------------------------------------------------ futures
 
-    def _submit(self, work: Callable, model_id: str | None = None, seq_id: int | None = None, **extra) -> dict:
-        """Queue `work` (in seq_id order for a model's training calls); the SDK's UntypedAPIFuture."""
-        request_id = f"req-{next(self._ids)}"
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        self.futures[request_id] = future
+    def _submit(self, work: Callable, model_id: str | None = None, seq_id: int | None = None, *,
+                session: str | None = None, **extra) -> dict:
+        """Queue `work` in its session's line (a model's training calls by seq_id); the SDK's UntypedAPIFuture."""
+        request_id, future = self._future()
 
         def run() -> None:
             if future.set_running_or_notify_cancel():
@@ -108,10 +122,15 @@ class TinkerServer:
                     future.set_exception(error)
 
         if model_id is None or seq_id is None:
-            self._work.submit(run)
+            self._work.put(session or _session_of(model_id), run)
         else:
             self._in_order(model_id, seq_id, run)
         return {"request_id": request_id, "model_id": model_id, **extra}
+
+    def _future(self) -> tuple[str, concurrent.futures.Future]:
+        request_id = f"req-{next(self._ids)}"
+        self.futures[request_id] = concurrent.futures.Future()
+        return request_id, self.futures[request_id]
 
     def _in_order(self, model_id: str, seq_id: int, run: Callable | None) -> None:
         """Run a model's training calls by seq_id: a later one waits for the ones before it; a refused
@@ -125,7 +144,7 @@ class TinkerServer:
             ready = waiting.pop(self._next_seq[model_id])
             self._next_seq[model_id] += 1
             if ready is not None:
-                self._work.submit(ready)
+                self._work.put(_session_of(model_id), ready)
 
     async def _retrieve(self, request_id: str) -> Response:
         future = self.futures.get(request_id)
@@ -146,25 +165,42 @@ class TinkerServer:
 
     # ------------------------------------------------------------------ the work
 
-    def _create_model(self, request: types.CreateModelRequest, model_id: str) -> dict:
-        from rlvr.serve.model import ServedModel
+    def _claim(self, model_id: str, run: RunConfig) -> None:
+        """Count the model's planned memory as held, or refuse it (BadRequest) if the machine cannot hold it too."""
+        need, parts = planned_bytes(run)
+        held = sum(self._claimed.values())
+        budget = self._memory_budget()
+        if held + need > budget:
+            others = f", and the {len(self._claimed)} model(s) served hold ~{held / 1e9:.2f} GB" if self._claimed else ""
+            raise BadRequest(f"create_model: {run.model.path} with LoRA rank {run.trainer.lora.rank} needs ~{need / 1e9:.2f} GB "
+                             f"({parts}){others}, over this server's {budget / 1e9:.2f} GB (memory_gb); nothing was loaded")
+        self._claimed[model_id] = need
 
-        seed = self.cfg.seed if request.lora_config.seed is None else request.lora_config.seed
+    def _memory_budget(self) -> float:
+        if self.cfg.memory_gb is not None:
+            return self.cfg.memory_gb * 1e9
+        import psutil
+        import torch
+
+        if torch.cuda.is_available():
+            return float(sum(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())))
+        return float(psutil.virtual_memory().total)
+
+    def _build_model(self, model_id: str, run: RunConfig, seed: int, session_id: str) -> None:
         try:
-            model = ServedModel(model_id, request.base_model, request.lora_config.rank, seed, self.cfg)
+            model = ServedModel(model_id, run, seed)
         except BaseException:
-            self._claimed.discard(model_id)
+            self._claimed.pop(model_id, None)
             raise
         if model_id not in self._claimed:  # its session ended while it was being built
             model.close()
-            raise BadRequest(f"session {request.session_id} ended before its model was built")
+            raise BadRequest(f"session {session_id} ended before its model was built")
         self.models[model_id] = model
-        return {"model_id": model_id, "type": "create_model"}
 
     def _model(self, model_id: str):
         if model_id not in self.models:
             raise BadRequest(f"unknown model_id {model_id!r}")
-        session_id = model_id.split(":", 1)[0]
+        session_id = _session_of(model_id)
         if session_id in self.sessions:  # a call on a model is as good as a heartbeat
             self.sessions[session_id] = time.monotonic()
         return self.models[model_id]
@@ -172,14 +208,14 @@ class TinkerServer:
     def end_session(self, session_id: str, why: str) -> None:
         """Forget a session and what it made; its models close once the work queued before now has run."""
         self.sessions.pop(session_id, None)
-        ended = [model_id for model_id in self._claimed if model_id.split(":", 1)[0] == session_id]
+        ended = [model_id for model_id in self._claimed if _session_of(model_id) == session_id]
         for model_id in ended:
-            self._claimed.discard(model_id)
+            self._claimed.pop(model_id)
             model = self.models.pop(model_id, None)  # None: still being built, _create_model closes it
             if model is not None:
-                self._work.submit(model.close)
+                self._work.put(session_id, model.close)
         self.samplers = {key: s for key, s in self.samplers.items()
-                         if key.split(":", 1)[0] != session_id and s.model_id not in ended}
+                         if _session_of(key) != session_id and s.model_id not in ended}
         self.named = {path: (model_id, adapter) for path, (model_id, adapter) in self.named.items() if model_id not in ended}
         print(f"rlvr serve: session {session_id} {why}" + (f"; closing {', '.join(ended)}" if ended else ""), flush=True)
 
@@ -219,8 +255,34 @@ class TinkerServer:
 
     def _load_state(self, request: types.LoadWeightsRequest) -> dict:
         model = self._model(request.model_id)
-        model.load_state(self._saved_state(request.path))
+        model.load_state(self._saved_state(request.path), optimizer=request.optimizer)
         return {"path": request.path, "model_id": request.model_id, "type": "load_weights"}
+
+    def _create_from_state(self, request: types.LoadWeightsRequest) -> dict:
+        """create_training_client_from_state(_with_optimizer): a new model on the checkpoint's base
+        with its LoRA rank (its adapter_config.json says both), then the checkpoint loaded into it."""
+        if request.session_id is None or request.model_seq_id is None:
+            raise BadRequest("load_weights: give model_id, or session_id and model_seq_id to create a model from the state")
+        self._session(request.session_id)
+        _adam_only(request.optimizer_config)
+        folder = self._saved_state(request.path)
+        adapter = _json_file(folder / "adapter" / "adapter_config.json")
+        base_model = request.base_model or adapter.get("base_model_name_or_path")
+        if not isinstance(base_model, str) or not isinstance(adapter.get("r"), int):
+            raise BadRequest(f"{folder / 'adapter' / 'adapter_config.json'}: no base_model_name_or_path or r to build the model on")
+        check_model_folder(base_model, key="base_model")
+        run = served_run(base_model, adapter["r"], self.cfg)
+        model_id = f"{request.session_id}:train:{request.model_seq_id}"
+        if model_id in self._claimed:
+            raise BadRequest(f"model {model_id} exists (model_seq_id {request.model_seq_id} was used)")
+        self._claim(model_id, run)
+
+        def work() -> dict:
+            self._build_model(model_id, run, self.cfg.seed, request.session_id)
+            self._load_state(request.model_copy(update={"model_id": model_id}))
+            return {"path": request.path, "model_id": model_id, "type": "load_weights"}
+
+        return self._submit(work, model_id=model_id)
 
     def _saved_state(self, path: str) -> Path:
         """The folder of a tinker://MODEL_ID/weights/NAME path save_state returned (this server's or an earlier one's)."""
@@ -230,15 +292,42 @@ class TinkerServer:
             raise BadRequest(f"{path!r} is not a checkpoint save_state wrote under {self.cfg.checkpoint_dir}")
         return folder
 
-    def _sample(self, request: types.SampleRequest, sampler: SamplerSession) -> bytes:
-        if sampler.model_id is None:
-            raise BadRequest(f"sampling {sampler.base_model} needs a model created on it first (create_model)")
-        model = self._model(sampler.model_id)
-        prompt = _tokens(request.prompt)
-        scored = (model.prompt_logprobs(sampler.adapter, prompt, request.prompt_logprobs_last_n)
-                  if request.prompt_logprobs else None)
-        rollouts = model.sample(sampler.adapter, prompt, request.num_samples, _sampling(request.sampling_params))
-        return sample_response(rollouts, scored)
+    def _queue_sample(self, request: types.SampleRequest, sampler: SamplerSession, sampling: Sampling) -> str:
+        """Add a sampling call to its model's batch; the first call of a batch queues the batch's turn."""
+        request_id, future = self._future()
+        with self._batch_lock:
+            batch = self._to_sample.setdefault(sampler.model_id, [])
+            batch.append(PendingSample(request, sampler, sampling, future))
+            first = len(batch) == 1
+        if first:
+            self._work.put(_session_of(sampler.model_id), lambda: self._sample_batch(sampler.model_id))
+        return request_id
+
+    def _sample_batch(self, model_id: str) -> None:
+        """Every sampling call of the model that arrived before its turn came, in one engine batch:
+        the cookbook sends a step's groups as concurrent calls, which one by one would each wait for
+        the engine to run a few sequences. Each call's samples are drawn as alone (its own seeds)."""
+        with self._batch_lock:
+            batch = [item for item in self._to_sample.pop(model_id, []) if item.future.set_running_or_notify_cancel()]
+        try:
+            model = self._model(model_id)
+            scored = {}
+            for item in batch:
+                if item.request.prompt_logprobs:
+                    try:
+                        scored[id(item)] = model.prompt_logprobs(item.sampler.adapter, _tokens(item.request.prompt),
+                                                                 item.request.prompt_logprobs_last_n)
+                    except BadRequest as error:
+                        item.future.set_exception(error)
+            live = [item for item in batch if not item.future.done()]
+            drawn = model.sample_many([(item.sampler.adapter, _tokens(item.request.prompt), item.request.num_samples,
+                                        item.sampling) for item in live])
+            for item, rollouts in zip(live, drawn):
+                item.future.set_result(sample_response(rollouts, scored.get(id(item))))
+        except BaseException as error:  # reported to each client through retrieve_future
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(error)
 
     # ------------------------------------------------------------------ routes
 
@@ -311,12 +400,20 @@ class TinkerServer:
                 raise BadRequest("create_model: full fine-tuning is not served; ask for LoRA (lora_config.rank)")
             if not (body.lora_config.train_attn and body.lora_config.train_mlp):
                 raise BadRequest("lora_config: LoRA on attention and MLP both is all this server trains")
+            _adam_only(body.optimizer_config)
             check_model_folder(body.base_model, key="base_model")
-            if self._claimed:
-                raise BadRequest(f"this server trains one model at a time; {next(iter(self._claimed))} exists")
+            run = served_run(body.base_model, body.lora_config.rank, self.cfg)
             model_id = f"{body.session_id}:train:{body.model_seq_id}"
-            self._claimed.add(model_id)  # now, not when built: a second request meanwhile is refused too
-            return self._submit(lambda: self._create_model(body, model_id), model_id=model_id)
+            if model_id in self._claimed:
+                raise BadRequest(f"model {model_id} exists (model_seq_id {body.model_seq_id} was used)")
+            self._claim(model_id, run)  # now, not when built: a request meanwhile counts it as held
+            seed = self.cfg.seed if body.lora_config.seed is None else body.lora_config.seed
+
+            def work() -> dict:
+                self._build_model(model_id, run, seed, body.session_id)
+                return {"model_id": model_id, "type": "create_model"}
+
+            return self._submit(work, model_id=model_id)
 
         @app.post("/api/v1/get_info")
         async def get_info(request: Request):
@@ -366,14 +463,10 @@ class TinkerServer:
         async def load_weights(request: Request):
             body = types.LoadWeightsRequest.model_validate(await request.json())
             if body.model_id is None:
-                raise BadRequest("load_weights: creating a model from a checkpoint is not supported yet; "
-                                 "create_lora_training_client, then load_state_with_optimizer")
+                return self._create_from_state(body)
             self._model(body.model_id)
             try:
                 self._saved_state(body.path)
-                if not body.optimizer:
-                    raise BadRequest("load_weights: only load_state_with_optimizer is supported yet (the optimizer "
-                                     "state comes back with the weights)")
             except BadRequest:
                 self._in_order(body.model_id, body.seq_id, None)
                 raise
@@ -415,10 +508,16 @@ class TinkerServer:
             asked = [name for name, value in unsupported.items() if value]
             if asked:
                 raise BadRequest(f"asample: {asked[0]} is not supported yet")
-            _sampling(body.sampling_params)  # refuse what the engine cannot do now, not in the future
-            reply = self._submit(lambda: self._sample(body, session))
-            reply["sample_sequence_ids"] = [f"{reply['request_id']}:{j}" for j in range(body.num_samples)]
-            return reply
+            if session.model_id is None:
+                raise BadRequest(f"sampling {session.base_model} needs a model created on it first (create_model)")
+            model = self._model(session.model_id)
+            sampling = _sampling(body.sampling_params)  # refuse what the engine cannot do now, not in the future
+            model.check_tokens(_tokens(body.prompt), "prompt")
+            if sampling.stop_token_ids:
+                model.check_tokens(list(sampling.stop_token_ids), "sampling_params.stop")
+            request_id = self._queue_sample(body, session, sampling)
+            return {"request_id": request_id, "model_id": None,
+                    "sample_sequence_ids": [f"{request_id}:{j}" for j in range(body.num_samples)]}
 
         @app.post("/api/v1/retrieve_future")
         async def retrieve_future(request: Request):
@@ -443,9 +542,31 @@ class TinkerServer:
         return self.samplers[sampler_id]
 
     def close(self) -> None:
-        self._work.shutdown(wait=True, cancel_futures=True)
+        for future in self.futures.values():
+            future.cancel()  # what has not started
+        self._work.close()
         for model in self.models.values():
             model.close()
+
+
+def _session_of(some_id: str) -> str:
+    """The session a model or sampling-session id belongs to (its first part: SESSION:train:N)."""
+    return some_id.split(":", 1)[0]
+
+
+def _adam_only(optimizer: object) -> None:
+    if optimizer is not None and not isinstance(optimizer, types.AdamOptimizerConfig):
+        raise BadRequest(f"optimizer_config: only Adam is served, not {type(optimizer).__name__}")
+
+
+def _json_file(path: Path) -> dict:
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise BadRequest(f"{path}: not readable JSON ({error})") from None
+    if not isinstance(found, dict):
+        raise BadRequest(f"{path}: not a JSON object")
+    return found
 
 
 def _refuse(message: str, status: int = 400) -> JSONResponse:
@@ -463,15 +584,19 @@ def _tokens(model_input: types.ModelInput) -> list[int]:
 
 def _sampling(params: types.SamplingParams) -> Sampling:
     """rlvr's Sampling for the SDK's; what it cannot express is refused."""
-    if params.top_k not in (-1, 0):
-        raise BadRequest("sampling_params.top_k is not supported yet (use -1)")
-    stop = [params.stop] if isinstance(params.stop, str) else list(params.stop or [])
+    if params.top_k is not None and params.top_k < -1:
+        raise BadRequest(f"sampling_params.top_k must be -1 (no limit) or a positive count, got {params.top_k}")
+    stop = [params.stop] if isinstance(params.stop, (str, int)) else list(params.stop or [])
     if params.stop is not None and not stop:
         raise BadRequest("sampling_params.stop=[] (no end-of-sequence stop) is not supported yet")
-    if any(not isinstance(s, str) for s in stop):
-        raise BadRequest("sampling_params.stop: token-id stops are not supported yet; give strings")
-    given = {"temperature": params.temperature, "top_p": params.top_p, "seed": params.seed, "max_tokens": params.max_tokens}
-    return Sampling(stop=tuple(stop), **{key: value for key, value in given.items() if value is not None})
+    strings = tuple(s for s in stop if isinstance(s, str))
+    token_ids = tuple(s for s in stop if not isinstance(s, str))
+    if strings and token_ids:
+        raise BadRequest("sampling_params.stop: give strings or token ids, not both")
+    given = {"temperature": params.temperature, "top_p": params.top_p, "seed": params.seed,
+             "max_tokens": params.max_tokens, "top_k": -1 if params.top_k == 0 else params.top_k}
+    return Sampling(stop=strings, stop_token_ids=token_ids,
+                    **{key: value for key, value in given.items() if value is not None})
 
 
 def serve(cfg: ServeConfig) -> None:

@@ -1,6 +1,6 @@
 """One model a Tinker client trains: LoRA on a frozen base, on rlvr's trainer ranks, sampled by an engine.
 
-    model = ServedModel("s1:train:0", base_model="/models/x", rank=8, seed=0, cfg=serve_config)
+    model = ServedModel("s1:train:0", served_run("/models/x", rank=8, cfg=serve_config), seed=0)
     logprobs, loss = model.forward_backward(batch)     # gradients add up ...
     metrics = model.optim_step(adam)                   # ... until applied here
     adapter = model.publish()                          # the engine serves the adapter, checked by the sync probe
@@ -21,11 +21,14 @@ import torch
 
 from rlvr.algorithms.sum_losses import DEFAULT_CLIP_THRESHOLDS, SUM_LOSS_INPUTS, SUM_LOSSES
 from rlvr.checkpoint.peft_files import save_adapter
-from rlvr.config import AlgorithmConfig, LoraConfig, ModelConfig, ServeConfig
+from rlvr.config import AlgorithmConfig, DataConfig, LoraConfig, ModelConfig, RunConfig, ServeConfig
 from rlvr.engines import make_engine
+from rlvr.errors import UserError
 from rlvr.models.folder import model_config_dict
 from rlvr.models.multimodal import text_config
-from rlvr.records import LoraAdapter, Rollout, Sampling
+from rlvr.orchestration.builders import with_engine_lora_targets
+from rlvr.orchestration.plan import PlanError, make_plan
+from rlvr.records import LoraAdapter, Request, Rollout, Sampling
 from rlvr.serve.protocol import BadRequest, ForwardBackwardBatch
 from rlvr.sync.check import SyncCheck
 from rlvr.sync.weights import WeightSync
@@ -44,21 +47,51 @@ class CheckedBatch:
     loss_inputs: list[dict[str, torch.Tensor]]  # the loss's per-token inputs, float32
 
 
+def served_run(base_model: str, rank: int, cfg: ServeConfig, log=print) -> RunConfig:
+    """The run a served model's trainer and engine are: `cfg`'s sections on `base_model`, LoRA of the
+    requested rank on the targets a run would train (resolved against what the engine applies,
+    as `rlvr train` resolves them), so that the plan estimates it as it estimates a run."""
+    try:
+        lora = LoraConfig.model_validate({**(cfg.trainer.lora or LoraConfig()).model_dump(), "rank": rank})
+    except ValueError as error:
+        raise UserError(f"lora_config.rank={rank}: {error.errors()[0]['msg']}") from None
+    # the client brings its own data and lengths, which engine.max_model_len bounds: the run's
+    # prompt and sampling lengths are set to their least so that the plan's length check passes
+    run = RunConfig(model=ModelConfig(path=base_model),
+                    data=DataConfig(train="(served: the client's data)", max_prompt_tokens=1),
+                    rollout={"sampling": {"max_tokens": 1}}, engine=cfg.engine,
+                    trainer=cfg.trainer.model_copy(update={"lora": lora}), seed=cfg.seed)
+    return with_engine_lora_targets(run, log)
+
+
+def planned_bytes(run: RunConfig) -> tuple[float, str]:
+    """The plan's estimate of what the run's engine and trainer ranks hold together (rlvr plan's
+    figures), and its largest parts in words; 0 where the architecture cannot be read."""
+    try:
+        plan = make_plan(run)
+    except PlanError as error:
+        raise UserError(f"{run.model.path}: {error}") from None
+    parts: dict[str, float] = {}
+    for device in plan.devices:
+        for name, size in device.memory.items():
+            parts[name] = parts.get(name, 0.0) + size
+    largest = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
+    return sum(parts.values()), ", ".join(f"{name} {size / 1e9:.2f}" for name, size in largest)
+
+
 class ServedModel:
-    def __init__(self, model_id: str, base_model: str, rank: int, seed: int, cfg: ServeConfig):
-        self.model_id, self.base_model, self.rank = model_id, base_model, rank
-        self.vocab_size = int(text_config(model_config_dict(base_model))["vocab_size"])
-        model = ModelConfig(path=base_model)
-        lora = (cfg.trainer.lora or LoraConfig()).model_copy(update={"rank": rank})
-        trainer = cfg.trainer.model_copy(update={"lora": lora})
+    def __init__(self, model_id: str, run: RunConfig, seed: int):
+        self.model_id, self.base_model, self.rank = model_id, run.model.path, run.trainer.lora.rank
+        self.vocab_size = int(text_config(model_config_dict(self.base_model))["vocab_size"])
         # the schedule is the client's: each optim_step brings its learning rate
-        self.trainer = Trainer(RankSpec(model=model, trainer=trainer, algorithm=AlgorithmConfig(), seed=seed, total_steps=1))
+        self.trainer = Trainer(RankSpec(model=run.model, trainer=run.trainer, algorithm=AlgorithmConfig(), seed=seed,
+                                        total_steps=1))
         try:
-            self.engine = make_engine(model, cfg.engine, seed=seed, lora_rank=rank)
+            self.engine = make_engine(run.model, run.engine, seed=seed, lora_rank=self.rank)
         except BaseException:
             self.trainer.close()
             raise
-        self.sync = WeightSync(self.engine, self.trainer, _PROBE, SyncCheck(cfg.engine.sync_check_threshold), StepTimer(),
+        self.sync = WeightSync(self.engine, self.trainer, _PROBE, SyncCheck(run.engine.sync_check_threshold), StepTimer(),
                                lora=True)
         self.published = 0
 
@@ -93,14 +126,26 @@ class ServedModel:
         (folder / "trainer").mkdir()
         self.trainer.save(str(folder / "trainer"))
 
-    def load_state(self, folder: Path) -> None:
-        """Put back what save_state wrote: the adapter and the optimizer's state."""
-        self.trainer.load(str(folder / "trainer"))
+    def load_state(self, folder: Path, optimizer: bool) -> None:
+        """Put back what save_state wrote: the adapter, and with `optimizer` the optimizer's state
+        (without: the optimizer starts afresh)."""
+        self.trainer.load(str(folder / "trainer"), optimizer=optimizer)
 
-    def sample(self, adapter: LoraAdapter | None, prompt: list[int], n: int, sampling: Sampling) -> list[Rollout]:
-        """`n` samples of `prompt` from the base with `adapter` (a snapshot publish() returned; None: the base)."""
-        self._serve(adapter, prompt)
-        return self.engine.generate([prompt], n, sampling)
+    def sample_many(self, calls: list[tuple[LoraAdapter | None, list[int], int, Sampling]]) -> list[list[Rollout]]:
+        """Each call's `n` samples of its prompt from the base with its adapter (a snapshot publish()
+        returned; None: the base), the calls that share an adapter in one engine batch; each call
+        draws as it would alone (its sampling's seed, the j-th sample with seed + j)."""
+        drawn: dict[int, list[Rollout]] = {}
+        by_adapter: dict[int, list[int]] = {}
+        for index, (adapter, *_) in enumerate(calls):
+            by_adapter.setdefault(id(adapter), []).append(index)
+        for indices in by_adapter.values():
+            for index in indices:
+                self._serve(*calls[index][:2])  # the group's adapter goes onto the engine once
+            self.engine.submit([Request(index, *calls[index][1:]) for index in indices])
+            while not drawn.keys() >= set(indices):
+                drawn.update(self.engine.poll())
+        return [drawn[index] for index in range(len(calls))]
 
     def prompt_logprobs(self, adapter: LoraAdapter | None, prompt: list[int], last_n: int | None) -> np.ndarray:
         """The engine's logprob of each prompt token after the first (temperature 1), NaN where none is

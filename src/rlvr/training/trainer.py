@@ -210,8 +210,9 @@ class Trainer:
         """Every rank writes its shard of the trainable state into `folder` (which must exist)."""
         self._call_all("save", str(folder))
 
-    def load(self, folder: str) -> None:
-        self._call_all("load", str(folder))
+    def load(self, folder: str, optimizer: bool = True) -> None:
+        """Put back what `save` wrote (with `optimizer` False: the trainable weights alone, a fresh optimizer)."""
+        self._call_all("load" if optimizer else "load_weights", str(folder))
 
     def close(self) -> None:
         ranks, self._ranks = self._ranks, []

@@ -511,6 +511,17 @@ class _Rank:
             os.path.join(folder, f"rank{self.rank}.pt"),
         )
 
+    def load_weights(self, folder: str) -> None:
+        """The trainable weights `save` wrote, with the optimizer started afresh (no moments, step 0),
+        as a new run from those weights would start."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+        weights = {"model": self._state()["model"]}
+        dcp.load(weights, checkpoint_id=os.path.join(folder, "dcp"), no_dist=self._alone)
+        set_model_state_dict(self.policy, weights["model"], options=self._state_options())
+        self.optimizer.state.clear()
+
     def load(self, folder: str) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_state_dict
