@@ -1,5 +1,5 @@
 """A small real run for the controller, Day-0 and placement tests (imported, not a conftest): the
-demo's stack (vLLM, 2 FSDP2 ranks, LoRA on an NVFP4 base) on a tiny task, configured in one place."""
+demo's stack (vLLM, FSDP2, LoRA on an NVFP4 base) on a tiny task, configured in one place."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ def small_config(root: Path, name: str, steps: int, reward: str | dict | None = 
     """Write ROOT/NAME.yaml: the demo config, shrunk, with its run in ROOT/NAME and the assets
     (built on first use) in ROOT/assets; `sections` update the config's sections key by key,
     nested sections too (`demo={"model": {"arch": "llama"}}` keeps the model's other sizes).
+    One trainer rank, not the demo's 2: on 2 cores a second rank process beside vLLM costs each run
+    seconds, and only the tests about sharding or placement ask for `trainer={"ranks": 2}`.
     `reward`: a reward function's source (the run scores with it), or reward section keys."""
     cfg = yaml.safe_load(open("configs/demo.yaml"))
     assets = root / "assets"
@@ -36,6 +38,7 @@ def small_config(root: Path, name: str, steps: int, reward: str | dict | None = 
     cfg["eval"].update(n=2, k=[1, 2], max_problems=2)
     cfg["demo"]["warm_start"].update(steps=0)
     cfg["demo"]["task"].update(train_size=32, test_size=4)
+    cfg["trainer"]["ranks"] = 1
     cfg["tracking"] = {"progress": False}
     if isinstance(reward, dict):
         sections["reward"] = reward
@@ -89,9 +92,9 @@ def step_rows(run_dir: Path) -> list[dict]:
 
 
 def two_rl_steps(root: Path, arch: str, base_format: str, backend: str = "vllm", **trainer) -> subprocess.CompletedProcess:
-    """2 RL steps of a tiny random `arch` (2 layers) on a `base_format` base, rollouts from `backend`;
-    `trainer` are trainer section keys."""
-    config = small_config(root, "run", 2, reward=DIGIT_SHARE, engine={"backend": backend}, trainer=trainer, demo={
+    """2 RL steps of a tiny random `arch` (2 layers) on a `base_format` base, rollouts from `backend`,
+    trained by 2 FSDP2 ranks; `trainer` are trainer section keys."""
+    config = small_config(root, "run", 2, reward=DIGIT_SHARE, engine={"backend": backend}, trainer={"ranks": 2, **trainer}, demo={
         "base_format": base_format, "model": {"arch": arch, "num_layers": 2, "intermediate_size": 256}})
     return train(config)
 

@@ -1,4 +1,4 @@
-"""DAPO's dynamic sampling and overlong shaping in a real run (vLLM, 2 FSDP2 ranks, LoRA on NVFP4)."""
+"""DAPO's dynamic sampling and overlong shaping in a real run (vLLM, an FSDP2 rank, LoRA on NVFP4)."""
 
 import json
 

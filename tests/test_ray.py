@@ -62,7 +62,7 @@ def workspace(tmp_path_factory):
 
 def _run(workspace: Path, name: str, placement: dict, env: dict | None = None) -> Path:
     """The 2-step run with `placement` (and `env`); the model and task are built by the first run."""
-    config = small_config(workspace, name, 2, reward=DIGIT_SHARE, placement=placement,
+    config = small_config(workspace, name, 2, reward=DIGIT_SHARE, placement=placement, trainer={"ranks": 2},
                           rollout={"sampling": {"max_tokens": 24}},
                           demo={"base_format": "hf", "model": {"num_layers": 2, "intermediate_size": 256}})
     done = train(config, env=env)
