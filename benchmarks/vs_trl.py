@@ -204,7 +204,7 @@ def run_side_by_side(cfg, steps: int, eval_steps: list[int], trl_dir: Path, thre
         parent.send("go")
         trl_step = receive("step")
         trl_steps.append(trl_step["seconds"])
-        trl_lengths.extend(trl_step["lengths"])
+        trl_lengths.append(trl_step["lengths"])
         log(f"step {step}: rlvr {seconds:.2f} s (reward {metrics['reward/mean']:.3f}), TRL {trl_step['seconds']:.2f} s")
         if step < steps:
             receive("ready")
@@ -270,13 +270,17 @@ def ensure_task(cfg, workload: Workload) -> None:
         write_jsonl(test, cfg.data.test)
 
 
-def length_summary(lengths: list[int]) -> dict:
-    """mean, p50, p90 and max of completion lengths in tokens (nearest-rank percentiles, as rlvr's
+def length_summary(steps: list[list[int]]) -> dict:
+    """Completion lengths in tokens, each step's list given: as rlvr's are summarised from its
+    metrics, so the two sides compare like with like: mean and max over every completion, p50
+    and p90 the median over steps of each step's own (nearest rank, as rlvr's
     response/length_p50 and _p90)."""
     from rlvr.rollout.collect import nearest_rank
 
-    return {"count": len(lengths), "mean": statistics.mean(lengths), "p50": nearest_rank(lengths, 0.5),
-            "p90": nearest_rank(lengths, 0.9), "max": max(lengths)}
+    lengths = [n for step in steps for n in step]
+    return {"count": len(lengths), "mean": statistics.mean(lengths),
+            "p50": statistics.median(nearest_rank(step, 0.5) for step in steps),
+            "p90": statistics.median(nearest_rank(step, 0.9) for step in steps), "max": max(lengths)}
 
 
 def scaling_points(prompts: int, samples: int, max_tokens: int, doublings: int) -> list[dict]:
@@ -420,8 +424,7 @@ def main() -> None:
         "trl_response_length_mean": statistics.mean(
             h["completions/mean_length"] for h in runs["trl_log_history"] if "completions/mean_length" in h
         ),
-        # the workload's shape, in tokens: TRL's every completion; rlvr's per step (mean and max
-        # over all its completions, p50 and p90 the median over steps of each step's own)
+        # the workload's shape, in tokens, both sides alike (see length_summary)
         "completion_lengths": {
             "trl": length_summary(runs["trl_lengths"]),
             "rlvr": {

@@ -150,8 +150,14 @@ def test_held_out_set_extends_the_demo_test_split_and_keeps_its_train_split(tmp_
 
 
 def test_length_summary_uses_nearest_rank_percentiles():
-    summary = vs_trl.length_summary([10, 20, 30, 40, 50, 60, 70, 80, 90, 400])
+    summary = vs_trl.length_summary([[10, 20, 30, 40, 50, 60, 70, 80, 90, 400]])
     assert summary == {"count": 10, "mean": 85, "p50": 50, "p90": 90, "max": 400}
+
+
+def test_length_summary_takes_each_steps_percentiles_as_rlvrs_metrics_do():
+    # pooled, p90 would be 300 (the 9th of 10); per step 40 and 400, the median over steps 220
+    summary = vs_trl.length_summary([[10, 20, 30, 40, 30], [100, 200, 300, 400, 300]])
+    assert summary == {"count": 10, "mean": 143, "p50": 165, "p90": 220, "max": 400}
 
 
 def test_longtail_workload_draws_the_counting_task_and_extends_its_test_split(tmp_path):
