@@ -20,7 +20,7 @@ from run_fixtures import comparable_metrics, resume_training, start_training
 from rlvr.config import load_config
 from rlvr.demo import ensure_demo_assets
 
-STEPS = 4
+STEPS = 3  # a checkpointed step, the step interrupted, and one that the resumed run starts afresh
 
 
 # The seed stack's update: 4 mini-batches of whole groups a step, and DAPO's dynamic sampling
