@@ -294,9 +294,16 @@ class RolloutConfig(Section):
     prompts_per_step: int = Field(16, gt=0, description="problems drawn per step (each a GRPO group)")
     samples_per_prompt: int = Field(8, gt=0, description="completions sampled per problem: the group size")
     sampling: SamplingConfig = Field(SamplingConfig(), description="how the engine samples")
+    mode: Literal["sync", "one_step_off", "async"] | None = Field(
+        None, description="sync: generate, then train; one_step_off: generate step t+1 while step t trains; async: the "
+        "engine generates continuously, the adapter pushed to it in flight after every optimizer step, and a group is "
+        "trained only while its oldest token is at most max_staleness policy versions behind (rlvr.rollout.async_groups). "
+        "null: from max_staleness (0: sync, 1: one_step_off), as configs without a mode meant"
+    )
     max_staleness: int = Field(
-        0, ge=0, le=1,
-        description="0: synchronous; 1: one-step-off-policy (generate step t+1 while step t trains)",
+        0, ge=0,
+        description="policy versions a trained token may lag the trainer: 0 with sync, 1 with one_step_off, any K >= 0 "
+        "with async (older groups are dropped and counted: rollout/dropped_stale)",
     )
     dynamic_sampling: bool = Field(
         False, description="DAPO's dynamic sampling (Yu et al. 2025): drop groups whose rewards are all equal (they "
@@ -306,6 +313,18 @@ class RolloutConfig(Section):
         4, ge=1, description="dynamic sampling: generate rounds per step at most; short of groups after them, the step "
         "trains on what it found and says so"
     )
+
+    @model_validator(mode="after")
+    def _mode_fits_staleness(self) -> RolloutConfig:
+        fixed = {"sync": 0, "one_step_off": 1}
+        if self.mode is None:  # written into the config, so that the run's config.yaml says what ran
+            if self.max_staleness not in fixed.values():
+                raise ValueError(f"max_staleness={self.max_staleness} needs mode: async (sync is 0, one_step_off 1)")
+            self.mode = "sync" if self.max_staleness == 0 else "one_step_off"
+        elif self.mode in fixed and self.max_staleness != fixed[self.mode]:
+            raise ValueError(f"mode={self.mode} lags by exactly {fixed[self.mode]} version(s), not "
+                             f"max_staleness={self.max_staleness} (any K >= 0 needs mode: async)")
+        return self
 
 
 class EnvConfig(Section):
@@ -463,7 +482,7 @@ class AlgorithmConfig(Section):
     tis_cap: float | None = Field(
         None, gt=0,
         description="truncated importance sampling, weights min(pi_old / pi_sampler, cap); "
-        "null: 2.0 when rollout.max_staleness > 0, else off",
+        "null: 2.0 when rollout.mode is not sync, else off",
     )
     tis_level: Literal["token", "sequence", "geometric"] = Field(
         "token", description="where the IS ratio is taken: per token, per sequence (product) or its geometric mean"
@@ -653,7 +672,7 @@ class RunConfig(Section):
         if self.algorithm.masked_is and self.algorithm.tis_cap is not None:
             raise ValueError(f"algorithm.tis_cap={self.algorithm.tis_cap} and algorithm.masked_is both set the "
                              "importance weights: choose one (algorithm.tis_cap: null)")
-        if self.rollout.max_staleness and self.algorithm.tis_cap is None and self.algorithm.masked_is is None:
+        if self.rollout.mode != "sync" and self.algorithm.tis_cap is None and self.algorithm.masked_is is None:
             self.algorithm.tis_cap = 2.0
         return self
 
