@@ -398,27 +398,23 @@ print(json.dumps({"logprobs": training.forward([datum], "cross_entropy").result(
 
 
 @pytest.mark.slow
-def test_same_script_same_numbers_and_a_saved_state_resumes_after_a_restart(tmp_path, model_dir):
-    """The same user script against two fresh servers gives the same losses and samples; the state the
-    first saved is a training client on the second, after the first has exited."""
+def test_same_script_same_numbers_and_a_saved_state_resumes_after_a_restart(server, tmp_path, model_dir):
+    """The same user script on a fresh server and on the module's (which has served other clients
+    meanwhile) gives the same losses and samples; the state the fresh one saved, after it has
+    exited, is a training client on the other."""
     (tmp_path / "script.py").write_text(SCRIPT)
     (tmp_path / "resume.py").write_text(RESUME)
-    checkpoints = tmp_path / "checkpoints"
 
     def run(script: str, *args: str) -> dict:
         done = subprocess.run([sys.executable, str(tmp_path / script), *args], capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(done.stdout.strip().splitlines()[-1])
 
-    results = []
-    for name in ("first", "second"):
-        (tmp_path / name).mkdir()
-        with serving(tmp_path / name, checkpoints) as url:
-            results.append(run("script.py", url, str(model_dir), name))
-            if name == "second":
-                resumed = run("resume.py", url, results[0]["path"])
-    first, second = results
+    with serving(tmp_path, checkpoints=server[2]) as url:  # the module server's checkpoint folder
+        first = run("script.py", url, str(model_dir), "before-restart")
+    second = run("script.py", server[0], str(model_dir), "again")
     assert first["losses"] == second["losses"] and first["tokens"] == second["tokens"]
     assert first["losses"][-1] < first["losses"][0]
+    resumed = run("resume.py", server[0], first["path"])
     assert resumed["rank"] == 4
     np.testing.assert_array_equal(resumed["logprobs"], first["logprobs"])

@@ -41,6 +41,7 @@ from rlvr.serve.protocol import BadRequest, forward_backward_output, read_forwar
 
 # The SDK waits 45 s for each retrieve_future answer; holding a poll for less keeps it under that.
 _HOLD_S = 30.0
+_KEEP_S = 600.0
 _PROTOBUF = "application/x-protobuf"
 
 
@@ -98,6 +99,7 @@ class TinkerServer:
         self.samplers: dict[str, SamplerSession] = {}
         self.named: dict[str, tuple[str, LoraAdapter]] = {}  # tinker:// path -> (model id, adapter)
         self.futures: dict[str, concurrent.futures.Future] = {}
+        self._done_at: dict[str, float] = {}  # request id -> when its future was done (time.monotonic)
         self._next_seq: dict[str, int] = {}  # model id -> the seq_id its next training call must carry
         self._waiting: dict[str, dict[int, Callable | None]] = {}  # model id -> seq_id -> work (None: refused)
         self._work = FairQueue()
@@ -128,9 +130,17 @@ class TinkerServer:
         return {"request_id": request_id, "model_id": model_id, **extra}
 
     def _future(self) -> tuple[str, concurrent.futures.Future]:
+        """A new request's future; results retrievable for _KEEP_S after they are done (the SDK
+        retrieves at once, and again only when a poll was lost), then forgotten."""
+        now = time.monotonic()
+        for old in [rid for rid, done in self._done_at.items() if now - done > _KEEP_S]:
+            self.futures.pop(old, None)
+            self._done_at.pop(old)
         request_id = f"req-{next(self._ids)}"
-        self.futures[request_id] = concurrent.futures.Future()
-        return request_id, self.futures[request_id]
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        future.add_done_callback(lambda _: self._done_at.__setitem__(request_id, time.monotonic()))
+        self.futures[request_id] = future
+        return request_id, future
 
     def _in_order(self, model_id: str, seq_id: int, run: Callable | None) -> None:
         """Run a model's training calls by seq_id: a later one waits for the ones before it; a refused
