@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml $(PINS)
 	$(PIP) install -q -c $(PINS) -e '.[dev,tracking,ray,envs,gguf,data]'
 	$(PIP) install -q -c $(PINS) tml-renderers blobfile chz pyrage pylatexenc termcolor tiktoken
 	$(PIP) install -q -c $(PINS) --no-deps tinker-cookbook
-	$(PIP) install -q --no-deps verl==0.9.1 tensordict==0.15.3 pyvers==0.2.3 codetiming==1.4.0
+	$(PIP) install -q -c $(PINS) --no-deps verl tensordict pyvers codetiming
 	$(BIN)/python -c "import vllm, transformers, peft, rlvr; print('rlvr setup ok: vllm', vllm.__version__, 'transformers', transformers.__version__)"
 	touch $(STAMP)
 
