@@ -75,6 +75,9 @@ class Rollout:
     # integers (rlvr.training.routing.compact_routes); None for a dense model or an engine that
     # does not record them
     routes: torch.Tensor | None = None
+    # the policy version that sampled each completion token (the engine's `policy_version` then:
+    # 0 the weights it loaded, then each update's); a rollout running across an update has two
+    versions: list[int] | None = None
 
 
 @dataclass(frozen=True)

