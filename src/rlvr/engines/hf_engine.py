@@ -46,6 +46,9 @@ class HFEngine(Engine):
         self.seed = seed
         self.batch_size = engine.hf_batch_size
         self._queue: list[tuple[Request, bool]] = []  # (request, ignore_eos)
+        # what samples now: 0 the weights loaded, then each update's version (a poll generates whole
+        # rows under one version: an update never lands mid-generation here)
+        self.policy_version = 0
         self._closed = False
 
     # -- generation -------------------------------------------------------------------------
@@ -153,6 +156,7 @@ class HFEngine(Engine):
                     finish_reason=finish,
                     text=self.tokenizer.decode(ids, skip_special_tokens=True),
                     routes=None if routes is None else routes[row, width - len(prompt) : width + length - 1].clone(),
+                    versions=[self.policy_version] * length,
                 )
             )
         return rollouts
@@ -201,6 +205,7 @@ class HFEngine(Engine):
         result = set_peft_model_state_dict(self.model, adapter.tensors)
         if result.unexpected_keys:
             raise ValueError(f"LoRA tensors the model has no place for: {result.unexpected_keys[:3]}")
+        self.policy_version = adapter.version
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load transformers-named tensors into the base model; every name must exist."""
@@ -208,6 +213,7 @@ class HFEngine(Engine):
         result = self.model.load_state_dict(dict(named_tensors), strict=False)
         if result.unexpected_keys:
             raise ValueError(f"weights the model has no parameter for: {result.unexpected_keys[:3]}")
+        self.policy_version += 1
 
     # -- lifetime ---------------------------------------------------------------------------
 
