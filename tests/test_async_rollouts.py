@@ -180,3 +180,55 @@ def test_mode_and_staleness_that_do_not_fit_are_one_line_errors(overrides, messa
         load_config(DEMO, overrides)
     assert "\n" not in str(error.value)
 
+
+@pytest.mark.slow
+def test_generating_thread_hands_out_groups_in_draw_order(engine):
+    groups = AsyncGroups(engine, _prompts(), samples=2, sampling=Sampling(max_tokens=6, seed=2), max_staleness=1,
+                         capacity=4, version=engine.policy_version)
+    groups.start()
+    try:
+        batches = [groups.take(2) for _ in range(3)]
+    finally:
+        groups.close()
+    assert [[g.index for g in b.groups] for b in batches] == [[0, 1], [2, 3], [4, 5]]
+    assert [g.problem for b in batches for g in b.groups] == list(range(6))
+    assert all(b.metrics["rollout/staleness_max"] == 0 for b in batches)
+    _drain(engine)
+
+
+@pytest.mark.slow
+def test_transformers_engine_tags_each_rollout_with_the_version_it_serves(model_dir):
+    """transformers' generate runs a poll's rows to the end under one version: an update never
+    lands mid-generation there, so each rollout carries one version, the one served."""
+    _, adapter = _models(model_dir, seed=4)
+    adapter.version = 3
+    with start_engine("hf", model_dir) as hf:
+        before = hf.generate([[5, 9, 14]], 2, Sampling(max_tokens=4, seed=0))
+        hf.update_lora(adapter)
+        after = hf.generate([[5, 9, 14]], 2, Sampling(max_tokens=4, seed=0))
+    assert all(r.versions == [0] * len(r.completion_ids) for r in before)
+    assert all(r.versions == [3] * len(r.completion_ids) and r.completion_ids for r in after)
+
+
+@pytest.mark.slow
+def test_driven_from_one_thread_a_seed_fixes_the_groups_and_their_versions(engine, model_dir):
+    """The same takes and updates, from the same weights, twice: the same groups, tokens, logprobs
+    and (shifted by the versions pushed in between) the same per-token versions."""
+    (_, start), (_, later) = _models(model_dir, seed=21), _models(model_dir, seed=22)
+
+    def run():
+        start.version = engine.policy_version + 1
+        engine.update_lora(start)
+        groups = AsyncGroups(engine, _prompts(), samples=2, sampling=Sampling(max_tokens=8, seed=5), max_staleness=1,
+                             capacity=3, version=start.version)
+        first = groups.take(2)
+        later.version = start.version + 1
+        groups.update(later)
+        batches = [first, groups.take(2)]
+        _drain(engine)
+        return [(g.index, r.completion_ids, r.logprobs, [v - start.version for v in r.versions])
+                for b in batches for g in b.groups for r in g.rollouts]
+
+    once, again = run(), run()
+    assert once == again
+    assert {v for *_, versions in once for v in versions} == {0, 1}  # the update fell inside the run

