@@ -120,6 +120,7 @@ def test_vllm_routed_experts_become_rollout_routes_of_the_moe_blocks(model_dir):
     engine = object.__new__(VLLMEngine)  # the reading of outputs only: no vLLM engine behind it
     engine._moe_blocks, engine._num_experts = moe_layer_numbers(model_dir), _num_experts(model_dir)
     engine.tokenizer = SimpleNamespace(decode=lambda ids, **_: "")
+    engine._sampled_before, engine._finished_under, engine.policy_version = {}, {}, 0  # no update in flight
     assert engine._moe_blocks == [1, 2] and engine._num_experts == 8  # layer 0 is dense
     prompt, completion = [5, 6, 7], [8, 9]
     experts = np.arange(4 * 3 * 2).reshape(4, 3, 2).astype(np.uint8)  # [positions, 3 blocks, top-2]
