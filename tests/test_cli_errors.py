@@ -106,6 +106,11 @@ def test_bad_config_names_the_key(config):
     assert "unknown key 'trainer.lrr'; did you mean trainer.lr?" in line
 
 
+def test_a_rollout_mode_the_loop_does_not_run_is_refused_not_replaced(config):
+    line = one_line_error(rlvr("train", config, "rollout.mode=async", "rollout.max_staleness=2"))
+    assert "rollout.mode: async is not run by `rlvr train` yet" in line, line
+
+
 def test_resume_of_a_folder_that_is_not_a_run(tmp_path):
     line = one_line_error(rlvr("train", "--resume", tmp_path))
     assert f"--resume {tmp_path}: not a run folder (no config.yaml)" in line

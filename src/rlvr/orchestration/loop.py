@@ -18,6 +18,7 @@ from pathlib import Path
 
 from rlvr.checkpoint.peft_files import load_adapter
 from rlvr.config import RunConfig
+from rlvr.errors import UserError
 from rlvr.orchestration import RunStopped
 from rlvr.orchestration.builders import Run, build_run
 from rlvr.orchestration.run_state import RunState
@@ -29,6 +30,11 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print, notes:
 
     With `resume`, continue from the newest intact checkpoint in cfg.run_dir. `notes` go into
     summary.json as they are (the demo's warm start record)."""
+    if cfg.rollout.mode == "async":
+        # the engine side exists (rlvr.rollout.async_groups); until the loop drives it, a run that
+        # asked for it must not quietly train one step off instead
+        raise UserError("rollout.mode: async is not run by `rlvr train` yet (its engine side is rlvr.rollout.async_groups); "
+                        "use mode: one_step_off (max_staleness 1) or sync")
     started = time.time()
     summary: dict = {"model": cfg.model.path, "steps": cfg.steps, "seed": cfg.seed} | (notes or {})
     with ExitStack() as stack:
