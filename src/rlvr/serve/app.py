@@ -83,6 +83,7 @@ class SamplerSession:
 @dataclass
 class PendingSample:
     request: types.SampleRequest
+    prompt: list[int]  # the request's tokens, checked against the vocabulary
     sampler: SamplerSession
     sampling: Sampling
     future: concurrent.futures.Future
@@ -196,16 +197,28 @@ class TinkerServer:
             return float(sum(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())))
         return float(psutil.virtual_memory().total)
 
-    def _build_model(self, model_id: str, run: RunConfig, seed: int, session_id: str) -> None:
-        try:
-            model = ServedModel(model_id, run, seed)
-        except BaseException:
-            self._claimed.pop(model_id, None)
-            raise
-        if model_id not in self._claimed:  # its session ended while it was being built
-            model.close()
-            raise BadRequest(f"session {session_id} ended before its model was built")
-        self.models[model_id] = model
+    def _start_model(self, session_id: str, model_seq_id: int, run: RunConfig, seed: int,
+                     then: Callable[[str], dict]) -> dict:
+        """Claim the model's memory now (a request meanwhile counts it as held) and queue its build,
+        whose future answers with `then(model_id)` once it is built."""
+        model_id = f"{session_id}:train:{model_seq_id}"
+        if model_id in self._claimed:
+            raise BadRequest(f"model {model_id} exists (model_seq_id {model_seq_id} was used)")
+        self._claim(model_id, run)
+
+        def build() -> dict:
+            try:
+                model = ServedModel(model_id, run, seed)
+            except BaseException:
+                self._claimed.pop(model_id, None)
+                raise
+            if model_id not in self._claimed:  # its session ended while it was being built
+                model.close()
+                raise BadRequest(f"session {session_id} ended before its model was built")
+            self.models[model_id] = model
+            return then(model_id)
+
+        return self._submit(build, model_id=model_id)
 
     def _model(self, model_id: str):
         if model_id not in self.models:
@@ -221,7 +234,7 @@ class TinkerServer:
         ended = [model_id for model_id in self._claimed if _session_of(model_id) == session_id]
         for model_id in ended:
             self._claimed.pop(model_id)
-            model = self.models.pop(model_id, None)  # None: still being built, _create_model closes it
+            model = self.models.pop(model_id, None)  # None: still being built, _start_model's build closes it
             if model is not None:
                 self._work.put(session_id, model.close)
         self.samplers = {key: s for key, s in self.samplers.items()
@@ -282,17 +295,8 @@ class TinkerServer:
             raise BadRequest(f"{folder / 'adapter' / 'adapter_config.json'}: no base_model_name_or_path or r to build the model on")
         check_model_folder(base_model, key="base_model")
         run = served_run(base_model, adapter["r"], self.cfg)
-        model_id = f"{request.session_id}:train:{request.model_seq_id}"
-        if model_id in self._claimed:
-            raise BadRequest(f"model {model_id} exists (model_seq_id {request.model_seq_id} was used)")
-        self._claim(model_id, run)
-
-        def work() -> dict:
-            self._build_model(model_id, run, self.cfg.seed, request.session_id)
-            self._load_state(request.model_copy(update={"model_id": model_id}))
-            return {"path": request.path, "model_id": model_id, "type": "load_weights"}
-
-        return self._submit(work, model_id=model_id)
+        return self._start_model(request.session_id, request.model_seq_id, run, self.cfg.seed,
+                                 lambda model_id: self._load_state(request.model_copy(update={"model_id": model_id})))
 
     def _saved_state(self, path: str) -> Path:
         """The folder of a tinker://MODEL_ID/weights/NAME path save_state returned (this server's or an earlier one's)."""
@@ -302,12 +306,13 @@ class TinkerServer:
             raise BadRequest(f"{path!r} is not a checkpoint save_state wrote under {self.cfg.checkpoint_dir}")
         return folder
 
-    def _queue_sample(self, request: types.SampleRequest, sampler: SamplerSession, sampling: Sampling) -> str:
+    def _queue_sample(self, request: types.SampleRequest, prompt: list[int], sampler: SamplerSession,
+                      sampling: Sampling) -> str:
         """Add a sampling call to its model's batch; the first call of a batch queues the batch's turn."""
         request_id, future = self._future()
         with self._batch_lock:
             batch = self._to_sample.setdefault(sampler.model_id, [])
-            batch.append(PendingSample(request, sampler, sampling, future))
+            batch.append(PendingSample(request, prompt, sampler, sampling, future))
             first = len(batch) == 1
         if first:
             self._work.put(_session_of(sampler.model_id), lambda: self._sample_batch(sampler.model_id))
@@ -325,13 +330,13 @@ class TinkerServer:
             for item in batch:
                 if item.request.prompt_logprobs:
                     try:
-                        scored[id(item)] = model.prompt_logprobs(item.sampler.adapter, _tokens(item.request.prompt),
+                        scored[id(item)] = model.prompt_logprobs(item.sampler.adapter, item.prompt,
                                                                  item.request.prompt_logprobs_last_n)
                     except BadRequest as error:
                         item.future.set_exception(error)
             live = [item for item in batch if not item.future.done()]
-            drawn = model.sample_many([(item.sampler.adapter, _tokens(item.request.prompt), item.request.num_samples,
-                                        item.sampling) for item in live])
+            drawn = model.sample_many([(item.sampler.adapter, item.prompt, item.request.num_samples, item.sampling)
+                                       for item in live])
             for item, rollouts in zip(live, drawn):
                 item.future.set_result(sample_response(rollouts, scored.get(id(item))))
         except BaseException as error:  # reported to each client through retrieve_future
@@ -413,17 +418,9 @@ class TinkerServer:
             _adam_only(body.optimizer_config)
             check_model_folder(body.base_model, key="base_model")
             run = served_run(body.base_model, body.lora_config.rank, self.cfg)
-            model_id = f"{body.session_id}:train:{body.model_seq_id}"
-            if model_id in self._claimed:
-                raise BadRequest(f"model {model_id} exists (model_seq_id {body.model_seq_id} was used)")
-            self._claim(model_id, run)  # now, not when built: a request meanwhile counts it as held
             seed = self.cfg.seed if body.lora_config.seed is None else body.lora_config.seed
-
-            def work() -> dict:
-                self._build_model(model_id, run, seed, body.session_id)
-                return {"model_id": model_id, "type": "create_model"}
-
-            return self._submit(work, model_id=model_id)
+            return self._start_model(body.session_id, body.model_seq_id, run, seed,
+                                     lambda model_id: {"model_id": model_id, "type": "create_model"})
 
         @app.post("/api/v1/get_info")
         async def get_info(request: Request):
@@ -522,10 +519,11 @@ class TinkerServer:
                 raise BadRequest(f"sampling {session.base_model} needs a model created on it first (create_model)")
             model = self._model(session.model_id)
             sampling = _sampling(body.sampling_params)  # refuse what the engine cannot do now, not in the future
-            model.check_tokens(_tokens(body.prompt), "prompt")
+            prompt = _tokens(body.prompt)
+            model.check_tokens(prompt, "prompt")
             if sampling.stop_token_ids:
                 model.check_tokens(list(sampling.stop_token_ids), "sampling_params.stop")
-            request_id = self._queue_sample(body, session, sampling)
+            request_id = self._queue_sample(body, prompt, session, sampling)
             return {"request_id": request_id, "model_id": None,
                     "sample_sequence_ids": [f"{request_id}:{j}" for j in range(body.num_samples)]}
 

@@ -140,8 +140,7 @@ class ServedModel:
         for index, (adapter, *_) in enumerate(calls):
             by_adapter.setdefault(id(adapter), []).append(index)
         for indices in by_adapter.values():
-            for index in indices:
-                self._serve(*calls[index][:2])  # the group's adapter goes onto the engine once
+            self._serve(calls[indices[0]][0])
             self.engine.submit([Request(index, *calls[index][1:]) for index in indices])
             while not drawn.keys() >= set(indices):
                 drawn.update(self.engine.poll())
@@ -150,7 +149,7 @@ class ServedModel:
     def prompt_logprobs(self, adapter: LoraAdapter | None, prompt: list[int], last_n: int | None) -> np.ndarray:
         """The engine's logprob of each prompt token after the first (temperature 1), NaN where none is
         scored: the first token, and with `last_n` every token before the last n."""
-        self._serve(adapter, prompt)
+        self._serve(adapter)
         if last_n is not None and not 1 <= last_n < len(prompt):
             raise BadRequest(f"prompt_logprobs_last_n={last_n} must be between 1 and len(prompt) - 1 = {len(prompt) - 1}")
         out = np.full(len(prompt), np.nan, dtype=np.float32)
@@ -160,8 +159,8 @@ class ServedModel:
             out[: len(prompt) - last_n] = np.nan
         return out
 
-    def _serve(self, adapter: LoraAdapter | None, prompt: list[int]) -> None:
-        self.check_tokens(prompt, "prompt")
+    def _serve(self, adapter: LoraAdapter | None) -> None:
+        """Put `adapter` on the engine (prompts were checked when their request came)."""
         if adapter is None and self.sync.serving is not None:
             raise BadRequest("sampling the bare base after a save_weights_for_sampler is not supported yet")
         if adapter is not None and adapter is not self.sync.serving:

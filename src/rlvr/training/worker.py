@@ -515,9 +515,9 @@ class _Rank:
         """The trainable weights `save` wrote, with the optimizer started afresh (no moments, step 0),
         as a new run from those weights would start."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-        weights = {"model": self._state()["model"]}
+        weights = {"model": get_model_state_dict(self.policy, options=self._state_options())}
         dcp.load(weights, checkpoint_id=os.path.join(folder, "dcp"), no_dist=self._alone)
         set_model_state_dict(self.policy, weights["model"], options=self._state_options())
         self.optimizer.state.clear()
