@@ -45,6 +45,20 @@ def reload_through_vllm() -> None:
     VLLMGeneration.sync_weights = sync_weights
 
 
+def seed_colocate_vllm(seed: int) -> None:
+    """TRL builds its colocate engine with seed = the process index (0 here) whatever args.seed is,
+    so its sampling would draw one stream under every seed; give it the run's seed, as rlvr's
+    engine gets it (benchmarks/vs_trl.py --seeds)."""
+    import trl.generation.vllm_generation as vllm_generation
+
+    build = vllm_generation.LLM
+
+    def seeded(*args, **kwargs):
+        return build(*args, **(kwargs | {"seed": seed}))
+
+    vllm_generation.LLM = seeded
+
+
 def trl_config_kwargs(cfg, steps: int, output_dir: str, threads: int, generation: str) -> dict:
     """GRPOConfig arguments that make TRL run the same GRPO step as rlvr's `cfg` (a RunConfig).
 
@@ -132,6 +146,7 @@ def run_trl(cfg_json: str, steps: int, prompts_in_order: list[dict], output_dir:
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}"
         os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
         reload_through_vllm()
+        seed_colocate_vllm(cfg.seed)
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -179,4 +194,6 @@ def run_trl(cfg_json: str, steps: int, prompts_in_order: list[dict], output_dir:
         callbacks=[Lockstep()],
     )
     trainer.train()
-    conn.send(("done", {"log_history": trainer.state.log_history}))
+    # the seed TRL's vLLM engine sampled under (seed_colocate_vllm), recorded next to rlvr's
+    engine_seed = trainer.vllm_generation.llm.llm_engine.vllm_config.model_config.seed if trainer.use_vllm else None
+    conn.send(("done", {"log_history": trainer.state.log_history, "engine_seed": engine_seed}))

@@ -2,6 +2,7 @@
 
     flock /tmp/rlvr-heavy.lock .venv/bin/python benchmarks/vs_trl.py --steps 16 --out runs/vs_trl.json
     flock /tmp/rlvr-heavy.lock .venv/bin/python benchmarks/vs_trl.py --workload longtail --out runs/vs_trl_longtail.json
+    flock /tmp/rlvr-heavy.lock .venv/bin/python benchmarks/vs_trl.py --workload longtail --seeds 0 1 2 --out runs/vs_trl_longtail_seeds.json
 
 Two workloads (`--workload`), each a task and the demo's tiny Qwen2 warm-started on it:
 - demo: the demo's arithmetic (1-2 digit sums worked column by column): ~26-token completions
@@ -35,6 +36,15 @@ Each workload's warm start runs until its readiness check passes (the demo's sto
 rlvr.demo.warm_start; the longtail workload's window is lower), and --out records where it stopped
 (`warm_start`).
 
+Seeds (`--seeds S...`): the model and task are built once, from the config's seed (`seed`, 0 by
+default, or `--rlvr seed=N`: that seed draws the task and warm-starts the model); each seed S then
+reruns both sides with seed=S on them, which varies what an RL run draws (rlvr's prompt order,
+which TRL is given too, the LoRA init, the sampling of both, and the evaluation's sampling). Each
+seed's result is kept in RUN_DIR/seedS/result.json and reused when there, so the seeds can run
+one at a time; --out then holds each seed's result, the means, and the paired standard error of
+rlvr − TRL held-out avg@8 after the last step (`seed_summary`), and the run adds its line to
+docs/benchmarks.md.
+
 Writes --out with the headline keys (rlvr_step_s, trl_step_s, step_ratio, rlvr_avg8_after,
 trl_avg8_after, steps, rlvr_time_to_target_s, trl_time_to_target_s, target_avg8) and details.
 """
@@ -52,7 +62,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the spawned TRL process imports _trl_side
 
-from _ledger import provenance  # noqa: E402
+from _ledger import append_line, provenance, write_result  # noqa: E402
 from _trl_side import GENERATIONS, run_trl  # noqa: E402
 
 DEMO_CONFIG = "configs/demo.yaml"
@@ -99,6 +109,15 @@ WORKLOADS = {
 }
 
 
+# what each side logs per step, under one name: the reward, the gradient norm, the policy's
+# entropy and the mean completion length
+STEP_METRICS = {
+    "rlvr": {"reward": "reward/mean", "grad_norm": "grad_norm", "entropy": "policy/entropy",
+             "length_mean": "response/length_mean"},
+    "trl": {"reward": "reward", "grad_norm": "grad_norm", "entropy": "entropy", "length_mean": "completions/mean_length"},
+}
+
+
 def median_step_seconds(seconds: list[float]) -> float:
     if not seconds:
         raise ValueError("no step times to take the median of")
@@ -118,6 +137,54 @@ def default_target(base_avg8: float, rlvr_after: float, trl_after: float) -> flo
     """Halfway from the base model to the lower of the two final accuracies: a level both runs
     reach (at the latest at their last evaluation) when both improve, so both times are finite."""
     return round(base_avg8 + 0.5 * (min(rlvr_after, trl_after) - base_avg8), 4)
+
+
+def paired_difference(rlvr: list[float], trl: list[float]) -> dict:
+    """rlvr − TRL over paired seeds: the mean difference and its standard error (the sample standard
+    deviation of the differences over sqrt(n); None with one seed)."""
+    diffs = [a - b for a, b in zip(rlvr, trl, strict=True)]
+    se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else None
+    return {"differences": diffs, "mean": statistics.mean(diffs), "se": se}
+
+
+def seed_summary(per_seed: dict[int, dict], target: float | None) -> dict:
+    """The headline over seeds: step times and ratio, held-out avg@8 after the last step with the
+    paired noise of the difference, and each side's training seconds to one target for every seed
+    (by default halfway from the mean base to the lower of the two mean finals)."""
+    seeds = sorted(per_seed)
+    runs = [per_seed[s] for s in seeds]
+
+    def mean(key: str) -> float:
+        return statistics.mean(run[key] for run in runs)
+
+    if target is None:
+        target = default_target(mean("base_avg8"), mean("rlvr_avg8_after"), mean("trl_avg8_after"))
+    reached = {
+        side: [time_to_target(run["step_seconds"][side], {int(k): v for k, v in run["avg8_curves"][side].items()}, target)
+               for run in runs]
+        for side in ("rlvr", "trl")
+    }
+    paired = paired_difference([r["rlvr_avg8_after"] for r in runs], [r["trl_avg8_after"] for r in runs])
+    return {
+        "seeds": seeds,
+        "step_ratio": mean("step_ratio"),
+        "rlvr_step_s": mean("rlvr_step_s"),
+        "trl_step_s": mean("trl_step_s"),
+        "rlvr_avg8_after": mean("rlvr_avg8_after"),
+        "trl_avg8_after": mean("trl_avg8_after"),
+        "paired_diff": paired["mean"],
+        "paired_se": paired["se"],
+        "within_paired_noise": paired["se"] is not None and abs(paired["mean"]) <= 2 * paired["se"],
+        "steps": runs[0]["steps"],
+        "base_avg8": mean("base_avg8"),
+        "target_avg8": target,
+        "rlvr_time_to_target_s": reached["rlvr"],
+        "trl_time_to_target_s": reached["trl"],
+        "per_seed_figures": {
+            s: {key: run[key] for key in ("step_ratio", "rlvr_step_s", "trl_step_s", "base_avg8", "rlvr_avg8_after",
+                                          "trl_avg8_after")} for s, run in zip(seeds, runs)
+        },
+    }
 
 
 def bench_overrides(assets: str, run_dir: str, steps: int, prompts: int, samples: int, max_tokens: int,
@@ -146,6 +213,12 @@ def bench_overrides(assets: str, run_dir: str, steps: int, prompts: int, samples
         "trainer.shard_ranks=1",
         *extra,
     ]
+
+
+def seed_run_overrides(overrides: list[str], run_dir: str, seed: int) -> list[str]:
+    """One seed's run on the model and task `overrides` built: its own folder, RUN_DIR/seedS, and
+    seed=S for what the run draws (the build read the config's own seed)."""
+    return [*overrides, f"run_dir={Path(run_dir) / f'seed{seed}'}", f"seed={seed}"]
 
 
 def prompt_rows(cfg, tokenizer, steps: int) -> list[dict]:
@@ -210,10 +283,11 @@ def run_side_by_side(cfg, steps: int, eval_steps: list[int], trl_dir: Path, thre
             receive("ready")
 
     summary = train(cfg, progress=after_rlvr_step, log=log)
-    history = receive("done")["log_history"]
+    done = receive("done")
     trl.join(timeout=60)
     return {"rlvr_step_s": rlvr_steps, "trl_step_s": trl_steps, "rlvr_metrics": rlvr_metrics,
-            "trl_log_history": history, "rlvr_summary": summary, "trl_lengths": trl_lengths}
+            "trl_log_history": done["log_history"], "trl_engine_seed": done["engine_seed"], "rlvr_summary": summary,
+            "trl_lengths": trl_lengths}
 
 
 def evaluate_adapters(cfg, test_file: str, limit: int | None, adapters: dict[str, Path | None], samples_dir: Path, log) -> dict[str, dict]:
@@ -353,6 +427,8 @@ def main() -> None:
                              "100 are the task's test set; the training split stays the same; default: demo 500, longtail 200)")
     parser.add_argument("--assets", default=None, help="where the float model and task are built (default: the workload's)")
     parser.add_argument("--run-dir", default=None, help="default: runs/vs_trl or runs/vs_trl_longtail")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, metavar="S",
+                        help="rerun both sides with each seed on the one model and task (see above)")
     parser.add_argument("--rlvr", action="append", default=[], metavar="KEY=VALUE", help="extra rlvr config override")
     parser.add_argument("--scaling", action="store_true", help="rlvr alone: step time as the batch doubles")
     parser.add_argument("--doublings", type=int, default=2, help="--scaling: doublings per axis")
@@ -383,14 +459,54 @@ def main() -> None:
         args.out.write_text(json.dumps(result, indent=2))
         log(json.dumps(result["scaling"], indent=1))
         return
-    cfg = load_config(DEMO_CONFIG, overrides)
-    run_dir, trl_dir = Path(args.run_dir), Path(args.run_dir) / "trl"
+    if args.seeds is None:
+        result = compare(load_config(DEMO_CONFIG, overrides), args, overrides, test_file, log)
+        result |= _provenance(args) | {"warm_start": warm_start}
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2))
+        log(json.dumps({k: result[k] for k in list(result)[:9]}, indent=2))
+        log(f"wrote {args.out}")
+        return
+    per_seed = {}
+    for seed in args.seeds:
+        kept = Path(args.run_dir) / f"seed{seed}" / "result.json"
+        if kept.is_file():
+            log(f"seed {seed}: reusing {kept}")
+        else:
+            seed_overrides = seed_run_overrides(overrides, args.run_dir, seed)
+            result = compare(load_config(DEMO_CONFIG, seed_overrides), args, seed_overrides, test_file, log)
+            kept.write_text(json.dumps(result, indent=2))
+        per_seed[seed] = json.loads(kept.read_text())
+    result = seed_summary(per_seed, args.target) | _provenance(args) | {"warm_start": warm_start, "per_seed": per_seed}
+    write_result(args.out, result)
+    append_line(_ledger_text(args, result), result)
+
+
+def _ledger_text(args, result: dict) -> str:
+    def seconds(values: list) -> str:
+        return " / ".join("not reached" if v is None else f"{v:.0f} s" for v in values)
+
+    se = "n/a" if result["paired_se"] is None else f"{result['paired_se']:.3f}"
+    return (
+        f"rlvr vs TRL ({args.trl_generation}), {args.workload} workload, seeds {', '.join(map(str, result['seeds']))}, "
+        f"{result['steps']} steps alternating: step_ratio {result['step_ratio']:.2f} "
+        f"(rlvr {result['rlvr_step_s']:.2f} s vs TRL {result['trl_step_s']:.2f} s, means); held-out avg@8 after "
+        f"{result['steps']} steps rlvr {result['rlvr_avg8_after']:.3f} vs TRL {result['trl_avg8_after']:.3f} "
+        f"(base {result['base_avg8']:.3f}), paired difference {result['paired_diff']:+.3f} ± {se} (SE); "
+        f"time to avg@8 {result['target_avg8']:.3f}: rlvr {seconds(result['rlvr_time_to_target_s'])} vs TRL "
+        f"{seconds(result['trl_time_to_target_s'])}"
+    )
+
+
+def compare(cfg, args, overrides: list[str], test_file: str, log) -> dict:
+    """One side-by-side run of `cfg` (its run_dir, seed and batch) and both sides' evaluations."""
+    run_dir, trl_dir = Path(cfg.run_dir), Path(cfg.run_dir) / "trl"
     if (run_dir / "metrics.jsonl").exists():
         raise SystemExit(f"{run_dir} holds an earlier run; remove it or give another --run-dir")
 
     started = time.time()
-    eval_steps = list(range(args.eval_every, args.steps + 1, args.eval_every))
-    runs = run_side_by_side(cfg, args.steps, eval_steps, trl_dir, args.threads, args.trl_generation, log)
+    eval_steps = list(range(args.eval_every, cfg.steps + 1, args.eval_every))
+    runs = run_side_by_side(cfg, cfg.steps, eval_steps, trl_dir, args.threads, args.trl_generation, log)
     adapters: dict[str, Path | None] = {"base": None}
     for step in eval_steps:
         adapters[f"rlvr_step{step}"] = run_dir / "checkpoints" / f"step_{step:06d}" / "adapter"
@@ -400,16 +516,16 @@ def main() -> None:
     curves = {
         side: {0: avg8["base"]} | {step: avg8[f"{side}_step{step}"] for step in eval_steps} for side in ("rlvr", "trl")
     }
-    rlvr_after, trl_after = curves["rlvr"][args.steps], curves["trl"][args.steps]
+    rlvr_after, trl_after = curves["rlvr"][cfg.steps], curves["trl"][cfg.steps]
     target = args.target if args.target is not None else default_target(avg8["base"], rlvr_after, trl_after)
     rlvr_step, trl_step = median_step_seconds(runs["rlvr_step_s"]), median_step_seconds(runs["trl_step_s"])
-    result = {
+    return {
         "rlvr_step_s": rlvr_step,
         "trl_step_s": trl_step,
         "step_ratio": trl_step / rlvr_step,
         "rlvr_avg8_after": rlvr_after,
         "trl_avg8_after": trl_after,
-        "steps": args.steps,
+        "steps": cfg.steps,
         "rlvr_time_to_target_s": time_to_target(runs["rlvr_step_s"], curves["rlvr"], target),
         "trl_time_to_target_s": time_to_target(runs["trl_step_s"], curves["trl"], target),
         "target_avg8": target,
@@ -439,22 +555,23 @@ def main() -> None:
         "rlvr_sampler_trainer_gap_max": max(m["sync/sampler_trainer_gap"] for m in runs["rlvr_metrics"]),
         "rlvr_sync_logprob_gap_max": max((m["sync/logprob_gap"] for m in runs["rlvr_metrics"] if "sync/logprob_gap" in m),
                                          default=None),
-        "rlvr_reward_mean": [m["reward/mean"] for m in runs["rlvr_metrics"]],
-        "trl_reward_mean": [h["reward"] for h in runs["trl_log_history"] if "reward" in h],
+        # each step's training signal, side by side: where one side's run goes astray, these say how
+        "per_step": {
+            "rlvr": {key: [m.get(metric) for m in runs["rlvr_metrics"]] for key, metric in STEP_METRICS["rlvr"].items()},
+            "trl": {key: [h.get(metric) for h in runs["trl_log_history"] if "reward" in h]
+                    for key, metric in STEP_METRICS["trl"].items()},
+        },
         "evaluations": evals,
         "setting": {
-            "prompts_per_step": args.prompts, "samples_per_prompt": args.samples, "max_tokens": args.max_tokens,
+            "prompts_per_step": cfg.rollout.prompts_per_step, "samples_per_prompt": cfg.rollout.samples_per_prompt,
+            "max_tokens": cfg.rollout.sampling.max_tokens,
             "workload": args.workload, "eval_every": args.eval_every, "trl_threads": args.threads,
             "trl_generation": args.trl_generation,
+            "seed": cfg.seed, "trl_vllm_seed": runs["trl_engine_seed"],
             "rlvr_overrides": overrides,
         },
         "wall_seconds": round(time.time() - started, 1),
-    } | _provenance(args) | {"warm_start": warm_start}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=2))
-    headline = {k: result[k] for k in list(result)[:9]}
-    log(json.dumps(headline, indent=2))
-    log(f"wrote {args.out}")
+    }
 
 
 def _provenance(args) -> dict:

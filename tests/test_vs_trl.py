@@ -2,6 +2,7 @@
 config onto TRL's GRPOConfig, and the prompts TRL is given (token for token rlvr's own)."""
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 
@@ -174,3 +175,53 @@ def test_longtail_workload_draws_the_counting_task_and_extends_its_test_split(tm
     held_out = load_problems(vs_trl.held_out_file(cfg, 150, workload))
     assert len(held_out) == 150 and not {p.question for p in held_out} & {p.question for p in train}
     assert [p.question for p in held_out[:100]] == [p.question for p in load_problems(cfg.data.test)]
+
+
+def test_paired_difference_and_its_standard_error():
+    paired = vs_trl.paired_difference([0.30, 0.25, 0.20], [0.26, 0.27, 0.19])
+    assert paired["differences"] == pytest.approx([0.04, -0.02, 0.01])
+    # differences' mean 0.01, sample std sqrt((0.03² + 0.03² + 0) / 2) = 0.03, over sqrt(3)
+    assert paired["mean"] == pytest.approx(0.01) and paired["se"] == pytest.approx(0.03 / 3**0.5)
+    assert vs_trl.paired_difference([0.3], [0.2])["se"] is None  # one seed: no noise estimate
+    with pytest.raises(ValueError):
+        vs_trl.paired_difference([0.3, 0.2], [0.2])
+
+
+def test_seed_summary_reads_per_seed_results_as_written_to_json():
+    def run(base, rlvr, trl, step_ratio):
+        # as json.loads gives it back: the curves' step keys are strings
+        curves = {"rlvr": {"0": base, "4": rlvr[0], "8": rlvr[1]}, "trl": {"0": base, "4": trl[0], "8": trl[1]}}
+        return {"step_ratio": step_ratio, "rlvr_step_s": 1.0, "trl_step_s": step_ratio, "base_avg8": base,
+                "rlvr_avg8_after": rlvr[1], "trl_avg8_after": trl[1], "steps": 8, "avg8_curves": curves,
+                "step_seconds": {"rlvr": [1.0] * 8, "trl": [step_ratio] * 8}}
+
+    per_seed = {1: run(0.10, (0.20, 0.30), (0.12, 0.20), 4.0), 0: run(0.10, (0.11, 0.20), (0.15, 0.30), 6.0)}
+    summary = vs_trl.seed_summary({s: json.loads(json.dumps(r)) for s, r in per_seed.items()}, target=None)
+    assert summary["seeds"] == [0, 1]
+    assert summary["step_ratio"] == 5.0 and summary["rlvr_avg8_after"] == 0.25 and summary["trl_avg8_after"] == 0.25
+    assert summary["paired_diff"] == pytest.approx(0.0) and summary["paired_se"] == pytest.approx(0.1)
+    assert summary["within_paired_noise"]
+    # one target for every seed: halfway from the mean base 0.10 to the lower mean final 0.25
+    assert summary["target_avg8"] == 0.175
+    # seed 0: rlvr reaches 0.175 at step 8 (8 x 1 s), TRL never before step 8 either (8 x 6 s);
+    # seed 1: rlvr at step 4 (4 x 1 s), TRL at step 8 (8 x 4 s)
+    assert summary["rlvr_time_to_target_s"] == [8.0, 4.0] and summary["trl_time_to_target_s"] == [48.0, 32.0]
+
+
+def test_seeds_vary_the_run_on_the_one_model_and_task(tmp_path):
+    from rlvr.data.synthetic import arithmetic_problems, write_jsonl
+
+    train, _ = arithmetic_problems(seed=0, operations=["+"], min_digits=1, max_digits=2, train_size=50, test_size=5)
+    write_jsonl(train, tmp_path / "task" / "train.jsonl")
+    overrides = vs_trl.bench_overrides(str(tmp_path), str(tmp_path / "run"), 3, 4, 8, 256, 1, [])
+    built = load_config(ROOT / "configs" / "demo.yaml", overrides)
+    seeded = {s: load_config(ROOT / "configs" / "demo.yaml", vs_trl.seed_run_overrides(overrides, str(tmp_path / "run"), s))
+              for s in (0, 1)}
+    tokenizer = build_char_tokenizer()
+    orders = {}
+    for s, cfg in seeded.items():
+        assert cfg.seed == s and cfg.run_dir == str(tmp_path / "run" / f"seed{s}")
+        assert (cfg.model.path, cfg.data.train, cfg.demo) == (built.model.path, built.data.train, built.demo)
+        assert trl_config_kwargs(cfg, 3, str(tmp_path), 2, "vllm")["seed"] == s  # TRL's sampling and LoRA init too
+        orders[s] = [row["answer"] for row in vs_trl.prompt_rows(cfg, tokenizer, steps=3)]
+    assert orders[0] != orders[1]  # each seed draws its own prompt order, given to both sides
