@@ -42,8 +42,8 @@ reruns both sides with seed=S on them, which varies what an RL run draws (rlvr's
 which TRL is given too, the LoRA init, the sampling of both, and the evaluation's sampling). Each
 seed's result is kept in RUN_DIR/seedS/result.json and reused when there, so the seeds can run
 one at a time; --out then holds each seed's result, the means, and the paired standard error of
-rlvr − TRL held-out avg@8 after the last step (`seed_summary`), and the run adds its line to
-docs/benchmarks.md.
+rlvr − TRL held-out avg@8 after the last step (`seed_summary`), and a run of two seeds or more adds
+its line to docs/benchmarks.md.
 
 Writes --out with the headline keys (rlvr_step_s, trl_step_s, step_ratio, rlvr_avg8_after,
 trl_avg8_after, steps, rlvr_time_to_target_s, trl_time_to_target_s, target_avg8) and details.
@@ -479,7 +479,8 @@ def main() -> None:
         per_seed[seed] = json.loads(kept.read_text())
     result = seed_summary(per_seed, args.target) | _provenance(args) | {"warm_start": warm_start, "per_seed": per_seed}
     write_result(args.out, result)
-    append_line(_ledger_text(args, result), result)
+    if len(per_seed) > 1:  # a paired comparison; one seed alone is a step towards one (its result is kept)
+        append_line(_ledger_text(args, result), result)
 
 
 def _ledger_text(args, result: dict) -> str:
