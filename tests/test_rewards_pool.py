@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -42,6 +43,14 @@ def spawn_and_hang(response, answer):
     Path(answer).write_text(str(child.pid))
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
     time.sleep(60)
+
+
+def pid_then_sleep(response, answer):
+    """Report this worker's pid (appended to the file `answer`), then take a while."""
+    with open(answer, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    time.sleep(1.0)
+    return 1.0
 
 
 def hog_memory(response, answer):
@@ -115,6 +124,42 @@ def test_a_killed_worker_takes_the_processes_it_started(pool, tmp_path):
         time.sleep(0.1)
     else:
         pytest.fail(f"child {pid} outlived its killed worker")
+
+
+def test_a_worker_killed_from_outside_is_replaced_and_its_item_retried_once_each_death_one_line(tmp_path):
+    lines = []
+    with ScoringPool("math", workers=1, timeout_s=5.0, log=lines.append) as pool:
+        pool.wait_ready()
+        idle = pool._workers[0].process
+        os.kill(idle.pid, signal.SIGKILL)
+        idle.join()
+        assert [(s.reward, s.status) for s in pool.score(["\\boxed{2}"], ["2"])] == [(1.0, "ok")]
+        assert lines == [f"scoring worker (pid {idle.pid}) died (exit code -9) while idle; replaced"]
+
+        pids = tmp_path / "pids"
+        killer = threading.Thread(target=_kill_first_reporter, args=(pids,))
+        killer.start()
+        scores = pool.score(["x", "\\boxed{3}"], [str(pids), "3"], [custom("pid_then_sleep"), "math"])
+        killer.join()
+        first, second = (int(pid) for pid in pids.read_text().split())
+        assert first != second  # the item ran again, on the replacement
+        assert [(s.reward, s.status) for s in scores] == [(1.0, "ok"), (1.0, "ok")]
+        assert lines[1:] == [f"scoring worker (pid {first}) died (exit code -9) scoring item 0; replaced, the item is retried"]
+
+        lines.clear()  # a worker that dies on the item's retry too: the item is the response's fault
+        scores = pool.score(["x", "\\boxed{3}"], ["x", "3"], [custom("crash"), "math"])
+        assert [(s.reward, s.status) for s in scores] == [(0.0, "error"), (1.0, "ok")]
+        assert [line.split(") died (")[1] for line in lines] == [
+            "exit code 3) scoring item 0; replaced, the item is retried",
+            "exit code 3) retrying item 0; the item scores status 'error'"]
+
+
+def _kill_first_reporter(pids: Path) -> None:
+    for _ in range(300):
+        if pids.exists() and pids.read_text().endswith("\n"):
+            os.kill(int(pids.read_text().split()[0]), signal.SIGKILL)
+            return
+        time.sleep(0.01)
 
 
 def running(pid: int) -> bool:

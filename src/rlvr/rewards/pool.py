@@ -10,8 +10,11 @@ Rules:
   Python code runs long. Code that never returns to the interpreter (a huge integer power, a
   regex) is caught by the parent: a worker silent for `timeout_s + KILL_GRACE_S` is killed and
   replaced, its item gets "timeout", the rest of its chunk is handed out again.
-- A worker that dies (segfault, abort) costs its item status "error"; an exception inside a
-  verifier is status "error" too. Each worker leads its own process group, and a kill (timeout,
+- A worker that dies on its own (a segfault, an abort, a kill from outside the pool) is replaced
+  and its running item retried once (on the next free worker): the death may be the machine's
+  (the OOM killer, an operator), not the response's. Dying on its retry too costs the item status
+  "error". Each death is one line through `log`. An exception inside a verifier is status
+  "error" without a retry. Each worker leads its own process group, and a kill (timeout,
   `close`) takes the whole group: processes a custom reward started die with its worker. Every failure scores 0 and the batch goes on.
 - Rows may name their own verifier; `options` apply to the pool's default verifier only. A
   built-in default verifier is built once in the parent first, so an unknown option or a bad
@@ -165,6 +168,7 @@ class ScoringPool:
         timeout_s: float = 2.0,
         memory_limit_mb: int = 1024,
         options: dict | None = None,
+        log: Callable[[str], None] = print,
     ) -> None:
         if workers < 1 or timeout_s <= 0 or memory_limit_mb <= 0:
             raise ValueError("ScoringPool needs workers >= 1, timeout_s > 0 and memory_limit_mb > 0")
@@ -178,6 +182,8 @@ class ScoringPool:
         self._ctx = mp.get_context("spawn")
         self._workers = [self._start_worker() for _ in range(workers)]
         self._closed = False
+        self._log = log
+        self._retried: set[int] = set()  # the items of the current score() already retried after a worker death
         self.restarts = 0
         self.item_seconds: list[float] = []
 
@@ -225,6 +231,7 @@ class ScoringPool:
         items = [(names[i], str(responses[i]), str(answers[i])) for i in range(len(responses))]
         results: list[Score | None] = [None] * len(items)
         self.item_seconds = [0.0] * len(items)
+        self._retried = set()
         # Several chunks per worker keep both busy when item costs differ.
         size = max(1, min(64, -(-len(items) // (4 * len(self._workers)))))
         pending = deque(list(range(i, min(i + size, len(items)))) for i in range(0, len(items), size))
@@ -235,7 +242,12 @@ class ScoringPool:
                     worker.chunk = pending.popleft()
                     now = time.monotonic()
                     worker.item_started, worker.deadline = now, now + self.timeout_s + KILL_GRACE_S
-                    worker.conn.send([items[i] for i in worker.chunk])
+                    try:
+                        worker.conn.send([items[i] for i in worker.chunk])
+                    except OSError:  # it died while idle: the chunk never started
+                        pending.appendleft(worker.chunk)
+                        worker.chunk = []
+                        self._died(worker, results, pending)
             busy = [w for w in self._workers if w.chunk or not w.ready]
             now = time.monotonic()
             readable = wait([w.conn for w in busy], timeout=max(0.0, min(w.deadline for w in busy) - now))
@@ -254,7 +266,7 @@ class ScoringPool:
         try:
             message = worker.conn.recv()
         except (EOFError, OSError):
-            return self._fail(worker, results, pending, _ERROR)
+            return self._died(worker, results, pending)
         if message == "ready":
             worker.ready = True
             return 0
@@ -273,6 +285,27 @@ class ScoringPool:
         results[index] = outcome
         self.item_seconds[index] = now - worker.item_started
         worker.item_started = now
+
+    def _died(self, worker: _Worker, results: list, pending: deque) -> int:
+        """`worker` died on its own: replace it; its running item goes back to be retried, or,
+        dying on its retry, gets "error". Returns how many items it settled."""
+        if not worker.ready:
+            raise RuntimeError(f"scoring worker failed to start (exit code {worker.process.exitcode})")
+        worker.process.join(timeout=KILL_GRACE_S)  # its pipe closes a moment before it is reaped
+        died = f"scoring worker (pid {worker.process.pid}) died (exit code {worker.process.exitcode})"
+        running = worker.chunk[0] if worker.chunk else None
+        if running is None:
+            self._log(f"{died} while idle; replaced")
+        elif running in self._retried:
+            self._log(f"{died} retrying item {running}; the item scores status 'error'")
+            return self._fail(worker, results, pending, _ERROR)
+        else:
+            self._retried.add(running)
+            self._log(f"{died} scoring item {running}; replaced, the item is retried")
+            pending.appendleft(worker.chunk)
+            worker.chunk = []
+        self._replace(worker)
+        return 0
 
     def _fail(self, worker: _Worker, results: list, pending: deque, outcome: Score) -> int:
         """Kill and replace `worker`; its running item gets `outcome`, the rest go back."""
