@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 
+import psutil
 import pytest
 
 from rlvr.config import SandboxConfig
@@ -69,6 +74,25 @@ def test_no_program_is_no_answer(verifier):
 def test_exit_before_the_tests_is_no_verdict(verifier):
     score = verifier(_block("import os\nos._exit(0)"), "assert True")
     assert (score.reward, score.status) == (0.0, "error") and score.detail.startswith("no verdict")
+
+
+def test_a_run_killed_from_outside_is_logged_once_and_run_again(verifier, caplog):
+    def kill_first_sandbox():
+        for _ in range(500):
+            outer = [p for p in psutil.Process(os.getpid()).children() if p.name() == "bwrap"]
+            if outer:
+                time.sleep(0.3)  # the program is running by now
+                outer[0].send_signal(signal.SIGKILL)
+                return
+            time.sleep(0.01)
+
+    killer = threading.Thread(target=kill_first_sandbox)
+    killer.start()
+    score = verifier(_block("import time\ntime.sleep(1.0)"), "assert True")
+    killer.join()
+    assert (score.reward, score.status) == (1.0, "ok")  # the second run's verdict
+    kills = [r.getMessage() for r in caplog.records if "killed from outside" in r.getMessage()]
+    assert len(kills) == 1 and "exit 137" in kills[0]
 
 
 def test_timeout(verifier):

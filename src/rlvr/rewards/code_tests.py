@@ -17,13 +17,18 @@ Rules:
   "error" when no verdict came back (the memory limit, an exit before the tests, a crash);
   `detail` says what happened, and names a weak isolation on every row it affects.
 - `extracted` is the program (what this verifier read from the response).
+- A run SIGKILLed with no limit hit was killed from outside the sandbox (an operator, the OOM
+  killer): the machine's fault, not the response's. It is logged in one line (a warning) and run
+  once more; a second such end scores "error". (A program that SIGKILLs itself runs twice.)
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 import secrets
+import signal
 import textwrap
 from concurrent.futures import Future
 from importlib import resources
@@ -37,6 +42,7 @@ from rlvr.sandbox import SandboxPool, SandboxResult, SandboxUnavailable
 HARNESS = (resources.files("rlvr.rewards") / "code_tests_harness.py").read_text()
 PYTHON_TAGS = ("python", "py", "python3")
 SANDBOX_MARGIN_S = 5.0  # start-up and clean-up of one run, beyond its wall-clock limit
+_log = logging.getLogger(__name__)
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([\w.+-]*)[^\n]*\n(.*?)^[ \t]*```", re.MULTILINE | re.DOTALL)
 
 
@@ -88,6 +94,10 @@ def _with_isolation(detail: str | None, result: SandboxResult) -> str | None:
     return f"{detail} [isolation {result.isolation}]" if detail else f"isolation {result.isolation}"
 
 
+def _killed_from_outside(result: SandboxResult) -> bool:
+    return result.exit_code == 128 + signal.SIGKILL and not result.limits
+
+
 def _score(program: str, result: SandboxResult, nonce: str, fraction: bool) -> Score:
     if result.status == "timeout":
         return Score(0.0, "timeout", program, _with_isolation(result.summary, result))
@@ -122,9 +132,14 @@ class CodeTests:
         nonce = secrets.token_hex(16)
         job = json.dumps({"nonce": nonce, "program": program, "tests": tests, "fraction": self.fraction}).encode()
 
-        def finish(run: Future[SandboxResult]) -> None:
+        def finish(run: Future[SandboxResult], retried: bool = False) -> None:
             try:
-                done.set_result(_score(program, run.result(), nonce, self.fraction))
+                result = run.result()
+                if not retried and _killed_from_outside(result):
+                    _log.warning(f"sandboxed program killed from outside the sandbox ({result.summary}); running it once more")
+                    self.pool.submit(HARNESS, stdin=job).add_done_callback(lambda again: finish(again, retried=True))
+                    return
+                done.set_result(_score(program, result, nonce, self.fraction))
             except BaseException as e:  # a failed run, or a cancelled one at pool shutdown
                 done.set_exception(e)
 
