@@ -261,7 +261,9 @@ class Trainer:
                     answers[index] = rank.receive(_POLL_S)
                 except RankDied as died:
                     self.close()
-                    raise TrainerError(f"trainer rank {index} died ({died}); the run stops") from None
+                    # a death is the machine's (the OOM killer, a lost node, an operator), not a bug to
+                    # trace: the line says all there is, and a scheduler restarts the run from its checkpoint
+                    raise TrainerError(f"trainer rank {index} died ({died}); the run stops", user_error=True) from None
                 except TimeoutError:
                     pass
             errors = [index for index, (status, _) in sorted(answers.items()) if status == "error"]
