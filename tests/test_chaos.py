@@ -1,7 +1,6 @@
 """The counting and the setting of benchmarks/chaos.py: the chain of the steps' group draw ranges
 (lost and duplicated groups), the fault schedule, and the rows it scores in the sandbox."""
 
-import importlib.util
 import json
 import random
 import sys
@@ -11,12 +10,8 @@ import pytest
 
 from rlvr.rewards import get_verifier
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-_spec = importlib.util.spec_from_file_location("chaos", ROOT / "benchmarks" / "chaos.py")
-chaos = importlib.util.module_from_spec(_spec)
-sys.modules["chaos"] = chaos  # registered before it runs, as its dataclasses need
-_spec.loader.exec_module(chaos)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import chaos  # noqa: E402
 
 
 def rows(*ranges):
