@@ -107,7 +107,7 @@ def group_chain(rows: list[dict]) -> dict:
     for row in sorted(rows, key=lambda r: r["step"]):
         start, stop = int(row["rollout/groups_from"]), int(row["rollout/groups_to"])
         lost += max(0, start - end)
-        duplicated += max(0, end - start)
+        duplicated += max(0, min(end, stop) - start)
         end = max(end, stop)
     return {"lost_groups": lost, "duplicated_groups": duplicated, "groups_drawn": end}
 

@@ -24,6 +24,7 @@ def rows(*ranges):
     ([(0, 16), (12, 28)], 0, 4, 28),  # 12-15 handed out twice
     ([(4, 20)], 4, 0, 20),  # the chain must start at 0
     ([(0, 16), (10, 26), (30, 46)], 4, 6, 46),
+    ([(0, 32), (8, 16), (32, 48)], 0, 8, 48),  # a range inside what was handed out already
 ])
 def test_group_chain_counts_gaps_as_lost_and_overlaps_as_duplicated(ranges, lost, duplicated, drawn):
     assert chaos.group_chain(rows(*ranges)) == {"lost_groups": lost, "duplicated_groups": duplicated, "groups_drawn": drawn}
