@@ -357,6 +357,28 @@ def length_summary(steps: list[list[int]]) -> dict:
             "p90": statistics.median(nearest_rank(step, 0.9) for step in steps), "max": max(lengths)}
 
 
+COUNT_BUCKETS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, LONGTAIL_MAX_COUNT))
+
+
+def accuracy_by_count(test_file: str, eval_dir: Path, names: list[str]) -> dict[str, dict[str, float]]:
+    """The counting task's held-out accuracy by the number of steps b of s+a*b (a worked solution's
+    length), for each evaluated adapter `name` (its samples, eval_dir/NAME.jsonl): what a run
+    learnt on short counts and lost on long ones."""
+    from rlvr.data.datasets import load_problems
+    from rlvr.data.synthetic import question_expression
+
+    steps = {p.id: int(question_expression(p.question).split("*")[1]) for p in load_problems(test_file)}
+    table = {}
+    for name in names:
+        rewards: dict[tuple[int, int], list[float]] = {bucket: [] for bucket in COUNT_BUCKETS}
+        for line in (eval_dir / f"{name}.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            b = steps[row["problem_id"]]
+            rewards[next(bucket for bucket in COUNT_BUCKETS if bucket[0] <= b <= bucket[1])].append(row["reward"])
+        table[name] = {f"b={lo}" if lo == hi else f"b={lo}-{hi}": statistics.mean(r) for (lo, hi), r in rewards.items() if r}
+    return table
+
+
 def scaling_points(prompts: int, samples: int, max_tokens: int, doublings: int) -> list[dict]:
     """The base setting, then each of prompts / samples / completion length doubled 1..doublings times."""
     points = [{"axis": "base", "prompts": prompts, "samples": samples, "max_tokens": max_tokens}]
@@ -477,7 +499,14 @@ def main() -> None:
             result = compare(load_config(DEMO_CONFIG, seed_overrides), args, seed_overrides, test_file, log)
             kept.write_text(json.dumps(result, indent=2))
         per_seed[seed] = json.loads(kept.read_text())
-    result = seed_summary(per_seed, args.target) | _provenance(args) | {"warm_start": warm_start, "per_seed": per_seed}
+    result = seed_summary(per_seed, args.target)
+    if workload.task == "counting":
+        last = f"step{args.steps}"
+        result["accuracy_by_count"] = {
+            seed: accuracy_by_count(test_file, Path(args.run_dir) / f"seed{seed}" / "eval", ["base", f"rlvr_{last}", f"trl_{last}"])
+            for seed in per_seed
+        }
+    result |= _provenance(args) | {"warm_start": warm_start, "per_seed": per_seed}
     write_result(args.out, result)
     if len(per_seed) > 1:  # a paired comparison; one seed alone is a step towards one (its result is kept)
         append_line(_ledger_text(args, result), result)

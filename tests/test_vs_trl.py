@@ -225,3 +225,16 @@ def test_seeds_vary_the_run_on_the_one_model_and_task(tmp_path):
         assert trl_config_kwargs(cfg, 3, str(tmp_path), 2, "vllm")["seed"] == s  # TRL's sampling and LoRA init too
         orders[s] = [row["answer"] for row in vs_trl.prompt_rows(cfg, tokenizer, steps=3)]
     assert orders[0] != orders[1]  # each seed draws its own prompt order, given to both sides
+
+
+def test_accuracy_by_count_buckets_held_out_samples_by_steps(tmp_path):
+    from rlvr.data.synthetic import counting_question, write_jsonl
+    from rlvr.records import Problem
+
+    problems = [Problem(id=f"p{b}", question=counting_question(5, 3, b), answer=str(5 + 3 * b)) for b in (1, 2, 4, 7, 20)]
+    write_jsonl(problems, tmp_path / "test.jsonl")
+    rewards = {"p1": [1, 1], "p2": [1, 0], "p4": [0, 0], "p7": [1, 0], "p20": [0, 0]}
+    (tmp_path / "run.jsonl").write_text("".join(
+        json.dumps({"problem_id": pid, "reward": float(r)}) + "\n" for pid, rs in rewards.items() for r in rs))
+    table = vs_trl.accuracy_by_count(str(tmp_path / "test.jsonl"), tmp_path, ["run"])
+    assert table == {"run": {"b=1": 1.0, "b=2": 0.5, "b=3-4": 0.0, "b=5-8": 0.5, "b=17-32": 0.0}}  # no b in 9-16
