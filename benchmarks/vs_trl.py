@@ -501,10 +501,9 @@ def main() -> None:
         per_seed[seed] = json.loads(kept.read_text())
     result = seed_summary(per_seed, args.target)
     if workload.task == "counting":
-        last = f"step{args.steps}"
+        finals = ["base", f"rlvr_step{args.steps}", f"trl_step{args.steps}"]
         result["accuracy_by_count"] = {
-            seed: accuracy_by_count(test_file, Path(args.run_dir) / f"seed{seed}" / "eval", ["base", f"rlvr_{last}", f"trl_{last}"])
-            for seed in per_seed
+            seed: accuracy_by_count(test_file, Path(args.run_dir) / f"seed{seed}" / "eval", finals) for seed in per_seed
         }
     result |= _provenance(args) | {"warm_start": warm_start, "per_seed": per_seed}
     write_result(args.out, result)
