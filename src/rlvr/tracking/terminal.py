@@ -24,6 +24,8 @@ from pathlib import Path
 
 from rich.console import Console
 
+from rlvr.errors import user_error_line
+
 LOG_FILE = "logs/run.log"
 # Rich lays out at 80 columns where it finds no terminal; into a file or pipe, lines are as long as
 # they are (soft wrap) and tables as wide as their content (a width no table reaches)
@@ -55,8 +57,9 @@ def run_output(run_dir: str | Path, verbose: bool = False) -> Iterator[Console]:
         os.dup2(log.fileno(), 2)
         try:
             yield console_for(terminal)
-        except BaseException as error:  # the traceback goes to the log; the terminal gets one line (rlvr.cli)
-            traceback.print_exc()
+        except BaseException as error:  # a bug's traceback goes to the log; the terminal gets one line (rlvr.cli)
+            if user_error_line(error) is None:  # a user error or a named stop (a dead rank) is its one line alone
+                traceback.print_exc()
             if getattr(error, "details", ""):  # a trainer rank's own traceback
                 print(error.details, file=sys.stderr)
             raise
