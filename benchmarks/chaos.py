@@ -351,7 +351,7 @@ def main() -> None:
         f"completed {result['completed']} in {chaos['harness']['attempts']} starts; faults injected/log lines: {seen}; "
         f"tracebacks {result['tracebacks']}; lost groups {result['lost_groups']}, duplicated {result['duplicated_groups']}, "
         f"trained {result['trained_groups']}/{result['expected_trained_groups']}; held-out avg@8 clean "
-        f"{result['avg8_clean']} vs chaos {result['avg8_chaos']} (within 2 SE: {result['avg8_within_2se']})",
+        f"{result['avg8_clean']} vs chaos {result['avg8_chaos']} (paired SE {se if se is None else round(se, 4)}, within 2 SE: {result['avg8_within_2se']})",
         result,
     )
 
