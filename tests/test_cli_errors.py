@@ -106,9 +106,13 @@ def test_bad_config_names_the_key(config):
     assert "unknown key 'trainer.lrr'; did you mean trainer.lr?" in line
 
 
-def test_a_rollout_mode_the_loop_does_not_run_is_refused_not_replaced(config):
-    line = one_line_error(rlvr("train", config, "rollout.mode=async", "rollout.max_staleness=2"))
-    assert "rollout.mode: async is not run by `rlvr train` yet" in line, line
+@pytest.mark.parametrize("override, message", [
+    ("trainer.lora=null", "rollout.mode=async pushes LoRA adapters in flight: set trainer.lora"),
+    ("env.name=calculator", "rollout.mode=async streams single-turn groups; env.name=calculator runs mode: sync"),
+])
+def test_what_async_mode_cannot_stream_is_refused_in_one_line(config, override, message):
+    line = one_line_error(rlvr("train", config, "rollout.mode=async", "rollout.max_staleness=2", override))
+    assert message in line, line
 
 
 def test_resume_of_a_folder_that_is_not_a_run(tmp_path):

@@ -135,15 +135,14 @@ def test_a_multi_turn_trajectory_keeps_each_turns_new_positions_routes():
     """Turn 2's request is the trajectory so far (prompt, turn 1, observation): its routes repeat
     turn 1's positions, and the trajectory takes from it only the positions turn 1 did not run."""
     from rlvr.records import Rollout
-    from rlvr.rollout.trajectories import Trajectory, TrajectoryRunner
+    from rlvr.rollout.trajectories import Trajectory
 
     prompt, first, observation, second = [1, 2, 3], [4, 5], [6, 7], [8, 9, 10]
     turn1 = torch.full((len(prompt) + len(first) - 1, 2, 2), 1, dtype=torch.uint8)
     turn2 = torch.full((len(prompt + first + observation) + len(second) - 1, 2, 2), 2, dtype=torch.uint8)
     trajectory = Trajectory(0, prompt)
-    TrajectoryRunner._append_turn(trajectory, Rollout(0, prompt, first, [-1.0] * 2, "stop", "", routes=turn1))
+    trajectory.add_turn(Rollout(0, prompt, first, [-1.0] * 2, "stop", "", routes=turn1))
     trajectory.completion_ids += observation
-    TrajectoryRunner._append_turn(trajectory, Rollout(0, prompt + first + observation, second, [-1.0] * 3, "stop", "",
-                                                      routes=turn2))
+    trajectory.add_turn(Rollout(0, prompt + first + observation, second, [-1.0] * 3, "stop", "", routes=turn2))
     assert trajectory.routes.shape[0] == len(prompt + first + observation + second) - 1
     assert trajectory.routes[:, 0, 0].tolist() == [1] * 4 + [2] * 5  # turn 1's own, then what turn 2 ran anew

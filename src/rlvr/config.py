@@ -303,7 +303,8 @@ class RolloutConfig(Section):
     max_staleness: int = Field(
         0, ge=0,
         description="policy versions a trained token may lag the trainer: 0 with sync, 1 with one_step_off, any K >= 0 "
-        "with async (older groups are dropped and counted: rollout/dropped_stale)",
+        "with async (older groups are dropped and counted: rollout/dropped_stale). Async draws a group at most "
+        "max(K, 1) steps before the step that trains it, prompts_per_step x max(K, 1) groups in flight",
     )
     dynamic_sampling: bool = Field(
         False, description="DAPO's dynamic sampling (Yu et al. 2025): drop groups whose rewards are all equal (they "
@@ -674,6 +675,22 @@ class RunConfig(Section):
                              "importance weights: choose one (algorithm.tis_cap: null)")
         if self.rollout.mode != "sync" and self.algorithm.tis_cap is None and self.algorithm.masked_is is None:
             self.algorithm.tis_cap = 2.0
+        return self
+
+    @model_validator(mode="after")
+    def _async_streams_single_turn_adapters(self) -> RunConfig:
+        # What rlvr.rollout.async_groups drives: one engine taking adapters in flight, groups of one completion each
+        if self.rollout.mode != "async":
+            return self
+        if self.trainer.lora is None:
+            raise ValueError("rollout.mode=async pushes LoRA adapters in flight: set trainer.lora (full fine-tuning "
+                             "runs mode: sync or one_step_off)")
+        if self.env.name != "single_turn":
+            raise ValueError(f"rollout.mode=async streams single-turn groups; env.name={self.env.name} runs mode: sync "
+                             "or one_step_off")
+        if self.engine.replicas > 1:
+            raise ValueError(f"rollout.mode=async streams from one engine; engine.replicas={self.engine.replicas} runs "
+                             "mode: sync or one_step_off")
         return self
 
 

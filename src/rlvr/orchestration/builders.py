@@ -16,6 +16,7 @@ from pathlib import Path
 from rlvr.config import RunConfig, dump_config
 from rlvr.orchestration.evaluation import Evaluation
 from rlvr.orchestration.run_state import RunCheckpoints
+from rlvr.rollout.async_groups import AsyncGroups
 from rlvr.rollout.collect import RolloutCollector
 from rlvr.envs import EnvContext
 from rlvr.rollout.prompts import PromptSet, Renderer, engine_context, load_prompt_set
@@ -79,15 +80,16 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     context = EnvContext(cfg.env, cfg.sandbox)
     stack.callback(context.close)
     runner = TrajectoryRunner(engine, Renderer(tokenizer, cfg.data), cfg.env, context, cfg.engine.max_model_len)
+    stream = build_stream(cfg, engine, train_set, sampler) if cfg.rollout.mode == "async" else None
     sync = WeightSync(engine, trainer, train_set.probe(tokenizer), SyncCheck(cfg.engine.sync_check_threshold), timer,
-                      lora=cfg.trainer.lora is not None, check_every=cfg.engine.sync_check_every)
+                      lora=cfg.trainer.lora is not None, check_every=cfg.engine.sync_check_every, stream=stream)
     return Run(
         cfg=cfg,
         trainer=trainer,
         engine=engine,
         sampler=sampler,
         collector=RolloutCollector(cfg.rollout, cfg.algorithm, cfg.reward, runner, pool, train_set, sampler,
-                                   seed=cfg.seed, timer=timer, progress=progress, log=log),
+                                   seed=cfg.seed, timer=timer, progress=progress, log=log, stream=stream),
         sync=sync,
         # where test prompts also occur in data.train, the evaluation also reports those never drawn
         evaluation=Evaluation(cfg, runner, pool, test_set, timer, progress, log,
@@ -99,6 +101,31 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
         progress=progress,
         log=log,
     )
+
+
+def build_stream(cfg: RunConfig, engine, train_set: PromptSet, sampler: EpochSampler) -> AsyncGroups:
+    """The fully asynchronous rollout stream: it draws the prompts in the sampler's order, and
+    keeps prompts_per_step x max(K, 1) groups in flight. A group is then drawn at most K steps
+    before the step that trains it (rollouts generated one step ahead count one), so that only
+    the long tail, still running after K steps' generation, goes stale."""
+    from dataclasses import replace
+
+    from rlvr.rollout.collect import training_sampling
+
+    named = sorted({p.meta["env"] for p in train_set.problems if p.meta.get("env") not in (None, "single_turn")})
+    if named:
+        raise ValueError(f"{cfg.data.train}: rows name env {', '.join(named)}; rollout.mode=async streams single-turn "
+                         "groups (mode: sync or one_step_off runs them)")
+
+    def draw():
+        index = sampler.take(1)[0]
+        return index, train_set.prompts[index]
+
+    rollout = cfg.rollout
+    return AsyncGroups(engine, draw, samples=rollout.samples_per_prompt,
+                       sampling=replace(training_sampling(rollout.sampling), seed=cfg.seed * 100_003),
+                       max_staleness=rollout.max_staleness,
+                       capacity=rollout.prompts_per_step * max(rollout.max_staleness, 1), version=None)
 
 
 def with_engine_lora_targets(cfg: RunConfig, log=print) -> RunConfig:

@@ -3,9 +3,16 @@
     prompts -> engine.generate -> pool.score -> advantages -> trainer step -> weight sync
     (every N steps: evaluation, checkpoint; every step: metrics)
 
-With `rollout.max_staleness: 1` the loop is one step off-policy: the ranks train step t while
-the engine, still serving the policy of step t-1, generates the rollouts of step t+1; the
-trainer corrects for the lag with truncated importance sampling (`algorithm.tis_cap`).
+With `rollout.mode: one_step_off` the ranks train step t while the engine, still serving the
+policy of step t-1, generates the rollouts of step t+1; the trainer corrects for the lag with
+truncated importance sampling (`algorithm.tis_cap`, or `algorithm.masked_is`).
+
+With `rollout.mode: async` the engine's samples outlive the step that started them
+(rlvr.rollout.async_groups): step t+1's groups are taken while step t trains, as above, but
+the stream keeps prompts_per_step x K groups in flight, and each push reaches them mid-sequence.
+Only this thread steps the engine, at fixed points (inside `collect`, in the sync probe's
+drain), so a seed fixes which tokens each version samples: an async run is as reproducible,
+and resumes as exactly, as a synchronous one.
 """
 
 from __future__ import annotations
@@ -18,7 +25,6 @@ from pathlib import Path
 
 from rlvr.checkpoint.peft_files import load_adapter
 from rlvr.config import RunConfig
-from rlvr.errors import UserError
 from rlvr.orchestration import RunStopped
 from rlvr.orchestration.builders import Run, build_run
 from rlvr.orchestration.run_state import RunState
@@ -30,11 +36,6 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print, notes:
 
     With `resume`, continue from the newest intact checkpoint in cfg.run_dir. `notes` go into
     summary.json as they are (the demo's warm start record)."""
-    if cfg.rollout.mode == "async":
-        # the engine side exists (rlvr.rollout.async_groups); until the loop drives it, a run that
-        # asked for it must not quietly train one step off instead
-        raise UserError("rollout.mode: async is not run by `rlvr train` yet (its engine side is rlvr.rollout.async_groups); "
-                        "use mode: one_step_off (max_staleness 1) or sync")
     started = time.time()
     summary: dict = {"model": cfg.model.path, "steps": cfg.steps, "seed": cfg.seed} | (notes or {})
     with ExitStack() as stack:
@@ -46,21 +47,29 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print, notes:
             step_start = time.perf_counter()
             current = pending or run.collector.collect(step)
             metrics, pending = _train(run, current, step, stop_signal)
+            stopping = bool(stop_signal) and step < cfg.steps
+            saving = run.checkpoints.due(step, stopping)
             # Synchronous, a step trains on rollouts of the policy pushed last: its sampler gap checks
             # that push. What uses a push before such a check (an evaluation; generating ahead, the
-            # next rollouts) needs the sync probe.
+            # next rollouts) needs the sync probe. Fully asynchronous, every step's rollouts are
+            # generated ahead, by several versions: the stream checks each push's version arrives, and
+            # the probe runs where the stream is drained anyway (an evaluation, a checkpoint).
             synchronous = not cfg.rollout.max_staleness
             trained_gap = metrics.get("sync/sampler_trainer_gap") if synchronous else None
-            used_unchecked = not synchronous or run.evaluation.uses_push_of(step)
+            streaming = run.collector.stream is not None
+            used_unchecked = (saving if streaming else not synchronous) or run.evaluation.uses_push_of(step)
             metrics |= run.sync.push(step, trained_gap, used_unchecked) | current.metrics | {"engine/restarts": run.engine.restarts}
             skips.check(step, metrics)
             if run.evaluation.due(step):
                 metrics |= _prefixed("eval/", run.evaluation.run(f"step{step}"))
-            stopping = bool(stop_signal) and step < cfg.steps
-            if run.checkpoints.due(step, stopping):
-                # generated ahead, the next step's rollouts are redone on resume: save the position before them
-                position = pending.data_position if pending is not None else run.sampler.position
-                run.checkpoints.save(RunState(step, position, state.eval_before), run.trainer, run.sync)
+            if saving:
+                if streaming:  # drained by the push's probe: what the stream holds, and the batch taken ahead, are data
+                    rollouts = {"pending": pending, "stream": run.collector.stream.state()}
+                    position = run.sampler.position
+                else:  # generated ahead, the next step's rollouts are redone on resume: save the position before them
+                    rollouts = None
+                    position = pending.data_position if pending is not None else run.sampler.position
+                run.checkpoints.save(RunState(step, position, state.eval_before), run.trainer, run.sync, rollouts)
             _log_step(run, step, metrics, current, step_start)
             if stopping:
                 log(f"{stop_signal[0]}: stopped after step {step}, checkpoint written; continue with --resume")
@@ -88,7 +97,11 @@ def _begin(run: Run, summary: dict) -> tuple[RunState, StepRollouts | None]:
         run.logger.truncate_after(state.step, redone="eval_after/")  # a run killed in its final eval does it again
         run.log(f"resuming from {run.resume_from} (step {state.step})")
         in_flight = run.resume_from / "rollout_adapter"
-        if cfg.rollout.max_staleness and in_flight.is_dir() and state.step < cfg.steps:
+        if run.collector.stream is not None:
+            saved = run.checkpoints.saved_rollouts(run.resume_from)
+            run.collector.stream.restore(saved["stream"])
+            pending = saved["pending"]
+        elif cfg.rollout.mode == "one_step_off" and in_flight.is_dir() and state.step < cfg.steps:
             run.sync.serve(load_adapter(in_flight, version=0))
             pending = run.collector.collect(state.step + 1)  # exactly the rollouts the interrupted run had in flight
         run.sync.push(step=state.step)

@@ -7,8 +7,9 @@ pushed to it in flight, and a group trains only while its oldest token is recent
     groups.update(trainer.adapter())        # after each optimizer step: served from the next engine step
     groups.close()
 
-What is admitted: a group's staleness is the trainer's version (the latest `update`) minus the
-oldest version among its tokens (`Rollout.versions`, tagged by the engine). `take` hands out
+What is admitted: a group's staleness is the version of the policy that trains on it (`take`'s
+`version`: by default the latest `update`'s) minus the oldest version among its tokens
+(`Rollout.versions`, tagged by the engine). `take` hands out
 groups by draw index, skipping (dropping, and counting) each whose staleness exceeds
 `max_staleness`, as prime-rl drops rollouts that went stale in its queue and AReaL bounds
 `max_head_offpolicyness`. Staleness only grows, so a group dropped once would be dropped later.
@@ -30,6 +31,10 @@ from dataclasses import dataclass, replace
 import torch
 
 from rlvr.records import LoraAdapter, Request, Rollout, Sampling
+
+
+class PushNotServed(RuntimeError):
+    """The engine does not serve the version just pushed to it."""
 
 
 @dataclass
@@ -87,16 +92,16 @@ class GroupBatch:
 class AsyncGroups:
     """Keeps an engine (rlvr.engines.base.Engine; in flight updates need vLLM in-process with
     merged LoRA, the CPU default) generating the groups of prompts from `draw`, at most `capacity`
-    drawn and not yet handed out (prompts_per_step * (max_staleness + 1) generates up to K steps
-    ahead). Engine calls happen only in the thread that steps it (`take`'s, or `start()`'s)."""
+    drawn and not yet handed out (the loop keeps prompts_per_step * max(K, 1): see
+    rlvr.orchestration.builders.build_stream). Engine calls happen only in the thread that steps it (`take`'s, or `start()`'s)."""
 
     def __init__(self, engine, draw: Callable[[], tuple[Hashable, list[int]]], *, samples: int, sampling: Sampling,
-                 max_staleness: int, capacity: int, version: int = 0):
+                 max_staleness: int, capacity: int, version: int | None = 0):
         if capacity < 1:
             raise ValueError(f"capacity={capacity}: at least one group must be in flight")
         self.engine, self.draw, self.samples, self.sampling = engine, draw, samples, sampling
         self.max_staleness, self.capacity = max_staleness, capacity
-        self.version = version  # the trainer's: the latest update's
+        self.version = version  # the trainer's: the latest update's (None: none yet, the first may be any)
         self.drawn = 0  # groups drawn so far: the next group's index
         self.handed_out = 0  # groups before this index are handed out or dropped
         self.dropped = 0  # groups dropped as stale since the last hand-out
@@ -115,19 +120,24 @@ class AsyncGroups:
         the engine serves it from its next step (running samples continue under it). Safe from any
         thread; of several updates between two engine steps only the last is pushed."""
         with self._lock:
-            if adapter.version <= self.version:
+            if self.version is not None and adapter.version <= self.version:
                 raise ValueError(f"update to version {adapter.version}, not after the current {self.version}")
             self._update, self.version = adapter, adapter.version
             self._lock.notify_all()
 
-    def step(self) -> None:
-        """One engine boundary: push a pending update, draw prompts up to capacity, run the engine
-        until some group finishes. The caller must be the only thread stepping."""
+    def step(self, draw: bool = True) -> None:
+        """One engine boundary: push a pending update, draw prompts up to capacity (unless not
+        `draw`), run the engine until some group finishes. The caller must be the only thread
+        stepping."""
         with self._lock:
             adapter, self._update = self._update, None
-            room = self.capacity - self._held
+            room = self.capacity - self._held if draw else 0
         if adapter is not None:
             self.engine.update_lora(adapter)
+            served = self.engine.policy_version
+            if served != adapter.version:  # verl #7495: an adapter that never reached the engine looks like staleness
+                raise PushNotServed(f"the push of policy version {adapter.version} did not arrive: the engine "
+                                    f"serves version {served}; stopping the run")
         requests = []
         for _ in range(max(room, 0)):
             problem, prompt = self.draw()
@@ -145,14 +155,15 @@ class AsyncGroups:
                 self._finished[index] = Group(index, self._problems.pop(index), rollouts)
             self._lock.notify_all()
 
-    def take(self, count: int) -> GroupBatch:
-        """The next `count` admitted groups by draw index, waiting (or stepping the engine, without
-        `start()`) until they are finished; stale ones on the way are dropped and counted."""
+    def take(self, count: int, version: int | None = None) -> GroupBatch:
+        """The next `count` groups admitted for training under policy `version` (default: the
+        latest update's), by draw index, waiting (or stepping the engine, without `start()`) until
+        they are finished; stale ones on the way are dropped and counted."""
         if not 1 <= count <= self.capacity:
             raise ValueError(f"take({count}): between 1 and capacity={self.capacity} groups")
         while True:
             with self._lock:
-                batch = self._hand_out(count)
+                batch = self._hand_out(count, self.version if version is None else version)
                 if batch is not None:
                     return batch
                 if self._thread is not None:
@@ -162,14 +173,14 @@ class AsyncGroups:
                     continue
             self.step()
 
-    def _hand_out(self, count: int) -> GroupBatch | None:
+    def _hand_out(self, count: int, version: int) -> GroupBatch | None:
         """Apply `admit` to the finished groups in draw order from `handed_out` (None: not yet)."""
         run, index = [], self.handed_out
         while index in self._finished or index in self._gone:
             if index in self._finished:
                 run.append(index)
             index += 1
-        taken, dropped = admit([self._finished[i].oldest_version for i in run], self.version, self.max_staleness, count)
+        taken, dropped = admit([self._finished[i].oldest_version for i in run], version, self.max_staleness, count)
         for position in dropped:
             del self._finished[run[position]]
             self._gone.add(run[position])
@@ -185,10 +196,36 @@ class AsyncGroups:
         self._lock.notify_all()
         if not groups:
             return None
-        batch = GroupBatch(groups, staleness_metrics(groups, self.version, self.dropped), self.version)
+        batch = GroupBatch(groups, staleness_metrics(groups, version, self.dropped), version)
         self._held -= count
         self.dropped = 0
         return batch
+
+    def drain(self) -> None:
+        """Push a pending update and run the engine, drawing nothing, until every group drawn has
+        finished: nothing is in flight then (a checkpoint, an evaluation, the sync probe need
+        that). From `take`'s thread, without `start()`."""
+        if self._thread is not None:
+            raise RuntimeError("drain() steps the engine itself: not with start()'s thread running")
+        self.step(draw=False)
+        while self.engine.pending:
+            self.step(draw=False)
+
+    def state(self) -> dict:
+        """What a checkpoint keeps, drained: the counters and the finished groups not handed out."""
+        if self.engine.pending:
+            raise RuntimeError("state() with groups in flight: drain() first")
+        with self._lock:
+            return {"drawn": self.drawn, "handed_out": self.handed_out, "finished": list(self._finished.values()),
+                    "gone": sorted(self._gone), "dropped": self.dropped}
+
+    def restore(self, state: dict) -> None:
+        """Continue from `state()` (the engine serves what the next update says)."""
+        with self._lock:
+            self.drawn, self.handed_out, self.dropped = state["drawn"], state["handed_out"], state["dropped"]
+            self._finished = {g.index: g for g in state["finished"]}
+            self._gone = set(state["gone"])
+            self._held = len(self._finished)
 
     def start(self) -> None:
         """Generate in a thread of its own from now on, so that the engine never waits for `take`."""

@@ -6,6 +6,11 @@
 A step's generation seed is derived from the run's seed and the step, so the same prompts under
 the same weights give the same rollouts whenever they are generated (a resumed run, a retry on
 a restarted engine, rollouts generated one step ahead).
+
+Fully asynchronous (`rollout.mode: async`), the groups come from a `stream`
+(rlvr.rollout.async_groups.AsyncGroups) that draws the prompts itself and keeps the engine
+generating across steps; the collector takes the next admitted groups from it and scores,
+shapes and batches them as it does its own.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import torch
 
 from rlvr.config import AlgorithmConfig, RewardConfig, RolloutConfig, SamplingConfig
 from rlvr.records import Problem, Sampling, Score, TrainBatch
+from rlvr.rollout.async_groups import AsyncGroups, Group, staleness_metrics
 from rlvr.rollout.prompts import PromptSet
 from rlvr.rollout.sampler import EpochSampler
 from rlvr.rollout.trajectories import Start, Trajectory, TrajectoryRunner
@@ -56,6 +62,7 @@ class _Group:
     scores: list[Score]
     rewards: torch.Tensor  # [n] after any reward shaping
     informative: bool  # rewards not all equal: advantages not all 0 (GRPO, RLOO, Dr. GRPO alike)
+    stream: Group | None = None  # fully asynchronous: as the stream handed it out (its token versions)
 
 
 class RolloutCollector:
@@ -83,26 +90,31 @@ class RolloutCollector:
         timer: StepTimer,
         progress=None,
         log=print,
+        stream: AsyncGroups | None = None,
     ):
         self.rollout, self.algorithm, self.reward = rollout, algorithm, reward
         self.runner, self.pool, self.train_set, self.sampler = runner, pool, train_set, sampler
         self.seed, self.timer, self.progress, self.log = seed, timer, progress, log
         self.sampling = training_sampling(rollout.sampling)
+        self.stream = stream
 
     def collect(self, step: int) -> StepRollouts:
         from rlvr.algorithms import groups_to_refill
 
         position = self.sampler.position
+        first_group = self.stream.handed_out if self.stream is not None else None
         target = self.rollout.prompts_per_step
         sampled: list[_Group] = []
         kept: list[_Group] = []
+        dropped_stale = 0
         rounds = self.rollout.max_sampling_rounds if self.rollout.dynamic_sampling else 1
         for round_index in range(rounds):
             missing = groups_to_refill(len(kept), target)
             # later rounds draw as many prompts as the informative rate so far says they need
             draw = missing if not kept else min(target, math.ceil(missing * len(sampled) / len(kept)))
-            groups = self._sample(self.sampler.take(draw), step, round_index)
+            groups, dropped = self._sample(draw, step, round_index)
             sampled += groups
+            dropped_stale += dropped
             kept += [g for g in groups if g.informative or not self.rollout.dynamic_sampling][:missing]
             if len(kept) == target:
                 break
@@ -116,17 +128,33 @@ class RolloutCollector:
             "rollout/sampled_groups": len(sampled),
             "rollout/sampling_rounds": round_index + 1,
         }
+        if self.stream is not None:
+            # staleness against the policy that trains on them: the weights after step - 1's update
+            metrics |= staleness_metrics([g.stream for g in sampled], step - 1, dropped_stale)
+            # every group of [groups_from, groups_to) in draw order was trained, dropped stale or (dynamic
+            # sampling) filtered this step: a run that loses or repeats one breaks the chain of ranges
+            metrics |= {"rollout/groups_from": first_group, "rollout/groups_to": self.stream.handed_out}
         return StepRollouts(self._batch(kept), metrics, position)
 
-    def _sample(self, chosen: list[int], step: int, round_index: int) -> list[_Group]:
-        """Roll out and score the trajectories of `chosen` prompts; one group each, rewards shaped."""
+    def _sample(self, count: int, step: int, round_index: int) -> tuple[list[_Group], int]:
+        """Roll out and score the trajectories of the next `count` prompts; one group each, rewards
+        shaped. Fully asynchronous, the stream's next `count` groups admitted for step's policy,
+        and how many it dropped as stale on the way (else 0)."""
         n = self.rollout.samples_per_prompt
-        # the step's (and round's) own seed: the same prompts give the same samples on a retry or a resume
-        seed = self.seed * 100_003 + step + round_index * 1_000_000_007
-        starts = [Start(self.train_set.problems[i], self.train_set.prompts[i]) for i in chosen]
-        with self.timer("generate"):
-            trajectories = self.runner.run(starts, n, replace(self.sampling, seed=seed),
-                                           progress=phase(self.progress, "generate", len(chosen) * n))
+        if self.stream is not None:
+            with self.timer("generate"):
+                batch = self.stream.take(count, version=step - 1)
+            taken, dropped = batch.groups, int(batch.metrics["rollout/dropped_stale"])
+            chosen = [g.problem for g in taken]
+            trajectories = [Trajectory.of_rollout(p, rollout) for p, g in enumerate(taken) for rollout in g.rollouts]
+        else:
+            chosen, taken, dropped = self.sampler.take(count), None, 0
+            # the step's (and round's) own seed: the same prompts give the same samples on a retry or a resume
+            seed = self.seed * 100_003 + step + round_index * 1_000_000_007
+            starts = [Start(self.train_set.problems[i], self.train_set.prompts[i]) for i in chosen]
+            with self.timer("generate"):
+                trajectories = self.runner.run(starts, n, replace(self.sampling, seed=seed),
+                                               progress=phase(self.progress, "generate", len(chosen) * n))
         with self.timer("score"):
             scores = self._scores(chosen, trajectories)
         from rlvr.algorithms import informative_group_mask
@@ -135,9 +163,9 @@ class RolloutCollector:
         informative = informative_group_mask(rewards, torch.tensor([t.prompt_index for t in trajectories]))
         return [
             _Group(chosen[p], trajectories[p * n : (p + 1) * n], scores[p * n : (p + 1) * n], rewards[p * n : (p + 1) * n],
-                   bool(informative[p * n]))
+                   bool(informative[p * n]), taken[p] if taken is not None else None)
             for p in range(len(chosen))
-        ]
+        ], dropped
 
     def _scores(self, chosen: list[int], trajectories: list[Trajectory]) -> list[Score]:
         """The environment's reward where it gave one, else the verifier's on the last turn (in the pool)."""

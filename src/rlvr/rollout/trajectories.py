@@ -57,6 +57,23 @@ class Trajectory:
     env_seconds: float = 0.0
     routes: torch.Tensor | None = None  # MoE: Rollout.routes of every position but the last
 
+    @classmethod
+    def of_rollout(cls, prompt_index: int, rollout: Rollout) -> Trajectory:
+        """A single-turn trajectory: the prompt and one sampled completion."""
+        trajectory = cls(prompt_index, list(rollout.prompt_ids))
+        trajectory.add_turn(rollout)
+        return trajectory
+
+    def add_turn(self, rollout: Rollout) -> None:
+        """Append a turn the engine sampled (after the observation, if any, that led to it)."""
+        self.completion_ids += rollout.completion_ids
+        self.mask += [1] * len(rollout.completion_ids)
+        self.logprobs += rollout.logprobs
+        self.text, self.finish_reason = rollout.text, rollout.finish_reason
+        self.turns += 1
+        if rollout.routes is not None:
+            self.routes = rollout.routes if self.routes is None else torch.cat([self.routes, rollout.routes[len(self.routes):]])
+
     def as_rollout(self, tokenizer) -> Rollout:
         """As an engine's Rollout (for evaluation); a multi-turn one with its transcript decoded."""
         transcript = tokenizer.decode(self.completion_ids, skip_special_tokens=False) if self.turns > 1 else None
@@ -94,7 +111,7 @@ class TrajectoryRunner:
                 if self.engine.pending:
                     for key, rollouts in self.engine.poll():
                         for (i, j), rollout in self._turns(key, rollouts):
-                            self._append_turn(trajectories[i, j], rollout)
+                            trajectories[i, j].add_turn(rollout)
                             stepping[pool.submit(self._step, envs[i][j], rollout.text)] = (i, j)
                         if progress is not None and key[0] == "first":
                             progress(len(rollouts))
@@ -123,16 +140,6 @@ class TrajectoryRunner:
         started = time.perf_counter()
         step = env.step(action)
         return step, time.perf_counter() - started
-
-    @staticmethod
-    def _append_turn(t: Trajectory, rollout: Rollout) -> None:
-        t.completion_ids += rollout.completion_ids
-        t.mask += [1] * len(rollout.completion_ids)
-        t.logprobs += rollout.logprobs
-        t.text, t.finish_reason = rollout.text, rollout.finish_reason
-        t.turns += 1
-        if rollout.routes is not None:
-            t.routes = rollout.routes if t.routes is None else torch.cat([t.routes, rollout.routes[len(t.routes):]])
 
     def _follow(self, t: Trajectory, step: EnvStep, seconds: float, sampling: Sampling, key: tuple, seed_of: int) -> Request | None:
         """Record the environment's answer; the trajectory's next turn, or None when it ends."""
