@@ -190,8 +190,11 @@ class VLLMEngine(Engine):
         if not on_gpu:
             self._configure_cpu_threads(engine.num_threads or max(1, (os.cpu_count() or 1) // 2))
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.in_process else "1"
+        from vllm import LLM, envs
 
-        from vllm import LLM
+        # An engine core started in this process before froze vLLM's reading of the environment
+        # (enable_envs_cache); without this, an in-process engine made every later one in-process too.
+        envs.disable_envs_cache()
 
         options = dict(
             model=model_path,
