@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM
 
 from engine_fixtures import build_peaked_model, random_lora, reference_logprobs, start_engine
 from rlvr.records import LoraAdapter, Request, Rollout, Sampling
-from rlvr.rollout.async_groups import AsyncGroups, Group, admit, is_fresh, staleness_metrics
+from rlvr.rollout.async_groups import AsyncGroups, Group, PushNotServed, admit, is_fresh, staleness_metrics
 
 # -- admission, pure -----------------------------------------------------------------------------
 
@@ -232,3 +232,28 @@ def test_driven_from_one_thread_a_seed_fixes_the_groups_and_their_versions(engin
     once, again = run(), run()
     assert once == again
     assert {v for *_, versions in once for v in versions} == {0, 1}  # the update fell inside the run
+
+
+@pytest.mark.slow
+def test_a_push_the_engine_does_not_serve_stops_the_stream_naming_both_versions(model_dir):
+    """verl #7495: an adapter that never reached vLLM looked like staleness for two months. Here an
+    engine whose update is lost (it keeps serving what it had) stops the stream at the next step."""
+    _, adapter = _models(model_dir, seed=6)
+    with start_engine("hf", model_dir) as hf:
+        groups = AsyncGroups(hf, _prompts(), samples=2, sampling=Sampling(max_tokens=4, seed=1), max_staleness=1,
+                             capacity=1, version=None)  # one group at a time: each take steps the engine
+        adapter.version = 1
+        groups.update(adapter)
+        groups.take(1)  # the first push arrives: served from that step on
+        assert hf.policy_version == 1
+        hf.update_lora = lambda adapter: None  # the fault: a push that goes nowhere
+        adapter.version = 2
+        groups.update(adapter)
+        with pytest.raises(PushNotServed, match="the push of policy version 2 did not arrive: the engine serves version 1"):
+            groups.take(1)
+
+
+def test_a_version_that_does_not_advance_is_refused():
+    groups = AsyncGroups(None, _prompts(), samples=1, sampling=Sampling(), max_staleness=0, capacity=1, version=3)
+    with pytest.raises(ValueError, match="update to version 3, not after the current 3"):
+        groups.update(LoraAdapter({}, {}, 3))

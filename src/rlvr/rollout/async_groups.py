@@ -90,8 +90,8 @@ class GroupBatch:
 
 
 class AsyncGroups:
-    """Keeps an engine (rlvr.engines.base.Engine; in flight updates need vLLM in-process with
-    merged LoRA, the CPU default) generating the groups of prompts from `draw`, at most `capacity`
+    """Keeps an engine (rlvr.engines.base.Engine: vLLM swaps weights under running samples, or
+    aborts and continues them, see rlvr.engines.vllm_engine) generating the groups of prompts from `draw`, at most `capacity`
     drawn and not yet handed out (the loop keeps prompts_per_step * max(K, 1): see
     rlvr.orchestration.builders.build_stream). Engine calls happen only in the thread that steps it (`take`'s, or `start()`'s)."""
 
