@@ -62,7 +62,7 @@ bench-setup: setup
 TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 3 ? n : 3 )))
 PYTEST_PARALLEL := $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 test: setup
-	$(PYTEST_PARALLEL) -m "not solo" tests
+	$(PYTEST_PARALLEL) --durations=25 -m "not solo" tests
 	$(BIN)/python -m pytest -q -ra -m solo tests
 
 test-fast: setup

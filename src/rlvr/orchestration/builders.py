@@ -72,7 +72,7 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     timer = StepTimer()
     checkpoints = RunCheckpoints(cfg, timer, log)
     resume_from = checkpoints.resumable() if resume else None
-    pool = stack.enter_context(build_scoring_pool(cfg))  # first: a bad reward.options fails before the slow starts
+    pool = stack.enter_context(build_scoring_pool(cfg, log))  # first: a bad reward.options fails before the slow starts
     trainer = stack.enter_context(build_trainer(cfg))
     engine = stack.enter_context(build_engine(cfg, log))
     logger = stack.enter_context(MetricsLogger(run_dir, cfg.tracking.backends, config=cfg.model_dump(mode="json")))
@@ -186,11 +186,13 @@ def build_engine(cfg: RunConfig, log=print):
     return EngineSupervisor(start, cfg.engine.max_restarts, log=log)
 
 
-def build_scoring_pool(cfg: RunConfig):
+def build_scoring_pool(cfg: RunConfig, log=print):
+    """The verifier's worker pool; a worker's death is one line through `log` (the run's terminal)."""
     from rlvr.rewards import ScoringPool
 
     r = cfg.reward
-    return ScoringPool(r.verifier, workers=r.workers, timeout_s=r.timeout_s, memory_limit_mb=r.memory_limit_mb, options=r.options)
+    return ScoringPool(r.verifier, workers=r.workers, timeout_s=r.timeout_s, memory_limit_mb=r.memory_limit_mb,
+                       options=r.options, log=log)
 
 
 def sized_engine(cfg: RunConfig, prompt_sets: list[PromptSet]) -> RunConfig:
