@@ -116,7 +116,8 @@ def test_weight_sync_probes_the_pushes_no_trained_gap_checks_and_holds_trained_g
         pushed = [sync.push(step, None if step == 0 else 1e-6, used_unchecked=step == 3) for step in range(5)]
         assert [bool(m) for m in pushed] == [True, False, False, True, False]
         assert all(m["sync/logprob_gap"] <= 1e-4 for m in pushed if m)
-        assert sync.serving is not None and sync.serving.version == 5  # every push sent the adapter
+        # every push sent the adapter, versioned by its step: the engine serves the last one
+        assert sync.serving is not None and sync.serving.version == 4 and engine.policy_version == 4
         # check_every N: also every Nth step; a resumed run's first push is probed, whatever its step
         periodic = WeightSync(engine, trainer, probe, SyncCheck(0.05), StepTimer(), True, check_every=3)
         assert [bool(periodic.push(step, 1e-6, used_unchecked=False)) for step in (7, 8, 9, 10)] == [True, False, True, False]
