@@ -257,3 +257,10 @@ def test_a_version_that_does_not_advance_is_refused():
     groups = AsyncGroups(None, _prompts(), samples=1, sampling=Sampling(), max_staleness=0, capacity=1, version=3)
     with pytest.raises(ValueError, match="update to version 3, not after the current 3"):
         groups.update(LoraAdapter({}, {}, 3))
+
+
+def test_a_group_drawn_but_neither_running_nor_finished_stops_the_stream_instead_of_waiting():
+    groups = AsyncGroups(None, _prompts(), samples=1, sampling=Sampling(), max_staleness=1, capacity=2, version=0)
+    groups.restore({"drawn": 2, "handed_out": 0, "finished": [_group(1, [0])], "gone": [], "dropped": 0})
+    with pytest.raises(RuntimeError, match="group 0 of the rollout stream was drawn but is neither in flight nor finished"):
+        groups.take(1)

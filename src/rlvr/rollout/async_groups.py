@@ -141,10 +141,11 @@ class AsyncGroups:
         requests = []
         for _ in range(max(room, 0)):
             problem, prompt = self.draw()
-            index, self.drawn = self.drawn, self.drawn + 1
+            index = self.drawn
             seed = None if self.sampling.seed is None else self.sampling.seed + index * self.samples
             requests.append(Request(index, prompt, self.samples, replace(self.sampling, seed=seed)))
-            self._problems[index] = problem
+            self._problems[index] = problem  # before `drawn` counts it: take() checks every drawn group is somewhere
+            self.drawn = index + 1
         if requests:
             self.engine.submit(requests)
             with self._lock:
@@ -166,6 +167,11 @@ class AsyncGroups:
                 batch = self._hand_out(count, self.version if version is None else version)
                 if batch is not None:
                     return batch
+                lost = self.handed_out
+                if lost < self.drawn and not {lost} & (self._finished.keys() | self._problems.keys() | self._gone):
+                    # drawn, yet neither running nor finished: waiting would never end (a state restored wrong)
+                    raise RuntimeError(f"group {lost} of the rollout stream was drawn but is neither in flight nor "
+                                       "finished: its state is inconsistent; stopping the run")
                 if self._thread is not None:
                     if self._error is not None:
                         raise RuntimeError("the generating thread failed") from self._error
