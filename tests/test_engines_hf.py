@@ -17,6 +17,7 @@ from engine_fixtures import (
     reference_logprobs,
     start_engine,
 )
+from rlvr.engines.base import EngineDied
 from rlvr.sync.check import SyncCheck, logprob_gap, probe_inputs
 from rlvr.records import LoraAdapter, Sampling
 
@@ -124,6 +125,45 @@ def test_weight_sync_probes_the_pushes_no_trained_gap_checks_and_holds_trained_g
         sync.push(5, trained_gap=float("nan"))  # the trainer's own non-finite logprobs: a skipped step, not a stale engine
         with pytest.raises(RuntimeError, match=r"sync/sampler_trainer_gap=0.2 > 0.05 after the sync of step 5"):
             sync.push(6, trained_gap=0.2)
+
+
+class _DiesUnderItsNextPush:
+    """The HF engine, except that its next adapter push finds its process dead (as vLLM's engine core raises)."""
+
+    def __init__(self, engine):
+        self._engine, self.dead = engine, False
+
+    def update_lora(self, adapter):
+        if self.dead:
+            raise EngineDied("the engine core process died")
+        self._engine.update_lora(adapter)
+
+    def close(self):  # the fixture's engine outlives each wrapper the supervisor builds and closes
+        pass
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+
+def test_an_engine_rebuilt_under_a_push_gets_that_push_probed(engine, prompts, model_dir):
+    # CI killed the engine core while the ranks trained: the push found it dead, and the supervisor
+    # rebuilt it and pushed again; counted before the push, that new engine went unprobed
+    from rlvr.orchestration.engine_supervisor import EngineSupervisor
+    from rlvr.sync.weights import WeightSync
+    from rlvr.tracking.timing import StepTimer
+    from rlvr.training.trainer import Trainer
+
+    built = []
+    supervisor = EngineSupervisor(lambda: built.append(_DiesUnderItsNextPush(engine)) or built[-1], 1, log=lambda _: None)
+    probe = [(p, p[:4]) for p in prompts]
+    with Trainer(rank_spec(model_dir, lora=dict(rank=4, alpha=8.0, target_modules="all-linear"))) as trainer:
+        sync = WeightSync(supervisor, trainer, probe, SyncCheck(0.05), StepTimer(), lora=True)
+        assert sync.push(0) and not sync.push(1, trained_gap=1e-6, used_unchecked=False)
+        built[0].dead = True
+        probed = sync.push(2, trained_gap=1e-6, used_unchecked=False)
+        assert supervisor.restarts == 1 and len(built) == 2
+        assert probed["sync/logprob_gap"] <= 1e-4 and engine.policy_version == 2
+        assert not sync.push(3, trained_gap=1e-6, used_unchecked=False)  # probed once per engine
 
 
 def test_update_weights(prompts, model_dir, tmp_path):

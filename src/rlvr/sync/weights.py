@@ -50,9 +50,6 @@ class WeightSync:
         # (trainer.max_consecutive_skips), not from a stale engine
         if trained_gap is not None and math.isfinite(trained_gap):
             self.check(trained_gap, step - 1, name="sync/sampler_trainer_gap")
-        engine = getattr(self.engine, "restarts", 0)  # an EngineSupervisor counts the engines it built
-        periodic = bool(self.check_every) and step % self.check_every == 0
-        probing = self._probed_engine != engine or used_unchecked or periodic
         with self.timer("sync"):
             if self.lora:
                 # versions count optimizer steps, so a token's staleness is the steps its policy is behind
@@ -60,7 +57,10 @@ class WeightSync:
                 (self.stream.update if self.stream is not None else self.engine.update_lora)(self.serving)
             else:
                 self.engine.update_weights(self.trainer.weights().items())
-        if not probing:
+        # counted after the push: an engine that died under it was rebuilt by it, and is new here
+        engine = getattr(self.engine, "restarts", 0)  # an EngineSupervisor counts the engines it built
+        periodic = bool(self.check_every) and step % self.check_every == 0
+        if not (self._probed_engine != engine or used_unchecked or periodic):
             return {}
         if self.stream is not None:
             with self.timer("drain"):
