@@ -4,8 +4,11 @@ demo's stack (vLLM, FSDP2, LoRA on an NVFP4 base) on a tiny task, configured in 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -76,6 +79,21 @@ def train(config: Path, env: dict | None = None) -> subprocess.CompletedProcess:
     run = start_training(config, env=env)
     out, _ = run.communicate(timeout=900)
     return subprocess.CompletedProcess(run.args, run.returncode, out)
+
+
+def stopped_after_step_one_then_resumed(config: Path, run_dir: Path) -> None:
+    """Start a run, send it SIGTERM once step 1 is logged (it finishes its step, checkpoints and
+    exits 0), then `--resume latest` it to the end."""
+    victim = start_training(config)
+    deadline = time.time() + 600
+    while time.time() < deadline and victim.poll() is None and not step_rows(run_dir):
+        time.sleep(0.2)
+    os.kill(victim.pid, signal.SIGTERM)
+    out, _ = victim.communicate(timeout=300)
+    assert victim.returncode == 0 and "stopped after step" in out, out[-3000:]
+    resumed = start_training(config, "--resume", "latest")
+    out, _ = resumed.communicate(timeout=900)
+    assert resumed.returncode == 0, out[-3000:]
 
 
 def comparable_metrics(run_dir: Path) -> list[dict]:

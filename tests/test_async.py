@@ -3,13 +3,10 @@ trains, by the policy one version behind, and a run stopped and resumed in the m
 the same metrics as one never stopped (the rollouts in flight are generated again, by the same
 adapter from the same prompts and seed)."""
 
-import os
-import signal
-import time
-
 import pytest
 
-from run_fixtures import DIGIT_SHARE, comparable_metrics, small_config, start_training, step_rows
+from run_fixtures import (DIGIT_SHARE, comparable_metrics, small_config, start_training, step_rows,
+                          stopped_after_step_one_then_resumed)
 
 STEPS = 3
 
@@ -34,17 +31,7 @@ def test_one_step_off_policy_rollouts_lag_one_version_and_resume_reproduces_them
     assert all(row["sync/sampler_trainer_gap"] > 1e-3 for row in rows[1:])
 
     # SIGTERM during step 2: it finishes, checkpoints (the next rollouts were already in flight), exits
-    path = config("stopped", STEPS)
-    victim = start_training(path)
-    deadline = time.time() + 600
-    while time.time() < deadline and victim.poll() is None and not step_rows(tmp_path / "stopped"):
-        time.sleep(0.2)
-    os.kill(victim.pid, signal.SIGTERM)
-    out, _ = victim.communicate(timeout=300)
-    assert victim.returncode == 0 and "stopped after step" in out, out[-3000:]
-    resumed = start_training(path, "--resume", "latest")
-    out, _ = resumed.communicate(timeout=900)
-    assert resumed.returncode == 0, out[-3000:]
+    stopped_after_step_one_then_resumed(config("stopped", STEPS), tmp_path / "stopped")
     assert comparable_metrics(tmp_path / "stopped") == comparable_metrics(tmp_path / "reference")
 
 

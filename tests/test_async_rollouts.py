@@ -4,15 +4,21 @@ an adapter while samples are running, and the generator handing out groups aroun
 
 from __future__ import annotations
 
+import string
+
 import pytest
 import torch
 from _floats import assert_close_scaled
 from peft import get_peft_model_state_dict
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from engine_fixtures import build_peaked_model, random_lora, reference_logprobs, start_engine
-from rlvr.records import LoraAdapter, Request, Rollout, Sampling
+from rlvr.config import DataConfig, EnvConfig, SandboxConfig
+from rlvr.envs import ENVIRONMENTS, EnvContext, EnvStep
+from rlvr.records import LoraAdapter, Problem, Request, Sampling
 from rlvr.rollout.async_groups import AsyncGroups, Group, PushNotServed, admit, is_fresh, staleness_metrics
+from rlvr.rollout.prompts import Renderer
+from rlvr.rollout.trajectories import Episodes, Start, Trajectory, TrajectoryRunner
 
 # -- admission, pure -----------------------------------------------------------------------------
 
@@ -37,8 +43,8 @@ def test_admit_hands_out_nothing_short_of_count_but_drops_what_it_saw():
 
 
 def _group(index: int, *versions: list[int]) -> Group:
-    rollouts = [Rollout(0, [1], [2] * len(v), [0.0] * len(v), "length", "", versions=list(v)) for v in versions]
-    return Group(index, index, rollouts)
+    trajectories = [Trajectory(0, [1], [2] * len(v), [1] * len(v), [0.0] * len(v), versions=list(v)) for v in versions]
+    return Group(index, index, trajectories)
 
 
 def test_staleness_metrics_weigh_tokens():
@@ -117,8 +123,14 @@ def _prompts():
 
     def draw():
         i = next(drawn)
-        return i, [3 + i % 7, 11, 4 + i % 5, 20]
+        return i, Start(Problem(str(i), "", ""), [3 + i % 7, 11, 4 + i % 5, 20])
     return draw
+
+
+def _episodes(engine, env: str = "single_turn", renderer=None, **options) -> Episodes:
+    config = EnvConfig(name=env, **options)
+    return Episodes(TrajectoryRunner(engine, renderer, config, EnvContext(config, SandboxConfig()), max_model_len=128,
+                                     fixed_order=True))
 
 
 @pytest.mark.slow
@@ -128,7 +140,7 @@ def test_groups_around_an_update_are_admitted_by_staleness(engine, model_dir, ma
     tokens at least sampled under the old version). K = 0 drops them (counted) and hands out 4 and
     5, sampled wholly under the new version; K = 1 admits them, at most one version behind."""
     _, adapter = _models(model_dir, seed=11 + max_staleness)
-    groups = AsyncGroups(engine, _prompts(), samples=2, sampling=Sampling(max_tokens=6, seed=1),
+    groups = AsyncGroups(_episodes(engine), _prompts(), samples=2, sampling=Sampling(max_tokens=6, seed=1),
                          max_staleness=max_staleness, capacity=4, version=engine.policy_version)
     start = engine.policy_version
     first = groups.take(2)
@@ -145,7 +157,7 @@ def test_groups_around_an_update_are_admitted_by_staleness(engine, model_dir, ma
         assert [g.index for g in second.groups] == [2, 3]
         assert second.metrics["rollout/staleness_max"] == 1.0 and second.metrics["rollout/dropped_stale"] == 0.0
         assert 0 < second.metrics["rollout/staleness_mean"] <= 1
-    assert all(len(r.versions) == len(r.completion_ids) for g in second.groups for r in g.rollouts)
+    assert all(len(t.versions) == len(t.completion_ids) for g in second.groups for t in g.trajectories)
     assert second.version == start + 1
     _drain(engine)
 
@@ -183,7 +195,7 @@ def test_mode_and_staleness_that_do_not_fit_are_one_line_errors(overrides, messa
 
 @pytest.mark.slow
 def test_generating_thread_hands_out_groups_in_draw_order(engine):
-    groups = AsyncGroups(engine, _prompts(), samples=2, sampling=Sampling(max_tokens=6, seed=2), max_staleness=1,
+    groups = AsyncGroups(_episodes(engine), _prompts(), samples=2, sampling=Sampling(max_tokens=6, seed=2), max_staleness=1,
                          capacity=4, version=engine.policy_version)
     groups.start()
     try:
@@ -219,7 +231,7 @@ def test_driven_from_one_thread_a_seed_fixes_the_groups_and_their_versions(engin
     def run():
         start.version = engine.policy_version + 1
         engine.update_lora(start)
-        groups = AsyncGroups(engine, _prompts(), samples=2, sampling=Sampling(max_tokens=8, seed=5), max_staleness=1,
+        groups = AsyncGroups(_episodes(engine), _prompts(), samples=2, sampling=Sampling(max_tokens=8, seed=5), max_staleness=1,
                              capacity=3, version=start.version)
         first = groups.take(2)
         later.version = start.version + 1
@@ -227,11 +239,66 @@ def test_driven_from_one_thread_a_seed_fixes_the_groups_and_their_versions(engin
         batches = [first, groups.take(2)]
         _drain(engine)
         return [(g.index, r.completion_ids, r.logprobs, [v - start.version for v in r.versions])
-                for b in batches for g in b.groups for r in g.rollouts]
+                for b in batches for g in b.groups for r in g.trajectories]
 
     once, again = run(), run()
     assert once == again
     assert {v for *_, versions in once for v in versions} == {0, 1}  # the update fell inside the run
+
+
+class _AskAgain:
+    """Answers every action with a question (env.max_turns ends the trajectory)."""
+
+    stop = ()
+
+    def __init__(self, problem, context):
+        pass
+
+    def reset(self, problem):
+        return None
+
+    def step(self, action):
+        return EnvStep([{"role": "user", "content": "again?"}], done=False)
+
+    def close(self):
+        pass
+
+
+@pytest.mark.slow
+def test_multi_turn_groups_take_later_turns_under_the_update_and_a_seed_fixes_them(engine, model_dir, monkeypatch):
+    """Groups of trajectories through an environment that always asks again, three turns at most,
+    around an update: driven from one thread, the same takes and updates give the same turns,
+    tokens, masks and per-token versions twice; a trajectory running when the update came has
+    tokens of both versions, its observations none."""
+    monkeypatch.setitem(ENVIRONMENTS, "ask_again", _AskAgain)
+    renderer = Renderer(AutoTokenizer.from_pretrained(model_dir), DataConfig(train="-", chat_template=False))
+    (_, start), (_, later) = _models(model_dir, seed=31), _models(model_dir, seed=32)
+    # the tiny model's bytes: a turn ends at its first printable character (a turn cut at max_tokens ends its trajectory)
+    sampling = Sampling(max_tokens=12, stop=tuple(string.printable[:94]), seed=9)
+
+    def run():
+        start.version = engine.policy_version + 1
+        engine.update_lora(start)
+        with _episodes(engine, "ask_again", renderer, max_turns=3) as episodes:
+            groups = AsyncGroups(episodes, _prompts(), samples=2, sampling=sampling, max_staleness=1, capacity=3,
+                                 version=start.version)
+            for _ in range(4):  # four engine steps into the first turns
+                groups.step()
+            later.version = start.version + 1
+            groups.update(later)
+            batches = [groups.take(3), groups.take(1)]
+            groups.drain()
+        return [(g.index, t.turns, t.completion_ids, t.mask, t.logprobs, [v - start.version for v in t.versions])
+                for b in batches for g in b.groups for t in g.trajectories]
+
+    once, again = run(), run()
+    assert once == again
+    assert [index for index, *_ in once] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert max(turns for _, turns, *_ in once) == 3  # asked again up to env.max_turns
+    for _, turns, ids, mask, logprobs, versions in once:
+        assert len(ids) == len(mask) == len(logprobs) and len(versions) == sum(mask)
+        assert (0 in mask) == (turns > 1) and all(lp == 0.0 for lp, m in zip(logprobs, mask) if not m)
+    assert any(set(versions) == {0, 1} for *_, versions in once)  # turns before and after the update
 
 
 @pytest.mark.slow
@@ -240,7 +307,7 @@ def test_a_push_the_engine_does_not_serve_stops_the_stream_naming_both_versions(
     engine whose update is lost (it keeps serving what it had) stops the stream at the next step."""
     _, adapter = _models(model_dir, seed=6)
     with start_engine("hf", model_dir) as hf:
-        groups = AsyncGroups(hf, _prompts(), samples=2, sampling=Sampling(max_tokens=4, seed=1), max_staleness=1,
+        groups = AsyncGroups(_episodes(hf), _prompts(), samples=2, sampling=Sampling(max_tokens=4, seed=1), max_staleness=1,
                              capacity=1, version=None)  # one group at a time: each take steps the engine
         adapter.version = 1
         groups.update(adapter)
@@ -254,13 +321,13 @@ def test_a_push_the_engine_does_not_serve_stops_the_stream_naming_both_versions(
 
 
 def test_a_version_that_does_not_advance_is_refused():
-    groups = AsyncGroups(None, _prompts(), samples=1, sampling=Sampling(), max_staleness=0, capacity=1, version=3)
+    groups = AsyncGroups(_episodes(None), _prompts(), samples=1, sampling=Sampling(), max_staleness=0, capacity=1, version=3)
     with pytest.raises(ValueError, match="update to version 3, not after the current 3"):
         groups.update(LoraAdapter({}, {}, 3))
 
 
 def test_a_group_drawn_but_neither_running_nor_finished_stops_the_stream_instead_of_waiting():
-    groups = AsyncGroups(None, _prompts(), samples=1, sampling=Sampling(), max_staleness=1, capacity=2, version=0)
+    groups = AsyncGroups(_episodes(None), _prompts(), samples=1, sampling=Sampling(), max_staleness=1, capacity=2, version=0)
     groups.restore({"drawn": 2, "handed_out": 0, "finished": [_group(1, [0])], "gone": [], "dropped": 0})
     with pytest.raises(RuntimeError, match="group 0 of the rollout stream was drawn but is neither in flight nor finished"):
         groups.take(1)

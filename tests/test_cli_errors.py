@@ -108,7 +108,6 @@ def test_bad_config_names_the_key(config):
 
 @pytest.mark.parametrize("override, message", [
     ("trainer.lora=null", "rollout.mode=async pushes LoRA adapters in flight: set trainer.lora"),
-    ("env.name=calculator", "rollout.mode=async streams single-turn groups; env.name=calculator runs mode: sync"),
 ])
 def test_what_async_mode_cannot_stream_is_refused_in_one_line(config, override, message):
     line = one_line_error(rlvr("train", config, "rollout.mode=async", "rollout.max_staleness=2", override))

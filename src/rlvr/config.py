@@ -678,16 +678,13 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
-    def _async_streams_single_turn_adapters(self) -> RunConfig:
-        # What rlvr.rollout.async_groups drives: one engine taking adapters in flight, groups of one completion each
+    def _async_streams_adapters_from_one_engine(self) -> RunConfig:
+        # What rlvr.rollout.async_groups drives: one engine taking adapters in flight
         if self.rollout.mode != "async":
             return self
         if self.trainer.lora is None:
             raise ValueError("rollout.mode=async pushes LoRA adapters in flight: set trainer.lora (full fine-tuning "
                              "runs mode: sync or one_step_off)")
-        if self.env.name != "single_turn":
-            raise ValueError(f"rollout.mode=async streams single-turn groups; env.name={self.env.name} runs mode: sync "
-                             "or one_step_off")
         if self.engine.replicas > 1:
             raise ValueError(f"rollout.mode=async streams from one engine; engine.replicas={self.engine.replicas} runs "
                              "mode: sync or one_step_off")

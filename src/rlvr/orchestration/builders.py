@@ -20,7 +20,7 @@ from rlvr.rollout.async_groups import AsyncGroups
 from rlvr.rollout.collect import RolloutCollector
 from rlvr.envs import EnvContext
 from rlvr.rollout.prompts import PromptSet, Renderer, engine_context, load_prompt_set
-from rlvr.rollout.trajectories import TrajectoryRunner
+from rlvr.rollout.trajectories import Episodes, Start, TrajectoryRunner
 from rlvr.rollout.sampler import EpochSampler
 from rlvr.sync.check import SyncCheck
 from rlvr.sync.weights import WeightSync
@@ -79,8 +79,10 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     sampler = EpochSampler(len(train_set.problems), cfg.seed)
     context = EnvContext(cfg.env, cfg.sandbox)
     stack.callback(context.close)
-    runner = TrajectoryRunner(engine, Renderer(tokenizer, cfg.data), cfg.env, context, cfg.engine.max_model_len)
-    stream = build_stream(cfg, engine, train_set, sampler) if cfg.rollout.mode == "async" else None
+    # fully asynchronous, every rollout (evaluations too) advances at fixed engine steps: see Episodes
+    runner = TrajectoryRunner(engine, Renderer(tokenizer, cfg.data), cfg.env, context, cfg.engine.max_model_len,
+                              fixed_order=cfg.rollout.mode == "async")
+    stream = build_stream(cfg, runner, train_set, sampler, stack) if cfg.rollout.mode == "async" else None
     sync = WeightSync(engine, trainer, train_set.probe(tokenizer), SyncCheck(cfg.engine.sync_check_threshold), timer,
                       lora=cfg.trainer.lora is not None, check_every=cfg.engine.sync_check_every, stream=stream)
     return Run(
@@ -103,7 +105,8 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     )
 
 
-def build_stream(cfg: RunConfig, engine, train_set: PromptSet, sampler: EpochSampler) -> AsyncGroups:
+def build_stream(cfg: RunConfig, runner: TrajectoryRunner, train_set: PromptSet, sampler: EpochSampler,
+                 stack: ExitStack) -> AsyncGroups:
     """The fully asynchronous rollout stream: it draws the prompts in the sampler's order, and
     keeps prompts_per_step x max(K, 1) groups in flight. A group is then drawn at most K steps
     before the step that trains it (rollouts generated one step ahead count one), so that only
@@ -112,17 +115,13 @@ def build_stream(cfg: RunConfig, engine, train_set: PromptSet, sampler: EpochSam
 
     from rlvr.rollout.collect import training_sampling
 
-    named = sorted({p.meta["env"] for p in train_set.problems if p.meta.get("env") not in (None, "single_turn")})
-    if named:
-        raise ValueError(f"{cfg.data.train}: rows name env {', '.join(named)}; rollout.mode=async streams single-turn "
-                         "groups (mode: sync or one_step_off runs them)")
-
     def draw():
         index = sampler.take(1)[0]
-        return index, train_set.prompts[index]
+        return index, Start(train_set.problems[index], train_set.prompts[index])
 
     rollout = cfg.rollout
-    return AsyncGroups(engine, draw, samples=rollout.samples_per_prompt,
+    episodes = stack.enter_context(Episodes(runner))
+    return AsyncGroups(episodes, draw, samples=rollout.samples_per_prompt,
                        sampling=replace(training_sampling(rollout.sampling), seed=cfg.seed * 100_003),
                        max_staleness=rollout.max_staleness,
                        capacity=rollout.prompts_per_step * max(rollout.max_staleness, 1), version=None)

@@ -1,24 +1,29 @@
 """Fully asynchronous generation: the engine samples groups ahead of the trainer, the policy is
 pushed to it in flight, and a group trains only while its oldest token is recent enough.
 
-    groups = AsyncGroups(engine, draw, samples=8, sampling=sampling, max_staleness=2, capacity=48)
+    groups = AsyncGroups(Episodes(runner), draw, samples=8, sampling=sampling, max_staleness=2, capacity=48)
     groups.start()                          # optional: a thread keeps the engine busy between takes
     batch = groups.take(16)                 # the next 16 admitted groups, in the order they were drawn
     groups.update(trainer.adapter())        # after each optimizer step: served from the next engine step
     groups.close()
 
+A group is the `samples` trajectories of one drawn prompt through its environment (one turn for
+single_turn; several, with tool calls between, for a multi-turn one): `Episodes` runs them. A
+trajectory's next turn is sampled by the version served when it is submitted.
+
 What is admitted: a group's staleness is the version of the policy that trains on it (`take`'s
-`version`: by default the latest `update`'s) minus the oldest version among its tokens
-(`Rollout.versions`, tagged by the engine). `take` hands out
+`version`: by default the latest `update`'s) minus the oldest version among its sampled tokens
+(`Trajectory.versions`, tagged by the engine). `take` hands out
 groups by draw index, skipping (dropping, and counting) each whose staleness exceeds
 `max_staleness`, as prime-rl drops rollouts that went stale in its queue and AReaL bounds
 `max_head_offpolicyness`. Staleness only grows, so a group dropped once would be dropped later.
 
-Order and determinism: groups are handed out by draw index, never by finishing time, and the
-j-th sample of group i draws with `sampling.seed + i * samples + j`. Which groups a run drops, and
-which version each token carries, depend on where the updates fall between engine steps. Driven
-from one thread (`take` stepping the engine itself, `update` between takes), that interleaving
-and so the whole output is fixed for a seed. With `start()`'s thread it depends on timing: the
+Order and determinism: groups are handed out by draw index, never by finishing time, and turn t
+of the j-th sample of group i draws with `sampling.seed + i * samples + j + t * TURN_SEED_STRIDE`.
+Which groups a run drops, and which version each token carries, depend on where the updates fall
+between engine steps. Driven from one thread (`take` stepping the engine itself, `update` between
+takes), with environments answering at fixed boundaries (the runner's `fixed_order`), that
+interleaving and so the whole output is fixed for a seed. With `start()`'s thread it depends on timing: the
 hand-out order stays fixed, the content does not.
 """
 
@@ -30,7 +35,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from rlvr.records import LoraAdapter, Request, Rollout, Sampling
+from rlvr.records import LoraAdapter, Sampling
+from rlvr.rollout.trajectories import Episodes, Start, Trajectory
 
 
 class PushNotServed(RuntimeError):
@@ -39,16 +45,16 @@ class PushNotServed(RuntimeError):
 
 @dataclass
 class Group:
-    """All samples of one prompt, as the engine finished them."""
+    """All samples of one prompt, as their trajectories ended."""
 
     index: int  # its place in the draw order: groups are handed out by it
     problem: Hashable  # what `draw` named the prompt (a dataset index)
-    rollouts: list[Rollout]
+    trajectories: list[Trajectory]
 
     @property
     def oldest_version(self) -> int | None:
-        """The oldest policy version among its tokens (None: no tokens, nothing stale)."""
-        return min((v for r in self.rollouts for v in r.versions or ()), default=None)
+        """The oldest policy version among its sampled tokens (None: no tokens, nothing stale)."""
+        return min((v for t in self.trajectories for v in t.versions), default=None)
 
 
 def is_fresh(oldest_version: int | None, version: int, max_staleness: int) -> bool:
@@ -74,7 +80,7 @@ def admit(oldest_versions: list[int | None], version: int, max_staleness: int,
 def staleness_metrics(groups: list[Group], version: int, dropped: int) -> dict[str, float]:
     """`rollout/staleness_mean` (over the batch's completion tokens), `rollout/staleness_max`,
     and `rollout/dropped_stale` (groups dropped since the previous batch)."""
-    lags = [version - v for g in groups for r in g.rollouts for v in r.versions or ()]
+    lags = [version - v for g in groups for t in g.trajectories for v in t.versions]
     return {
         "rollout/staleness_mean": sum(lags) / len(lags) if lags else 0.0,
         "rollout/staleness_max": float(max(lags, default=0)),
@@ -91,15 +97,17 @@ class GroupBatch:
 
 class AsyncGroups:
     """Keeps an engine (rlvr.engines.base.Engine: vLLM swaps weights under running samples, or
-    aborts and continues them, see rlvr.engines.vllm_engine) generating the groups of prompts from `draw`, at most `capacity`
-    drawn and not yet handed out (the loop keeps prompts_per_step * max(K, 1): see
-    rlvr.orchestration.builders.build_stream). Engine calls happen only in the thread that steps it (`take`'s, or `start()`'s)."""
+    aborts and continues them, see rlvr.engines.vllm_engine) generating, through `episodes`, the
+    groups of the prompts from `draw`, at most `capacity` drawn and not yet handed out (the loop
+    keeps prompts_per_step * max(K, 1): see rlvr.orchestration.builders.build_stream). Engine
+    calls happen only in the thread that steps it (`take`'s, or `start()`'s)."""
 
-    def __init__(self, engine, draw: Callable[[], tuple[Hashable, list[int]]], *, samples: int, sampling: Sampling,
-                 max_staleness: int, capacity: int, version: int | None = 0):
+    def __init__(self, episodes: Episodes, draw: Callable[[], tuple[Hashable, Start]], *, samples: int,
+                 sampling: Sampling, max_staleness: int, capacity: int, version: int | None = 0):
         if capacity < 1:
             raise ValueError(f"capacity={capacity}: at least one group must be in flight")
-        self.engine, self.draw, self.samples, self.sampling = engine, draw, samples, sampling
+        self.episodes, self.engine, self.draw = episodes, episodes.engine, draw
+        self.samples, self.sampling = samples, sampling
         self.max_staleness, self.capacity = max_staleness, capacity
         self.version = version  # the trainer's: the latest update's (None: none yet, the first may be any)
         self.drawn = 0  # groups drawn so far: the next group's index
@@ -138,22 +146,19 @@ class AsyncGroups:
             if served != adapter.version:  # verl #7495: an adapter that never reached the engine looks like staleness
                 raise PushNotServed(f"the push of policy version {adapter.version} did not arrive: the engine "
                                     f"serves version {served}; stopping the run")
-        requests = []
         for _ in range(max(room, 0)):
-            problem, prompt = self.draw()
+            problem, start = self.draw()
             index = self.drawn
             seed = None if self.sampling.seed is None else self.sampling.seed + index * self.samples
-            requests.append(Request(index, prompt, self.samples, replace(self.sampling, seed=seed)))
+            self.episodes.submit(index, start, self.samples, replace(self.sampling, seed=seed))
             self._problems[index] = problem  # before `drawn` counts it: take() checks every drawn group is somewhere
             self.drawn = index + 1
-        if requests:
-            self.engine.submit(requests)
             with self._lock:
-                self._held += len(requests)
-        finished = self.engine.poll() if self.engine.pending else []
+                self._held += 1
+        finished = self.episodes.advance() if self.episodes.pending else []
         with self._lock:
-            for index, rollouts in finished:
-                self._finished[index] = Group(index, self._problems.pop(index), rollouts)
+            for index, trajectories in finished:
+                self._finished[index] = Group(index, self._problems.pop(index), trajectories)
             self._lock.notify_all()
 
     def take(self, count: int, version: int | None = None) -> GroupBatch:
@@ -214,12 +219,12 @@ class AsyncGroups:
         if self._thread is not None:
             raise RuntimeError("drain() steps the engine itself: not with start()'s thread running")
         self.step(draw=False)
-        while self.engine.pending:
+        while self.episodes.pending:
             self.step(draw=False)
 
     def state(self) -> dict:
         """What a checkpoint keeps, drained: the counters and the finished groups not handed out."""
-        if self.engine.pending:
+        if self.episodes.pending:
             raise RuntimeError("state() with groups in flight: drain() first")
         with self._lock:
             return {"drawn": self.drawn, "handed_out": self.handed_out, "finished": list(self._finished.values()),
@@ -246,7 +251,7 @@ class AsyncGroups:
         try:
             while True:
                 with self._lock:
-                    while not self._stop and self._held >= self.capacity and not self.engine.pending:
+                    while not self._stop and self._held >= self.capacity and not self.episodes.pending:
                         self._lock.wait()
                     if self._stop:
                         return

@@ -146,7 +146,7 @@ class RolloutCollector:
                 batch = self.stream.take(count, version=step - 1)
             taken, dropped = batch.groups, int(batch.metrics["rollout/dropped_stale"])
             chosen = [g.problem for g in taken]
-            trajectories = [Trajectory.of_rollout(p, rollout) for p, g in enumerate(taken) for rollout in g.rollouts]
+            trajectories = [replace(t, prompt_index=p) for p, g in enumerate(taken) for t in g.trajectories]
         else:
             chosen, taken, dropped = self.sampler.take(count), None, 0
             # the step's (and round's) own seed: the same prompts give the same samples on a retry or a resume

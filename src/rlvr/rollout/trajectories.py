@@ -3,6 +3,7 @@ every token the one the engine sampled.
 
     runner = TrajectoryRunner(engine, renderer, env_config, context)
     trajectories = runner.run(starts, sampling)     # one Trajectory per (prompt, sample)
+    episodes = Episodes(runner)                     # the same, one engine boundary at a time
 
 Scheduling: a trajectory's next turn is submitted to the engine as soon as its environment
 answered, while the engine keeps decoding the others' (vLLM's continuous batching through
@@ -22,7 +23,8 @@ sampled token of a turn and the observation after it are routed in the next turn
 from __future__ import annotations
 
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections.abc import Hashable
+from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -56,13 +58,7 @@ class Trajectory:
     tool_errors: int = 0
     env_seconds: float = 0.0
     routes: torch.Tensor | None = None  # MoE: Rollout.routes of every position but the last
-
-    @classmethod
-    def of_rollout(cls, prompt_index: int, rollout: Rollout) -> Trajectory:
-        """A single-turn trajectory: the prompt and one sampled completion."""
-        trajectory = cls(prompt_index, list(rollout.prompt_ids))
-        trajectory.add_turn(rollout)
-        return trajectory
+    versions: list[int] = field(default_factory=list)  # the policy version of each sampled token, in order
 
     def add_turn(self, rollout: Rollout) -> None:
         """Append a turn the engine sampled (after the observation, if any, that led to it)."""
@@ -71,6 +67,7 @@ class Trajectory:
         self.logprobs += rollout.logprobs
         self.text, self.finish_reason = rollout.text, rollout.finish_reason
         self.turns += 1
+        self.versions += rollout.versions or []
         if rollout.routes is not None:
             self.routes = rollout.routes if self.routes is None else torch.cat([self.routes, rollout.routes[len(self.routes):]])
 
@@ -82,64 +79,27 @@ class Trajectory:
 
 
 class TrajectoryRunner:
-    def __init__(self, engine, renderer: Renderer, config: EnvConfig, context: EnvContext, max_model_len: int):
+    """Runs trajectories over `engine` (see `Episodes`, which advances them; `fixed_order` is its)."""
+
+    def __init__(self, engine, renderer: Renderer, config: EnvConfig, context: EnvContext, max_model_len: int,
+                 fixed_order: bool = False):
         self.engine, self.renderer, self.config, self.context = engine, renderer, config, context
-        self.max_model_len = max_model_len
+        self.max_model_len, self.fixed_order = max_model_len, fixed_order
 
     def run(self, starts: list[Start], n: int, sampling: Sampling, progress=None) -> list[Trajectory]:
         """`n` trajectories of each start, by start then sample. Turn t of sample j of start i is
         seeded `sampling.seed + i * n + j + t * TURN_SEED_STRIDE`: the first turn's seeds are a
         batched generate's, so a single-turn run samples exactly as one generate call would."""
-        envs = [[make_env(self.config.name, s.problem, self.context) for _ in range(n)] for s in starts]
-        for row, start in zip(envs, starts):
-            messages = [env.reset(start.problem) for env in row][0]  # the same start for each sample
-            if messages is not None:
-                start.prompt_ids = self.renderer.prompt(start.problem, messages)
-        stop = tuple(sorted({x for row in envs for env in row for x in getattr(env, "stop", ())}))
-        sampling = replace(sampling, stop=tuple(dict.fromkeys(sampling.stop + stop)))
-        trajectories = {(i, j): Trajectory(i, list(s.prompt_ids)) for i, s in enumerate(starts) for j in range(n)}
-        ready: list[Request] = [
-            Request(("first", i), s.prompt_ids, n, sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + i * n))
-            for i, s in enumerate(starts)
-        ]
-        stepping: dict[Future, tuple[int, int]] = {}
-        with ThreadPoolExecutor(self.config.workers, thread_name_prefix="rlvr-env") as pool:
-            while ready or self.engine.pending or stepping:
-                if ready and not (self.config.lockstep and (self.engine.pending or stepping)):
-                    self.engine.submit(ready)
-                    ready = []
-                if self.engine.pending:
-                    for key, rollouts in self.engine.poll():
-                        for (i, j), rollout in self._turns(key, rollouts):
-                            trajectories[i, j].add_turn(rollout)
-                            stepping[pool.submit(self._step, envs[i][j], rollout.text)] = (i, j)
-                        if progress is not None and key[0] == "first":
-                            progress(len(rollouts))
-                else:  # the engine is idle: wait for an environment to answer
-                    wait(stepping, return_when=FIRST_COMPLETED)
-                for future in [f for f in stepping if f.done()]:
-                    i, j = stepping.pop(future)
-                    step, seconds = future.result()
-                    following = self._follow(trajectories[i, j], step, seconds, sampling, key=("turn", i, j), seed_of=i * n + j)
-                    if following is not None:
-                        ready.append(following)
-        for row in envs:
-            for env in row:
-                env.close()
-        return [trajectories[i, j] for i in range(len(starts)) for j in range(n)]
-
-    @staticmethod
-    def _turns(key, rollouts: list[Rollout]):
-        """((start, sample), rollout) of a finished request: a first turn's n samples, or one later turn."""
-        if key[0] == "first":
-            return [((key[1], j), r) for j, r in enumerate(rollouts)]
-        return [((key[1], key[2]), rollouts[0])]
-
-    @staticmethod
-    def _step(env, action: str) -> tuple[EnvStep, float]:
-        started = time.perf_counter()
-        step = env.step(action)
-        return step, time.perf_counter() - started
+        finished: dict[int, list[Trajectory]] = {}
+        with Episodes(self) as episodes:
+            for i, start in enumerate(starts):
+                episodes.submit(i, start, n, sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + i * n))
+            while episodes.pending:
+                for i, trajectories in episodes.advance():
+                    finished[i] = trajectories
+                    if progress is not None:
+                        progress(len(trajectories))
+        return [t for i in range(len(starts)) for t in finished[i]]
 
     def _follow(self, t: Trajectory, step: EnvStep, seconds: float, sampling: Sampling, key: tuple, seed_of: int) -> Request | None:
         """Record the environment's answer; the trajectory's next turn, or None when it ends."""
@@ -162,6 +122,113 @@ class TrajectoryRunner:
 
     def _ended(self, t: Trajectory) -> bool:
         return bool(t.completion_ids) and t.completion_ids[-1] == self.renderer.end_of_turn_id
+
+
+@dataclass
+class _Open:
+    """A start's trajectories still running: their environments, and how many have not ended."""
+
+    envs: list
+    trajectories: list[Trajectory]
+    sampling: Sampling  # the start's own: its seed, its environments' stop strings
+    running: int
+
+
+class Episodes:
+    """The trajectories of many starts in progress on one engine, advanced one engine boundary at
+    a time: what `TrajectoryRunner.run` drives to the end for one batch, and what the fully
+    asynchronous stream (rlvr.rollout.async_groups) keeps fed across steps.
+
+        episodes.submit(key, start, n, sampling)   # n trajectories of start, first turns queued
+        for key, trajectories in episodes.advance(): ...   # the starts whose n trajectories all ended
+
+    With the runner's `fixed_order`, each boundary waits for the environment steps of the turns it
+    polled and queues their next turns for the next boundary, so the turns reach the engine at
+    fixed engine steps whatever the tools' timing. The fully asynchronous stream needs that for a
+    seed to fix which policy version samples which token, and its run's evaluations too: the
+    prefix cache an evaluation leaves is what the next rollouts' prompts hit, and KV read from it
+    or computed afresh differ in rounding. The engine idles while those tools run. Without it, an
+    environment's answer is taken at whichever boundary finds it done, and the engine decodes the
+    other trajectories meanwhile: seeded, the samples are the same, their logprobs to rounding."""
+
+    def __init__(self, runner: TrajectoryRunner):
+        self.runner, self.engine, self.fixed_order = runner, runner.engine, runner.fixed_order
+        self._open: dict[Hashable, _Open] = {}
+        self._ready: list[Request] = []
+        self._stepping: dict[Future, tuple[Hashable, int]] = {}
+        self._pool = ThreadPoolExecutor(runner.config.workers, thread_name_prefix="rlvr-env")
+
+    @property
+    def pending(self) -> bool:
+        """Whether a submitted start has a trajectory that has not ended."""
+        return bool(self._open)
+
+    def submit(self, key: Hashable, start: Start, n: int, sampling: Sampling) -> None:
+        """Start `n` trajectories of `start` (their environments reset; a row whose environment
+        gives its own conversation is rendered from it); sample j's turn t is seeded
+        `sampling.seed + j + t * TURN_SEED_STRIDE`."""
+        envs = [make_env(self.runner.config.name, start.problem, self.runner.context) for _ in range(n)]
+        messages = [env.reset(start.problem) for env in envs][0]  # the same start for each sample
+        prompt = start.prompt_ids if messages is None else self.runner.renderer.prompt(start.problem, messages)
+        stop = sorted({x for env in envs for x in getattr(env, "stop", ())})
+        sampling = replace(sampling, stop=tuple(dict.fromkeys(sampling.stop + tuple(stop))))
+        self._open[key] = _Open(envs, [Trajectory(key, list(prompt)) for _ in range(n)], sampling, n)
+        self._ready.append(Request(("first", key), list(prompt), n, sampling))
+
+    def advance(self) -> list[tuple[Hashable, list[Trajectory]]]:
+        """One engine boundary: submit the turns queued (`env.lockstep`: only once every trajectory
+        has answered), poll the engine, step the environments of the turns it finished, and follow
+        their answers. Returns the starts that ended, with their trajectories in sample order."""
+        if self._ready and not (self.runner.config.lockstep and (self.engine.pending or self._stepping)):
+            self.engine.submit(self._ready)
+            self._ready = []
+        if self.engine.pending:
+            for key, rollouts in self.engine.poll():
+                turns = enumerate(rollouts) if key[0] == "first" else [(key[2], rollouts[0])]
+                for j, rollout in turns:
+                    start = self._open[key[1]]
+                    start.trajectories[j].add_turn(rollout)
+                    self._stepping[self._pool.submit(_step, start.envs[j], rollout.text)] = (key[1], j)
+            if self.fixed_order:
+                wait(self._stepping)
+        elif self._stepping:  # the engine is idle: wait for an environment to answer
+            wait(self._stepping, return_when=ALL_COMPLETED if self.fixed_order else FIRST_COMPLETED)
+        ended = []
+        for future in [f for f in self._stepping if f.done()]:  # in the order the turns were polled
+            key, j = self._stepping.pop(future)
+            step, seconds = future.result()
+            start = self._open[key]
+            following = self.runner._follow(start.trajectories[j], step, seconds, start.sampling, key=("turn", key, j),
+                                            seed_of=j)
+            if following is not None:
+                self._ready.append(following)
+                continue
+            start.running -= 1
+            if not start.running:
+                for env in self._open.pop(key).envs:
+                    env.close()
+                ended.append((key, start.trajectories))
+        return ended
+
+    def close(self) -> None:
+        """Close the environments still open and the environments' thread pool."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        for start in self._open.values():
+            for env in start.envs:
+                env.close()
+        self._open.clear()
+
+    def __enter__(self) -> Episodes:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _step(env, action: str) -> tuple[EnvStep, float]:
+    started = time.perf_counter()
+    step = env.step(action)
+    return step, time.perf_counter() - started
 
 
 TURN_SEED_STRIDE = 1_000_003
