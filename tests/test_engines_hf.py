@@ -171,6 +171,9 @@ def test_update_weights(prompts, model_dir, tmp_path):
     eos = AutoTokenizer.from_pretrained(model_dir).eos_token_id
     with start_engine("hf", model_dir) as engine:
         engine.update_weights(other.state_dict().items())
+        assert engine.policy_version == 1  # one more than served, unless the push names its version
+        engine.update_weights(other.state_dict().items(), version=5)
+        assert engine.policy_version == 5
         greedy = [r.completion_ids for r in engine.generate(prompts, 1, Sampling(temperature=0.0, max_tokens=12))]
     assert greedy == [reference_greedy(other, p, 12, eos) for p in prompts]
     with pytest.raises(RuntimeError, match="closed"):

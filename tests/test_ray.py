@@ -152,6 +152,7 @@ def test_a_killed_rank_or_engine_stops_the_run_with_one_line(tmp_path, backend):
     with Trainer(spec, launch=cluster.launch_ranks) as trainer, \
             start_engine("vllm", tiny, placement=cluster, max_model_len=64, kv_cache_gb=0.25) as engine:
         assert engine.score(*probe)[0] == pytest.approx(trainer.logprobs(*probe)[0], abs=1e-4)
+        assert (engine.pending, engine.policy_version) == (0, 0)  # the engine's properties, through the actor
         ray.kill(trainer._ranks[1]._actor)
         with pytest.raises(TrainerError) as rank_died:
             trainer.logprobs(*probe)

@@ -113,6 +113,15 @@ class LoraAdapter:
         return _rebuild_adapter, (tensors, self.config, self.version)
 
 
+@dataclass
+class Weights:
+    """A model's full weights in memory (transformers names): a policy version to push to an engine
+    whole, as full fine-tuning does."""
+
+    tensors: dict[str, torch.Tensor]
+    version: int
+
+
 def _bytes_of(tensor: torch.Tensor):
     import torch
 

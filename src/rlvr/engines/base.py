@@ -12,7 +12,7 @@ from typing import Protocol
 
 import torch
 
-from rlvr.records import LoraAdapter, Request, Rollout, Sampling
+from rlvr.records import LoraAdapter, Request, Rollout, Sampling, Weights
 
 
 class EngineDied(RuntimeError):
@@ -59,8 +59,9 @@ class Engine(Protocol):
         """Serve `adapter` (PEFT naming, in memory) from the next generate call on."""
         ...
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Replace base-model weights, given by their transformers parameter names."""
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
+        """Replace base-model weights, given by their transformers parameter names; serve them as
+        policy `version` (default: one more than now)."""
         ...
 
     def sleep(self) -> None:
@@ -88,6 +89,14 @@ def score_each(engine: Engine, sequences: list[list[int]], prompt_lens: list[int
     push (the sync probe) must see every replica's weights."""
     each = getattr(engine, "score_each", None)
     return each(sequences, prompt_lens) if each is not None else [engine.score(sequences, prompt_lens)]
+
+
+def push_policy(engine: Engine, policy: LoraAdapter | Weights) -> None:
+    """Serve `policy` from now on, as version `policy.version`: an adapter, or full weights."""
+    if isinstance(policy, LoraAdapter):
+        engine.update_lora(policy)
+    else:
+        engine.update_weights(policy.tensors.items(), version=policy.version)
 
 
 def completion_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:

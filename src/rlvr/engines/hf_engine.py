@@ -207,13 +207,13 @@ class HFEngine(Engine):
             raise ValueError(f"LoRA tensors the model has no place for: {result.unexpected_keys[:3]}")
         self.policy_version = adapter.version
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         """Load transformers-named tensors into the base model; every name must exist."""
         self._check_open("update_weights")
         result = self.model.load_state_dict(dict(named_tensors), strict=False)
         if result.unexpected_keys:
             raise ValueError(f"weights the model has no parameter for: {result.unexpected_keys[:3]}")
-        self.policy_version += 1
+        self.policy_version = self.policy_version + 1 if version is None else version
 
     # -- lifetime ---------------------------------------------------------------------------
 

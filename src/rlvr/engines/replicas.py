@@ -184,9 +184,9 @@ class ReplicatedEngine(Engine):
     def update_lora(self, adapter: LoraAdapter) -> None:
         self._each(lambda replica: replica.update_lora(adapter))
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         tensors = list(named_tensors)  # one pass for every replica
-        self._each(lambda replica: replica.update_weights(tensors))
+        self._each(lambda replica: replica.update_weights(tensors, version))
 
     def sleep(self) -> None:
         self._each(lambda replica: replica.sleep())

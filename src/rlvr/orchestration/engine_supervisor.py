@@ -78,10 +78,10 @@ class EngineSupervisor:
         self._retrying("update_lora", lambda engine: engine.update_lora(adapter))
         self._restore = lambda engine: engine.update_lora(adapter)
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         tensors = list(named_tensors)  # kept: a new engine starts from the base weights
-        self._retrying("update_weights", lambda engine: engine.update_weights(tensors))
-        self._restore = lambda engine: engine.update_weights(tensors)
+        self._retrying("update_weights", lambda engine: engine.update_weights(tensors, version))
+        self._restore = lambda engine: engine.update_weights(tensors, version)
 
     def sleep(self) -> None:
         self._retrying("sleep", lambda engine: engine.sleep())

