@@ -107,7 +107,7 @@ def test_bad_config_names_the_key(config):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("trainer.lora=null", "rollout.mode=async pushes LoRA adapters in flight: set trainer.lora"),
+    ("engine.replicas=2", "rollout.mode=async streams from one engine; engine.replicas=2 runs mode: sync or one_step_off"),
 ])
 def test_what_async_mode_cannot_stream_is_refused_in_one_line(config, override, message):
     line = one_line_error(rlvr("train", config, "rollout.mode=async", "rollout.max_staleness=2", override))

@@ -678,13 +678,10 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
-    def _async_streams_adapters_from_one_engine(self) -> RunConfig:
-        # What rlvr.rollout.async_groups drives: one engine taking adapters in flight
+    def _async_streams_from_one_engine(self) -> RunConfig:
+        # What rlvr.rollout.async_groups drives: one engine taking each policy in flight
         if self.rollout.mode != "async":
             return self
-        if self.trainer.lora is None:
-            raise ValueError("rollout.mode=async pushes LoRA adapters in flight: set trainer.lora (full fine-tuning "
-                             "runs mode: sync or one_step_off)")
         if self.engine.replicas > 1:
             raise ValueError(f"rollout.mode=async streams from one engine; engine.replicas={self.engine.replicas} runs "
                              "mode: sync or one_step_off")

@@ -4,7 +4,8 @@ pushed to it in flight, and a group trains only while its oldest token is recent
     groups = AsyncGroups(Episodes(runner), draw, samples=8, sampling=sampling, max_staleness=2, capacity=48)
     groups.start()                          # optional: a thread keeps the engine busy between takes
     batch = groups.take(16)                 # the next 16 admitted groups, in the order they were drawn
-    groups.update(trainer.adapter())        # after each optimizer step: served from the next engine step
+    groups.update(adapter)                  # after each optimizer step (an adapter, or full Weights):
+                                            # served from the next engine step
     groups.close()
 
 A group is the `samples` trajectories of one drawn prompt through its environment (one turn for
@@ -35,7 +36,8 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from rlvr.records import LoraAdapter, Sampling
+from rlvr.engines.base import push_policy
+from rlvr.records import LoraAdapter, Sampling, Weights
 from rlvr.rollout.trajectories import Episodes, Start, Trajectory
 
 
@@ -117,20 +119,20 @@ class AsyncGroups:
         self._finished: dict[int, Group] = {}  # finished, not yet handed out
         self._gone: set[int] = set()  # dropped after handed_out: skipped when it gets there
         self._problems: dict[int, Hashable] = {}
-        self._update: LoraAdapter | None = None  # the latest update, not yet served
+        self._update: LoraAdapter | Weights | None = None  # the latest update, not yet served
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stop = False
         self._error: BaseException | None = None
 
-    def update(self, adapter: LoraAdapter) -> None:
-        """The trainer's new policy: admission measures against `adapter.version` from now on, and
+    def update(self, policy: LoraAdapter | Weights) -> None:
+        """The trainer's new policy: admission measures against `policy.version` from now on, and
         the engine serves it from its next step (running samples continue under it). Safe from any
         thread; of several updates between two engine steps only the last is pushed."""
         with self._lock:
-            if self.version is not None and adapter.version <= self.version:
-                raise ValueError(f"update to version {adapter.version}, not after the current {self.version}")
-            self._update, self.version = adapter, adapter.version
+            if self.version is not None and policy.version <= self.version:
+                raise ValueError(f"update to version {policy.version}, not after the current {self.version}")
+            self._update, self.version = policy, policy.version
             self._lock.notify_all()
 
     def step(self, draw: bool = True) -> None:
@@ -138,13 +140,13 @@ class AsyncGroups:
         `draw`), run the engine until some group finishes. The caller must be the only thread
         stepping."""
         with self._lock:
-            adapter, self._update = self._update, None
+            policy, self._update = self._update, None
             room = self.capacity - self._held if draw else 0
-        if adapter is not None:
-            self.engine.update_lora(adapter)
+        if policy is not None:
+            push_policy(self.engine, policy)
             served = self.engine.policy_version
-            if served != adapter.version:  # verl #7495: an adapter that never reached the engine looks like staleness
-                raise PushNotServed(f"the push of policy version {adapter.version} did not arrive: the engine "
+            if served != policy.version:  # verl #7495: an adapter that never reached the engine looks like staleness
+                raise PushNotServed(f"the push of policy version {policy.version} did not arrive: the engine "
                                     f"serves version {served}; stopping the run")
         for _ in range(max(room, 0)):
             problem, start = self.draw()
