@@ -101,28 +101,6 @@ class TrajectoryRunner:
                         progress(len(trajectories))
         return [t for i in range(len(starts)) for t in finished[i]]
 
-    def _follow(self, t: Trajectory, step: EnvStep, seconds: float, sampling: Sampling, key: tuple, seed_of: int) -> Request | None:
-        """Record the environment's answer; the trajectory's next turn, or None when it ends."""
-        t.env_seconds += seconds
-        t.tool_calls += step.tool_calls
-        t.tool_errors += step.tool_errors
-        if step.reward is not None:
-            t.reward = (t.reward or 0.0) + step.reward
-        if step.done or t.turns >= self.config.max_turns or t.finish_reason == "length":
-            return None
-        observation = self.renderer.observation(step.observation, ended_turn=self._ended(t))
-        if len(t.prompt_ids) + len(t.completion_ids) + len(observation) + sampling.max_tokens > self.max_model_len:
-            t.finish_reason = "length"  # no room for another turn
-            return None
-        t.completion_ids += observation
-        t.mask += [0] * len(observation)
-        t.logprobs += [0.0] * len(observation)
-        seed = None if sampling.seed is None else sampling.seed + seed_of + t.turns * TURN_SEED_STRIDE
-        return Request(key, t.prompt_ids + t.completion_ids, 1, replace(sampling, seed=seed))
-
-    def _ended(self, t: Trajectory) -> bool:
-        return bool(t.completion_ids) and t.completion_ids[-1] == self.renderer.end_of_turn_id
-
 
 @dataclass
 class _Open:
@@ -207,8 +185,7 @@ class Episodes:
             key, j, _ = self._stepping.pop(future)
             step, seconds = future.result()
             start = self._open[key]
-            following = self.runner._follow(start.trajectories[j], step, seconds, start.sampling, key=("turn", key, j),
-                                            seed_of=j)
+            following = self._follow(start.trajectories[j], step, seconds, start.sampling, key=("turn", key, j), seed_of=j)
             if following is not None:
                 self._ready.append(following)
                 continue
@@ -218,6 +195,28 @@ class Episodes:
                     env.close()
                 ended.append((key, start.trajectories))
         return ended
+
+    def _follow(self, t: Trajectory, step: EnvStep, seconds: float, sampling: Sampling, key: tuple, seed_of: int) -> Request | None:
+        """Record the environment's answer; the trajectory's next turn, or None when it ends."""
+        t.env_seconds += seconds
+        t.tool_calls += step.tool_calls
+        t.tool_errors += step.tool_errors
+        if step.reward is not None:
+            t.reward = (t.reward or 0.0) + step.reward
+        if step.done or t.turns >= self.runner.config.max_turns or t.finish_reason == "length":
+            return None
+        observation = self.runner.renderer.observation(step.observation, ended_turn=self._ended(t))
+        if len(t.prompt_ids) + len(t.completion_ids) + len(observation) + sampling.max_tokens > self.runner.max_model_len:
+            t.finish_reason = "length"  # no room for another turn
+            return None
+        t.completion_ids += observation
+        t.mask += [0] * len(observation)
+        t.logprobs += [0.0] * len(observation)
+        seed = None if sampling.seed is None else sampling.seed + seed_of + t.turns * TURN_SEED_STRIDE
+        return Request(key, t.prompt_ids + t.completion_ids, 1, replace(sampling, seed=seed))
+
+    def _ended(self, t: Trajectory) -> bool:
+        return bool(t.completion_ids) and t.completion_ids[-1] == self.runner.renderer.end_of_turn_id
 
     def close(self) -> None:
         """Close the environments still open and the environments' thread pool."""
