@@ -6,7 +6,7 @@ import torch
 from peft import LoraConfig, get_peft_model
 from torch import nn
 
-from rlvr.engines.vllm_engine import merged_weights
+from rlvr.engines.lora_merge import merged_weights
 
 
 class TwoLayers(nn.Module):
@@ -64,3 +64,29 @@ def test_merge_refuses_what_it_cannot_merge():
         merged_weights(base, {"base_model.model.other.lora_A.weight": a, "base_model.model.other.lora_B.weight": b}, config)
     with pytest.raises(ValueError, match="lacks its A or B"):
         merged_weights(base, {"base_model.model.up.lora_A.weight": a}, config)
+
+
+def test_stochastic_rounding_to_bf16_keeps_what_nearest_rounding_loses():
+    """An adapter's early change to a weight is a fraction of a bf16 ulp: nearest rounding gives the
+    base back, stochastic rounding keeps it in expectation, landing on one of the two neighbours."""
+    from rlvr.engines.lora_merge import stochastic_round
+
+    weights = torch.randn(4096).to(torch.bfloat16).float()  # representable: the base as a bf16 engine holds it
+    ulp = torch.finfo(torch.bfloat16).eps * weights.abs()  # at least the spacing below each weight
+    target = weights + 0.1 * ulp * torch.sign(torch.randn(4096))
+    assert torch.equal(target.to(torch.bfloat16).float(), weights)  # nearest: the change is gone
+    generator = torch.Generator().manual_seed(0)
+    draws = torch.stack([stochastic_round(target, torch.bfloat16, generator).float() for _ in range(400)])
+    assert ((draws - target).abs() <= 2 * ulp[None]).all()  # one of the two bf16 neighbours
+    change, kept = (target - weights), (draws.mean(0) - weights)
+    assert abs(float((kept * change).sum() / (change * change).sum()) - 1.0) < 0.1  # unbiased, in aggregate
+    assert torch.equal(stochastic_round(target, torch.float16, generator), target.to(torch.float16))  # nearest elsewhere
+
+
+def test_a_bf16_merge_is_drawn_from_its_seed():
+    base = {"up.weight": torch.randn(8, 6)}
+    adapter = {"base_model.model.up.lora_A.weight": 1e-3 * torch.randn(4, 6),
+               "base_model.model.up.lora_B.weight": 1e-3 * torch.randn(8, 4)}
+    config = {"r": 4, "lora_alpha": 8}
+    first, again, other = (dict(merged_weights(base, adapter, config, torch.bfloat16, seed=s))["up.weight"] for s in (3, 3, 4))
+    assert first.dtype == torch.bfloat16 and torch.equal(first, again) and not torch.equal(first, other)

