@@ -171,8 +171,11 @@ class ModelConfig(Section):
     """The policy: one HF model folder that the engine serves and the trainer ranks train."""
 
     path: str = Field(..., description="HF model folder: float, NVFP4 (compressed-tensors) or NF4 (bitsandbytes)")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="compute dtype of engine and trainer (float32 on CPU: no native bf16 there)"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="compute dtype of engine and trainer. auto: bfloat16 where the device computes it natively "
+        "(CUDA; a CPU with AMX or AVX512-BF16, as torch reports it), float32 elsewhere (a CPU without them emulates "
+        "bf16, several times slower than float32). LoRA factors, gradients and optimizer state stay float32 "
+        "(rlvr.hardware)"
     )
     estimate: ArchitectureEstimate | None = Field(
         None, description="architecture numbers for --dry-run when model.path has no config.json yet"

@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 from rlvr.checkpoint.store import CheckpointStore, verify
+from rlvr.hardware import compute_dtype
 
 
 def resolve_checkpoint(run_dir: str | Path, checkpoint: str | Path | None = None) -> Path:
@@ -54,7 +55,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, checkpoint: str | Path 
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     cfg, folder, adapter = open_run(run_dir, checkpoint)
-    dtype = getattr(torch, cfg.model.dtype)
+    dtype = compute_dtype(cfg.model.dtype, "cpu").torch  # exported where it is merged: here
     with tempfile.TemporaryDirectory(prefix="rlvr-export-") as scratch:
         base = cfg.model.path
         if is_quantized_checkpoint(base):

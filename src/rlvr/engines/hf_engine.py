@@ -19,6 +19,7 @@ import torch
 
 from rlvr.config import EngineConfig, ModelConfig
 from rlvr.engines.base import Engine, completion_logprobs
+from rlvr.hardware import compute_dtype
 from rlvr.records import LoraAdapter, Request, Rollout, Sampling
 
 
@@ -37,7 +38,7 @@ class HFEngine(Engine):
         if self.device.type == "cpu":
             torch.set_num_threads(engine.num_threads or os.cpu_count() or 1)
         self.tokenizer = load_tokenizer(model.path)
-        self.model = _load_model(model.path, getattr(torch, model.dtype)).to(self.device)
+        self.model = _load_model(model.path, compute_dtype(model.dtype, self.device.type).torch).to(self.device)
         self.model.eval()
         from rlvr.models.moe import moe_layers
 

@@ -37,6 +37,7 @@ from pathlib import Path
 
 from rlvr.config import LoraConfig, RunConfig
 from rlvr.engines.lora_targets import engine_lora_targets
+from rlvr.hardware import ComputeDtype, compute_dtype, local_device
 
 GB = 1e9
 GiB = 1 << 30
@@ -44,6 +45,16 @@ NVFP4_BITS = 4.5  # 4-bit values + an FP8 (8-bit) scale per group of 16
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 LM_HEAD_CHUNK_TOKENS = 1024  # TokenLogprobs' chunk_tokens: the logits exist for this many tokens at a time
 LORA_DTYPE_BYTES = 4  # peft keeps adapter weights in float32 on a bf16 base
+
+
+def planned_dtype(cfg: RunConfig) -> ComputeDtype:
+    """model.dtype as the planned devices compute it: the placement's GPUs, or this machine's CPU."""
+    return compute_dtype(cfg.model.dtype, local_device(cfg.placement.gpus_per_node))
+
+
+def compute_bytes(cfg: RunConfig) -> int:
+    """Bytes of one element of the planned compute dtype."""
+    return DTYPE_BYTES[planned_dtype(cfg).name]
 
 
 class NoArchitecture(ValueError):

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlvr.config import RunConfig, dump_config
+from rlvr.orchestration.architecture import planned_dtype
 from rlvr.orchestration.evaluation import Evaluation
 from rlvr.orchestration.run_state import RunCheckpoints
 from rlvr.rollout.async_groups import AsyncGroups
@@ -58,7 +59,9 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     check_model_folder(cfg.model.path)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_config(cfg))  # as given: a resumed run sizes its engine again
+    # as given: a resumed run sizes its engine again, and picks model.dtype: auto's dtype on its own machine
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    log(planned_dtype(cfg).line())
     torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.model.path)
     train_set = load_prompt_set(cfg.data, cfg.data.train, tokenizer)

@@ -26,6 +26,7 @@ from pathlib import Path
 from rlvr.checkpoint.peft_files import load_adapter
 from rlvr.config import RunConfig
 from rlvr.orchestration import RunStopped
+from rlvr.orchestration.architecture import planned_dtype
 from rlvr.orchestration.builders import Run, build_run
 from rlvr.orchestration.run_state import RunState
 from rlvr.rollout.collect import StepRollouts
@@ -152,7 +153,10 @@ def _describe(run: Run) -> dict:
         run.log(f"trainer.attention: packed is not available for {cfg.model.path} (its attention does not dispatch "
                 "through transformers' AttentionInterface): training with sdpa's block-diagonal mask and a prompt "
                 "copy per sample")
+    compute = planned_dtype(cfg)
     return {
+        "compute_dtype": compute.name,
+        "compute_dtype_reason": compute.reason,
         "engine": run.engine.name,
         "trainer_ranks": trainer.world_size,
         "base_format": trainer.base_format,

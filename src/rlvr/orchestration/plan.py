@@ -72,11 +72,12 @@ from dataclasses import dataclass, field
 from rlvr.config import RunConfig
 from rlvr.engines.replicas import unplaceable
 from rlvr.orchestration.architecture import (
-    DTYPE_BYTES,
     GB,
     GiB,
     Architecture,
     NoArchitecture,
+    compute_bytes,
+    planned_dtype,
     read_architecture,
 )
 from rlvr.orchestration.step_time import StepTime, step_time
@@ -96,7 +97,7 @@ def rank_bytes(cfg: RunConfig, rank: int, arch: Architecture | None = None) -> d
     """Trainer rank `rank`'s bytes on its device between steps, by FSDP2's chunk rule (see the
     module doc-string): base_shard, gathered, trainable, optimizer."""
     arch = arch or read_architecture(cfg)
-    trainer, b = cfg.trainer, DTYPE_BYTES[cfg.model.dtype]
+    trainer, b = cfg.trainer, compute_bytes(cfg)
     shards = trainer.shard_ranks or trainer.ranks
     local = {False: 0.0, True: 0.0}  # by trainable
     for unit in arch.units(b, trainer.lora):
@@ -243,7 +244,7 @@ def _cpu_devices(cfg: RunConfig) -> list[Device]:
 
 def _estimate(cfg: RunConfig, arch: Architecture, devices: list[Device], notes: list[str]) -> dict[int, float]:
     """Fill each device's memory; return each node's host bytes while loading (GPU placements)."""
-    b = DTYPE_BYTES[cfg.model.dtype]
+    b = compute_bytes(cfg)
     tp, lora = cfg.engine.tensor_parallel_size, cfg.trainer.lora
     base = arch.weight_bytes(b)
     lora_slot = arch.adapter_params(lora) * b / tp if lora else 0.0
@@ -308,7 +309,7 @@ def _note_encoders(cfg: RunConfig, notes: list[str]) -> None:
 
 
 def _note_kv(cfg: RunConfig, arch: Architecture, notes: list[str]) -> None:
-    per_token = arch.kv_bytes_per_token(cfg.engine.tensor_parallel_size, DTYPE_BYTES[cfg.model.dtype])
+    per_token = arch.kv_bytes_per_token(cfg.engine.tensor_parallel_size, compute_bytes(cfg))
     tokens = int(cfg.engine.kv_cache_gb * GiB // per_token)
     longest = cfg.data.max_prompt_tokens + cfg.rollout.sampling.max_tokens
     asked, replicas = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt, cfg.engine.replicas
@@ -377,8 +378,8 @@ def print_plan(plan: Plan, cfg: RunConfig, console) -> None:
     if arch is None:
         say(f"memory: not estimated ({plan.unknown})")
     else:
-        b = DTYPE_BYTES[cfg.model.dtype]
-        form = "NVFP4 Linear layers" if arch.nvfp4 else cfg.model.dtype
+        b = compute_bytes(cfg)
+        form = "NVFP4 Linear layers" if arch.nvfp4 else planned_dtype(cfg).name
         weights = arch.weight_bytes(b) / GB
         say(f"model: {arch.params / 1e9:.2f}B parameters (from {arch.source}), weights {weights:.2f} GB in {form}")
         if arch.experts:

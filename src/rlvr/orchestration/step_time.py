@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from rlvr.config import RunConfig
 from rlvr.orchestration.accelerators import ACCELERATORS, Accelerator
-from rlvr.orchestration.architecture import DTYPE_BYTES, GiB, LORA_DTYPE_BYTES, Architecture
+from rlvr.orchestration.architecture import GiB, LORA_DTYPE_BYTES, Architecture, compute_bytes
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ def step_time(cfg: RunConfig, arch: Architecture) -> StepTime:
     """The phases of the config's longest step on `placement.gpu` (set), with `engine.replicas` engines."""
     engines = cfg.engine.replicas
     gpu = ACCELERATORS[cfg.placement.gpu]
-    b = DTYPE_BYTES[cfg.model.dtype]
+    b = compute_bytes(cfg)
     prompt, response = cfg.data.max_prompt_tokens, cfg.rollout.sampling.max_tokens
     sequences = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
     multiplied = arch.active_params - (0 if arch.tie_word_embeddings else arch.vocab_size * arch.hidden)

@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 from rlvr.config import RunConfig
+from rlvr.hardware import compute_dtype, local_device
 from rlvr.models.estimate import estimate_config
 from rlvr.models.folder import config_file
 from rlvr.quant.skeleton import Skeleton
@@ -53,7 +54,7 @@ def _measure(cfg: RunConfig, rank: int) -> dict[str, int]:
 
     world_size, trainer = cfg.trainer.ranks, cfg.trainer
     shard_ranks = trainer.shard_ranks or world_size
-    dtype = getattr(torch, cfg.model.dtype)
+    dtype = compute_dtype(cfg.model.dtype, local_device(cfg.placement.gpus_per_node)).torch
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         lm = _skeleton(cfg, dtype).model

@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from rlvr.config import AlgorithmConfig, ModelConfig, TrainerConfig
+from rlvr.hardware import compute_dtype
 from rlvr.models.moe import moe_layers
 from rlvr.quant.skeleton import Skeleton
 from rlvr.training import wire
@@ -190,10 +191,15 @@ class _Rank:
         if use_cuda:
             torch.cuda.set_device(self.device)  # FSDP2 and NCCL place this rank's tensors on the current device
         config = spec.trainer
-        dtype = getattr(torch, spec.model.dtype)
+        compute = compute_dtype(spec.model.dtype, self.device.type).torch
         torch.manual_seed(spec.seed)
+        # What trains is kept in float32 and what is frozen in the compute dtype, as FSDP2's mixed
+        # precision does on GPUs: it casts each unit's parameters to `compute` for the forward and
+        # reduces gradients in float32, so AdamW's moments and an update smaller than a bf16 ulp of
+        # the weight are not rounded away. A LoRA run's base is frozen: it stays in `compute`.
+        stored = compute if config.lora else torch.float32
         # on the meta device: no rank reads a tensor before FSDP2 has said which rows it holds
-        skeleton = Skeleton.from_checkpoint(spec.model.path, dtype)
+        skeleton = Skeleton.from_checkpoint(spec.model.path, stored)
         lm, self.base_format = skeleton.model, skeleton.base_format
         self.packed_attention = config.attention == "packed" and use_packed_attention(lm)
         if config.gradient_checkpointing:
@@ -214,7 +220,7 @@ class _Rank:
         self.first_replica = rank < shard_ranks  # ranks are laid out replica by replica
         # each rank reads its rows of each tensor straight into its shard on the device: neither
         # host nor device ever holds more than the shards and one tensor's rows
-        shard_and_load(self.policy, skeleton, mesh, param_dtype=dtype, device=self.device)
+        shard_and_load(self.policy, skeleton, mesh, param_dtype=compute, device=self.device)
         self.trainable = [(n, p) for n, p in self.policy.named_parameters() if p.requires_grad]
         self.trainable_params = sum(_numel(p) for _, p in self.trainable)
         self.total_params = sum(_numel(p) for p in self.policy.parameters())
