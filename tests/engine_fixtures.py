@@ -20,9 +20,11 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 LOGIT_SCALE = 3.0
 
 
-def start_engine(backend: str, model_path, *, seed: int = 0, lora_rank: int | None = None, placement=None, **options):
-    """`make_engine` for a model folder; `options` are EngineConfig fields."""
-    return make_engine(ModelConfig(path=str(model_path)), EngineConfig(backend=backend, **options), seed=seed,
+def start_engine(backend: str, model_path, *, seed: int = 0, lora_rank: int | None = None, placement=None,
+                 dtype: str = "float32", **options):
+    """`make_engine` for a model folder; `options` are EngineConfig fields. float32 unless asked: the
+    engine tests compare logprobs with transformers' and the trainer's to float32 rounding."""
+    return make_engine(ModelConfig(path=str(model_path), dtype=dtype), EngineConfig(backend=backend, **options), seed=seed,
                        lora_rank=lora_rank, placement=placement)
 
 

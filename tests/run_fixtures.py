@@ -42,6 +42,9 @@ def small_config(root: Path, name: str, steps: int, reward: str | dict | None = 
     cfg["demo"]["warm_start"].update(steps=0)
     cfg["demo"]["task"].update(train_size=32, test_size=4)
     cfg["trainer"]["ranks"] = 1
+    # float32, not the default auto: these runs check equalities to float32 rounding (a resumed run's
+    # metrics line for line, the engine's logprobs against the trainer's within 1e-3)
+    cfg["model"]["dtype"] = "float32"
     cfg["tracking"] = {"progress": False}
     if isinstance(reward, dict):
         sections["reward"] = reward

@@ -54,7 +54,7 @@ def trainer_model(path):
 
 def engine_logprobs(path, seqs, starts) -> list[torch.Tensor]:
     engine = EngineConfig(backend="vllm", max_model_len=128, kv_cache_gb=0.25)
-    with make_engine(ModelConfig(path=str(path)), engine, seed=0) as served:
+    with make_engine(ModelConfig(path=str(path), dtype="float32"), engine, seed=0) as served:
         return [torch.tensor(lp) for lp in served.score(seqs, starts)]
 
 

@@ -38,7 +38,7 @@ def model_dir(tmp_path_factory):
 
 
 def _engine(path) -> HFEngine:
-    return HFEngine(ModelConfig(path=str(path)), EngineConfig(backend="hf", num_threads=1), seed=0)
+    return HFEngine(ModelConfig(path=str(path), dtype="float32"), EngineConfig(backend="hf", num_threads=1), seed=0)
 
 
 def test_the_hf_engine_returns_each_positions_experts_as_a_forward_over_the_rollout_chooses_them(model_dir):

@@ -47,6 +47,7 @@ def _setting(root, changes: dict, steps: int = STEPS, assets=None):
     cfg["demo"]["warm_start"].update(steps=20, check=None)  # a fixed, unchecked warm start: the test is about the pipeline
     cfg["demo"]["task"].update(train_size=64, test_size=8)
     cfg["tracking"] = {"progress": False}
+    cfg["model"]["dtype"] = "float32"  # the resumed run's metrics must equal the uninterrupted run's, line for line
     for section, values in changes.items():
         if section != "checkpoint":
             cfg[section].update(values)

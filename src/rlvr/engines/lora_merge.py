@@ -5,13 +5,15 @@ weight is far below half a bf16 ulp of the weight (2^-9 of it), so rounding to n
 back: the engine samples the base while the trainer, which adds the adapter's output on its own,
 trains away from it, and their logprob gap grows with every step the adapter grows through the
 rounding (0.006 -> 0.017 in 4 steps on a 110M model). Rounded stochastically, up or down with
-probability by distance, every merged weight equals W + scale * B @ A in expectation, so every
-output of the layer does too, and the rounding adds zero-mean noise no larger than bf16's own.
+probability by distance, every merged weight equals bf16(W) + scale * B @ A in expectation, so
+every output of the layer does too; with the base first rounded to nearest as the trainer holds
+it, the rounding's zero-mean noise scales with the adapter's change, not with the weight.
 """
 
 from __future__ import annotations
 
 import math
+import zlib
 
 import torch
 
@@ -29,14 +31,22 @@ def stochastic_round(values: torch.Tensor, dtype: torch.dtype, generator: torch.
     return ((bits + noise) & -(1 << 16)).view(torch.float32).to(torch.bfloat16)
 
 
+def content_seed(tensors: dict[str, torch.Tensor]) -> int:
+    """A seed drawn from the tensors' bytes: the same adapter is merged to the same weights whatever
+    version, process or run serves it (a resumed run, `rlvr eval --run` of a run's adapter)."""
+    crc = 0
+    for name in sorted(tensors):
+        crc = zlib.crc32(tensors[name].detach().cpu().contiguous().view(torch.uint8).numpy(), crc)
+    return crc
+
+
 def merged_weights(
     base: dict[str, torch.Tensor], lora: dict[str, torch.Tensor], config: dict, dtype: torch.dtype | None = None,
-    seed: int = 0,
 ) -> list[tuple[str, torch.Tensor]]:
     """The weights a PEFT LoRA adapter changes, merged: the adapted linear weights replaced by
     W + scale * B @ A (scale = alpha / r, or alpha / sqrt(r) with rsLoRA), computed in float32
-    and returned in `dtype` (None: the base's; bfloat16 rounded stochastically, drawn from
-    `seed`), with every other `base` tensor of the modules that hold them (`...self_attn.*`,
+    and returned in `dtype` (None: the base's; bfloat16 rounded stochastically, drawn from the
+    adapter's own bytes), with every other `base` tensor of the modules that hold them (`...self_attn.*`,
     `...mlp.*`): vLLM fuses sibling projections (q, k, v with their biases; gate and up) into
     one layer, which must be reloaded whole. The embeddings, norms and every module the adapter
     does not touch are left out: the engine keeps them."""
@@ -52,12 +62,14 @@ def merged_weights(
         factors.setdefault(f"{module}.weight", {})[part[0]] = tensor
     parents = tuple(key.rsplit(".", 2)[0] + "." for key in factors)  # "model.layers.0.self_attn."
     merged = {name: tensor for name, tensor in base.items() if name.startswith(parents)}
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(content_seed(lora))
     for key in sorted(factors):  # one draw order for a seed, whatever order the adapter lists its tensors in
         pair = factors[key]
         if key not in base or set(pair) != {"A", "B"}:
             raise ValueError(f"adapter adapts {key!r}, which is not a weight of the base model or lacks its A or B matrix")
-        w = base[key]
-        summed = w.float() + scale * (pair["B"].float() @ pair["A"].float())
-        merged[key] = stochastic_round(summed, dtype or w.dtype, generator)
+        w, into = base[key], dtype or base[key].dtype
+        # the base weight as the trainer holds it in `into` (rounded to nearest), then the adapter's
+        # change on top: the stochastic rounding's noise scales with the change, not with the weight
+        summed = w.to(into).float() + scale * (pair["B"].float() @ pair["A"].float())
+        merged[key] = stochastic_round(summed, into, generator)
     return list(merged.items())

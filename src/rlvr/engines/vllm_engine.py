@@ -445,7 +445,7 @@ class VLLMEngine(Engine):
                 raise ValueError(f"LoRA version {adapter.version} is already loaded: each sync needs a new version")
             if self._base_weights is None:
                 self._base_weights = _read_weights(self._model_path)
-            merged = merged_weights(self._base_weights, adapter.tensors, adapter.config, self.dtype, seed=adapter.version)
+            merged = merged_weights(self._base_weights, adapter.tensors, adapter.config, self.dtype)
             self._reload("update_lora", merged, adapter.version)
             self._merged_version = adapter.version
             return
