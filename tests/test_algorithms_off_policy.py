@@ -60,3 +60,19 @@ def test_gap_metrics_by_hand():
 def test_unknown_level_raises():
     with pytest.raises(ValueError, match="unknown importance-ratio level"):
         truncated_is_weights(TRAINER, SAMPLER, MASK, cap=2.0, level="step")
+
+
+@pytest.mark.parametrize("level", ["token", "sequence", "geometric"])
+def test_weights_differ_from_the_ratios_exactly_where_a_correction_acts(level):
+    """`weights != importance_ratios(...)` counts the tokens a correction capped or zeroed (policy/is_corrected)."""
+    from rlvr.algorithms import importance_ratios, masked_is_weights, truncated_is_weights
+
+    torch.manual_seed(0)
+    trainer, sampler = torch.randn(4, 6) * 0.5, torch.randn(4, 6) * 0.5
+    mask = torch.ones(4, 6, dtype=torch.bool)
+    mask[0, 4:] = False
+    ratios = importance_ratios(trainer, sampler, mask, level)
+    capped = truncated_is_weights(trainer, sampler, mask, cap=1.5, level=level)
+    assert torch.equal(mask & (capped != ratios), mask & (ratios > 1.5))
+    zeroed = masked_is_weights(trainer, sampler, mask, low=0.8, high=1.5, level=level)
+    assert torch.equal(mask & (zeroed != ratios), mask & ((ratios < 0.8) | (ratios > 1.5)))

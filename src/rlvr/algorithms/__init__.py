@@ -20,6 +20,7 @@ from rlvr.algorithms.off_policy import (
     logprob_gap_metrics,
     masked_is_weights,
     off_policy_keep_mask,
+    importance_ratios,
     truncated_is_weights,
 )
 
@@ -43,5 +44,6 @@ __all__ = [
     "overlong_penalty",
     "policy_loss",
     "token_logprobs",
+    "importance_ratios",
     "truncated_is_weights",
 ]

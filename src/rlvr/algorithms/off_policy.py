@@ -51,6 +51,14 @@ def _log_ratio(trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor,
     raise ValueError(f"unknown importance-ratio level {level!r}; choose one of {LEVELS}")
 
 
+def importance_ratios(trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, level: str = "token") -> Tensor:
+    """w = pi_trainer / pi_sampler [B, T] at `level` (token, sequence: the response's product,
+    geometric: its per-token mean in log space, spread over the response's positions), detached.
+    What the corrections below cap, zero or reject: within the mask, `weights != importance_ratios(...)`
+    marks where they acted."""
+    return _log_ratio(trainer_logprobs, sampler_logprobs, mask, level).exp()
+
+
 def truncated_is_weights(
     trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor, *, cap: float, level: str = "token"
 ) -> Tensor:

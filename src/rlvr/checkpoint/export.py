@@ -46,7 +46,6 @@ def open_run(run_dir: str | Path, checkpoint: str | Path | None = None):
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path, checkpoint: str | Path | None = None) -> Path:
-    import torch
     from transformers import AutoModelForCausalLM
 
     from rlvr.models.tokenizer import load_tokenizer

@@ -140,7 +140,7 @@ class Trainer:
             "sync/sampler_trainer_gap": total["sampler_gap_sum"] / tokens,
             "time/train": max(r["seconds"] for r in results),
         }
-        for key in ("clip_fraction", "approx_kl", "ratio_mean", "kl", "is_weight", "rejected"):
+        for key in ("clip_fraction", "approx_kl", "ratio_mean", "kl", "is_weight", "is_corrected", "rejected"):
             if f"{key}_sum" in total:
                 metrics[f"policy/{key}"] = total[f"{key}_sum"] / tokens
         if "approx_kl_after_sum" in total:  # several updates: how far they moved the policy from π_old

@@ -34,6 +34,7 @@ from rlvr.training import wire
 from rlvr.training.attention import use_packed_attention
 from rlvr.training.packing import MicroBatch, unpack
 from rlvr.training.policy import TokenLogprobs, apply_lora, shard_and_load
+from rlvr.algorithms import importance_ratios
 from rlvr.training.routing import agreement_counts, expert_counts, replay_routing, row_routes
 
 
@@ -351,6 +352,9 @@ class _Rank:
                 self._accumulate(sums, f"{key}_sum", float(metrics[key]) * tokens)
         if is_weights is not None:
             self._accumulate(sums, "is_weight_sum", float(torch.where(mask, is_weights, 0.0).sum()))
+            # how often the correction acts: tokens whose weight it capped (TIS) or zeroed (masked IS)
+            level = self.spec.algorithm.masked_is.level if self.spec.algorithm.masked_is else self.spec.algorithm.tis_level
+            self._accumulate(sums, "is_corrected_sum", float((mask & (is_weights != importance_ratios(old_lp, sampler, mask, level))).sum()))
         if self.spec.algorithm.rejection is not None:
             self._accumulate(sums, "rejected_sum", float((mask & ~kept).sum()))
 
