@@ -8,20 +8,20 @@ Builds a ~9M-parameter Qwen2 (random weights, char tokenizer), then on 64 prompt
             vLLM stops each sample at its own length, HF runs each batch to its longest row.
 Only each sample's own tokens count. EOS is ignored so lengths are exactly the drawn ones.
 Also measures the in-memory LoRA sync (rank 16 on every linear layer) and vLLM's fixed-workload
-model FLOP/s as a fraction of the machine's fp32 peak (cores x clock x 32 FLOP/cycle: two
-8-wide FMA units, AVX2).
+model FLOP/s as a fraction of the machine's nominal fp32 peak (cores x clock x FLOP per cycle of
+its widest fp32 unit: benchmarks/_flops.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import tempfile
 import time
 from pathlib import Path
 
+from _flops import nominal_peak_flops
 from safetensors.torch import load_file
 
 from rlvr.config import EngineConfig, ModelConfig
@@ -32,7 +32,6 @@ from rlvr.records import LoraAdapter, Sampling
 PROMPTS, SAMPLES, FIXED_TOKENS = 64, 8, 128
 MIN_TOKENS, MAX_TOKENS = 8, 512
 MODEL_SIZES = dict(hidden_size=256, num_layers=8, num_heads=4, num_kv_heads=2, intermediate_size=1024)
-FP32_FLOPS_PER_CYCLE = 32  # AVX2: 2 FMA units x 8 float lanes x 2 FLOP
 
 
 def variable_lengths(count: int, seed: int) -> list[int]:
@@ -75,14 +74,6 @@ def lora_adapter(model_dir: Path, version: int) -> LoraAdapter:
                                                              "gate_proj", "up_proj", "down_proj"])
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir), config)
     return LoraAdapter(get_peft_model_state_dict(model), config.to_dict(), version)
-
-
-def fp32_peak_flops() -> tuple[float, str]:
-    with open("/proc/cpuinfo") as f:
-        mhz = max(float(line.split(":")[1]) for line in f if line.startswith("cpu MHz"))
-    cores = len(os.sched_getaffinity(0))
-    peak = cores * mhz * 1e6 * FP32_FLOPS_PER_CYCLE
-    return peak, f"{cores} cores x {mhz / 1e3:.2f} GHz x {FP32_FLOPS_PER_CYCLE} FLOP/cycle = {peak / 1e9:.0f} GFLOP/s"
 
 
 def flops_per_token(config, params: int, mean_context: float) -> float:
@@ -133,7 +124,7 @@ def main() -> None:
     for workload in ("fixed", "variable"):
         w = results[workload]
         w["ratio"] = w["vllm_tokens_per_s"] / w["hf_tokens_per_s"]
-    peak, peak_text = fp32_peak_flops()
+    peak, peak_text = nominal_peak_flops("float32")
     mean_context = len(prompts[0]) + FIXED_TOKENS / 2
     results["params"] = params
     results["fraction_of_peak_flops"] = results["fixed"]["vllm_tokens_per_s"] * flops_per_token(config, params, mean_context) / peak

@@ -12,7 +12,7 @@ Reported: the mean over steps 2..N of each stage (generate, score, train, sync: 
 metrics) and their share of the step; the train step's useful FLOPs (`train_step_flops`, the
 formula in its docstring) over time/train, as a fraction of the fp32 peak of the cores the
 trainer rank computes on, measured (the best of a few large fp32 matmuls on that many threads)
-and nominal (cores x clock x 32 FLOP per cycle).
+and nominal (cores x clock x FLOP per cycle of its fp32 unit: benchmarks/_flops.py).
 """
 
 from __future__ import annotations
@@ -27,93 +27,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _flops import matmul_flops_per_s, nominal_peak_flops, step_shapes, train_step_flops  # noqa: E402
 from _ledger import append_line, provenance, write_result  # noqa: E402
-from generation import fp32_peak_flops  # noqa: E402
 
 RECIPE = "configs/smollm2_cpu.yaml"
-LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def train_step_flops(config, lora_rank: int, prompt_lens: list[int], completion_lens: list[list[int]],
-                     share_prompts: bool) -> dict[str, float]:
-    """Useful FLOPs of one LoRA train step (one update, no pi_old forward) on a frozen base.
-
-    T tokens go through the model: each group's prompt once when its samples share it
-    (trainer.share_prompts), else once per sample, plus every completion. Per token and decoder
-    layer, with W the weights of the layer's 7 linears and r(in + out) the LoRA weights of each:
-      forward   2·W + 2·r(in + out) per adapted linear;
-      backward  2·W (input gradients only: the base is frozen, so no weight gradients)
-                + 4·r(in + out) (the LoRA input and weight gradients).
-    So 4·W·T for the base, where full fine-tuning would be 6·W·T. Attention, per query seeing k
-    keys (causal; a completion sees its prompt's keys too): 4·heads·head_dim·k forward (QK^T and
-    AV), twice that backward. The tied, frozen LM head runs on the S scored (completion) tokens
-    only: 2·vocab·hidden forward and the same backward (input gradients). Left out, as model-FLOPs
-    utilisation leaves them out: norms, activations, softmax (elementwise), the NVFP4
-    dequantization of each packed weight, and what is computed twice (the LM head re-run under
-    its activation checkpointing).
-    """
-    hidden, layers = config.hidden_size, config.num_hidden_layers
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    head_dim = getattr(config, "head_dim", None) or hidden // heads
-    inter = config.intermediate_size
-    shapes = {  # (in, out) of each linear of a decoder layer
-        "q_proj": (hidden, heads * head_dim), "k_proj": (hidden, kv_heads * head_dim),
-        "v_proj": (hidden, kv_heads * head_dim), "o_proj": (heads * head_dim, hidden),
-        "gate_proj": (hidden, inter), "up_proj": (hidden, inter), "down_proj": (inter, hidden),
-    }
-    base = sum(i * o for i, o in shapes.values())
-    lora = sum(lora_rank * (i + o) for i, o in shapes.values())
-    copies = [1 if share_prompts else len(cs) for cs in completion_lens]
-    tokens = sum(p * n for p, n in zip(prompt_lens, copies)) + sum(sum(cs) for cs in completion_lens)
-    scored = sum(sum(cs) for cs in completion_lens)
-    keys = sum(n * p * (p + 1) // 2 + sum(c * p + c * (c + 1) // 2 for c in cs)
-               for p, n, cs in zip(prompt_lens, copies, completion_lens))
-    flops = {
-        "linear": layers * tokens * (2 + 2) * base,
-        "lora": layers * tokens * (2 + 4) * lora,
-        "attention": layers * keys * (4 + 8) * heads * head_dim,
-        "lm_head": scored * (2 + 2) * config.vocab_size * hidden,
-    }
-    return flops | {"total": sum(flops.values()), "tokens": tokens, "scored_tokens": scored}
-
-
-def matmul_flops_per_s(threads: int, size: int = 4096, repeats: int = 3) -> float:
-    """The best FLOP/s of a size x size fp32 torch matmul on `threads` threads: the measured peak."""
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        a, b = torch.randn(size, size), torch.randn(size, size)
-        a @ b
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            a @ b
-            best = min(best, time.perf_counter() - start)
-    finally:
-        torch.set_num_threads(previous)
-    return 2 * size**3 / best
-
-
-def step_shapes(cfg, model_path: str, metrics: list[dict]) -> list[tuple[list[int], list[list[int]]]]:
-    """(prompt lengths, completion lengths) of each step: the prompts replayed in the sampler's
-    order (checked against each step's data/position), each completion at its step's mean length
-    (the loop logs no per-sequence lengths; only the attention term, ~1% here, depends on the spread)."""
-    from transformers import AutoTokenizer
-
-    from rlvr.rollout.prompts import load_prompt_set
-    from rlvr.rollout.sampler import EpochSampler
-
-    prompts = load_prompt_set(cfg.data, cfg.data.train, AutoTokenizer.from_pretrained(model_path)).prompts
-    sampler, shapes = EpochSampler(len(prompts), cfg.seed), []
-    for m in metrics:
-        chosen = sampler.take(cfg.rollout.prompts_per_step)
-        if sampler.position != m["data/position"]:
-            raise SystemExit(f"the sampler replay is at {sampler.position}, the run at {m['data/position']}")
-        mean = m["response/length_mean"]
-        shapes.append(([len(prompts[i]) for i in chosen], [[mean] * cfg.rollout.samples_per_prompt for _ in chosen]))
-    return shapes
 
 
 def main() -> None:
@@ -155,7 +72,7 @@ def main() -> None:
     # the trainer's rule for a rank's threads (rlvr.training.trainer.Trainer): the cores divided among the ranks
     threads = max(1, (os.cpu_count() or 1) // cfg.trainer.ranks)
     measured_peak = matmul_flops_per_s(threads)
-    nominal_peak, nominal_text = fp32_peak_flops()
+    nominal_peak, nominal_text = nominal_peak_flops("float32")
     result = {
         "step_s": step,
         "stages_s": mean,
