@@ -188,9 +188,9 @@ def build_trainer(cfg: RunConfig, cores: CpuSplit | None = None):
     from rlvr.training.trainer import Trainer
     from rlvr.training.worker import RankSpec
 
-    pinned = cores is not None and cores.split
+    split = cores is not None and cores.split
     spec = RankSpec(model=cfg.model, trainer=cfg.trainer, algorithm=cfg.algorithm, seed=cfg.seed, total_steps=cfg.steps,
-                    threads=cores.rank_threads if pinned else 0, cores=cores.ranks if pinned else None)
+                    threads=cores.rank_threads if split else 0, cores=cores.ranks if split else None)
     return Trainer(spec, launch=_ray_cluster(cfg).launch_ranks if cfg.placement.backend == "ray" else None)
 
 
