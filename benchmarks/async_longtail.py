@@ -17,6 +17,16 @@ so the same number of trained groups. Everything else is the same config.
   standard error of the per-seed differences (async - sync), the noise the comparison is within.
 - `staleness_max`: the largest `rollout/staleness_max` any async step logged (bounded by K);
   `dropped_stale`: the groups the async runs dropped as too stale, in all.
+- `bound`: (g + t) / max(g, t), g and t the synchronous runs' summed generate and train seconds:
+  the most overlapping the two phases can gain where each keeps its own hardware.
+
+`--split-cores` runs both modes on a split placement of this machine's cores
+(rlvr.orchestration.cpu_split): `placement.colocate: false` with `placement.engine_cpus` half of
+the cores this process may use (at least one), the controller and its engine there with a thread
+per core, and one trainer rank on the rest (the model fits one rank; two ranks on one core would
+take turns). On a 2-core machine: the engine on core 0, the rank on core 1.
+
+    flock /tmp/rlvr-heavy.lock .venv/bin/python benchmarks/async_longtail.py --split-cores --out runs/bench/async_longtail_split.json
 """
 
 from __future__ import annotations
@@ -64,13 +74,17 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=8, help="samples per prompt")
     parser.add_argument("--max-staleness", type=int, default=2, help="K of the async runs")
     parser.add_argument("--held-out", type=int, default=WORKLOAD.held_out, help="held-out problems evaluated")
-    parser.add_argument("--run-dir", type=Path, default=Path("runs/async_longtail"))
+    parser.add_argument("--run-dir", type=Path, default=None, help="default: runs/async_longtail (_split with --split-cores)")
+    parser.add_argument("--split-cores", action="store_true",
+                        help="both modes with the engine and the trainer rank on cores of their own (see above)")
     parser.add_argument("--rlvr", action="append", default=[], metavar="KEY=VALUE", help="extra config override (both modes)")
     parser.add_argument("--async-rlvr", action="append", default=[], metavar="KEY=VALUE",
                         help="extra config override of the async runs only (e.g. engine.num_threads=1)")
     args = parser.parse_args()
+    args.run_dir = args.run_dir or Path("runs/async_longtail" + "_split" * args.split_cores)
     from rich.console import Console
 
+    from rlvr.affinity import allowed_cores
     from rlvr.config import load_config
     from rlvr.demo import ensure_demo_assets
 
@@ -85,8 +99,11 @@ def main() -> None:
     cfg = load_config(DEMO_CONFIG, base)
     test_file = held_out_file(cfg, args.held_out, WORKLOAD)
 
-    modes = {"sync": ["rollout.mode=sync", "rollout.max_staleness=0"],
-             "async": ["rollout.mode=async", f"rollout.max_staleness={args.max_staleness}", *args.async_rlvr]}
+    engine_cpus = max(1, len(allowed_cores()) // 2)
+    split = ["placement.colocate=false", f"placement.engine_cpus={engine_cpus}", "engine.num_threads=null",
+             "trainer.ranks=1"] if args.split_cores else []
+    modes = {"sync": ["rollout.mode=sync", "rollout.max_staleness=0", *split],
+             "async": ["rollout.mode=async", f"rollout.max_staleness={args.max_staleness}", *split, *args.async_rlvr]}
     steps: dict[str, dict[int, list[dict]]] = {mode: {} for mode in modes}
     for seed in args.seeds:
         for mode, mode_overrides in modes.items():  # the two modes of a seed back to back: the same machine state
@@ -98,27 +115,37 @@ def main() -> None:
     }
     avg8 = {name: r["avg@8"] for name, r in evaluate_adapters(cfg, test_file, None, adapters, args.run_dir / "eval", log).items()}
 
+    def phase(mode: str, seed: int, part: str) -> float:  # the last step generates nothing ahead: no time/generate there
+        return sum(row.get(f"time/{part}", 0.0) for row in steps[mode][seed])
+
     per_seed = {}
     for seed in args.seeds:
         seconds = {mode: sum(row["time/step"] for row in steps[mode][seed]) for mode in modes}
         async_rows = steps["async"][seed]
+        generate, train = phase("sync", seed, "generate"), phase("sync", seed, "train")
         per_seed[seed] = {
             "sync_s": round(seconds["sync"], 1), "async_s": round(seconds["async"], 1),
             "speedup": round(seconds["sync"] / seconds["async"], 3),
+            "bound": round((generate + train) / max(generate, train), 3),
             "avg8_sync": avg8[f"sync_s{seed}"], "avg8_async": avg8[f"async_s{seed}"],
             "staleness_max": max(row["rollout/staleness_max"] for row in async_rows),
             "staleness_mean": round(statistics.mean(row["rollout/staleness_mean"] for row in async_rows), 3),
             "dropped_stale": int(sum(row["rollout/dropped_stale"] for row in async_rows)),
-            # the last step generates nothing ahead: no time/generate there
-            **{f"{mode}_{part}_s": round(sum(row.get(f"time/{part}", 0.0) for row in steps[mode][seed]), 1)
-               for mode in modes for part in ("generate", "train", "drain")},
+            **{f"{mode}_{part}_s": round(phase(mode, seed, part), 1)
+               for mode in modes for part in ("generate", "score", "train", "sync", "overlap", "drain")},
             "length_p90_sync": statistics.median(row["response/length_p90"] for row in steps["sync"][seed]),
             "length_p90_async": statistics.median(row["response/length_p90"] for row in async_rows),
+            # each process's cores as the kernel reported them at the run's end (rlvr's summary.json)
+            **{f"{mode}_cores": json.loads((args.run_dir / f"{mode}_s{seed}" / "summary.json").read_text()).get("cores")
+               for mode in modes},
         }
     total = {mode: sum(per_seed[s][f"{mode}_s"] for s in args.seeds) for mode in modes}
     differences = [per_seed[s]["avg8_async"] - per_seed[s]["avg8_sync"] for s in args.seeds]
+    generate, train = (sum(phase("sync", s, part) for s in args.seeds) for part in ("generate", "train"))
     result = {
         "speedup": round(total["sync"] / total["async"], 3),
+        "bound": round((generate + train) / max(generate, train), 3),
+        "sync_generate_s": round(generate, 1), "sync_train_s": round(train, 1),
         "avg8_sync": round(statistics.mean(per_seed[s]["avg8_sync"] for s in args.seeds), 4),
         "avg8_async": round(statistics.mean(per_seed[s]["avg8_async"] for s in args.seeds), 4),
         "paired_se": round(paired_se(differences), 4),
@@ -130,13 +157,15 @@ def main() -> None:
         "seeds": per_seed,
         "settings": {"steps": args.steps, "prompts": args.prompts, "samples": args.samples,
                      "max_tokens": WORKLOAD.max_tokens, "held_out": args.held_out, "extra": args.rlvr,
-                     "async_extra": args.async_rlvr},
+                     "async_extra": args.async_rlvr, "split": split},
     } | provenance()
     write_result(args.out, result)
+    placement = f", split cores (engine {engine_cpus} of {len(allowed_cores())}, 1 rank on the rest)" if args.split_cores else ""
     append_line(
-        f"async (K={args.max_staleness}) vs sync, long-tail workload, {len(args.seeds)} seeds x {args.steps} steps of "
-        f"{args.prompts}x{args.samples}: **speedup {result['speedup']}** ({total['sync']:.0f} s vs {total['async']:.0f} s "
-        f"of steps); held-out avg@8 sync {result['avg8_sync']} vs async {result['avg8_async']} (base "
+        f"async (K={args.max_staleness}) vs sync{placement}, long-tail workload, {len(args.seeds)} seeds x {args.steps} "
+        f"steps of {args.prompts}x{args.samples}: **speedup {result['speedup']}** ({total['sync']:.0f} s vs "
+        f"{total['async']:.0f} s of steps; bound (g+t)/max(g,t) {result['bound']} from sync's generate {generate:.0f} s + "
+        f"train {train:.0f} s); held-out avg@8 sync {result['avg8_sync']} vs async {result['avg8_async']} (base "
         f"{result['avg8_base']}, paired SE {result['paired_se']}); staleness_max {result['staleness_max']}, "
         f"{result['dropped_stale']} groups dropped stale", result)
 

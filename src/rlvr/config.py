@@ -643,6 +643,26 @@ class PlacementConfig(Section):
         None, gt=0, description="usable host (CPU) memory of one node in GB (1e9 bytes); --dry-run checks what the "
         "node's processes hold while they load the base against it"
     )
+    engine_cpus: int | None = Field(
+        None, ge=1, description="split placement on one CPU machine (colocate: false, no GPUs): the engine, with the "
+        "controller that runs it, gets the first N cores this run may use and the trainer ranks the rest (a share each "
+        "where they divide them), a thread per core (rlvr.orchestration.cpu_split); `--dry-run` shows the split. null: "
+        "every process may run on every core"
+    )
+
+    @field_validator("engine_cpus")
+    @classmethod
+    def _engine_cpus_split_one_cpu_machine(cls, value: int | None, info) -> int | None:
+        if value is None:
+            return value
+        if info.data.get("colocate"):
+            raise ValueError("gives the engine cores of its own, a split placement: it needs placement.colocate: false")
+        if info.data.get("gpus_per_node"):
+            raise ValueError("splits a CPU machine's cores; with GPUs the split is placement.engine_gpus")
+        if info.data.get("backend") == "ray":
+            raise ValueError("splits the cores of the local backend's processes; on Ray, actors take CPUs as Ray "
+                             "places them (placement.backend: local)")
+        return value
 
 
 class RunConfig(Section):

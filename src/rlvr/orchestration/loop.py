@@ -79,6 +79,8 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print, notes:
         else:
             summary["eval_after"] = run.evaluation.run("after")
             run.logger.log(cfg.steps, _prefixed("eval_after/", summary["eval_after"]) | run.timer.pop_metrics())
+        if run.cores is not None:
+            summary["cores"] = _cores_used(run)
     summary["wall_seconds"] = round(time.time() - started, 1)
     (Path(cfg.run_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
@@ -163,6 +165,17 @@ def _describe(run: Run) -> dict:
         "trainer_attention": "packed" if trainer.packed_attention else "sdpa",
         "lora_rank": int(run.sync.serving.config["r"]) if run.sync.serving is not None else None,
     }
+
+
+def _cores_used(run: Run) -> dict:
+    """Where the run's threads could run by its end, as the kernel says (every thread of each
+    process: torch's OpenMP pool, gloo's, vLLM's), and the torch threads each computed with."""
+    import torch
+
+    from rlvr.affinity import process_cores
+
+    return {"split": run.cores.split, "controller": {"cores": process_cores(), "threads": torch.get_num_threads()},
+            "ranks": run.trainer.placement()}
 
 
 class _SkipGuard:

@@ -14,7 +14,9 @@ Placement, as the `placement` section asks (the Ray backend reserves the same sh
   engines' GPUs.
 - split: the engines get `engine_gpus` = replicas x TP GPUs of their own, the trainer ranks the
   GPUs left, in node and GPU order.
-- no GPUs (gpus_per_node: 0): one process for the controller and the engines, one per rank.
+- no GPUs (gpus_per_node: 0): one process for the controller and the engines, one per rank; with
+  placement.engine_cpus the controller and its engine on cores of their own, the ranks on the
+  others (rlvr.orchestration.cpu_split).
 
 Memory per device, in bytes (the table prints GB = 1e9 bytes). H hidden, L layers, I MLP
 width, Hq/Hkv query/key-value widths (heads x head_dim), V vocabulary, b bytes of model.dtype:
@@ -69,6 +71,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from rlvr.affinity import allowed_cores
 from rlvr.config import RunConfig
 from rlvr.engines.replicas import unplaceable
 from rlvr.orchestration.architecture import (
@@ -80,6 +83,7 @@ from rlvr.orchestration.architecture import (
     planned_dtype,
     read_architecture,
 )
+from rlvr.orchestration.cpu_split import CpuSplit, cpu_split
 from rlvr.orchestration.step_time import StepTime, step_time
 
 
@@ -147,6 +151,7 @@ class Plan:
     notes: list[str]
     host: dict[int, float] = field(default_factory=dict)  # node -> host bytes while loading
     step: StepTime | None = None  # with placement.gpu
+    cores: CpuSplit | None = None  # no GPUs: this machine's cores for the controller and each rank
 
 
 def make_plan(cfg: RunConfig) -> Plan:
@@ -161,6 +166,7 @@ def make_plan(cfg: RunConfig) -> Plan:
         raise PlanError(why)
     devices = _gpu_devices(cfg) if p.gpus_per_node else _cpu_devices(cfg)
     gpus_used = len(devices) if p.gpus_per_node else 0
+    cores = None if p.gpus_per_node else cpu_split(cfg, allowed_cores())
     notes = []
     if p.gpus_per_node and gpus_used < p.nodes * p.gpus_per_node:
         notes.append(f"{p.nodes * p.gpus_per_node - gpus_used} of {p.nodes * p.gpus_per_node} GPUs left idle")
@@ -168,13 +174,13 @@ def make_plan(cfg: RunConfig) -> Plan:
         arch = read_architecture(cfg)
     except NoArchitecture as why:
         return Plan(p.backend, p.colocate, p.nodes, p.gpus_per_node, tp, cfg.engine.replicas, ranks, gpus_used, devices,
-                    None, str(why), notes)
+                    None, str(why), notes, cores=cores)
     if arch.num_heads % tp:
         raise PlanError(f"engine.tensor_parallel_size={tp} does not divide the model's {arch.num_heads} attention heads")
     host = _estimate(cfg, arch, devices, notes)
     timed = step_time(cfg, arch) if p.gpu and p.gpus_per_node else None
     plan = Plan(p.backend, p.colocate, p.nodes, p.gpus_per_node, tp, cfg.engine.replicas, ranks, gpus_used, devices, arch,
-                None, notes, host, timed)
+                None, notes, host, timed, cores)
     _check_fit(cfg, plan)
     _check_host(cfg, plan)
     return plan
@@ -368,6 +374,9 @@ def print_plan(plan: Plan, cfg: RunConfig, console) -> None:
         say(f"placement: {plan.backend}, {layout}; {plan.nodes} node(s) x {plan.gpus_per_node} GPUs, {plan.gpus_used} used")
     else:
         say(f"placement: {plan.backend}, CPU only: the engine in the controller process, one process per rank")
+        say(plan.cores.describe())
+        if plan.cores.warning:
+            say(f"warning: {plan.cores.warning}")
     lora = cfg.trainer.lora
     tuned = f"LoRA rank {lora.rank}" if lora else "full fine-tuning"
     shards = cfg.trainer.shard_ranks or plan.fsdp_world

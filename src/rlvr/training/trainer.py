@@ -13,7 +13,6 @@ dies or raises stops the run with its traceback; the others are torn down with i
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import socket
 import time
 from collections.abc import Callable
@@ -22,6 +21,7 @@ from typing import Protocol
 
 import torch
 
+from rlvr.affinity import allowed_cores
 from rlvr.records import LoraAdapter, TrainBatch
 from rlvr.training import wire
 from rlvr.training.packing import plan, split_by_group
@@ -61,6 +61,11 @@ class RankHandle(Protocol):
 Launch = Callable[[int, RankSpec], list[RankHandle]]
 
 
+def rank_threads(cores: int, ranks: int) -> int:
+    """Torch threads per rank where `ranks` ranks share `cores` cores: a thread per core, at least one each."""
+    return max(1, cores // ranks)
+
+
 class Trainer:
     def __init__(self, spec: RankSpec, launch: Launch | None = None):
         ranks = spec.trainer.ranks
@@ -68,7 +73,7 @@ class Trainer:
         self._adapter_version = 0
         self._lora_config: dict | None = None  # fixed for the trainer's life: asked once
         self._training = False
-        threads = spec.threads or max(1, (os.cpu_count() or 1) // ranks)
+        threads = spec.threads or rank_threads(len(allowed_cores()), ranks)
         self._ranks: list[RankHandle] = (launch or spawn_ranks)(ranks, replace(spec, threads=threads))
         info = self._gather(timeout_s=spec.trainer.start_timeout_s)
         self.trainable_params = info[0]["trainable_params"]
@@ -201,6 +206,10 @@ class Trainer:
 
     def weights(self) -> dict[str, torch.Tensor]:
         return self._call_all("weights")[0]
+
+    def placement(self) -> list[dict]:
+        """Each rank's cores (where its threads may run, as the kernel says) and torch threads."""
+        return self._call_all("placement")
 
     def packed_base_bytes(self) -> list[int]:
         """Bytes of packed (quantized) base weights each rank holds between steps: its shards."""

@@ -26,6 +26,7 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
+from rlvr.affinity import pin_process, process_cores
 from rlvr.config import AlgorithmConfig, ModelConfig, TrainerConfig
 from rlvr.hardware import compute_dtype
 from rlvr.models.moe import moe_layers
@@ -49,6 +50,7 @@ class RankSpec:
     seed: int
     total_steps: int  # the learning-rate schedule's length
     threads: int = 0  # torch threads per rank; 0: the cores divided among the ranks (Trainer decides)
+    cores: list[list[int]] | None = None  # per rank, the cores it runs on (placement.engine_cpus); None: any
 
 
 def lr_factor(trainer: TrainerConfig, total_steps: int, step: int) -> float:
@@ -121,6 +123,8 @@ def join_group(rank: int, world_size: int, master_addr: str, port: int, spec: Ra
     """Join the ranks' torch.distributed group (rank 0 listens on master_addr:port) and build
     this rank's shard of the policy. Whatever hosts the rank (a process, a Ray actor) calls this."""
     os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(port))
+    if spec.cores is not None:  # before gloo starts its threads: they inherit the mask
+        pin_process(spec.cores[rank])
     torch.set_num_threads(spec.threads)
     use_cuda = torch.cuda.is_available()
     if not use_cuda:  # activations live in host memory: measured, a step's page faults cost ~8% of it
@@ -241,6 +245,10 @@ class _Rank:
             "base_format": self.base_format,
             "packed_attention": self.packed_attention,  # else transformers' own: no shared prompts
         }
+
+    def placement(self, _=None) -> dict:
+        """Where this rank's threads may run, read back from the kernel, and its torch threads."""
+        return {"cores": process_cores(), "threads": torch.get_num_threads()}
 
     # ------------------------------------------------------------------ commands
 
