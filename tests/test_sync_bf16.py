@@ -13,7 +13,7 @@ from rlvr.config import EngineConfig
 from rlvr.hardware import compute_dtype
 from rlvr.sync.check import SyncCheck, logprob_gap, probe_inputs
 
-THRESHOLD = EngineConfig().sync_check_threshold
+THRESHOLD = EngineConfig().sync_threshold("bfloat16")
 LORA = dict(rank=8, alpha=16.0, target_modules="all-linear")
 
 

@@ -89,7 +89,7 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     runner = TrajectoryRunner(engine, Renderer(tokenizer, cfg.data), cfg.env, context, cfg.engine.max_model_len,
                               fixed_order=cfg.rollout.mode == "async")
     stream = build_stream(cfg, runner, train_set, sampler, stack) if cfg.rollout.mode == "async" else None
-    sync = WeightSync(engine, trainer, train_set.probe(tokenizer), SyncCheck(cfg.engine.sync_check_threshold), timer,
+    sync = WeightSync(engine, trainer, train_set.probe(tokenizer), SyncCheck(cfg.engine.sync_threshold(planned_dtype(cfg).name)), timer,
                       lora=cfg.trainer.lora is not None, check_every=cfg.engine.sync_check_every, stream=stream)
     return Run(
         cfg=cfg,

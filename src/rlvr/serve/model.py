@@ -24,6 +24,7 @@ from rlvr.checkpoint.peft_files import save_adapter
 from rlvr.config import AlgorithmConfig, DataConfig, LoraConfig, ModelConfig, RunConfig, ServeConfig
 from rlvr.engines import make_engine
 from rlvr.errors import UserError
+from rlvr.hardware import compute_dtype, local_device
 from rlvr.models.folder import model_config_dict
 from rlvr.models.multimodal import text_config
 from rlvr.orchestration.builders import with_engine_lora_targets
@@ -91,7 +92,7 @@ class ServedModel:
         except BaseException:
             self.trainer.close()
             raise
-        self.sync = WeightSync(self.engine, self.trainer, _PROBE, SyncCheck(run.engine.sync_check_threshold), StepTimer(),
+        self.sync = WeightSync(self.engine, self.trainer, _PROBE, SyncCheck(run.engine.sync_threshold(compute_dtype(run.model.dtype, local_device()).name)), StepTimer(),
                                lora=True)
         self.published = 0
 
