@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rlvr.config import EngineConfig, ModelConfig
-from rlvr.engines.base import Engine
+from rlvr.engines.base import Engine, cpu_threads
 
 
 def make_engine(
@@ -45,15 +45,6 @@ def make_engine(
                 started.close()
             raise
     return engines[0] if len(engines) == 1 else ReplicatedEngine(engines)
-
-
-def cpu_threads(engine: EngineConfig, cores: int) -> int:
-    """The threads an engine computes with on CPU, given the `cores` it may run on: engine.num_threads;
-    else vLLM takes half of them, at least one (it shares them with the trainer ranks and the
-    verifiers, and its OpenMP threads spin-wait: see VLLMEngine), and transformers all of them."""
-    if engine.num_threads:
-        return engine.num_threads
-    return max(1, cores // 2) if engine.backend == "vllm" else max(1, cores)
 
 
 def _start_here(model: ModelConfig, engine: EngineConfig, *, seed: int, lora_rank: int | None, sleep_mode: bool) -> Engine:

@@ -12,6 +12,7 @@ from typing import Protocol
 
 import torch
 
+from rlvr.config import EngineConfig
 from rlvr.records import LoraAdapter, Request, Rollout, Sampling, Weights
 
 
@@ -102,3 +103,12 @@ def push_policy(engine: Engine, policy: LoraAdapter | Weights) -> None:
 def completion_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """Logprob of each token in `tokens` [T] under the rows of `logits` [T, V], in float32."""
     return torch.log_softmax(logits.float(), dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def cpu_threads(engine: EngineConfig, cores: int) -> int:
+    """The threads an engine computes with on CPU, given the `cores` it may run on: engine.num_threads;
+    else vLLM takes half of them, at least one (it shares them with the trainer ranks and the
+    verifiers, and its OpenMP threads spin-wait: see VLLMEngine), and transformers all of them."""
+    if engine.num_threads:
+        return engine.num_threads
+    return max(1, cores // 2) if engine.backend == "vllm" else max(1, cores)

@@ -18,8 +18,7 @@ import torch
 
 from rlvr.affinity import allowed_cores
 from rlvr.config import EngineConfig, ModelConfig
-from rlvr.engines import cpu_threads
-from rlvr.engines.base import Engine, completion_logprobs
+from rlvr.engines.base import Engine, completion_logprobs, cpu_threads
 from rlvr.hardware import compute_dtype
 from rlvr.records import LoraAdapter, Request, Rollout, Sampling
 

@@ -39,8 +39,7 @@ import torch
 
 from rlvr.affinity import allowed_cores, core_list
 from rlvr.config import EngineConfig, ModelConfig
-from rlvr.engines import cpu_threads
-from rlvr.engines.base import Engine, EngineDied
+from rlvr.engines.base import Engine, EngineDied, cpu_threads
 from rlvr.engines.lora_merge import merged_weights
 from rlvr.engines.lora_targets import engine_uses_mla
 from rlvr.engines.vllm_parallel import executor_backend
