@@ -555,6 +555,11 @@ class TrainerConfig(Section):
     grad_clip: float = Field(1.0, gt=0, description="max global gradient norm")
     micro_batch_tokens: int = Field(4096, gt=0, description="token budget of one packed micro-batch")
     gradient_checkpointing: bool = Field(False, description="recompute each block's activations in the backward pass")
+    logits_chunk_mb: float = Field(
+        512, gt=0, description="memory the LM head's logits may take at once (MB = 1e6 bytes), with the two float32 "
+        "copies their logprobs and entropy are read with: the ranks score this / (vocabulary x (dtype bytes + 8)) "
+        "tokens at a time (~280 for a 152k vocabulary in float32), recomputing each chunk's logits in backward"
+    )
     attention: Literal["packed", "sdpa"] = Field(
         "packed", description="packed: each packed sequence attends alone; sdpa: transformers' block-diagonal mask"
     )
