@@ -643,7 +643,8 @@ class PlacementConfig(Section):
     )
     host_memory_gb: float | None = Field(
         None, gt=0, description="usable host (CPU) memory of one node in GB (1e9 bytes); --dry-run checks what the "
-        "node's processes hold while they load the base against it"
+        "node's processes hold while they load the base against it, and on a CPU-only machine what the run's processes "
+        "hold while it trains"
     )
 
 
