@@ -717,8 +717,9 @@ class ServeConfig(Section):
     )
     memory_gb: float | None = Field(
         None, gt=0, description="memory the served models may hold together, by the plan's estimate of each (`rlvr plan`: "
-        "engine weights and KV cache, trainer shards, LoRA, optimizer, activations); a create_model that would pass it is "
-        "refused before anything loads. null: this machine's RAM, or its GPUs' memory where it has GPUs"
+        "engine weights and KV cache, trainer shards, LoRA, optimizer, activations, logits); a create_model that would pass it is "
+        "refused before anything loads. null: the RAM this machine has available when the server starts, or its GPUs' "
+        "memory where it has GPUs"
     )
     checkpoint_dir: str = Field(
         "serve_checkpoints", description="folder of save_state's named checkpoints: MODEL_ID/NAME/adapter (PEFT) and "
