@@ -64,6 +64,7 @@ def packed_attention(device: torch.device, shape: dict) -> dict:
     """Exactness on the device, then forward+backward throughput of one packed micro-batch."""
     from transformers import AutoModelForCausalLM
 
+    from rlvr.config import TrainerConfig
     from rlvr.models.tiny import tiny_config
     from rlvr.training.attention import use_packed_attention
     from rlvr.training.packing import plan, unpack
@@ -72,8 +73,9 @@ def packed_attention(device: torch.device, shape: dict) -> dict:
     def logprobs_and_grads(model, mb):
         """Logprobs in sequence order (packings order sequences differently) and the gradients."""
         model.zero_grad()
-        lp, _ = TokenLogprobs(model)(*(t.to(device) for t in (mb.input_ids, mb.position_ids, mb.score_positions,
-                                                             mb.score_targets)), layout=mb.layout.to(device))
+        policy = TokenLogprobs(model, TrainerConfig().logits_chunk_mb)
+        lp, _ = policy(*(t.to(device) for t in (mb.input_ids, mb.position_ids, mb.score_positions, mb.score_targets)),
+                       layout=mb.layout.to(device))
         parts = dict(zip(mb.sequences, unpack(lp, mb)))
         sum((p * torch.linspace(-1, 1, len(p), device=device)).sum() for p in parts.values()).backward()
         ordered = torch.cat([parts[i] for i in sorted(parts)]).detach()

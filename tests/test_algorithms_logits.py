@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rlvr.algorithms import entropy_from_logits, token_logprobs
+from rlvr.algorithms import entropy_from_logits, logprobs_and_entropy, token_logprobs
 
 
 def test_by_hand():
@@ -40,3 +40,46 @@ def test_bf16_logits_are_upcast():
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, F.log_softmax(logits.float(), -1).gather(-1, ids[:, None])[:, 0])
     assert entropy_from_logits(logits).dtype == torch.float32
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("chunk_size", [1, 3, 1024])
+def test_logprobs_and_entropy_in_chunks_equal_one_full_softmax(chunk_size, temperature):
+    """Both at once, chunked, against log_softmax over the whole tensor: the values, and the
+    gradient of a loss that uses both (the entropy bonus's path, and the pure logprob one)."""
+    gen = torch.Generator().manual_seed(1)
+    logits = 4 * torch.randn(3, 4, 13, generator=gen, dtype=torch.float64)
+    ids = torch.randint(0, 13, (3, 4), generator=gen)
+    weights = torch.randn(2, 3, 4, generator=gen, dtype=torch.float64)
+
+    def full(x):
+        logp = F.log_softmax(x / temperature, -1)
+        return logp.gather(-1, ids[..., None])[..., 0], -(logp.exp() * logp).sum(-1)
+
+    def chunked(x):
+        return logprobs_and_entropy(x, ids, temperature=temperature, chunk_size=chunk_size)
+
+    before = logits.clone()
+    picked, entropy = chunked(logits)
+    assert torch.equal(logits, before)  # read, never overwritten
+    torch.testing.assert_close(picked, full(logits)[0])
+    torch.testing.assert_close(entropy, full(logits)[1])
+    for loss in (lambda lp, h: (weights[0] * lp + weights[1] * h).sum(), lambda lp, h: (weights[0] * lp).sum()):
+        x, y = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+        loss(*chunked(x)).backward()
+        loss(*full(y)).backward()
+        torch.testing.assert_close(x.grad, y.grad)
+    assert torch.autograd.gradcheck(lambda x: chunked(x), (logits.clone().requires_grad_(),))
+
+
+def test_a_half_precision_chunk_keeps_its_gradient_dtype_and_its_input():
+    logits = torch.randn(5, 40).to(torch.bfloat16).requires_grad_()
+    before = logits.detach().clone()
+    picked, entropy = logprobs_and_entropy(logits, torch.arange(5), temperature=0.5, chunk_size=2)
+    picked.sum().backward()
+    assert picked.dtype == entropy.dtype == torch.float32 and logits.grad.dtype == torch.bfloat16
+    assert torch.equal(logits.detach(), before)  # the float32 copy is overwritten, never the caller's logits
+    reference = F.log_softmax(logits.detach().float() / 0.5, -1)
+    torch.testing.assert_close(picked, reference.gather(-1, torch.arange(5)[:, None])[:, 0])
+    torch.testing.assert_close(logits.grad.float(), ((F.one_hot(torch.arange(5), 40) - reference.exp()) / 0.5),
+                               atol=1e-2, rtol=1e-2)

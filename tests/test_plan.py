@@ -108,10 +108,12 @@ def test_nvfp4_bytes_and_per_device_figures_by_hand():
     assert rank["trainable"] == rank["optimizer"] == 2 * lora  # value + gradient; AdamW's two moments
     lora_block = sum(32 * (inputs + outputs) for inputs, outputs in pairs) * 2  # gathered in bf16
     assert rank["gathered"] == 2 * ((12288 * 12288 * 2 + 12288 * 1024 * 2 + 3 * 12288 * 28672) * nvfp4 + 2 * 12288 * 2 + lora_block)
-    # checkpointed: block inputs for every layer + one block's saved tensors + the LM head chunk
+    # checkpointed: block inputs for every layer + one block's saved tensors
     tokens = 18432
     one_block = 2 * (4 * 12288 + 3 * 12288 + 3 * 1024 + 4 * 28672)
-    assert rank["activations"] == tokens * 88 * 12288 * 2 + tokens * one_block + 1024 * 32768 * (2 + 12)
+    assert rank["activations"] == tokens * 88 * 12288 * 2 + tokens * one_block
+    # the LM head: 512 MB over a token's bf16 logits and two float32 copies = 1562 tokens at a time
+    assert rank["logits"] == 1562 * 32768 * (2 + 8) <= 512e6
 
 
 def test_config_json_wins_and_matches_the_real_model(tmp_path):
@@ -151,7 +153,7 @@ def test_missing_architecture_prints_placement_without_memory():
         (["trainer.ranks=60"], "need 68 GPUs; nodes=8 x gpus_per_node=8 has 64"),
         (["placement.gpu_memory_gb=80"], "node 0 GPU 0 needs ~137.8 GB (KV cache 128.8, engine weights 8.8, LoRA slot 0.1)"),
         (["placement.gpu_memory_gb=60", "engine.kv_cache_gb=40", "trainer.ranks=2"],
-         "node 1 GPU 0 needs ~90.6 GB (activations 47.8, base shard 35.1, trainable 2.2), over placement.gpu_memory_gb=60"),
+         "node 1 GPU 0 needs ~90.6 GB (activations 47.4, base shard 35.1, trainable 2.2), over placement.gpu_memory_gb=60"),
         (["placement.engine_gpus=4"], "placement.engine_gpus=4 must equal engine.replicas x engine.tensor_parallel_size = 1 x 8"),
         (["engine.replicas=2"], "placement.engine_gpus=8 must equal engine.replicas x engine.tensor_parallel_size = 2 x 8"),
         (["engine.replicas=2", "placement.engine_gpus=16", "trainer.ranks=49"],
@@ -361,3 +363,38 @@ def test_train_and_sync_time_by_hand():
     # the adapter in float32 over one 400 Gb/s NIC
     assert t.sync == pytest.approx(arch.adapter_params(cfg.trainer.lora) * 4 / 50e9, rel=1e-12)
     assert t.generate > 0 and t.waves == -(-sequences // t.decoded_at_once)
+
+
+CPU = ["placement.gpus_per_node=0", "model.dtype=float32", "trainer.micro_batch_tokens=4096", "trainer.gradient_checkpointing=false"]
+
+
+def test_a_cpu_rank_counts_its_logits_chunk_and_its_process():
+    """On a CPU machine (the 0.5B of SMALL in float32) a rank's logits are read 280 scored tokens
+    at a time (512 MB over 151,936 x (4 + 8) bytes a token), whatever the micro-batch; the
+    budget sets the chunk. Its process counts too: on a CPU that is the rank's memory."""
+    from rlvr.orchestration.plan import CPU_RANK_PROCESS_BYTES
+
+    def rank(*overrides):
+        (memory,) = [d.memory for d in plan_of(SMALL, *CPU, *overrides).devices if d.trainer_rank is not None]
+        return memory
+
+    assert rank()["logits"] == 280 * 151936 * 12
+    assert rank("trainer.logits_chunk_mb=64")["logits"] == 35 * 151936 * 12
+    assert rank("model.dtype=bfloat16")["logits"] == 336 * 151936 * 10
+    assert rank()["rank process"] == CPU_RANK_PROCESS_BYTES
+    assert "rank process" not in plan_of(SMALL).devices[0].memory  # a GPU's memory holds no process
+
+
+def test_a_cpu_run_that_would_not_fit_this_machine_is_refused_in_one_line():
+    plan = plan_of(SMALL, *CPU)
+    need = sum(d.total for d in plan.devices)
+    too_small = f"placement.host_memory_gb={int(need / GB) - 1}"
+    out = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", str(SMALL), "--dry-run", *CPU, too_small],
+                         capture_output=True, text=True)
+    assert out.returncode == 2
+    (line,) = [l for l in out.stdout.splitlines() if "plan error" in l]
+    assert re.fullmatch(rf"plan error: {re.escape(str(SMALL))}: the run's processes on this machine need ~{need / GB:.1f} GB "
+                        rf"\(activations [\d.]+, KV cache [\d.]+, [a-z ]+ [\d.]+\), over {too_small.replace('.', '[.]')}", line)
+    fits = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", str(SMALL), "--dry-run", *CPU,
+                           f"placement.host_memory_gb={int(need / GB) + 1}"], capture_output=True, text=True)
+    assert fits.returncode == 0 and f"All processes {need / GB:.1f} GB: fits placement.host_memory_gb" in fits.stdout

@@ -202,6 +202,30 @@ def test_backward_does_not_keep_float_weights(nvfp4_dir):
     assert_close_scaled(x.grad, torch.ones(3, layer.out_features) @ layer.dequantized_weight())
 
 
+def test_gradient_checkpointing_recomputes_a_packed_layer_to_the_same_gradient(nvfp4_dir):
+    """trainer.gradient_checkpointing on an NVFP4 base: non-reentrant checkpointing lets backward
+    read a layer's saved tensors once (a second read was a CheckpointError), and the LoRA
+    gradients equal those without checkpointing."""
+    torch.manual_seed(0)
+    model = load_quantized_model(nvfp4_dir)
+    config = prepare_lora_config(LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False), model)
+    model = get_peft_model(model, config)
+    ids = torch.randint(4, 200, (2, 12))
+
+    def lora_grads():
+        model.zero_grad()
+        model(ids, labels=ids).loss.backward()
+        return {name: p.grad.clone() for name, p in model.named_parameters() if p.requires_grad}
+
+    plain = lora_grads()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    checkpointed = lora_grads()
+    assert plain.keys() == checkpointed.keys()
+    for name in plain:
+        torch.testing.assert_close(checkpointed[name], plain[name])
+
+
 def test_bad_checkpoints_fail_with_the_file_and_tensor_named(nvfp4_dir, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(nvfp4_dir, broken)

@@ -569,6 +569,11 @@ class TrainerConfig(Section):
     grad_clip: float = Field(1.0, gt=0, description="max global gradient norm")
     micro_batch_tokens: int = Field(4096, gt=0, description="token budget of one packed micro-batch")
     gradient_checkpointing: bool = Field(False, description="recompute each block's activations in the backward pass")
+    logits_chunk_mb: float = Field(
+        512, gt=0, description="memory the LM head's logits may take at once (MB = 1e6 bytes), with the two float32 "
+        "copies their logprobs and entropy are read with: the ranks score this / (vocabulary x (dtype bytes + 8)) "
+        "tokens at a time (~280 for a 152k vocabulary in float32), recomputing each chunk's logits in backward"
+    )
     attention: Literal["packed", "sdpa"] = Field(
         "packed", description="packed: each packed sequence attends alone; sdpa: transformers' block-diagonal mask"
     )
@@ -652,7 +657,8 @@ class PlacementConfig(Section):
     )
     host_memory_gb: float | None = Field(
         None, gt=0, description="usable host (CPU) memory of one node in GB (1e9 bytes); --dry-run checks what the "
-        "node's processes hold while they load the base against it"
+        "node's processes hold while they load the base against it, and on a CPU-only machine what the run's processes "
+        "hold while it trains"
     )
     engine_cpus: int | None = Field(
         None, ge=1, description="split placement on one CPU machine (colocate: false, no GPUs): the engine, with the "
@@ -745,8 +751,9 @@ class ServeConfig(Section):
     )
     memory_gb: float | None = Field(
         None, gt=0, description="memory the served models may hold together, by the plan's estimate of each (`rlvr plan`: "
-        "engine weights and KV cache, trainer shards, LoRA, optimizer, activations); a create_model that would pass it is "
-        "refused before anything loads. null: this machine's RAM, or its GPUs' memory where it has GPUs"
+        "engine weights and KV cache, trainer shards, LoRA, optimizer, activations, logits); a create_model that would pass it is "
+        "refused before anything loads. null: the RAM this machine has available when the server starts, or its GPUs' "
+        "memory where it has GPUs"
     )
     checkpoint_dir: str = Field(
         "serve_checkpoints", description="folder of save_state's named checkpoints: MODEL_ID/NAME/adapter (PEFT) and "

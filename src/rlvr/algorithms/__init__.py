@@ -13,7 +13,7 @@ from rlvr.algorithms.dynamic_sampling import (
     overlong_penalty,
 )
 from rlvr.algorithms.kl import KL_KINDS, kl_penalty
-from rlvr.algorithms.logits import entropy_from_logits, token_logprobs
+from rlvr.algorithms.logits import entropy_from_logits, logprobs_and_entropy, token_logprobs
 from rlvr.algorithms.losses import AGGREGATIONS, LOSSES, aggregate, dppo_keep_mask, policy_loss
 from rlvr.algorithms.off_policy import (
     LEVELS,
@@ -38,6 +38,7 @@ __all__ = [
     "informative_group_mask",
     "kl_penalty",
     "logprob_gap_metrics",
+    "logprobs_and_entropy",
     "masked_is_weights",
     "off_policy_keep_mask",
     "overlong_filter",

@@ -38,12 +38,12 @@ from pathlib import Path
 from rlvr.config import LoraConfig, RunConfig
 from rlvr.engines.lora_targets import engine_lora_targets
 from rlvr.hardware import ComputeDtype, compute_dtype, local_device
+from rlvr.training.logits_memory import working_bytes
 
 GB = 1e9
 GiB = 1 << 30
 NVFP4_BITS = 4.5  # 4-bit values + an FP8 (8-bit) scale per group of 16
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-LM_HEAD_CHUNK_TOKENS = 1024  # TokenLogprobs' chunk_tokens: the logits exist for this many tokens at a time
 LORA_DTYPE_BYTES = 4  # peft keeps adapter weights in float32 on a bf16 base
 
 
@@ -142,6 +142,7 @@ class Architecture:
     source: str
     experts: Experts | None = None
     mla: LatentAttention | None = None
+    softcapped_logits: bool = False  # final_logit_softcapping (Gemma 2): the head holds its logits twice
 
     @property
     def q_width(self) -> int:
@@ -287,12 +288,15 @@ class Architecture:
         return max(moe, self.intermediate_size if self.num_layers > self.moe_layers else 0)
 
     def activation_bytes(self, tokens: int, dtype_bytes: int, checkpointing: bool) -> float:
+        """What the decoder blocks keep for backward over `tokens` tokens (rlvr.orchestration.plan)."""
         per_token_layer = dtype_bytes * (4 * self.hidden + 3 * self.q_width + 3 * self.kv_width + 4 * self.active_mlp_width)
         if checkpointing:
-            blocks = tokens * self.num_layers * self.hidden * dtype_bytes + tokens * per_token_layer
-        else:
-            blocks = tokens * self.num_layers * per_token_layer
-        return blocks + min(tokens, LM_HEAD_CHUNK_TOKENS) * self.vocab_size * (dtype_bytes + 12)
+            return tokens * self.num_layers * self.hidden * dtype_bytes + tokens * per_token_layer
+        return tokens * self.num_layers * per_token_layer
+
+    def logits_bytes(self, tokens: int, dtype_bytes: int, chunk_mb: float) -> float:
+        """The LM head's logits working set over `tokens` scored tokens (rlvr.training.logits_memory)."""
+        return working_bytes(tokens, chunk_mb * 1e6, self.vocab_size, dtype_bytes, self.softcapped_logits)
 
     def kv_bytes_per_token(self, tp: int, dtype_bytes: int) -> float:
         """One token's KV cache on one GPU of a TP group. GQA: keys and values, heads split over TP
@@ -363,6 +367,7 @@ def read_architecture(cfg: RunConfig) -> Architecture:
             source=str(config_path),
             experts=_experts_from_config(text),
             mla=_mla_from_config(text),
+            softcapped_logits=bool(text.get("final_logit_softcapping")),
         )
     e = cfg.model.estimate
     if e is None:

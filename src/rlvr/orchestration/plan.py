@@ -46,12 +46,19 @@ width, Hq/Hkv query/key-value widths (heads x head_dim), V vocabulary, b bytes o
   outputs, q/k/v before and after RoPE, attention output, MLP gate/up/activation/product);
   for an MoE, I = top_k x expert width + shared width (the experts a token passes through).
   Without gradient checkpointing T * L times that; with it T * L * H * b (block inputs) plus
-  one block's worth recomputed. Plus the LM head's chunk: 1024 tokens x V x (b + 12)
-  (logits, their float32 copy, softmax temporaries, float32 gradient).
+  one block's worth recomputed.
+- logits: the LM head's working set, one chunk of C = trainer.logits_chunk_mb / (V x (b + 8))
+  scored tokens at a time (fewer if the micro-batch scores fewer): C x V x (b + 8), the
+  logits and the two float32 copies they are read with (rlvr.training.logits_memory), in
+  forward and in backward (which recomputes the chunk's logits).
+- rank process (CPU only): a rank's private memory before it builds its policy, the
+  interpreter and its libraries; on a GPU that is host memory, not the device's.
 Not counted: CUDA context, allocator fragmentation, vLLM's activation workspace and CUDA
 graphs (leave some 10 %).
 
-Host memory of a node while the run loads, checked against placement.host_memory_gb: the
+On a CPU-only machine every process holds host memory all the run long: placement.host_memory_gb
+is checked against all of the table's processes together. With GPUs it is the host memory of
+a node while the run loads, checked against placement.host_memory_gb: the
 sum over the processes on the node. A trainer rank loads sharded: it builds the model on the
 meta device, shards it, and reads only its own slices from the checkpoint, so it holds at
 most its base shard and one decoder block in host memory before they move to its GPU. An
@@ -85,6 +92,12 @@ from rlvr.orchestration.architecture import (
 )
 from rlvr.orchestration.cpu_split import CpuSplit, cpu_split
 from rlvr.orchestration.step_time import StepTime, step_time
+from rlvr.training.logits_memory import chunk_tokens
+
+
+# A CPU trainer rank's private memory before it builds its policy: the interpreter, torch,
+# transformers and peft imported, its gloo group up (measured: 0.33 GB, torch 2.13, transformers 5.19)
+CPU_RANK_PROCESS_BYTES = 0.33 * GB
 
 
 class PlanError(ValueError):
@@ -270,7 +283,10 @@ def _estimate(cfg: RunConfig, arch: Architecture, devices: list[Device], notes: 
         "trainable": shard["trainable"],
         "optimizer": shard["optimizer"],
         "activations": arch.activation_bytes(cfg.trainer.micro_batch_tokens, b, cfg.trainer.gradient_checkpointing),
+        "logits": arch.logits_bytes(cfg.trainer.micro_batch_tokens, b, cfg.trainer.logits_chunk_mb),
     }
+    if not cfg.placement.gpus_per_node:  # a CPU rank's memory is its process's
+        trainer["rank process"] = CPU_RANK_PROCESS_BYTES
     if arch.experts:
         _note_experts(cfg, arch, notes)
     host: dict[int, float] = {}
@@ -343,12 +359,31 @@ def _check_fit(cfg: RunConfig, plan: Plan) -> None:
 
 def _check_host(cfg: RunConfig, plan: Plan) -> None:
     capacity = cfg.placement.host_memory_gb
-    if capacity is None or not plan.host:
+    if capacity is None:
+        return
+    if not cfg.placement.gpus_per_node:  # CPU only: every process of the run holds host memory, all the run long
+        need, parts = all_devices_bytes(plan)
+        if need > capacity * GB:
+            raise PlanError(f"the run's processes on this machine need ~{need / GB:.1f} GB ({parts}), "
+                            f"over placement.host_memory_gb={capacity:g}")
+        return
+    if not plan.host:
         return
     node, need = max(plan.host.items(), key=lambda kv: kv[1])
     if need > capacity * GB:
         raise PlanError(f"node {node} needs ~{need / GB:.1f} GB of host memory while loading ({_host_parts(plan, node)}), "
                         f"over placement.host_memory_gb={capacity:g}")
+
+
+def all_devices_bytes(plan: Plan) -> tuple[float, str]:
+    """What the plan's devices hold together (on a CPU-only machine: all the run's processes, the
+    controller with its engines and the ranks), and its three largest parts in words."""
+    parts: dict[str, float] = {}
+    for device in plan.devices:
+        for name, size in device.memory.items():
+            parts[name] = parts.get(name, 0.0) + size
+    largest = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
+    return sum(parts.values()), ", ".join(f"{name} {size / GB:.2f}" for name, size in largest)
 
 
 def _host_parts(plan: Plan, node: int) -> str:
@@ -415,13 +450,23 @@ def print_plan(plan: Plan, cfg: RunConfig, console) -> None:
         say(note)
     if arch is not None:
         largest = max(d.total for d in plan.devices)
-        capacity = cfg.placement.gpu_memory_gb
-        fit = f"fits placement.gpu_memory_gb={capacity:g}" if capacity and plan.gpus_per_node else "no device capacity checked"
         checkpointing = "on" if cfg.trainer.gradient_checkpointing else "off"
+        if plan.gpus_per_node:
+            capacity = cfg.placement.gpu_memory_gb
+            fit = f"Largest device {largest / GB:.1f} GB: " + (f"fits placement.gpu_memory_gb={capacity:g}" if capacity
+                                                              else "no device capacity checked")
+            unseen = "CUDA context and allocator slack not counted"
+        else:
+            capacity, (together, _) = cfg.placement.host_memory_gb, all_devices_bytes(plan)
+            fit = f"All processes {together / GB:.1f} GB: " + (f"fits placement.host_memory_gb={capacity:g}" if capacity
+                                                              else "placement.host_memory_gb not set: not checked")
+            unseen = "the controller's and the engine's own process not counted"
+        chunk = chunk_tokens(cfg.trainer.logits_chunk_mb * 1e6, arch.vocab_size, compute_bytes(cfg),
+                             arch.softcapped_logits)
         say(
             f"GB = 1e9 bytes, per device; activations for one micro-batch of {cfg.trainer.micro_batch_tokens:,} tokens "
-            f"(gradient checkpointing {checkpointing}); CUDA context and allocator slack not counted. "
-            f"Largest device {largest / GB:.1f} GB: {fit}"
+            f"(gradient checkpointing {checkpointing}), logits for {chunk:,} scored tokens at a time "
+            f"(trainer.logits_chunk_mb); {unseen}. {fit}"
         )
     if plan.host:
         runs: list[list[int]] = []  # successive nodes alike

@@ -61,10 +61,14 @@ class _DequantizedLinear(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        no_grads = (None,) * (2 + len(ctx.saved_tensors))
+        # read once: under non-reentrant activation checkpointing a second read of saved_tensors
+        # is an error (torch.utils.checkpoint: "Unpack is being triggered for a tensor that was
+        # already unpacked once")
+        packed = ctx.saved_tensors
+        no_grads = (None,) * (2 + len(packed))
         if not ctx.needs_input_grad[0]:
             return (None, *no_grads)
-        weight = ctx.dequantize(*ctx.saved_tensors, grad_output.dtype)
+        weight = ctx.dequantize(*packed, grad_output.dtype)
         return (grad_output @ weight, *no_grads)
 
 

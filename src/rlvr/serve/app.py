@@ -89,6 +89,19 @@ class PendingSample:
     future: concurrent.futures.Future
 
 
+def _memory_budget(cfg: ServeConfig) -> float:
+    """memory_gb, else the GPUs' memory, else the RAM this machine has available now: on a machine
+    shared with other processes, its total would admit a model the others leave no room for."""
+    if cfg.memory_gb is not None:
+        return cfg.memory_gb * 1e9
+    import psutil
+    import torch
+
+    if torch.cuda.is_available():
+        return float(sum(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())))
+    return float(psutil.virtual_memory().available)
+
+
 class TinkerServer:
     """Sessions, models, sampling sessions and futures; `app` is the ASGI application."""
 
@@ -97,6 +110,7 @@ class TinkerServer:
         self.sessions: dict[str, float] = {}  # session id -> when it was last heard from (time.monotonic)
         self.models: dict = {}  # model id -> rlvr.serve.model.ServedModel
         self._claimed: dict[str, float] = {}  # models created or being built -> the memory planned for each
+        self._memory_budget = _memory_budget(cfg)  # before any model loads: what the served models may hold together
         self.samplers: dict[str, SamplerSession] = {}
         self.named: dict[str, tuple[str, LoraAdapter]] = {}  # tinker:// path -> (model id, adapter)
         self.futures: dict[str, concurrent.futures.Future] = {}
@@ -180,22 +194,12 @@ class TinkerServer:
         """Count the model's planned memory as held, or refuse it (BadRequest) if the machine cannot hold it too."""
         need, parts = planned_bytes(run)
         held = sum(self._claimed.values())
-        budget = self._memory_budget()
+        budget = self._memory_budget
         if held + need > budget:
             others = f", and the {len(self._claimed)} model(s) served hold ~{held / 1e9:.2f} GB" if self._claimed else ""
             raise BadRequest(f"create_model: {run.model.path} with LoRA rank {run.trainer.lora.rank} needs ~{need / 1e9:.2f} GB "
                              f"({parts}){others}, over this server's {budget / 1e9:.2f} GB (memory_gb); nothing was loaded")
         self._claimed[model_id] = need
-
-    def _memory_budget(self) -> float:
-        if self.cfg.memory_gb is not None:
-            return self.cfg.memory_gb * 1e9
-        import psutil
-        import torch
-
-        if torch.cuda.is_available():
-            return float(sum(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())))
-        return float(psutil.virtual_memory().total)
 
     def _start_model(self, session_id: str, model_seq_id: int, run: RunConfig, seed: int,
                      then: Callable[[str], dict]) -> dict:

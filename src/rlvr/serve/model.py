@@ -28,7 +28,7 @@ from rlvr.hardware import compute_dtype, local_device
 from rlvr.models.folder import model_config_dict
 from rlvr.models.multimodal import text_config
 from rlvr.orchestration.builders import with_engine_lora_targets
-from rlvr.orchestration.plan import PlanError, make_plan
+from rlvr.orchestration.plan import PlanError, all_devices_bytes, make_plan
 from rlvr.records import LoraAdapter, Request, Rollout, Sampling
 from rlvr.serve.protocol import BadRequest, ForwardBackwardBatch
 from rlvr.sync.check import SyncCheck
@@ -69,15 +69,9 @@ def planned_bytes(run: RunConfig) -> tuple[float, str]:
     """The plan's estimate of what the run's engine and trainer ranks hold together (rlvr plan's
     figures), and its largest parts in words; 0 where the architecture cannot be read."""
     try:
-        plan = make_plan(run)
+        return all_devices_bytes(make_plan(run))
     except PlanError as error:
         raise UserError(f"{run.model.path}: {error}") from None
-    parts: dict[str, float] = {}
-    for device in plan.devices:
-        for name, size in device.memory.items():
-            parts[name] = parts.get(name, 0.0) + size
-    largest = sorted(parts.items(), key=lambda kv: -kv[1])[:3]
-    return sum(parts.values()), ", ".join(f"{name} {size / 1e9:.2f}" for name, size in largest)
 
 
 class ServedModel:

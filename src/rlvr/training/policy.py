@@ -13,24 +13,32 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from rlvr.algorithms import entropy_from_logits, token_logprobs
+from rlvr.algorithms import logprobs_and_entropy
 from rlvr.training.attention import NAME as PACKED
 from rlvr.training.attention import PackedLayout
+from rlvr.training.logits_memory import chunk_tokens
 
 class TokenLogprobs(nn.Module):
     """Wraps a causal LM so that forward returns the logprob of each scored token.
 
-    The LM head runs only on the positions that score a token, `chunk_tokens` at a time under
-    activation checkpointing, so the `[tokens, vocab]` logits exist for one chunk at a time,
-    in forward and backward. Logits are divided by the sampling temperature so the trainer
-    scores tokens under the distribution the sampler drew them from.
+    The LM head runs only on the positions that score a token, a chunk of them at a time under
+    activation checkpointing, so the `[tokens, vocab]` logits exist for one chunk at a time, in
+    forward and in backward. A chunk is as many tokens as `logits_chunk_mb` holds with the
+    copies they are read with (rlvr.training.logits_memory): ~280 tokens of a 152k vocabulary
+    in float32 for 512 MB. Logits are divided by the sampling temperature so the trainer scores
+    tokens under the distribution the sampler drew them from.
     """
 
-    def __init__(self, lm: nn.Module, chunk_tokens: int = 1024):
+    def __init__(self, lm: nn.Module, logits_chunk_mb: float):
         super().__init__()
         self.lm = lm
-        self.chunk_tokens = chunk_tokens
+        self.logits_chunk_bytes = logits_chunk_mb * 1e6
         self.softcap = getattr(lm.config, "final_logit_softcapping", None)
+
+    def chunk_tokens(self, dtype: torch.dtype) -> int:
+        """Scored tokens per LM-head chunk for logits of `dtype`."""
+        vocab = self.lm.get_output_embeddings().weight.shape[0]
+        return chunk_tokens(self.logits_chunk_bytes, vocab, dtype.itemsize, softcapped=bool(self.softcap))
 
     def forward(
         self,
@@ -53,21 +61,19 @@ class TokenLogprobs(nn.Module):
         hidden = self.lm.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=False, **packed)
         hidden = hidden.last_hidden_state[0].index_select(0, score_positions)
         head = self.lm.get_output_embeddings()
+        chunk = self.chunk_tokens(hidden.dtype)
         logprobs, entropies = [], []
-        for h, t in zip(hidden.split(self.chunk_tokens), score_targets.split(self.chunk_tokens)):
+        for h, t in zip(hidden.split(chunk), score_targets.split(chunk)):
             lp, ent = checkpoint(self._score_chunk, head, h, t, temperature, use_reentrant=False)
             logprobs.append(lp)
-            entropies.append(ent)
+            entropies.append(ent.detach())
         return torch.cat(logprobs), torch.cat(entropies)
 
     def _score_chunk(self, head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float):
         logits = head(hidden)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
-        picked = token_logprobs(logits, targets, temperature=temperature, chunk_size=self.chunk_tokens)
-        with torch.no_grad():
-            entropy = entropy_from_logits(logits, temperature=temperature, chunk_size=self.chunk_tokens)
-        return picked, entropy
+        return logprobs_and_entropy(logits, targets, temperature=temperature, chunk_size=len(targets))
 
 
 def decoder_blocks(model: nn.Module) -> list[nn.Module]:

@@ -60,7 +60,7 @@ def _measure(cfg: RunConfig, rank: int) -> dict[str, int]:
         lm = _skeleton(cfg, dtype).model
         if trainer.lora:
             lm = apply_lora(lm, **trainer.lora.model_dump(), shapes_only=True)
-        policy = TokenLogprobs(lm)
+        policy = TokenLogprobs(lm, trainer.logits_chunk_mb)
         # the worker's mesh: 1-D over every rank, or replicas x shards (HSDP)
         mesh = (init_device_mesh("cpu", (world_size,)) if shard_ranks == world_size else
                 init_device_mesh("cpu", (world_size // shard_ranks, shard_ranks), mesh_dim_names=("replicate", "shard")))

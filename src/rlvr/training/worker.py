@@ -216,7 +216,7 @@ class _Rank:
         if config.routing_replay and not layers:
             raise ValueError(f"trainer.routing_replay: {spec.model.path} has no mixture-of-experts layers to replay")
         self.lm = lm
-        self.policy = TokenLogprobs(lm)
+        self.policy = TokenLogprobs(lm, config.logits_chunk_mb)
         shard_ranks = config.shard_ranks or world_size
         # FSDP2 on a 1-D mesh shards over every rank; on a 2-D one (replicas x shards) it is HSDP
         mesh = (init_device_mesh(self.device.type, (world_size,)) if shard_ranks == world_size else
