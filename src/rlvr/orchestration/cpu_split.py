@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from rlvr.affinity import core_list
 from rlvr.config import RunConfig
-from rlvr.engines import cpu_threads
+from rlvr.engines.base import cpu_threads
 from rlvr.training.trainer import rank_threads
 
 
