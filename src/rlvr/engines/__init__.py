@@ -47,6 +47,15 @@ def make_engine(
     return engines[0] if len(engines) == 1 else ReplicatedEngine(engines)
 
 
+def cpu_threads(engine: EngineConfig, cores: int) -> int:
+    """The threads an engine computes with on CPU, given the `cores` it may run on: engine.num_threads;
+    else vLLM takes half of them, at least one (it shares them with the trainer ranks and the
+    verifiers, and its OpenMP threads spin-wait: see VLLMEngine), and transformers all of them."""
+    if engine.num_threads:
+        return engine.num_threads
+    return max(1, cores // 2) if engine.backend == "vllm" else max(1, cores)
+
+
 def _start_here(model: ModelConfig, engine: EngineConfig, *, seed: int, lora_rank: int | None, sleep_mode: bool) -> Engine:
     served = model.model_copy(update={"path": served_model_path(model.path, native_nvfp4=engine.backend == "vllm")})
     if engine.backend == "vllm":
@@ -84,4 +93,4 @@ def served_model_path(model_path: str, native_nvfp4: bool = True) -> str:
     return str(view)
 
 
-__all__ = ["Engine", "make_engine", "served_model_path"]
+__all__ = ["Engine", "cpu_threads", "make_engine", "served_model_path"]

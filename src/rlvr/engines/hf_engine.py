@@ -18,6 +18,7 @@ from dataclasses import replace
 import torch
 
 from rlvr.config import EngineConfig, ModelConfig
+from rlvr.engines import cpu_threads
 from rlvr.engines.base import Engine, completion_logprobs
 from rlvr.hardware import compute_dtype
 from rlvr.records import LoraAdapter, Request, Rollout, Sampling
@@ -36,7 +37,7 @@ class HFEngine(Engine):
 
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if self.device.type == "cpu":
-            torch.set_num_threads(engine.num_threads or os.cpu_count() or 1)
+            torch.set_num_threads(cpu_threads(engine, os.cpu_count() or 1))
         self.tokenizer = load_tokenizer(model.path)
         self.model = _load_model(model.path, compute_dtype(model.dtype, self.device.type).torch).to(self.device)
         self.model.eval()

@@ -38,6 +38,7 @@ from typing import NamedTuple
 import torch
 
 from rlvr.config import EngineConfig, ModelConfig
+from rlvr.engines import cpu_threads
 from rlvr.engines.base import Engine, EngineDied
 from rlvr.engines.lora_merge import merged_weights
 from rlvr.engines.lora_targets import engine_uses_mla
@@ -189,7 +190,7 @@ class VLLMEngine(Engine):
         self._finished_under: dict[str, dict[int, int]] = {}
         self._llm = None
         if not on_gpu:
-            self._configure_cpu_threads(engine.num_threads or max(1, (os.cpu_count() or 1) // 2))
+            self._configure_cpu_threads(cpu_threads(engine, os.cpu_count() or 1))
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if self.in_process else "1"
         from vllm import LLM, envs
 

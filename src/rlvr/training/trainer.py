@@ -61,6 +61,11 @@ class RankHandle(Protocol):
 Launch = Callable[[int, RankSpec], list[RankHandle]]
 
 
+def rank_threads(cores: int, ranks: int) -> int:
+    """Torch threads per rank where `ranks` ranks share `cores` cores: a thread per core, at least one each."""
+    return max(1, cores // ranks)
+
+
 class Trainer:
     def __init__(self, spec: RankSpec, launch: Launch | None = None):
         ranks = spec.trainer.ranks
@@ -68,7 +73,7 @@ class Trainer:
         self._adapter_version = 0
         self._lora_config: dict | None = None  # fixed for the trainer's life: asked once
         self._training = False
-        threads = spec.threads or max(1, (os.cpu_count() or 1) // ranks)
+        threads = spec.threads or rank_threads(os.cpu_count() or 1, ranks)
         self._ranks: list[RankHandle] = (launch or spawn_ranks)(ranks, replace(spec, threads=threads))
         info = self._gather(timeout_s=spec.trainer.start_timeout_s)
         self.trainable_params = info[0]["trainable_params"]
