@@ -17,6 +17,10 @@ that ran it:
 - measured / predicted per phase. The formula trains every sample's prompt; with
   trainer.share_prompts the ranks ran a group's prompt once: `formula_tokens_over_trained`
   says by how much the formula over-counts the run's tokens.
+- what the peak (a large square matmul) does not say about decoding: the FLOP/s of one matmul
+  at a decode step's MLP shape (the sequences decoded at once x hidden, times hidden x MLP
+  width) in the run's dtype on the engine's threads, and its share of the peak.
+Run it alone (flock /tmp/rlvr-heavy.lock): it measures.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ def shaped(cfg, prompt: int, response: int):
 
 def compare(run_dir: Path) -> dict:
     from rlvr.config import load_config
-    from rlvr.hardware import cpu_rates
+    from rlvr.hardware import cpu_rates, matmul_flops
     from rlvr.orchestration.architecture import planned_dtype, read_architecture
     from rlvr.orchestration.step_time import step_time
 
@@ -70,6 +74,7 @@ def compare(run_dir: Path) -> dict:
             "measured": {phase: m[f"time/{phase}"] for phase in PHASES},
             "predicted": {"generate": longest.generate, "train": typical.train, "sync": typical.sync},
             "probed": "sync/logprob_gap" in m,
+            "decoded_at_once": longest.decoded_at_once,
             "formula_tokens_over_trained": len(prompts) * cfg.rollout.samples_per_prompt * (prompt + m["response/length_mean"])
             / trained,
         })
@@ -79,10 +84,13 @@ def compare(run_dir: Path) -> dict:
         measured["sync"] = statistics.mean(s["measured"]["sync"] for s in unprobed)
     predicted = {phase: statistics.mean(s["predicted"][phase] for s in per_step) for phase in PHASES}
     last = step_time(cfg, arch, cpu_rates)
+    dtype = planned_dtype(cfg)
+    rows = round(statistics.mean(s["decoded_at_once"] for s in per_step))
+    decode = matmul_flops(dtype.torch, last.engine_threads, rows, arch.hidden, arch.intermediate_size)
     return {
         "run_dir": str(run_dir),
         "model": cfg.model.path,
-        "compute_dtype": planned_dtype(cfg).name,
+        "compute_dtype": dtype.name,
         "steps": f"2..{steps[-1]['step']}",
         "measured_s": measured,
         "measured_sync_with_probe_s": statistics.mean(s["measured"]["sync"] for s in per_step if s["probed"])
@@ -99,6 +107,9 @@ def compare(run_dir: Path) -> dict:
                   "memory_bytes_per_s": last.engine_device.memory_bytes_per_s,
                   "loopback_bytes_per_s": last.trainer_device.network_bytes_per_s},
         "dry_run_longest_step_s": {"generate": last.generate, "train": last.train, "sync": last.sync},
+        "decode_matmul_flops": decode,
+        "decode_matmul_share_of_peak": decode / last.engine_device.matmul_flops,
+        "decode_matmul_shape": [rows, arch.hidden, arch.intermediate_size],
         "per_step": per_step,
     }
 
@@ -115,6 +126,8 @@ def main() -> None:
         for phase in PHASES:
             print(f"  {phase:8s} predicted {run['predicted_s'][phase]:8.3f} s  measured {run['measured_s'][phase]:8.3f} s  "
                   f"ratio {run['measured_over_predicted'][phase]:6.2f}")
+        print(f"  a {' x '.join(map(str, run['decode_matmul_shape']))} matmul (a decode step's MLP): "
+              f"{run['decode_matmul_flops'] / 1e9:.0f} GFLOP/s, {run['decode_matmul_share_of_peak']:.0%} of the peak")
     def phases(r: dict) -> str:
         return ", ".join(f"{phase} {r['measured_s'][phase]:.2f} s / {r['predicted_s'][phase]:.2f} s = "
                          f"{r['measured_over_predicted'][phase]:.1f}x" for phase in PHASES)

@@ -30,6 +30,8 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -130,15 +132,31 @@ def _machine_key(threads: int) -> str:
     return f"{capabilities.get('cpu_name', 'unknown CPU')} | flags {digest} | {threads} threads | torch {torch.__version__}"
 
 
+def matmul_flops(dtype: torch.dtype, threads: int, rows: int = CALIBRATION_MATMUL, inner: int = CALIBRATION_MATMUL,
+                 columns: int = CALIBRATION_MATMUL) -> float:
+    """The best FLOP/s of a (rows x inner) @ (inner x columns) torch matmul in `dtype` on `threads`
+    threads: square and large, the peak `cpu_rates` keeps; at a layer's shape, what it gets."""
+    a, b = torch.randn(rows, inner).to(dtype), torch.randn(inner, columns).to(dtype)
+    out = torch.empty(rows, columns, dtype=dtype)
+    with _torch_threads(threads):
+        return 2 * rows * inner * columns / _best_seconds(lambda: torch.matmul(a, b, out=out))
+
+
 def _measure(threads: int) -> CpuRates:
+    flops = {dtype: matmul_flops(dtype, threads) for dtype in (torch.float32, torch.bfloat16)}
+    with _torch_threads(threads):
+        copy = _copy_bytes_per_s()
+    return CpuRates(threads, flops[torch.float32], flops[torch.bfloat16], copy, _loopback_bytes_per_s())
+
+
+@contextmanager
+def _torch_threads(threads: int) -> Iterator[None]:
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        flops = {dtype: _matmul_flops(dtype) for dtype in (torch.float32, torch.bfloat16)}
-        copy = _copy_bytes_per_s()
+        yield
     finally:
         torch.set_num_threads(previous)
-    return CpuRates(threads, flops[torch.float32], flops[torch.bfloat16], copy, _loopback_bytes_per_s())
 
 
 def _best_seconds(run) -> float:
@@ -149,13 +167,6 @@ def _best_seconds(run) -> float:
         run()
         best = min(best, time.perf_counter() - start)
     return best
-
-
-def _matmul_flops(dtype: torch.dtype) -> float:
-    n = CALIBRATION_MATMUL
-    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    out = torch.empty(n, n, dtype=dtype)
-    return 2 * n**3 / _best_seconds(lambda: torch.matmul(a, b, out=out))
 
 
 def _copy_bytes_per_s() -> float:
