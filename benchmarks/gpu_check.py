@@ -206,7 +206,7 @@ def planned_train_seconds(model_dir: Path, dtype: str, batch, kind: str) -> tupl
         "rollout.prompts_per_step=16", "rollout.samples_per_prompt=8", f"data.max_prompt_tokens={prompt}",
         f"rollout.sampling.max_tokens={completion}", "trainer.mini_batches=1", "trainer.epochs=1",
         "trainer.gradient_checkpointing=false", "algorithm.kl_coef=0"])
-    return step_time(cfg, read_architecture(cfg)).train_compute, ACCELERATORS[kind].bf16_flops
+    return step_time(cfg, read_architecture(cfg)).train_compute, ACCELERATORS[kind].matmul_flops
 
 
 class InProcessRank:

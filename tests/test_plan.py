@@ -398,3 +398,62 @@ def test_a_cpu_run_that_would_not_fit_this_machine_is_refused_in_one_line():
     fits = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", str(SMALL), "--dry-run", *CPU,
                            f"placement.host_memory_gb={int(need / GB) + 1}"], capture_output=True, text=True)
     assert fits.returncode == 0 and f"All processes {need / GB:.1f} GB: fits placement.host_memory_gb" in fits.stdout
+
+
+def _rates(threads: int):
+    """Rates a test gives the plan instead of measuring: each side's proportional to its threads."""
+    from rlvr.hardware import CpuRates
+
+    return CpuRates(threads, 50e9 * threads, 250e9 * threads, 5e9 * threads, 2e9)
+
+
+def test_cpu_step_time_by_hand(monkeypatch):
+    """The 0.5B recipe on an 8-core CPU, 2 ranks and a 3-thread engine: one pool of cores, so the
+    ranks run at the peak measured on their 8 threads together (not 2 x), the engine at its 3
+    threads' rates on dequantized bf16 weights; gloo traffic adds to the compute; the sync merges
+    the adapter into every adapted weight."""
+    from rlvr.orchestration.step_time import step_time
+
+    monkeypatch.setattr("rlvr.orchestration.step_time.os.cpu_count", lambda: 8)
+    asked = []
+    cpu = load_config(SMALL, ["placement.gpus_per_node=0", "placement.gpu=null", "trainer.ranks=2", "engine.num_threads=3"])
+    arch = read_architecture(cpu)
+    t = step_time(cpu, arch, lambda threads: asked.append(threads) or _rates(threads))
+    assert sorted(asked) == [3, 8] and (t.engine_threads, t.trainer_threads) == (3, 8)
+    n = 494_005_120  # tied: the embedding is the LM head
+    kv = 2 * 24 * 2 * 64 * 2  # keys and values, 2 KV heads of 64, bf16
+    at_once = min(512, 6 * GiB // (kv * 1536), 256)  # vLLM's CPU default max_num_seqs: 256
+    assert (t.decoded_at_once, t.waves) == (256, 2)
+    memory, peak = 5e9 * 3, 250e9 * 3
+    step = max((2 * n + at_once * 1024 * kv) / memory, (2 * n * at_once + 4 * 14 * 64 * 24 * 1024 * at_once) / peak)
+    assert t.generate == pytest.approx(2 * n * 64 * 512 / peak + 2 * 1024 * step, rel=1e-12)
+    gpu = step_time(load_config(SMALL, ["trainer.ranks=2", "placement.gpus_per_node=2", "placement.gpu=h100"]), arch)
+    assert t.train_compute == pytest.approx(gpu.train_compute * 2 * 989.5e12 / (250e9 * 8), rel=1e-12)
+    # both ranks' FSDP2 traffic through one loopback instead of each over its own NVLink
+    assert t.train_communication == pytest.approx(2 * gpu.train_communication * 450e9 / 2e9, rel=1e-12)
+    assert t.train == t.train_compute + t.train_communication
+    adapted = 24 * (896 * 896 * 2 + 896 * 128 * 2 + 3 * 896 * 4864)
+    merge = max(adapted * (4 + 3 * 2) / memory, 2 * 32 * adapted / peak)
+    assert t.sync == pytest.approx(arch.adapter_params(cpu.trainer.lora) * 4 / 2e9 + merge, rel=1e-12)
+
+
+def test_cpu_plan_is_timed_only_with_rates_and_says_it_is_the_bound():
+    import io
+
+    from rich.console import Console
+
+    from rlvr.orchestration.plan import print_plan
+
+    cfg = load_config(SMALL, ["placement.gpus_per_node=0", "placement.gpu=null"])
+    assert make_plan(cfg).step is None  # nothing measured: the memory check of `rlvr serve` stays instant
+    plan = make_plan(cfg, cpu_rates=_rates)
+    assert plan.step.generate > 0 and plan.step.train > 0 and plan.step.sync > 0
+    out = io.StringIO()
+    print_plan(plan, cfg, Console(file=out, width=400))
+    (line,) = [line for line in out.getvalue().splitlines() if line.startswith("time per step")]
+    assert "at this CPU's measured peaks" in line and "the bound" in line
+    assert f"generate {plan.step.generate:.2f} s" in line and f"sync {plan.step.sync:.2f} s" in line
+    assert "balance: the engine and the ranks share the cores" in out.getvalue()
+    half = make_plan(load_config(SMALL, ["placement.gpus_per_node=0", "placement.gpu=null", "model.dtype=float16"]),
+                     cpu_rates=_rates)
+    assert half.step is None and any("only float32 and bfloat16" in note for note in half.notes)

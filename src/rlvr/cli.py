@@ -37,11 +37,12 @@ def train(
     """Run RL training as the config says."""
     cfg = _train_config(config, overrides or [], resume)
     if dry_run:
+        from rlvr.hardware import cpu_rates
         from rlvr.orchestration.plan import PlanError, make_plan, print_plan
 
         console.print(dump_config(cfg), highlight=False, end="")
         try:
-            plan = make_plan(cfg)
+            plan = make_plan(cfg, cpu_rates=cpu_rates)
         except PlanError as err:
             console.print(f"[red]plan error:[/red] {config or resume}: {err}", highlight=False)
             raise typer.Exit(2) from None

@@ -653,7 +653,8 @@ class PlacementConfig(Section):
     )
     gpu: Literal["gb200", "b200", "h200", "h100", "a100"] | None = Field(
         None, description="the GPU kind: --dry-run times each phase of a step at its nominal peaks "
-        "(rlvr.orchestration.accelerators) and says which side waits (null: phases not timed)"
+        "(rlvr.orchestration.accelerators) and says which side waits (null: phases not timed; without GPUs "
+        "they are timed at this CPU's rates, measured once: rlvr.hardware.cpu_rates)"
     )
     host_memory_gb: float | None = Field(
         None, gt=0, description="usable host (CPU) memory of one node in GB (1e9 bytes); --dry-run checks what the "

@@ -1,4 +1,5 @@
-"""Nominal peaks of the GPUs a plan can be timed on (`placement.gpu`), from the vendors' data sheets.
+"""The devices a plan can be timed on: the GPUs of `placement.gpu` at their data sheets' nominal
+peaks, and this machine's CPU at the rates it measures (`cpu_accelerator`).
 
 Peaks, not sustained rates: the step-time estimate (rlvr.orchestration.step_time) is what a
 layout allows at best, for comparing layouts. BF16 figures are dense (NVIDIA's data sheets
@@ -17,23 +18,39 @@ print them "with sparsity", twice the dense rate); link figures are one directio
   superchips, 4 GPUs, 2 x 480 GB LPDDR5X) has a ConnectX-7 400 Gb/s per GPU.
 `vllm_max_num_seqs` is vLLM 0.32's default for its offline `LLM` on that GPU
 (`EngineArgs.get_batch_defaults`: 1024 for >= 70 GiB of device memory, A100 excepted, else 256).
+
+A CPU has no data sheet here: its rates are measured once and cached (rlvr.hardware.cpu_rates,
+whose doc-string says why), on the threads the engine or the trainer ranks compute with.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlvr.hardware import CpuRates
+
 TB = 1e12
+VLLM_CPU_MAX_NUM_SEQS = 256  # vLLM 0.32's offline `LLM` on CPU: 256 x its world size (EngineArgs.get_batch_defaults)
 
 
 @dataclass(frozen=True)
 class Accelerator:
-    bf16_flops: float  # dense BF16 tensor-core FLOP/s
-    hbm_bytes_per_s: float
+    matmul_flops: float  # dense matmul FLOP/s in the compute dtype (a GPU's: BF16 on its tensor cores)
+    memory_bytes_per_s: float  # a GPU's HBM; a CPU's main memory
     nvlink_bytes_per_s: float  # GPU to GPU within a node, one direction
     host_bytes_per_s: float  # GPU to its host memory (PCIe or NVLink-C2C), one direction
     network_bytes_per_s: float  # the GPU's NIC to other nodes, one direction
     vllm_max_num_seqs: int
+    cpu: bool = False  # this machine's cores, shared by the engine and the ranks (cpu_accelerator)
+
+
+def cpu_accelerator(rates: CpuRates, dtype: str, tensor_parallel_size: int) -> Accelerator:
+    """This CPU at `rates` (measured on the threads of the side it times), computing in `dtype`.
+    Trainer ranks talk through gloo over loopback, within the node and beyond alike; there is no
+    host link to cross (the memory is the host's)."""
+    loopback = rates.loopback_bytes_per_s
+    return Accelerator(rates.matmul_flops(dtype), rates.memory_bytes_per_s, loopback, rates.memory_bytes_per_s, loopback,
+                       VLLM_CPU_MAX_NUM_SEQS * tensor_parallel_size, cpu=True)
 
 
 ACCELERATORS = {

@@ -227,8 +227,9 @@ class Architecture:
         nvfp4 = self.nvfp4 if nvfp4 is None else nvfp4
         return self.packed_params * (NVFP4_BITS / 8 if nvfp4 else dtype_bytes) + (self.params - self.packed_params) * dtype_bytes
 
-    def routed_bytes(self, dtype_bytes: int) -> float:
-        return self.routed_params * (NVFP4_BITS / 8 if self.nvfp4 else dtype_bytes)
+    def routed_bytes(self, dtype_bytes: int, nvfp4: bool | None = None) -> float:
+        nvfp4 = self.nvfp4 if nvfp4 is None else nvfp4
+        return self.routed_params * (NVFP4_BITS / 8 if nvfp4 else dtype_bytes)
 
     def units(self, dtype_bytes: int, lora: LoraConfig | None) -> list[Unit]:
         """Every parameter of the trainer's module tree (see the module doc-string), by FSDP2
@@ -275,6 +276,19 @@ class Architecture:
     def adapter_params(self, lora: LoraConfig) -> int:
         """The LoRA adapter's parameters."""
         return sum(u.count * p.numel for u in self.units(LORA_DTYPE_BYTES, lora) for p in u.params if p.trainable)
+
+    def adapted_params(self, lora: LoraConfig) -> int:
+        """The weights of the Linear layers the adapter adapts: what merging it rewrites (routed
+        experts' adapters aside: they are applied per expert, never merged)."""
+
+        def adapted(named: dict[str, tuple[int, int]]) -> int:
+            chosen = engine_lora_targets(lora.target_modules, named, uses_mla=self.mla is not None)[0]
+            return sum(inputs * outputs for name, (inputs, outputs) in named.items() if name in chosen)
+
+        e = self.experts
+        shared = adapted(self.mlp_linears(e.shared_width)) if e and e.shared_width else 0
+        return (self.num_layers * adapted(self.attention_linears()) + self.moe_layers * shared
+                + (self.num_layers - self.moe_layers) * adapted(self.mlp_linears(self.intermediate_size)))
 
     def block_bytes(self, dtype_bytes: int, lora: LoraConfig | None = None) -> float:
         """The largest decoder block unsharded, as FSDP2 gathers it (ParamShape.gathered_bytes)."""

@@ -4,7 +4,7 @@ each phase of a step takes at best: `rlvr train CFG --dry-run`.
     plan = make_plan(cfg)          # PlanError (one line) when the placement cannot hold the run
     plan.devices                   # per GPU (or CPU process): what runs there, bytes by component
     plan.host                      # per node: host bytes while loading
-    plan.step                      # seconds per phase (with placement.gpu)
+    plan.step                      # seconds per phase (with placement.gpu; on CPU at measured rates)
     rank_bytes(cfg, rank)          # a trainer rank's bytes as FSDP2 shards the module tree
 
 Placement, as the `placement` section asks (the Ray backend reserves the same shape):
@@ -67,20 +67,24 @@ TP): vLLM's loader holds one tensor at a time privately, but the safetensors fil
 sit in the page cache, and colocated, vLLM's sleep (level 1) keeps those weights in host
 memory while the trainer runs.
 
-Time per step: rlvr.orchestration.step_time (its doc-string has the formulas). The balance
-line says who waits: split, with rollout.max_staleness >= 1 the engine generates step t + 1
-while the ranks train step t, so a step takes max(generate, train + sync); otherwise, and
-colocated, the phases run one after another and a step takes their sum.
+Time per step: rlvr.orchestration.step_time (its doc-string has the formulas), on GPUs at
+placement.gpu's nominal peaks, on CPU at the rates this machine measured (rlvr.hardware.cpu_rates,
+given to make_plan by `--dry-run`). The balance line says who waits: split, with
+rollout.max_staleness >= 1 the engine generates step t + 1 while the ranks train step t, so a
+step takes max(generate, train + sync); otherwise, colocated, and on CPU (where the engine and
+the ranks share the cores) the phases run one after another and a step takes their sum.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rlvr.affinity import allowed_cores
 from rlvr.config import RunConfig
 from rlvr.engines.replicas import unplaceable
+from rlvr.hardware import CpuRates, cpu_rates_cache
 from rlvr.orchestration.architecture import (
     GB,
     GiB,
@@ -163,13 +167,14 @@ class Plan:
     unknown: str | None  # why there is no memory estimate
     notes: list[str]
     host: dict[int, float] = field(default_factory=dict)  # node -> host bytes while loading
-    step: StepTime | None = None  # with placement.gpu
+    step: StepTime | None = None  # with placement.gpu, or on CPU at measured rates
     cores: CpuSplit | None = None  # no GPUs: this machine's cores for the controller and each rank
 
 
-def make_plan(cfg: RunConfig) -> Plan:
+def make_plan(cfg: RunConfig, cpu_rates: Callable[[int], CpuRates] | None = None) -> Plan:
     """The placement and, when the architecture is known, the memory of every device and node
-    and, on a known GPU, the time of each phase."""
+    and the time of each phase: on a known GPU (placement.gpu), or without GPUs at this CPU's
+    rates on so many threads, `cpu_rates(threads)` (rlvr.hardware.cpu_rates; None: not timed)."""
     p, tp, ranks = cfg.placement, cfg.engine.tensor_parallel_size, cfg.trainer.ranks
     _check_lengths(cfg)
     if p.backend == "local" and p.nodes > 1:
@@ -191,7 +196,15 @@ def make_plan(cfg: RunConfig) -> Plan:
     if arch.num_heads % tp:
         raise PlanError(f"engine.tensor_parallel_size={tp} does not divide the model's {arch.num_heads} attention heads")
     host = _estimate(cfg, arch, devices, notes)
-    timed = step_time(cfg, arch) if p.gpu and p.gpus_per_node else None
+    timed = None
+    if p.gpu and p.gpus_per_node:
+        timed = step_time(cfg, arch)
+    elif not p.gpus_per_node and cpu_rates is not None:
+        if planned_dtype(cfg).name in ("float32", "bfloat16"):
+            timed = step_time(cfg, arch, cpu_rates)
+        else:
+            notes.append(f"time per step: not estimated (only float32 and bfloat16 matmuls are measured on CPU, "
+                         f"model.dtype is {cfg.model.dtype})")
     plan = Plan(p.backend, p.colocate, p.nodes, p.gpus_per_node, tp, cfg.engine.replicas, ranks, gpus_used, devices, arch,
                 None, notes, host, timed, cores)
     _check_fit(cfg, plan)
@@ -486,6 +499,9 @@ def print_plan(plan: Plan, cfg: RunConfig, console) -> None:
 def _print_step(plan: Plan, cfg: RunConfig, say) -> None:
     t = plan.step
     longest = cfg.data.max_prompt_tokens + cfg.rollout.sampling.max_tokens
+    if t.engine_device.cpu:
+        _print_cpu_step(t, cfg, longest, say)
+        return
     say(f"time per step at {cfg.placement.gpu.upper()} nominal peaks, every sample {longest:,} tokens long (an upper "
         f"bound; rlvr.orchestration.step_time): generate {t.generate:,.0f} s ({t.engines} engine{'s' * (t.engines > 1)} of "
         f"TP {plan.engine_tp}: {t.decoded_at_once} sequences at once{' each' * (t.engines > 1)}, {t.waves} waves), train {t.train:,.0f} s (compute {t.train_compute:,.0f} s, "
@@ -504,6 +520,20 @@ def _print_step(plan: Plan, cfg: RunConfig, say) -> None:
     else:
         say(f"balance: split, generating one step ahead: a step takes ~{busy:,.0f} s; the engines wait "
             f"{busy - t.generate:,.0f} s of it for the trainer (idle {1 - ratio:.0%})" + _moved(plan, cfg, -1))
+
+
+def _print_cpu_step(t: StepTime, cfg: RunConfig, longest: int, say) -> None:
+    dtype = planned_dtype(cfg).name
+    engines = f"{t.engines} engines" if t.engines > 1 else "the engine"
+    say(f"time per step at this CPU's measured peaks, every sample {longest:,} tokens long (the bound: a run takes longer; "
+        f"rlvr.orchestration.step_time): generate {t.generate:.2f} s ({engines} on {t.engine_threads} thread"
+        f"{'s' * (t.engine_threads > 1)} at {t.engine_device.matmul_flops / 1e9:,.0f} GFLOP/s {dtype} and "
+        f"{t.engine_device.memory_bytes_per_s / 1e9:.1f} GB/s: {t.decoded_at_once} sequences at once, {t.waves} "
+        f"wave{'s' * (t.waves > 1)}), train {t.train:.2f} s ({cfg.trainer.ranks} rank{'s' * (cfg.trainer.ranks > 1)} "
+        f"on {t.trainer_threads} thread{'s' * (t.trainer_threads > 1)} at {t.trainer_device.matmul_flops / 1e9:,.0f} "
+        f"GFLOP/s: compute {t.train_compute:.2f} s, gloo {t.train_communication:.2f} s), sync {t.sync:.2f} s")
+    say(f"balance: the engine and the ranks share the cores, so the phases take turns: a step takes "
+        f"~{t.generate + t.train + t.sync:.2f} s (rates measured once, cached in {cpu_rates_cache()}: delete it to measure again)")
 
 
 def _moved(plan: Plan, cfg: RunConfig, engines: int) -> str:

