@@ -14,7 +14,6 @@ import tempfile
 from pathlib import Path
 
 from rlvr.checkpoint.store import CheckpointStore, verify
-from rlvr.hardware import compute_dtype
 
 
 def resolve_checkpoint(run_dir: str | Path, checkpoint: str | Path | None = None) -> Path:
@@ -46,6 +45,7 @@ def open_run(run_dir: str | Path, checkpoint: str | Path | None = None):
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path, checkpoint: str | Path | None = None) -> Path:
+    import torch
     from transformers import AutoModelForCausalLM
 
     from rlvr.models.tokenizer import load_tokenizer
@@ -54,7 +54,10 @@ def export_run(run_dir: str | Path, out_dir: str | Path, checkpoint: str | Path 
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     cfg, folder, adapter = open_run(run_dir, checkpoint)
-    dtype = compute_dtype(cfg.model.dtype, "cpu").torch  # exported where it is merged: here
+    # float32 unless the run named a dtype: the merge W + scale * B @ A is exact there, where bf16 would
+    # round away every change under half an ulp of its weight (rlvr.engines.lora_merge); a server casts
+    # the folder to what it computes in
+    dtype = torch.float32 if cfg.model.dtype == "auto" else getattr(torch, cfg.model.dtype)
     with tempfile.TemporaryDirectory(prefix="rlvr-export-") as scratch:
         base = cfg.model.path
         if is_quantized_checkpoint(base):
