@@ -71,3 +71,8 @@ def _threads() -> list[int]:
         return [int(tid) for tid in os.listdir(_TASKS)]
     except FileNotFoundError:  # no /proc: the calling thread is all that can be reached
         return [0]
+
+
+def rank_threads(cores: int, ranks: int) -> int:
+    """Torch threads per rank where `ranks` ranks share `cores` cores: a thread per core, at least one each."""
+    return max(1, cores // ranks)

@@ -32,10 +32,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rlvr.affinity import core_list
+from rlvr.affinity import core_list, rank_threads
 from rlvr.config import RunConfig
 from rlvr.engines.base import cpu_threads
-from rlvr.training.trainer import rank_threads
 
 
 @dataclass

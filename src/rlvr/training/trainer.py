@@ -21,7 +21,7 @@ from typing import Protocol
 
 import torch
 
-from rlvr.affinity import allowed_cores
+from rlvr.affinity import allowed_cores, rank_threads
 from rlvr.records import LoraAdapter, TrainBatch
 from rlvr.training import wire
 from rlvr.training.packing import plan, split_by_group
@@ -59,11 +59,6 @@ class RankHandle(Protocol):
 
 
 Launch = Callable[[int, RankSpec], list[RankHandle]]
-
-
-def rank_threads(cores: int, ranks: int) -> int:
-    """Torch threads per rank where `ranks` ranks share `cores` cores: a thread per core, at least one each."""
-    return max(1, cores // ranks)
 
 
 class Trainer:
