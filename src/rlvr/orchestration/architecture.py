@@ -303,7 +303,7 @@ class Architecture:
 
     def activation_bytes(self, tokens: int, dtype_bytes: int, checkpointing: bool) -> float:
         """What the decoder blocks keep for backward over `tokens` tokens (rlvr.orchestration.plan)."""
-        per_token_layer = dtype_bytes * (4 * self.hidden + 3 * self.q_width + 3 * self.kv_width + 4 * self.active_mlp_width)
+        per_token_layer = dtype_bytes * (6 * self.hidden + 3 * self.q_width + 3 * self.kv_width + 4 * self.active_mlp_width)
         if checkpointing:
             return tokens * self.num_layers * self.hidden * dtype_bytes + tokens * per_token_layer
         return tokens * self.num_layers * per_token_layer
