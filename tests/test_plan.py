@@ -435,6 +435,7 @@ def test_cpu_step_time_by_hand(monkeypatch):
     adapted = 24 * (896 * 896 * 2 + 896 * 128 * 2 + 3 * 896 * 4864)
     merge = max(adapted * (4 + 3 * 2) / memory, 2 * 32 * adapted / peak)
     assert t.sync == pytest.approx(arch.adapter_params(cpu.trainer.lora) * 4 / 2e9 + merge, rel=1e-12)
+    assert t.sync_load == pytest.approx(merge, rel=1e-12)
 
 
 def test_cpu_plan_is_timed_only_with_rates_and_says_it_is_the_bound():

