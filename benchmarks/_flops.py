@@ -5,7 +5,6 @@ and nominal. Shared by the benchmarks that report a phase's share of the peak.""
 from __future__ import annotations
 
 import os
-import time
 
 # FLOP per cycle and core of the widest unit the CPU has for a dtype, by the flag
 # torch.cpu.get_capabilities() reports: two FMA ports x lanes x 2 FLOP; AMX's TMUL: a 16x16x32
@@ -33,23 +32,14 @@ def nominal_peak_flops(dtype: str = "float32") -> tuple[float | None, str]:
     return peak, f"{cores} cores x {mhz / 1e3:.2f} GHz x {per_cycle} {dtype} FLOP/cycle ({name}) = {peak / 1e9:.0f} GFLOP/s"
 
 
-def matmul_flops_per_s(threads: int, dtype: str = "float32", size: int = 4096, repeats: int = 3) -> float:
-    """The best FLOP/s of a size x size torch matmul in `dtype` on `threads` threads: the measured peak."""
+def matmul_flops_per_s(threads: int, dtype: str = "float32", size: int = 4096) -> float:
+    """The best FLOP/s of a size x size torch matmul in `dtype` on `threads` threads: the measured
+    peak (rlvr.hardware.matmul_flops, which `rlvr train --dry-run`'s CPU rates come from too)."""
     import torch
 
-    previous = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        a, b = torch.randn(size, size, dtype=getattr(torch, dtype)), torch.randn(size, size, dtype=getattr(torch, dtype))
-        a @ b
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            a @ b
-            best = min(best, time.perf_counter() - start)
-    finally:
-        torch.set_num_threads(previous)
-    return 2 * size**3 / best
+    from rlvr.hardware import matmul_flops
+
+    return matmul_flops(getattr(torch, dtype), threads, size, size, size)
 
 
 def linear_shapes(config) -> dict[str, tuple[int, int]]:

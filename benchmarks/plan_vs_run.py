@@ -11,7 +11,7 @@ that ran it:
 - predicted: rlvr.orchestration.step_time, the formulas `--dry-run` prints, at the rates
   rlvr.hardware.cpu_rates measured (cached) on the threads the run computed with, but at each
   step's own lengths rather than the config's longest step: its prompts (replayed from the
-  sampler as the run drew them, benchmarks/real_step.py) at their mean length, its completions
+  sampler as the run drew them, benchmarks/_flops.py) at their mean length, its completions
   at their mean for train and at the step's longest for generate (the engine decodes until its
   last sample ends).
 - measured / predicted per phase. The formula trains every sample's prompt; with
@@ -20,6 +20,11 @@ that ran it:
 - what the peak (a large square matmul) does not say about decoding: the FLOP/s of one matmul
   at a decode step's MLP shape (the sequences decoded at once x hidden, times hidden x MLP
   width) in the run's dtype on the engine's threads, and its share of the peak.
+- where vLLM serves the adapter merged (the CPU default), the merge alone: the code the sync
+  runs (rlvr.engines.lora_merge.merged_weights) on the run's served base, with an adapter of
+  its rank on every weight it adapts, on the engine's threads (the best of 2), against the
+  formula's merge term; the rest of a sync is the adapter's trip from rank 0, vLLM's reload
+  of the merged weights and, on the steps that ran it, the probe.
 Run it alone (flock /tmp/rlvr-heavy.lock): it measures.
 """
 
@@ -34,7 +39,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _ledger import append_line, provenance, write_result  # noqa: E402
-from real_step import step_shapes  # noqa: E402
+from _flops import step_shapes  # noqa: E402
 
 PHASES = ("generate", "train", "sync")
 
@@ -44,6 +49,45 @@ def shaped(cfg, prompt: int, response: int):
     data = cfg.data.model_copy(update={"max_prompt_tokens": prompt})
     sampling = cfg.rollout.sampling.model_copy(update={"max_tokens": response})
     return cfg.model_copy(update={"data": data, "rollout": cfg.rollout.model_copy(update={"sampling": sampling})})
+
+
+def merge_seconds(cfg, arch, threads: int) -> float:
+    """The sync's merge alone, as the engine runs it, on `threads` threads: the best of 2."""
+    import time
+
+    import torch
+    from safetensors.torch import load_file
+
+    from rlvr.engines import served_model_path
+    from rlvr.engines.lora_merge import merged_weights
+    from rlvr.engines.lora_targets import engine_lora_targets
+    from rlvr.orchestration.architecture import planned_dtype
+
+    lora = cfg.trainer.lora
+    linears = arch.attention_linears() | arch.mlp_linears(arch.intermediate_size)
+    targets = engine_lora_targets(lora.target_modules, linears, uses_mla=arch.mla is not None)[0]
+    base = {name: tensor for f in sorted(Path(served_model_path(cfg.model.path)).glob("*.safetensors"))
+            for name, tensor in load_file(f).items()}
+    adapted = [name for name in base if name.endswith(".weight") and name.split(".")[-2] in targets and ".layers." in name]
+    generator = torch.Generator().manual_seed(0)
+    adapter = {}
+    for name in adapted:
+        module = "base_model.model." + name.removesuffix(".weight")
+        out_features, in_features = base[name].shape
+        adapter[f"{module}.lora_A.weight"] = torch.randn(lora.rank, in_features, generator=generator) / in_features
+        adapter[f"{module}.lora_B.weight"] = torch.randn(out_features, lora.rank, generator=generator) / lora.rank
+    config = {"r": lora.rank, "lora_alpha": lora.alpha}
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        best = float("inf")
+        for _ in range(2):
+            start = time.perf_counter()
+            merged_weights(base, adapter, config, planned_dtype(cfg).torch)
+            best = min(best, time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(previous)
+    return best
 
 
 def compare(run_dir: Path) -> dict:
@@ -87,6 +131,8 @@ def compare(run_dir: Path) -> dict:
     dtype = planned_dtype(cfg)
     rows = round(statistics.mean(s["decoded_at_once"] for s in per_step))
     decode = matmul_flops(dtype.torch, last.engine_threads, rows, arch.hidden, arch.intermediate_size)
+    merges = cfg.trainer.lora and cfg.engine.backend == "vllm" and cfg.engine.merge_lora is not False
+    merge = merge_seconds(cfg, arch, last.engine_threads) if merges else None
     return {
         "run_dir": str(run_dir),
         "model": cfg.model.path,
@@ -110,6 +156,8 @@ def compare(run_dir: Path) -> dict:
         "decode_matmul_flops": decode,
         "decode_matmul_share_of_peak": decode / last.engine_device.matmul_flops,
         "decode_matmul_shape": [rows, arch.hidden, arch.intermediate_size],
+        "merge_measured_s": merge,
+        "merge_predicted_s": last.sync_load if merges else None,
         "per_step": per_step,
     }
 
@@ -128,6 +176,9 @@ def main() -> None:
                   f"ratio {run['measured_over_predicted'][phase]:6.2f}")
         print(f"  a {' x '.join(map(str, run['decode_matmul_shape']))} matmul (a decode step's MLP): "
               f"{run['decode_matmul_flops'] / 1e9:.0f} GFLOP/s, {run['decode_matmul_share_of_peak']:.0%} of the peak")
+        if run["merge_measured_s"] is not None:
+            print(f"  the sync's merge alone {run['merge_measured_s']:.3f} s (the formula's merge term "
+                  f"{run['merge_predicted_s']:.3f} s)")
     def phases(r: dict) -> str:
         return ", ".join(f"{phase} {r['measured_s'][phase]:.2f} s / {r['predicted_s'][phase]:.2f} s = "
                          f"{r['measured_over_predicted'][phase]:.1f}x" for phase in PHASES)

@@ -414,7 +414,7 @@ def test_cpu_step_time_by_hand(monkeypatch):
     the adapter into every adapted weight."""
     from rlvr.orchestration.step_time import step_time
 
-    monkeypatch.setattr("rlvr.orchestration.step_time.os.cpu_count", lambda: 8)
+    monkeypatch.setattr("rlvr.orchestration.step_time.allowed_cores", lambda: list(range(8)))
     asked = []
     cpu = load_config(SMALL, ["placement.gpus_per_node=0", "placement.gpu=null", "trainer.ranks=2", "engine.num_threads=3"])
     arch = read_architecture(cpu)
@@ -435,6 +435,7 @@ def test_cpu_step_time_by_hand(monkeypatch):
     adapted = 24 * (896 * 896 * 2 + 896 * 128 * 2 + 3 * 896 * 4864)
     merge = max(adapted * (4 + 3 * 2) / memory, 2 * 32 * adapted / peak)
     assert t.sync == pytest.approx(arch.adapter_params(cpu.trainer.lora) * 4 / 2e9 + merge, rel=1e-12)
+    assert t.sync_load == pytest.approx(merge, rel=1e-12)
 
 
 def test_cpu_plan_is_timed_only_with_rates_and_says_it_is_the_bound():
@@ -457,3 +458,28 @@ def test_cpu_plan_is_timed_only_with_rates_and_says_it_is_the_bound():
     half = make_plan(load_config(SMALL, ["placement.gpus_per_node=0", "placement.gpu=null", "model.dtype=float16"]),
                      cpu_rates=_rates)
     assert half.step is None and any("only float32 and bfloat16" in note for note in half.notes)
+
+
+def test_cpu_split_cores_time_each_side_on_its_own_and_overlap(monkeypatch):
+    """placement.engine_cpus=2 of 8 cores, generating one step ahead: the engine is timed on its 2
+    cores, the 2 ranks on the 6 others, and a step takes the longer side, not the sum."""
+    import io
+
+    from rich.console import Console
+
+    from rlvr.orchestration.plan import print_plan
+
+    monkeypatch.setattr("rlvr.orchestration.step_time.allowed_cores", lambda: list(range(8)))
+    monkeypatch.setattr("rlvr.orchestration.plan.allowed_cores", lambda: list(range(8)))
+    cfg = load_config(SMALL, ["placement.gpus_per_node=0", "placement.gpu=null", "placement.colocate=false",
+                              "placement.engine_gpus=0", "placement.engine_cpus=2", "trainer.ranks=2",
+                              "rollout.max_staleness=1"])
+    asked = []
+    plan = make_plan(cfg, cpu_rates=lambda threads: asked.append(threads) or _rates(threads))
+    t = plan.step
+    assert sorted(asked) == [2, 6] and (t.engine_threads, t.trainer_threads) == (2, 6)
+    out = io.StringIO()
+    print_plan(plan, cfg, Console(file=out, width=400))
+    (balance,) = [line for line in out.getvalue().splitlines() if line.startswith("balance:")]
+    assert balance.startswith(f"balance: split cores (placement.engine_cpus), generating one step ahead: a step takes "
+                              f"~{max(t.generate, t.train + t.sync):.2f} s")

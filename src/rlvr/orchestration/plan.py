@@ -73,8 +73,9 @@ Time per step: rlvr.orchestration.step_time (its doc-string has the formulas), o
 placement.gpu's nominal peaks, on CPU at the rates this machine measured (rlvr.hardware.cpu_rates,
 given to make_plan by `--dry-run`). The balance line says who waits: split, with
 rollout.max_staleness >= 1 the engine generates step t + 1 while the ranks train step t, so a
-step takes max(generate, train + sync); otherwise, colocated, and on CPU (where the engine and
-the ranks share the cores) the phases run one after another and a step takes their sum.
+step takes max(generate, train + sync) (on CPU: split by placement.engine_cpus); otherwise,
+colocated, and on CPU cores the engine and the ranks share, the phases run one after another
+and a step takes their sum.
 """
 
 from __future__ import annotations
@@ -502,7 +503,7 @@ def _print_step(plan: Plan, cfg: RunConfig, say) -> None:
     t = plan.step
     longest = cfg.data.max_prompt_tokens + cfg.rollout.sampling.max_tokens
     if t.engine_device.cpu:
-        _print_cpu_step(t, cfg, longest, say)
+        _print_cpu_step(plan, cfg, longest, say)
         return
     say(f"time per step at {cfg.placement.gpu.upper()} nominal peaks, every sample {longest:,} tokens long (an upper "
         f"bound; rlvr.orchestration.step_time): generate {t.generate:,.0f} s ({t.engines} engine{'s' * (t.engines > 1)} of "
@@ -524,8 +525,8 @@ def _print_step(plan: Plan, cfg: RunConfig, say) -> None:
             f"{busy - t.generate:,.0f} s of it for the trainer (idle {1 - ratio:.0%})" + _moved(plan, cfg, -1))
 
 
-def _print_cpu_step(t: StepTime, cfg: RunConfig, longest: int, say) -> None:
-    dtype = planned_dtype(cfg).name
+def _print_cpu_step(plan: Plan, cfg: RunConfig, longest: int, say) -> None:
+    t, dtype = plan.step, planned_dtype(cfg).name
     engines = f"{t.engines} engines" if t.engines > 1 else "the engine"
     say(f"time per step at this CPU's measured peaks, every sample {longest:,} tokens long (the bound: a run takes longer; "
         f"rlvr.orchestration.step_time): generate {t.generate:.2f} s ({engines} on {t.engine_threads} thread"
@@ -534,8 +535,17 @@ def _print_cpu_step(t: StepTime, cfg: RunConfig, longest: int, say) -> None:
         f"wave{'s' * (t.waves > 1)}), train {t.train:.2f} s ({cfg.trainer.ranks} rank{'s' * (cfg.trainer.ranks > 1)} "
         f"on {t.trainer_threads} thread{'s' * (t.trainer_threads > 1)} at {t.trainer_device.matmul_flops / 1e9:,.0f} "
         f"GFLOP/s: compute {t.train_compute:.2f} s, gloo {t.train_communication:.2f} s), sync {t.sync:.2f} s")
-    say(f"balance: the engine and the ranks share the cores, so the phases take turns: a step takes "
-        f"~{t.generate + t.train + t.sync:.2f} s (rates measured once, cached in {cpu_rates_cache()}: delete it to measure again)")
+    cached = f"rates measured once, cached in {cpu_rates_cache()}: delete it to measure again"
+    busy = t.train + t.sync
+    if plan.cores.split and cfg.rollout.max_staleness:
+        waiting = (f"the ranks wait {t.generate - busy:.2f} s of it for rollouts" if t.generate >= busy
+                   else f"the engine waits {busy - t.generate:.2f} s of it for the ranks")
+        say(f"balance: split cores (placement.engine_cpus), generating one step ahead: a step takes "
+            f"~{max(t.generate, busy):.2f} s; {waiting} ({cached})")
+        return
+    why = ("split cores without rollout.max_staleness" if plan.cores.split
+           else "the engine and the ranks share the cores")
+    say(f"balance: {why}, so the phases take turns: a step takes ~{t.generate + busy:.2f} s ({cached})")
 
 
 def _moved(plan: Plan, cfg: RunConfig, engines: int) -> str:

