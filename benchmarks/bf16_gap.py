@@ -22,6 +22,9 @@ steps measured are the first `--steps` of the real run. Step t:
     sync probe likewise (engine before the push, trainer after);
   - push t, probed (sync/logprob_gap, the other figure the check compares), and the probe's gap
     against the engine's scores of the untrained base (a push that never arrived at all).
+
+Each dtype's verdict is at the threshold its run would use (engine.sync_check_threshold, or the
+compute dtype's default where null); `--rlvr engine.sync_check_threshold=X` judges another.
 """
 
 from __future__ import annotations
@@ -171,9 +174,8 @@ def main() -> None:
     parser.add_argument("--rlvr", action="append", default=[], metavar="KEY=VALUE", help="extra rlvr config override")
     args = parser.parse_args()
 
-    from rlvr.config import ConfigError, EngineConfig, load_config
+    from rlvr.config import ConfigError, load_config
 
-    default_threshold = EngineConfig().sync_check_threshold
     results, settings = {}, {}
     for dtype in args.dtype or DTYPES:
         with tempfile.TemporaryDirectory(prefix="bf16_gap-") as run_dir:
@@ -187,10 +189,12 @@ def main() -> None:
                 print(f"{args.config}: model.path {cfg.model.path} is not built (docs/real_models.md, `rlvr demo`)",
                       file=sys.stderr)
                 raise SystemExit(2)
+            engine = cfg.engine
             # measured, not enforced: a gap over the threshold is a figure here, not a stop
-            cfg = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"sync_check_threshold": math.inf})})
+            cfg = cfg.model_copy(update={"engine": engine.model_copy(update={"sync_check_threshold": math.inf})})
             result = measure(cfg, args.steps, lambda line: print(line, flush=True))
-        result["default_threshold"] = threshold_verdict(result, default_threshold)
+        # the threshold the run would hold its gaps to: the recipe's, else the compute dtype's default
+        result["threshold"] = threshold_verdict(result, engine.sync_threshold(result["compute_dtype"]))
         results[result["compute_dtype"]] = result
         settings = {
             "config": str(args.config), "overrides": overrides[1:], "model": cfg.model.path, "steps": args.steps,
@@ -203,7 +207,7 @@ def main() -> None:
     write_result(args.out, {"setting": settings, "dtypes": results} | provenance())
     parts = []
     for name, r in results.items():
-        t, v = r["token_gap"], r["default_threshold"]
+        t, v = r["token_gap"], r["threshold"]
         never = v["never_pushed_caught_at_step"]
         parts.append(
             f"**{name}**: per-token gap median {t['median']:.2g} / p99 {t['p99']:.2g} / max {t['max']:.2g}; per-step "
