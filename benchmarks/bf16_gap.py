@@ -43,11 +43,11 @@ from _ledger import append_line, provenance, write_result
 DTYPES = ("auto", "float32")
 
 
-def token_gaps(sampler: list[list[float]], trainer: list[list[float]], masks: list[list[int]] | None) -> list[float]:
-    """|sampler - trainer| of every trained token (loss mask 1; every completion token without one)."""
-    masks = masks or [[1] * len(s) for s in sampler]
-    return [abs(a - b) for s, t, m in zip(sampler, trainer, masks, strict=True)
-            for a, b, keep in zip(s, t, m, strict=True) if keep]
+def token_gaps(first: list[list[float]], second: list[list[float]], masks: list[list[int]] | None) -> list[float]:
+    """|first - second| logprob of every trained token (loss mask 1; every completion token without one)."""
+    masks = masks or [[1] * len(f) for f in first]
+    return [abs(a - b) for f, s, m in zip(first, second, masks, strict=True)
+            for a, b, keep in zip(f, s, m, strict=True) if keep]
 
 
 def distribution(values: list[float]) -> dict[str, float]:
@@ -119,6 +119,8 @@ def measure(cfg, steps: int, log) -> dict:
                 "sync_gap": statistics.fmean(gaps),
                 "sync_gap_train_step": metrics["sync/sampler_trainer_gap"],
                 "stale_gap": statistics.fmean(stale_gaps),
+                # how far the update moved the trainer's own logprobs: the stale gap's signal, without the noise
+                "update_change": statistics.fmean(token_gaps(before, after, batch.loss_mask)),
                 "probe_gap": pushed["sync/logprob_gap"],
                 "stale_probe_gap": stale_probe,
                 "probe_gap_vs_base": max(logprob_gap(each, trainer_probe) for each in base_probe),
@@ -146,7 +148,8 @@ def summarize(per_step: list[dict], on_policy: list[float], stale: list[float]) 
         "stale": signal,
         "margin": {"sync_gap": signal["stale_gap_min"] / noise["sync_gap_max"],
                    "probe_gap": signal["stale_probe_gap_min"] / noise["probe_gap_max"]},
-        "trend": {key: [s[key] for s in per_step] for key in ("sync_gap", "probe_gap", "adapter_change_rms")},
+        "trend": {key: [s[key] for s in per_step]
+                  for key in ("sync_gap", "probe_gap", "update_change", "adapter_change_rms")},
     }
 
 
@@ -213,7 +216,8 @@ def main() -> None:
             f"**{name}**: per-token gap median {t['median']:.2g} / p99 {t['p99']:.2g} / max {t['max']:.2g}; per-step "
             f"mean (sync_gap) max {r['noise']['sync_gap_max']:.2g}, probe max {r['noise']['probe_gap_max']:.2g}; "
             f"one update stale: mean min {r['stale']['stale_gap_min']:.2g}, probe min "
-            f"{r['stale']['stale_probe_gap_min']:.2g}; margin {r['margin']['sync_gap']:.1f}x (mean) / "
+            f"{r['stale']['stale_probe_gap_min']:.2g}, the update itself moving the trainer's logprobs by "
+            f"{min(r['trend']['update_change']):.2g}-{max(r['trend']['update_change']):.2g} (mean); margin {r['margin']['sync_gap']:.1f}x (mean) / "
             f"{r['margin']['probe_gap']:.1f}x (probe); sync_gap by step "
             f"{', '.join(f'{g:.2g}' for g in r['trend']['sync_gap'])}; threshold {v['threshold']:g} "
             f"{'passes' if v['passes_noise'] else 'FAILS'} the noise, catches {v['stale_steps_caught_by_sync_gap']}/"
