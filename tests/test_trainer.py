@@ -182,3 +182,36 @@ def test_a_cpu_rank_keeps_freed_activations_for_the_next_step():
 
     assert faults_per_step("glibc") > 8000  # every one of the 8 x 4 MiB = 8192 pages, every step
     assert faults_per_step("keep") < 8
+
+
+def _rss(pid: int, field: str) -> int:
+    """A /proc/PID/status memory field, in bytes."""
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith(f"{field}:"))
+
+
+@pytest.mark.slow
+def test_a_lora_step_over_a_real_vocabulary_holds_one_logits_chunk(tmp_path):
+    """Qwen2.5's 151,936-token vocabulary on two tiny blocks: the LM head is most of a step's
+    memory. Over a forward_backward scoring 2,048 tokens a rank's peak grows by about the plan's
+    logits row (one chunk of trainer.logits_chunk_mb) and the root FSDP2 gathers, not by the
+    micro-batch's logits: 1.2 GB in float32 at once (1024-token chunks held 2.5 GB with their copies)."""
+    from rlvr.training.logits_memory import working_bytes
+
+    vocab, budget_mb = 151936, 128
+    path = build_tiny_model(tmp_path / "m", "qwen2", vocab_size=vocab, hidden_size=64, num_layers=2, intermediate_size=128)
+    g = torch.Generator().manual_seed(0)
+    inputs = [torch.randint(4, 250, (64,), generator=g).tolist() for _ in range(32)]
+    targets = [x[1:] + [5] for x in inputs]
+    weights = [{"weights": torch.ones(64)} for _ in inputs]
+    with Trainer(rank_spec(path, lora=LORA, logits_chunk_mb=budget_mb)) as trainer:
+        pid = trainer._ranks[0]._process.pid
+        trainer.forward_backward(inputs, targets, "cross_entropy", weights, (0.8, 1.2))  # first-step allocations
+        before = _rss(pid, "VmRSS")
+        with open(f"/proc/{pid}/clear_refs", "w") as clear:
+            clear.write("5")  # VmHWM, the peak resident set, restarts from now
+        trainer.forward_backward(inputs, targets, "cross_entropy", weights, (0.8, 1.2))
+        grown = _rss(pid, "VmHWM") - before
+    logits = working_bytes(2048, budget_mb * 1e6, vocab, 4)
+    root = vocab * 64 * 4  # the tied embedding, gathered for the step
+    assert logits <= budget_mb * 1e6 and grown < 1.5 * (logits + root), (grown, logits, root)

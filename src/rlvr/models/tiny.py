@@ -148,15 +148,21 @@ def build_tiny_model(
     arch: str = "qwen2",
     *,
     seed: int = 0,
+    vocab_size: int | None = None,
     **sizes,
 ) -> Path:
-    """Build a random tiny causal LM with the char tokenizer and save both to `out_dir`."""
+    """Build a random tiny causal LM with the char tokenizer and save both to `out_dir`.
+    `vocab_size` (at least the tokenizer's) gives the model a real model's vocabulary, whose
+    LM head dominates memory; by default it is the tokenizer's, rounded up."""
     out_dir = Path(out_dir)
     tokenizer = build_char_tokenizer()
+    # room above the tokenizer's ids: some tokenizer classes add a token when loading
+    least = -(-(len(tokenizer) + 1) // 64) * 64
+    if vocab_size is not None and vocab_size < least:
+        raise ValueError(f"vocab_size={vocab_size} is under the tokenizer's {least}")
     config = tiny_config(
         arch,
-        # room above the tokenizer's ids: some tokenizer classes add a token when loading
-        vocab_size=-(-(len(tokenizer) + 1) // 64) * 64,
+        vocab_size=vocab_size or least,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
