@@ -184,6 +184,35 @@ def test_a_cpu_rank_keeps_freed_activations_for_the_next_step():
     assert faults_per_step("keep") < 8
 
 
+_RETAINED_AFTER_FREE = """
+import torch
+from rlvr.training.worker import keep_freed_memory
+keep_freed_memory()
+def private():
+    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("RssAnon:"))
+before = private()
+blocks = [torch.ones(4 << 20) for _ in range(8)]  # 16 MiB each: a 0.5B's activation (3,840 tokens x 896 floats is 13.8 MB)
+held = private() - before
+del blocks
+print(held, private() - before)
+"""
+
+
+def test_a_cpu_rank_gives_freed_large_blocks_back():
+    """keep_freed_memory keeps small blocks only: 8 blocks of 16 MiB (a real model's activations,
+    its dequantized weights) go back to the system when freed: kept in a never-trimmed heap, a
+    rank would hold its step's peak between steps."""
+    import platform
+    import subprocess
+    import sys
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("keep_freed_memory tunes glibc's allocator; this libc is another")
+    out = subprocess.run([sys.executable, "-c", _RETAINED_AFTER_FREE], capture_output=True, text=True, check=True)
+    held, retained = (int(n) for n in out.stdout.split()[-2:])
+    assert held > 120 << 20 and retained < 4 << 20, (held, retained)
+
+
 def _rss(pid: int, field: str) -> int:
     """A /proc/PID/status memory field, in bytes."""
     with open(f"/proc/{pid}/status") as status:

@@ -133,28 +133,35 @@ def join_group(rank: int, world_size: int, master_addr: str, port: int, spec: Ra
     return _Rank(rank, world_size, spec, use_cuda)
 
 
-# glibc's largest mmap threshold on 64-bit systems (DEFAULT_MMAP_THRESHOLD_MAX)
-_MMAP_THRESHOLD_MAX = 32 << 20
+# Blocks up to this size are served from the heap and kept there for the next step: a demo
+# rank's activations (at most ~7 MB: 3,200 tokens x a 512-wide MLP in float32). Larger ones are
+# mapped for their own use and unmapped when freed.
+KEPT_BLOCK_BYTES = 8 << 20
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, from glibc's malloc.h
 
 
 def keep_freed_memory() -> None:
-    """Keep the memory a training step frees in this process's heap for the next step.
+    """Keep the small blocks a training step frees in this process's heap for the next step,
+    and give the large ones back.
 
     By default glibc serves each block over 128 KiB (an activation, a gradient) with its own
     mmap and unmaps it when freed, so every step faults all of its activation pages back in:
     12-20k page faults a step on a demo rank, where the first write of each page costs more
-    than the elementwise op that writes it. With blocks up to 32 MiB served from the heap,
-    and the heap never trimmed, a step reuses the last one's pages (under 3 faults a step).
-    The price is that a rank keeps its peak heap between steps. Only glibc has `mallopt`;
-    elsewhere (musl, macOS) this does nothing."""
+    than the elementwise op that writes it. With blocks up to KEPT_BLOCK_BYTES served from the
+    heap, and the heap never trimmed, a step reuses the last one's pages (under 3 faults a step).
+    Larger blocks stay mapped and go back to the system when freed: a real model's activations,
+    its dequantized weights and the LM head's logits chunk. Kept in a never-trimmed heap, the
+    transient ones, freed between tensors saved for backward, leave holes the next do not fit,
+    the heap grows to their sum, and the rank holds its step's peak while it waits for the next
+    (a 0.5B Qwen's rank: 5.2 GiB in bf16, 8.6 in float32, through the engine's generate phase).
+    Only glibc has `mallopt`; elsewhere (musl, macOS) this does nothing."""
     import ctypes
 
     try:
         mallopt = ctypes.CDLL(None).mallopt  # the C library this process runs on
     except (OSError, AttributeError, TypeError):
         return
-    mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
+    mallopt(_M_MMAP_THRESHOLD, KEPT_BLOCK_BYTES)
     mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)
 
 
