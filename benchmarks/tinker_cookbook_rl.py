@@ -10,7 +10,15 @@ the `<|im_end|>` token id. The recipe draws its problems unseeded, so two runs s
 sums; the figures are each step's mean reward over groups_per_batch x group_size samples.
 
 Written: each step's reward and accuracy as the recipe logged them, the first and last quarter's
-means, the wall time, and the server's request-log lines.
+means, the wall time, and the server's request-log lines. And memory: each trainer rank's peak
+private memory (RssAnon, the rank process sampled every 5 ms from outside) and the server
+process's (the controller with its in-process vLLM engine), against the plan's estimate of
+the served run (`rlvr serve`'s memory check: rlvr.serve.model.planned_bytes, per rank the plan's
+trainer column). `--set KEY=VALUE` sets a key of the served config (the serve YAML), e.g.
+`--set trainer.gradient_checkpointing=true`.
+
+    flock /tmp/rlvr-heavy.lock .venv/bin/python benchmarks/tinker_cookbook_rl.py --out runs/bench/tinker_cookbook_rl_qwen.json \
+        --model artifacts/qwen2.5-coder-0.5b/nvfp4 --max-tokens 8 --set trainer.gradient_checkpointing=true
 """
 
 from __future__ import annotations
@@ -21,20 +29,36 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
 
+import yaml
 from _ledger import append_line, provenance, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
+SAMPLE_S = 0.005
 
 
-def serve(folder: Path, port: int, rank_alpha: float) -> subprocess.Popen:
-    config = folder / "serve.yaml"
-    config.write_text(f"checkpoint_dir: {folder / 'checkpoints'}\nlog_every_s: 60\n"
-                      "engine:\n  max_model_len: 256\n  kv_cache_gb: 1\n  num_threads: 2\n"
-                      f"trainer:\n  lora:\n    alpha: {rank_alpha}\n")
+def serve_config(folder: Path, rank_alpha: float, settings: list[str]) -> Path:
+    """The served config: the engine's sizes for this machine, LoRA's alpha, and each KEY=VALUE of `settings`."""
+    config = {"checkpoint_dir": str(folder / "checkpoints"), "log_every_s": 60,
+              "engine": {"max_model_len": 256, "kv_cache_gb": 1, "num_threads": 2},
+              "trainer": {"lora": {"alpha": rank_alpha}}}
+    for setting in settings:
+        key, value = setting.split("=", 1)
+        *parents, name = key.split(".")
+        section = config
+        for parent in parents:
+            section = section.setdefault(parent, {})
+        section[name] = yaml.safe_load(value)
+    path = folder / "serve.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def serve(folder: Path, port: int, config: Path) -> subprocess.Popen:
     process = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "serve", "--port", str(port), "--config", str(config)],
                                stdout=open(folder / "server.log", "w"), stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 300
@@ -46,6 +70,72 @@ def serve(folder: Path, port: int, rank_alpha: float) -> subprocess.Popen:
             if process.poll() is not None or time.monotonic() > deadline:
                 raise SystemExit(f"rlvr serve did not start:\n{(folder / 'server.log').read_text()[-2000:]}")
             time.sleep(1)
+
+
+class PrivateMemory:
+    """Peak private memory (RssAnon) of a server process and of each trainer rank it spawned (its
+    children but multiprocessing's resource tracker), sampled every SAMPLE_S from this process."""
+
+    def __init__(self, server_pid: int):
+        self.server_pid = server_pid
+        self.peaks: dict[int, int] = {}  # pid -> bytes
+        self._ranks: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+
+    def rank_peaks(self) -> list[int]:
+        return [self.peaks.get(pid, 0) for pid in self._ranks]
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _sample(self) -> None:
+        listed = 0.0
+        while not self._stop.is_set():
+            if time.monotonic() - listed > 1.0:  # ranks start (and restart) with the models the client creates
+                listed = time.monotonic()
+                self._ranks += [pid for pid in _children(self.server_pid) if pid not in self._ranks]
+            for pid in (self.server_pid, *self._ranks):
+                self.peaks[pid] = max(self.peaks.get(pid, 0), _rss_anon(pid))
+            time.sleep(SAMPLE_S)
+
+
+def _children(pid: int) -> list[int]:
+    """The trainer ranks among `pid`'s children: spawned processes that are not the resource tracker."""
+    ranks = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                command = (entry / "cmdline").read_bytes()
+                if b"spawn_main" in command and b"resource_tracker" not in command:
+                    ranks.append(int(entry.name))
+        except OSError:  # gone meanwhile
+            pass
+    return sorted(ranks)
+
+
+def _rss_anon(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def planned(config: Path, model: str, rank: int) -> tuple[float, float, str]:
+    """The plan's estimate for the served model: (one trainer rank, all its processes together, the compute dtype)."""
+    from rlvr.config import ServeConfig, load_config
+    from rlvr.orchestration.plan import all_devices_bytes, make_plan
+    from rlvr.serve.model import served_run
+
+    run = served_run(model, rank, load_config(config, schema=ServeConfig), log=lambda *_: None)
+    plan = make_plan(run)
+    rank_total = max(d.total for d in plan.devices if d.trainer_rank is not None)
+    return rank_total, all_devices_bytes(plan)[0], run.model.dtype
 
 
 def main() -> None:
@@ -61,12 +151,17 @@ def main() -> None:
     parser.add_argument("--alpha", type=float, default=32.0)
     parser.add_argument("--max-tokens", type=int, default=5, help="the recipe's default: an answer and its stop token")
     parser.add_argument("--port", type=int, default=18931)
+    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                        help="a key of the served config, e.g. trainer.gradient_checkpointing=true (repeatable)")
     args = parser.parse_args()
     if not Path(args.model, "config.json").is_file():
         raise SystemExit(f"{args.model}: no model folder; run `make smollm2` first")
 
     folder = Path(tempfile.mkdtemp(prefix="tinker_cookbook_rl_"))
-    server = serve(folder, args.port, args.alpha)
+    config = serve_config(folder, args.alpha, args.settings)
+    plan_rank, plan_all, dtype = planned(config, args.model, args.rank)
+    server = serve(folder, args.port, config)
+    memory = PrivateMemory(server.pid)
     command = [sys.executable, "-m", "tinker_cookbook.recipes.math_rl.train", f"base_url=http://127.0.0.1:{args.port}",
                f"model_name={args.model}", f"renderer_name={args.renderer}", "env=arithmetic",
                "loss_fn=importance_sampling", f"groups_per_batch={args.groups}", f"group_size={args.group_size}",
@@ -78,6 +173,7 @@ def main() -> None:
         done = subprocess.run(command, env={**os.environ, "TINKER_API_KEY": "tml-dummy"}, cwd=folder,
                               capture_output=True, text=True)
     finally:
+        memory.stop()
         server.terminate()
         server.wait(timeout=120)
     wall = time.monotonic() - start
@@ -98,15 +194,25 @@ def main() -> None:
         "correct_first_quarter": round(sum(correct[:quarter]) / quarter, 4),
         "correct_last_quarter": round(sum(correct[-quarter:]) / quarter, 4),
         "wall_s": round(wall, 1), "s_per_step": round(wall / max(1, len(steps)), 1),
+        "served_config": yaml.safe_load(config.read_text()), "compute_dtype": dtype,
+        "rank_peak_private_gb": [round(b / 1e9, 3) for b in memory.rank_peaks()],
+        "server_peak_private_gb": round(memory.peaks.get(server.pid, 0) / 1e9, 3),
+        "plan_rank_gb": round(plan_rank / 1e9, 3), "plan_all_gb": round(plan_all / 1e9, 3),
         "server_log": [line for line in (folder / "server.log").read_text().splitlines() if line.startswith("rlvr serve:")],
     }
+    rank_peak = max(result["rank_peak_private_gb"], default=0.0)
+    result["plan_rank_over_measured"] = round(result["plan_rank_gb"] / rank_peak, 3) if rank_peak else None
     write_result(args.out, result)
     append_line(
         f"tinker-cookbook math_rl env=arithmetic, unmodified, against `rlvr serve` ({Path(args.model).name} "
-        f"{Path(args.model).parent.name}, LoRA r{args.rank}, renderer {args.renderer}, {args.groups}x{args.group_size} "
+        f"{Path(args.model).parent.name}, {dtype}, LoRA r{args.rank}, renderer {args.renderer}, {args.groups}x{args.group_size} "
         f"samples a step, lr {args.lr:g}): reward **{result['reward_first_quarter']:.3f} -> {result['reward_last_quarter']:.3f}** "
         f"(first vs last quarter of {len(steps)} steps), accuracy {result['correct_first_quarter']:.3f} -> "
-        f"{result['correct_last_quarter']:.3f}; {wall:.0f} s ({result['s_per_step']} s a step)", result)
+        f"{result['correct_last_quarter']:.3f}; {wall:.0f} s ({result['s_per_step']} s a step); peak private memory: "
+        f"trainer rank{'s' * (len(result['rank_peak_private_gb']) > 1)} **{', '.join(f'{g:.2f}' for g in result['rank_peak_private_gb'])} GB** "
+        f"against the plan's {result['plan_rank_gb']:.2f} GB (plan / measured {result['plan_rank_over_measured']}), "
+        f"server process (controller and engine) {result['server_peak_private_gb']:.2f} GB; the plan's total "
+        f"{result['plan_all_gb']:.2f} GB", result)
 
 
 if __name__ == "__main__":
