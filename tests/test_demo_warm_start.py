@@ -1,6 +1,8 @@
-"""The tools demo's warm start, reduced (2-digit x 1-digit products, 400 train rows), under the demo's
-own stopping rule: it trains until the model copies operands into its calculator calls and results
-into its box and its base accuracy lies in the window, then writes what it reached."""
+"""The tools demo's warm start under its own stopping rule, reduced to the mechanism: it trains on
+the calling answers alone until the copy checks pass, then on the mix until the whole check
+passes, stops at that check and writes what it reached. Whether the full-size demo gets there,
+and in how many steps, is `benchmarks/demo_seeds.py`'s measurement (docs/benchmarks.md): training
+a tiny model until it copies takes minutes, too long for a test."""
 
 from __future__ import annotations
 
@@ -17,27 +19,25 @@ TOOLS_DEMO = str(Path(__file__).resolve().parents[1] / "configs" / "demo_tools.y
 
 
 @pytest.mark.slow
-def test_the_tools_warm_start_stops_once_the_model_copies_and_its_base_is_in_the_window(tmp_path):
+def test_the_tools_warm_start_copies_first_then_mixes_and_stops_at_the_check_that_passes(tmp_path):
+    # a one-block model, checks every 10 steps, and a check any model passes: the copy phase ends
+    # at its first check and the mix at the next one
     cfg = load_config(TOOLS_DEMO, [
         f"model.path={tmp_path}/model", f"data.train={tmp_path}/task/train.jsonl", f"data.test={tmp_path}/task/test.jsonl",
-        "demo.task.min_digits=2", "demo.task.max_digits=2", "demo.task.second_operand_digits=1",
-        "demo.task.train_size=400", "demo.task.test_size=20", "demo.warm_start.examples=400",
-        "demo.warm_start.check.rows=32",
+        "demo.task.train_size=64", "demo.task.test_size=4", "demo.model.num_layers=1", "demo.warm_start.examples=56",
+        "demo.warm_start.check.every=10", "demo.warm_start.check.rows=4", "demo.warm_start.check.samples=1",
+        "demo.warm_start.check.base_window=[0.0,1.0]", "demo.warm_start.check.min_format=0",
+        "demo.warm_start.check.min_operand_copy=0", "demo.warm_start.check.min_result_copy=0",
     ])
     record = ensure_demo_assets(cfg, Console(quiet=True))
 
-    low, high = cfg.demo.warm_start.check.base_window
-    check = cfg.demo.warm_start.check
-    assert record["ready"], record["attempts"]
-    skills = record["skills"]
-    assert low <= skills["accuracy"] <= high
-    assert skills["operand_copy"] >= check.min_operand_copy and skills["result_copy"] >= check.min_result_copy
-    assert skills["format"] >= check.min_format and skills["samples"] == 32 * check.samples
-    # it stopped on the check, not on the budget: the step it stopped at is its last check's
-    last = record["attempts"][-1]["checks"][-1]
-    assert last["step"] == record["steps"] < cfg.demo.warm_start.steps and last["phase"] == "mix"
-    # copying first: the calling answers alone, then the mix from which RL starts
-    assert {c["phase"] for c in record["attempts"][-1]["checks"]} == {"copy", "mix"}
+    assert record["ready"] and len(record["attempts"]) == 1, record["attempts"]
+    assert record["skills"]["samples"] == 4
+    # copying first: the calling answers alone, then the mix from which RL starts; it stopped on
+    # the mix's first check, not on the budget
+    checks = record["attempts"][0]["checks"]
+    assert [(c["step"], c["phase"]) for c in checks] == [(10, "copy"), (20, "mix")]
+    assert record["steps"] == 20 < cfg.demo.warm_start.steps
     # the record beside the model is what `rlvr demo` puts in summary.json, and a second build reuses it
     assert json.loads((tmp_path / "model.warm_start.json").read_text()) == record
     assert ensure_demo_assets(cfg, Console(quiet=True)) == record
