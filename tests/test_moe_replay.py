@@ -99,7 +99,7 @@ def test_replayed_routes_make_the_trainers_logprobs_the_engines(model_dir, tmp_p
 def test_routing_replay_on_a_dense_model_or_without_routes_is_one_line(model_dir, tmp_path):
     dense = build_tiny_model(tmp_path / "dense", "qwen2", hidden_size=64, num_layers=1, intermediate_size=128)
     with pytest.raises(TrainerError, match=r"trainer.routing_replay: .* has no mixture-of-experts layers to replay"):
-        Trainer(rank_spec(dense, routing_replay=True))
+        Trainer(rank_spec(dense, routing_replay=True)).wait_started()
     batch = TrainBatch([[5, 6, 7]], [[8, 9]], [[-1.0, -1.0]], torch.tensor([1.0]), torch.tensor([0]))
     with Trainer(rank_spec(model_dir, routing_replay=True, lora={"rank": 4})) as trainer:
         with pytest.raises(TrainerError, match=r"trainer.routing_replay: the engine returned no routes"):

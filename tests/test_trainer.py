@@ -142,7 +142,7 @@ def test_a_checkpoint_of_replicas_resumes_on_shards(tiny, tmp_path):
 @pytest.mark.slow
 def test_a_rank_error_reaches_the_controller_with_its_traceback(tmp_path):
     with pytest.raises(TrainerError, match=r"trainer rank 0 failed:(.|\n)*does not appear to have a file named config.json|trainer rank 0 failed"):
-        Trainer(rank_spec(tmp_path / "missing"))
+        Trainer(rank_spec(tmp_path / "missing")).wait_started()
 
 
 _PAGE_FAULTS_PER_STEP = """

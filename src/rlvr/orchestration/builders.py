@@ -79,8 +79,9 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     resume_from = checkpoints.resumable() if resume else None
     cores = place_on_cores(cfg, stack, log)  # before anything starts: what it starts inherits the controller's cores
     pool = stack.enter_context(build_scoring_pool(cfg, log))  # first: a bad reward.options fails before the slow starts
-    trainer = stack.enter_context(build_trainer(cfg, cores))
+    trainer = stack.enter_context(build_trainer(cfg, cores))  # its ranks load while the engine starts
     engine = stack.enter_context(build_engine(cfg, log, cores))
+    trainer.wait_started()
     logger = stack.enter_context(MetricsLogger(run_dir, cfg.tracking.backends, config=cfg.model_dump(mode="json")))
     sampler = EpochSampler(len(train_set.problems), cfg.seed)
     context = EnvContext(cfg.env, cfg.sandbox)

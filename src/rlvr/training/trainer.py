@@ -70,13 +70,40 @@ class Trainer:
         self._training = False
         threads = spec.threads or rank_threads(len(allowed_cores()), ranks)
         self._ranks: list[RankHandle] = (launch or spawn_ranks)(ranks, replace(spec, threads=threads))
-        info = self._gather(timeout_s=spec.trainer.start_timeout_s)
-        self.trainable_params = info[0]["trainable_params"]
-        self.total_params = info[0]["total_params"]
-        self.base_format = info[0]["base_format"]  # what the ranks loaded: "nvfp4" or "hf"
-        self.packed_attention = info[0]["packed_attention"]  # False where the model has no AttentionInterface
-        # one copy of a prompt for all its samples needs rlvr's packed attention on the model
-        self.share_prompts = spec.trainer.share_prompts and self.packed_attention
+        self._started: dict | None = None  # rank 0's report, once every rank has loaded its shard
+
+    def wait_started(self) -> dict:
+        """Rank 0's report once every rank has loaded its shard (a TrainerError if one could not).
+
+        The ranks load in the background from the moment the Trainer exists, so that a run builds
+        its engine meanwhile: both are mostly imports and reads, seconds each, on cores of their own.
+        Anything that needs the ranks waits here first."""
+        if self._started is None:
+            self._started = self._gather(timeout_s=self.spec.trainer.start_timeout_s)[0]
+        return self._started
+
+    @property
+    def trainable_params(self) -> int:
+        return self.wait_started()["trainable_params"]
+
+    @property
+    def total_params(self) -> int:
+        return self.wait_started()["total_params"]
+
+    @property
+    def base_format(self) -> str:
+        """What the ranks loaded: "nvfp4" or "hf"."""
+        return self.wait_started()["base_format"]
+
+    @property
+    def packed_attention(self) -> bool:
+        """False where the model has no AttentionInterface."""
+        return self.wait_started()["packed_attention"]
+
+    @property
+    def share_prompts(self) -> bool:
+        """One copy of a prompt for all its samples, which needs rlvr's packed attention on the model."""
+        return self.spec.trainer.share_prompts and self.packed_attention
 
     # ------------------------------------------------------------------ commands
 
@@ -246,6 +273,7 @@ class Trainer:
     def _send_each(self, command: str, payloads: list) -> None:
         if self._training:
             raise TrainerError(f"{command}: a train step is in flight; call finish_train_step() first")
+        self.wait_started()  # the ranks answer in order: their start report comes first
         for rank, payload in zip(self._ranks, payloads):
             rank.send(command, payload)
 
