@@ -27,7 +27,7 @@ from _ledger import append_line, provenance, write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMOS = {"demo": "configs/demo.yaml", "moe": "configs/demo_moe.yaml", "tools": "configs/demo_tools.yaml"}
-TARGETS = {"demo": 0.25, "moe": 0.15, "tools": 0.20}  # issue 31's gains, in avg@k
+TARGETS = {"demo": 0.25, "moe": 0.15, "tools": 0.20}  # the gains each demo promises, in avg@k
 
 
 def cpu_model() -> str:

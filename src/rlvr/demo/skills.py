@@ -7,7 +7,8 @@ figures the warm start's readiness check (`rlvr.config.ReadinessCheck`) holds to
   step of a worked answer up to its `=` (a sum's last column "7+5", a count's "1:23+7"), against
   the reference working `rlvr.data.synthetic.solution_text` writes;
 - result copy: of the samples whose calculator call returned a value, the share that box that
-  value (boxing a product computed "in the head" instead is what the Intel run of issue 31 did);
+  value (a model that calls the calculator, then boxes a product computed "in the head", passes on
+  accuracy alone);
 - accuracy: the mean reward, which the run's evaluation before RL estimates as avg@k.
 
 Copying is what a tiny model learns through a sharp transition; accuracy alone can sit inside its
