@@ -129,13 +129,14 @@ def _rss_anon(pid: int) -> int:
 def planned(config: Path, model: str, rank: int) -> tuple[float, float, str]:
     """The plan's estimate for the served model: (one trainer rank, all its processes together, the compute dtype)."""
     from rlvr.config import ServeConfig, load_config
+    from rlvr.hardware import compute_dtype, local_device
     from rlvr.orchestration.plan import all_devices_bytes, make_plan
     from rlvr.serve.model import served_run
 
     run = served_run(model, rank, load_config(config, schema=ServeConfig), log=lambda *_: None)
     plan = make_plan(run)
     rank_total = max(d.total for d in plan.devices if d.trainer_rank is not None)
-    return rank_total, all_devices_bytes(plan)[0], run.model.dtype
+    return rank_total, all_devices_bytes(plan)[0], compute_dtype(run.model.dtype, local_device()).name
 
 
 def main() -> None:

@@ -37,8 +37,31 @@ from rlvr.tracking.timing import StepTimer
 from rlvr.training.trainer import Trainer
 from rlvr.training.worker import RankSpec
 
-# A fixed probe for the sync check: any tokens do, the check compares engine and trainer on them.
-_PROBE = [([1], [2, 3, 4, 5])]
+# The sync check's probe: short exchanges the model reads and answers in its own tokens. Plausible
+# tokens, and dozens of them: bf16's rounding moves an unlikely token's logprob most, and the mean
+# gap over a handful of arbitrary ids swung past the bf16 threshold on a correctly synced 0.5B.
+_PROBE_TEXTS = [
+    ("Question: What is 17 + 25?\nAnswer:", " 17 + 25 = 42. The answer is 42."),
+    ("Question: A box holds 6 rows of 8 eggs. How many eggs are in the box?\nAnswer:",
+     " 6 rows of 8 eggs make 6 * 8 = 48 eggs. The answer is 48."),
+    ("def add(a, b):\n", "    return a + b\n"),
+]
+
+
+def sync_probe(model_path: str, max_model_len: int | None) -> list[tuple[list[int], list[int]]]:
+    """The probe in the tokens of the model at `model_path`, each exchange cut to `max_model_len`
+    (None: the model's own limit, which these few tokens never reach)."""
+    from rlvr.models.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(model_path)
+    probe = []
+    for prompt, completion in _PROBE_TEXTS:
+        prompt_ids, completion_ids = tokenizer(prompt).input_ids, tokenizer(completion, add_special_tokens=False).input_ids
+        if max_model_len is not None:
+            prompt_ids = prompt_ids[: max_model_len // 2]
+            completion_ids = completion_ids[: max_model_len - len(prompt_ids) - 1]  # room for the one token sampled
+        probe.append((prompt_ids, completion_ids))
+    return probe
 
 
 @dataclass
@@ -86,7 +109,7 @@ class ServedModel:
         except BaseException:
             self.trainer.close()
             raise
-        self.sync = WeightSync(self.engine, self.trainer, _PROBE, SyncCheck(run.engine.sync_threshold(compute_dtype(run.model.dtype, local_device()).name)), StepTimer(),
+        self.sync = WeightSync(self.engine, self.trainer, sync_probe(self.base_model, run.engine.max_model_len), SyncCheck(run.engine.sync_threshold(compute_dtype(run.model.dtype, local_device()).name)), StepTimer(),
                                lora=True)
         self.published = 0
 
