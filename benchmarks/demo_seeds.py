@@ -73,7 +73,7 @@ def run_demo(name: str, seed: int, fresh: bool) -> dict:
 
 
 def table(runs: list[dict], cpu: str) -> str:
-    lines = [f"| demo | seed | warm start: steps (attempts) | check at its stop | held-out avg@k before → after | gain | CPU |",
+    lines = ["| demo | seed | warm start: steps (attempts) | check at its stop | held-out avg@k before → after | gain | CPU |",
              "|---|---|---|---|---|---|---|"]
     for r in runs:
         s = r["warm_start_skills"] or {}
