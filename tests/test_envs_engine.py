@@ -83,7 +83,10 @@ def test_a_skyrl_environment_streams_fully_asynchronously_and_resumes_exactly(tm
                             rollout={"mode": "async", "max_staleness": 2, "sampling": {"max_tokens": 24, "stop": list(STOP)}},
                             checkpoint={"every": 1, "keep": 1},
                             # the untrained model never answers: DAPO's length penalty gives each group rewards that differ
-                            algorithm={"overlong_penalty": {"buffer": 20}})
+                            algorithm={"overlong_penalty": {"buffer": 20}},
+                            # the tool's limit in CPU time, which load does not change; a wall-clock limit a loaded
+                            # machine could reach would answer one run's call with a timeout and not the other's
+                            sandbox={"wall_s": 60, "cpu_s": 5})
 
     reference = train(config("reference"))
     assert reference.returncode == 0, reference.stdout[-3000:]
