@@ -37,6 +37,8 @@ from pathlib import Path
 import yaml
 from _ledger import append_line, provenance, write_result
 
+from rlvr.config import set_dotted
+
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_S = 0.005
 
@@ -48,11 +50,7 @@ def serve_config(folder: Path, rank_alpha: float, settings: list[str]) -> Path:
               "trainer": {"lora": {"alpha": rank_alpha}}}
     for setting in settings:
         key, value = setting.split("=", 1)
-        *parents, name = key.split(".")
-        section = config
-        for parent in parents:
-            section = section.setdefault(parent, {})
-        section[name] = yaml.safe_load(value)
+        set_dotted(config, key, yaml.safe_load(value), source=f"--set {setting}")
     path = folder / "serve.yaml"
     path.write_text(yaml.safe_dump(config))
     return path

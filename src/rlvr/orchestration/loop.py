@@ -150,8 +150,8 @@ def _log_step(run: Run, step: int, metrics: dict, current: StepRollouts, step_st
 
 def _describe(run: Run) -> dict:
     """What ran, for summary.json; says so when packed attention was asked for but not possible."""
-    cfg, trainer = run.cfg, run.trainer
-    if cfg.trainer.attention == "packed" and not trainer.packed_attention:
+    cfg, trainer, started = run.cfg, run.trainer, run.trainer.wait_started()
+    if cfg.trainer.attention == "packed" and not started.packed_attention:
         run.log(f"trainer.attention: packed is not available for {cfg.model.path} (its attention does not dispatch "
                 "through transformers' AttentionInterface): training with sdpa's block-diagonal mask and a prompt "
                 "copy per sample")
@@ -161,8 +161,8 @@ def _describe(run: Run) -> dict:
         "compute_dtype_reason": compute.reason,
         "engine": run.engine.name,
         "trainer_ranks": trainer.world_size,
-        "base_format": trainer.base_format,
-        "trainer_attention": "packed" if trainer.packed_attention else "sdpa",
+        "base_format": started.base_format,
+        "trainer_attention": "packed" if started.packed_attention else "sdpa",
         "lora_rank": int(run.sync.serving.config["r"]) if run.sync.serving is not None else None,
     }
 

@@ -25,7 +25,7 @@ from rlvr.affinity import allowed_cores, rank_threads
 from rlvr.records import LoraAdapter, TrainBatch
 from rlvr.training import wire
 from rlvr.training.packing import plan, split_by_group
-from rlvr.training.worker import MiniBatch, RankSpec, StepInput, SumLossInput, run_rank
+from rlvr.training.worker import MiniBatch, RankSpec, RankStarted, StepInput, SumLossInput, run_rank
 
 
 class TrainerError(RuntimeError):
@@ -70,9 +70,9 @@ class Trainer:
         self._training = False
         threads = spec.threads or rank_threads(len(allowed_cores()), ranks)
         self._ranks: list[RankHandle] = (launch or spawn_ranks)(ranks, replace(spec, threads=threads))
-        self._started: dict | None = None  # rank 0's report, once every rank has loaded its shard
+        self._started: RankStarted | None = None  # rank 0's report, once every rank has loaded its shard
 
-    def wait_started(self) -> dict:
+    def wait_started(self) -> RankStarted:
         """Rank 0's report once every rank has loaded its shard (a TrainerError if one could not).
 
         The ranks load in the background from the moment the Trainer exists, so that a run builds
@@ -83,27 +83,9 @@ class Trainer:
         return self._started
 
     @property
-    def trainable_params(self) -> int:
-        return self.wait_started()["trainable_params"]
-
-    @property
-    def total_params(self) -> int:
-        return self.wait_started()["total_params"]
-
-    @property
-    def base_format(self) -> str:
-        """What the ranks loaded: "nvfp4" or "hf"."""
-        return self.wait_started()["base_format"]
-
-    @property
-    def packed_attention(self) -> bool:
-        """False where the model has no AttentionInterface."""
-        return self.wait_started()["packed_attention"]
-
-    @property
     def share_prompts(self) -> bool:
         """One copy of a prompt for all its samples, which needs rlvr's packed attention on the model."""
-        return self.spec.trainer.share_prompts and self.packed_attention
+        return self.spec.trainer.share_prompts and self.wait_started().packed_attention
 
     # ------------------------------------------------------------------ commands
 

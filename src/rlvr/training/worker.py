@@ -89,6 +89,16 @@ class StepInput:
     routes: dict[int, torch.Tensor] | None = None  # MoE: sequence index -> the engine's routes; None: none recorded
 
 
+@dataclass(frozen=True)
+class RankStarted:
+    """What the controller learns once from a rank, when it has loaded its shard."""
+
+    trainable_params: int
+    total_params: int
+    base_format: str  # what the rank loaded: "nvfp4" or "hf"
+    packed_attention: bool  # False where the model has no AttentionInterface: transformers' own, no shared prompts
+
+
 @dataclass
 class SumLossInput:
     """One rank's share of a forward_backward call (the Tinker API's): a loss summed over tokens
@@ -244,14 +254,9 @@ class _Rank:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, partial(lr_factor, config, spec.total_steps))
 
-    def info(self) -> dict:
+    def info(self) -> RankStarted:
         """What the controller learns once, when the rank is up."""
-        return {
-            "trainable_params": self.trainable_params,
-            "total_params": self.total_params,
-            "base_format": self.base_format,
-            "packed_attention": self.packed_attention,  # else transformers' own: no shared prompts
-        }
+        return RankStarted(self.trainable_params, self.total_params, self.base_format, self.packed_attention)
 
     def placement(self, _=None) -> dict:
         """Where this rank's threads may run, read back from the kernel, and its torch threads."""
