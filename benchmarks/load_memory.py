@@ -49,6 +49,8 @@ from rlvr.quant.skeleton import Skeleton  # noqa: F401
 from rlvr.training.trainer import RankProcess, Trainer, free_port
 from rlvr.training.worker import run_rank
 
+from _proc import status_bytes
+
 ROOT = Path(__file__).resolve().parent.parent
 SHAPE = dict(hidden_size=1024, num_hidden_layers=10, intermediate_size=2048, num_attention_heads=8, num_key_value_heads=8,
              vocab_size=8192, q_lora_rank=384, kv_lora_rank=256, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64,
@@ -59,11 +61,7 @@ SAMPLE_S = 0.002
 
 
 def _rss_anon() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no RssAnon in /proc/self/status")
+    return status_bytes()["RssAnon"]
 
 
 def measured_rank(rank: int, world_size: int, port: int, spec, conn, report: str) -> None:

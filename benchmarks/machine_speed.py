@@ -57,6 +57,7 @@ from _flops import (  # noqa: E402
     train_step_flops,
 )
 from _ledger import append_line, provenance, write_result  # noqa: E402
+from _proc import status_bytes  # noqa: E402
 
 RECIPE = "configs/qwen0.5b_gsm8k_cpu.yaml"
 DTYPES = ("float32", "auto")
@@ -66,17 +67,6 @@ GiB = 1 << 30
 
 
 # ---------------------------------------------------------------------- memory and step times
-
-
-def _status(pid: int) -> dict[str, int]:
-    """RssAnon and VmHWM of a process, in bytes (Linux)."""
-    values = {}
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            key = line.split(":", 1)[0]
-            if key in ("RssAnon", "VmHWM"):
-                values[key] = int(line.split()[1]) * 1024
-    return values
 
 
 def _role(process, root_pid: int) -> str:
@@ -140,8 +130,8 @@ class RunMonitor:
                 try:
                     # a scoring worker caps its address space only once it runs: the role is read again
                     self.roles[process.pid] = _role(process, self.pid)
-                    values = _status(process.pid)
-                except (psutil.NoSuchProcess, FileNotFoundError, ProcessLookupError):
+                    values = status_bytes(process.pid)
+                except psutil.NoSuchProcess:
                     continue
                 if "RssAnon" in values:  # an exited process, not yet reaped, has no memory lines
                     self.samples.append((now, process.pid, values["RssAnon"]))

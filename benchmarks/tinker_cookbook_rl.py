@@ -36,6 +36,7 @@ from pathlib import Path
 
 import yaml
 from _ledger import append_line, provenance, write_result
+from _proc import spawned_children, status_bytes
 
 from rlvr.config import set_dotted
 
@@ -94,34 +95,13 @@ class PrivateMemory:
         while not self._stop.is_set():
             if time.monotonic() - listed > 1.0:  # ranks start (and restart) with the models the client creates
                 listed = time.monotonic()
-                self._ranks += [pid for pid in _children(self.server_pid) if pid not in self._ranks]
+                # the server spawns trainer ranks only (the client scores its own samples)
+                self._ranks += [pid for pid in spawned_children(self.server_pid) if pid not in self._ranks]
             for pid in (self.server_pid, *self._ranks):
-                self.peaks[pid] = max(self.peaks.get(pid, 0), _rss_anon(pid))
+                self.peaks[pid] = max(self.peaks.get(pid, 0), status_bytes(pid).get("RssAnon", 0))
             time.sleep(SAMPLE_S)
 
 
-def _children(pid: int) -> list[int]:
-    """The trainer ranks among `pid`'s children: spawned processes that are not the resource tracker."""
-    ranks = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                command = (entry / "cmdline").read_bytes()
-                if b"spawn_main" in command and b"resource_tracker" not in command:
-                    ranks.append(int(entry.name))
-        except OSError:  # gone meanwhile
-            pass
-    return sorted(ranks)
-
-
-def _rss_anon(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
 
 
 def planned(config: Path, model: str, rank: int) -> tuple[float, float, str]:

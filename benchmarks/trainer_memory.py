@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 
 from _ledger import append_line, provenance, write_result
+from _proc import status_bytes
 
 # ~20.5M parameters: 7 blocks of 512 wide, 8 heads (2 KV heads), MLP 1536, tied embedding; the
 # MoE architectures take the same sizes (DeepSeek-V3: experts of 1536 / 4 = 384, MLA ranks 256)
@@ -56,13 +57,8 @@ def checkpoint_bytes(model_dir: Path) -> int:
 
 
 def peak_rss_bytes() -> int:
-    """This process's peak resident set (VmHWM, Linux).
-
-    Not `ru_maxrss`: Linux carries that across fork + exec, so a child would report its
-    parent's peak.
-    """
-    status = Path("/proc/self/status").read_text()
-    return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1]) * 1024
+    """This process's peak resident set (VmHWM, benchmarks/_proc.py says why not ru_maxrss)."""
+    return status_bytes()["VmHWM"]
 
 
 def train_in_this_process(variant: str, model_dir: str, dtype_name: str, steps: int, batch: int, seq_len: int) -> dict:
