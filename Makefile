@@ -73,7 +73,7 @@ bench-setup: setup
 # The suite on every core (at most 3: each worker may hold two trainer ranks and an engine, in
 # 24 GB), a file per worker at a time (tests/conftest.py); then, alone, the tests marked solo.
 TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 3 ? n : 3 )))
-PYTEST_PARALLEL := $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+PYTEST_PARALLEL := $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: setup
 	$(PYTEST_PARALLEL) --durations=25 -m "not solo" tests
 	$(BIN)/python -m pytest -q -ra -m solo tests

@@ -1,4 +1,4 @@
-"""How `make test` spreads the suite over the machine's cores (pytest-xdist, `--dist loadgroup`).
+"""How `make test` spreads the suite over the machine's cores (pytest-xdist, `-n N --dist loadfile`).
 
 - A file's tests stay on one worker, so the engines, models and runs it shares through module
   fixtures are built once, as in a serial run.
@@ -9,22 +9,47 @@
 - Tests marked `solo` read machine-wide state (every process of a uid, every cgroup) or bound a
   wall-clock time; `make test` runs them afterwards, alone.
 
-A plain `pytest` (no `-n`) runs everything in one process, in the usual order, as before.
+The grouping is a scheduler of its own rather than xdist_group marks: xdist (3.8) turns those
+marks into groups by rewriting each item's node id, which pytest 9.2's items no longer take, so
+the marks grouped nothing and a file's module fixtures were built on every worker that ran one
+of its tests.
+
+A plain `pytest` (no `-n`) runs everything in one process, in the usual order.
 """
+
+from pathlib import PurePosixPath
 
 import pytest
 
 RAY_FILES = {"test_ray.py", "test_rehearsal.py", "test_engine_replicas.py"}
 
 
+def _group(nodeid: str) -> str:
+    path = nodeid.split("::", 1)[0]
+    return "ray" if PurePosixPath(path).name in RAY_FILES else path
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config, log):
+    """On the controller: `--dist loadfile`, with the Ray files as one group."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return FileScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    if not config.pluginmanager.has_plugin("xdist") or not config.getoption("dist", "no") == "loadgroup":
+    """On each worker (xdist hands out groups in the order the workers collected them): the groups
+    with the most slow tests first."""
+    if not hasattr(config, "workerinput"):
         return
-    group_of = {}
+    slow_tests: dict[str, int] = {}
     for item in items:
-        group_of[item] = "ray" if item.path.name in RAY_FILES else item.path.name
-        item.add_marker(pytest.mark.xdist_group(group_of[item]))
-    slow_tests = {}
-    for item in items:
-        slow_tests[group_of[item]] = slow_tests.get(group_of[item], 0) + (item.get_closest_marker("slow") is not None)
-    items.sort(key=lambda item: -slow_tests[group_of[item]])  # stable: each file keeps its own order
+        group = _group(item.nodeid)
+        slow_tests[group] = slow_tests.get(group, 0) + (item.get_closest_marker("slow") is not None)
+    items.sort(key=lambda item: -slow_tests[_group(item.nodeid)])  # stable: each file keeps its own order
