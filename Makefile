@@ -25,6 +25,8 @@ setup: $(STAMP)
 # verl goes in without its dependencies (they pin ray, transformers and tensordict against this
 # venv's) and with the three its rollout_corr_helper imports: tests/test_off_policy_family.py
 # runs verl's own off-policy corrections against rlvr's.
+# bitsandbytes goes into .venv/peers, which only the tests' own processes import from
+# (requirements/cpu.txt says why).
 $(STAMP): pyproject.toml $(PINS)
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
 	command -v bwrap >/dev/null || (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null)
@@ -36,6 +38,8 @@ $(STAMP): pyproject.toml $(PINS)
 	$(INSTALL) -c $(PINS) tml-renderers blobfile chz pyrage pylatexenc termcolor tiktoken
 	$(INSTALL) -c $(PINS) --no-deps tinker-cookbook
 	$(INSTALL) -c $(PINS) --no-deps verl tensordict pyvers codetiming
+	$(PIP) uninstall -q -y bitsandbytes 2>/dev/null || true
+	$(INSTALL) -c $(PINS) --no-deps --upgrade --target $(VENV)/peers bitsandbytes
 	$(BIN)/python -c "import vllm, transformers, peft, rlvr; print('rlvr setup ok: vllm', vllm.__version__, 'transformers', transformers.__version__)"
 	touch $(STAMP)
 

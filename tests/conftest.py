@@ -17,9 +17,17 @@ of its tests.
 A plain `pytest` (no `-n`) runs everything in one process, in the usual order.
 """
 
-from pathlib import PurePosixPath
+import sys
+from pathlib import Path, PurePosixPath
 
 import pytest
+
+# bitsandbytes, which tests/test_quant_nf4.py checks rlvr's NF4 against, is installed off the
+# venv's import path (requirements/cpu.txt says why): the tests' own processes see it, the runs
+# they start do not.
+PEERS = Path(sys.prefix) / "peers"
+if PEERS.is_dir():
+    sys.path.append(str(PEERS))
 
 RAY_FILES = {"test_ray.py", "test_rehearsal.py", "test_engine_replicas.py"}
 
