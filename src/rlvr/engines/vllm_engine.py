@@ -609,13 +609,10 @@ class VLLMEngine(Engine):
         llm, self._llm = self._llm, None
         if llm is None:
             return
+        # in-process, this also frees the torch.distributed state the worker set up here (vLLM
+        # 0.32's EngineCore.shutdown ends in cleanup_dist_env_and_memory), so that a later engine
+        # (the next test module, a restart) can set it up again
         llm.llm_engine.engine_core.shutdown()
-        if self.in_process:
-            # The worker initialised torch.distributed in this process; free it so that a
-            # later engine (the next test module, a restart) can initialise it again.
-            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
-            cleanup_dist_env_and_memory()
 
     def _watch_engine_core(self) -> None:
         """Wake calls that wait on an engine core that died.
