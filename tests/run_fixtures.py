@@ -25,6 +25,21 @@ def digit_share(response, answer):
 '''
 
 
+# Groups of odd-answer problems all score 0 (uninformative); even-answer groups score by the
+# parity of each response's length, so nearly all of them are informative: dynamic sampling
+# refills every step, and every step trains.
+EVEN_ANSWERS_ONLY = '''
+def even_answers_only(response, answer):
+    return float(int(answer) % 2 == 0 and len(response) % 2 == 0)
+'''
+
+
+def verifier_file(root: Path, source: str) -> str:
+    """`reward.verifier` for a reward function's source, written to ROOT/reward.py."""
+    (root / "reward.py").write_text(source)
+    return f"{root / 'reward.py'}:{source.split('def ')[1].split('(')[0]}"
+
+
 def small_config(root: Path, name: str, steps: int, reward: str | dict | None = None, **sections) -> Path:
     """Write ROOT/NAME.yaml: the demo config, shrunk, with its run in ROOT/NAME and the assets
     (built on first use) in ROOT/assets; `sections` update the config's sections key by key,
@@ -49,8 +64,7 @@ def small_config(root: Path, name: str, steps: int, reward: str | dict | None = 
     if isinstance(reward, dict):
         sections["reward"] = reward
     elif reward is not None:
-        (root / "reward.py").write_text(reward)
-        cfg["reward"]["verifier"] = f"{root / 'reward.py'}:{reward.split('def ')[1].split('(')[0]}"
+        cfg["reward"]["verifier"] = verifier_file(root, reward)
     _merge(cfg, sections)
     path = root / f"{name}.yaml"
     path.write_text(yaml.safe_dump(cfg))

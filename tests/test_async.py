@@ -1,40 +1,12 @@
-"""rollout.max_staleness: 1 on the real stack: the rollouts of step t+1 are generated while step t
-trains, by the policy one version behind, and a run stopped and resumed in the middle gives
-the same metrics as one never stopped (the rollouts in flight are generated again, by the same
-adapter from the same prompts and seed). Full fine-tuning streams fully asynchronously too."""
+"""Rollouts generated ahead of training: truncated importance sampling turns on with them, and full
+fine-tuning streams fully asynchronously on the real stack. (One step off-policy on the real
+stack, and its exact resume: tests/test_resume_after_kill.py.)"""
 
 import json
 
 import pytest
 
-from run_fixtures import (DIGIT_SHARE, comparable_metrics, small_config, start_training, step_rows,
-                          stopped_after_step_one_then_resumed, train)
-
-STEPS = 3
-
-
-@pytest.mark.slow
-def test_one_step_off_policy_rollouts_lag_one_version_and_resume_reproduces_them(tmp_path):
-    def config(name, checkpoint_every):
-        return small_config(tmp_path, name, STEPS, reward=DIGIT_SHARE, rollout={"max_staleness": 1},
-                            checkpoint={"every": checkpoint_every, "keep": 2})
-
-    reference = start_training(config("reference", 1))
-    out, _ = reference.communicate(timeout=900)
-    assert reference.returncode == 0, out[-3000:]
-    rows = step_rows(tmp_path / "reference")
-    assert [row["step"] for row in rows] == [1, 2, 3]
-    for row in rows:
-        assert row["grad_norm"] > 0 and row["skipped"] == 0 and 0 < row["policy/is_weight"] <= 2.0
-        assert row["sync/logprob_gap"] <= 1e-3  # after each sync the engine serves the trainer's weights
-    # Step 1 trains on rollouts of the initial policy, which is also the trainer's; from step 2 on
-    # they come from the policy one update behind the trainer's, so the sampler's logprobs differ.
-    assert rows[0]["sync/sampler_trainer_gap"] <= 1e-3
-    assert all(row["sync/sampler_trainer_gap"] > 1e-3 for row in rows[1:])
-
-    # SIGTERM during step 2: it finishes, checkpoints (the next rollouts were already in flight), exits
-    stopped_after_step_one_then_resumed(config("stopped", STEPS), tmp_path / "stopped")
-    assert comparable_metrics(tmp_path / "stopped") == comparable_metrics(tmp_path / "reference")
+from run_fixtures import DIGIT_SHARE, small_config, step_rows, train
 
 
 def test_stale_rollouts_turn_truncated_importance_sampling_on_unless_set():

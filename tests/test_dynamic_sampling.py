@@ -3,14 +3,7 @@
 import json
 
 import pytest
-from run_fixtures import small_config, step_rows, train
-
-# Groups of odd-answer problems all score 0 (uninformative); even-answer groups score by the
-# parity of each response's length, so nearly all of them are informative.
-EVEN_ANSWERS_ONLY = '''
-def even_answers_only(response, answer):
-    return float(int(answer) % 2 == 0 and len(response) % 2 == 0)
-'''
+from run_fixtures import EVEN_ANSWERS_ONLY, small_config, step_rows, train
 
 
 @pytest.mark.slow
