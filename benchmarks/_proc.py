@@ -26,6 +26,12 @@ def status_bytes(pid: int | str = "self") -> dict[str, int]:
     return values
 
 
+def spawned_worker(command: str) -> bool:
+    """Whether a command line is a process multiprocessing started with spawn (a trainer rank, a
+    scoring worker), not its resource tracker."""
+    return "spawn_main" in command and "resource_tracker" not in command
+
+
 def spawned_children(pid: int) -> list[int]:
     """The children of `pid` that multiprocessing started with spawn (trainer ranks, scoring
     workers), without its resource tracker; sorted pids."""
@@ -41,6 +47,6 @@ def spawned_children(pid: int) -> list[int]:
             command = " ".join(child.cmdline())
         except psutil.NoSuchProcess:
             continue
-        if "spawn_main" in command and "resource_tracker" not in command:
+        if spawned_worker(command):
             spawned.append(child.pid)
     return sorted(spawned)

@@ -57,7 +57,7 @@ from _flops import (  # noqa: E402
     train_step_flops,
 )
 from _ledger import append_line, provenance, write_result  # noqa: E402
-from _proc import status_bytes  # noqa: E402
+from _proc import spawned_worker, status_bytes  # noqa: E402
 
 RECIPE = "configs/qwen0.5b_gsm8k_cpu.yaml"
 DTYPES = ("float32", "auto")
@@ -81,7 +81,7 @@ def _role(process, root_pid: int) -> str:
         return "resource tracker"
     if process.rlimit(psutil.RLIMIT_AS)[0] != psutil.RLIM_INFINITY:
         return "scoring worker"
-    return "trainer rank" if "spawn_main" in command else "other"
+    return "trainer rank" if spawned_worker(command) else "other"
 
 
 def _busy_cpu_s() -> float:

@@ -102,8 +102,6 @@ class PrivateMemory:
             time.sleep(SAMPLE_S)
 
 
-
-
 def planned(config: Path, model: str, rank: int) -> tuple[float, float, str]:
     """The plan's estimate for the served model: (one trainer rank, all its processes together, the compute dtype)."""
     from rlvr.config import ServeConfig, load_config
