@@ -1,5 +1,5 @@
-"""A process's memory as Linux counts it (/proc/PID/status), and the processes a run spawned:
-read one way by every benchmark that measures memory.
+"""A process's memory as Linux counts it (/proc/PID/status), and which of a run's processes
+is what: read one way by every benchmark that measures memory.
 
 RssAnon is a process's private memory (what its own allocations hold; mapped files and shared
 pages are not in it); VmHWM the peak of its resident set. Not `ru_maxrss`: Linux carries that
@@ -8,6 +8,8 @@ across fork + exec, so a child would report its parent's peak."""
 from __future__ import annotations
 
 from pathlib import Path
+
+from rlvr.process_names import RANK_PREFIX, SCORER
 
 
 def status_bytes(pid: int | str = "self") -> dict[str, int]:
@@ -26,27 +28,30 @@ def status_bytes(pid: int | str = "self") -> dict[str, int]:
     return values
 
 
-def spawned_worker(command: str) -> bool:
-    """Whether a command line is a process multiprocessing started with spawn (a trainer rank, a
-    scoring worker), not its resource tracker."""
-    return "spawn_main" in command and "resource_tracker" not in command
+def role(process) -> str:
+    """What one of a run's processes is, by the name rlvr's workers give themselves
+    (rlvr.process_names): "trainer rank", "scoring worker" or "other" (the controller, the ranks'
+    fork server, multiprocessing's resource tracker)."""
+    name = process.name()
+    if name.startswith(RANK_PREFIX):
+        return "trainer rank"
+    return "scoring worker" if name == SCORER else "other"
 
 
-def spawned_children(pid: int) -> list[int]:
-    """The children of `pid` that multiprocessing started with spawn (trainer ranks, scoring
-    workers), without its resource tracker; sorted pids."""
+def trainer_ranks(pid: int) -> list[int]:
+    """The trainer ranks among `pid`'s descendants (forked from its fork server, they are not its
+    own children); sorted pids."""
     import psutil
 
     try:
-        children = psutil.Process(pid).children()
+        descendants = psutil.Process(pid).children(recursive=True)
     except psutil.NoSuchProcess:
         return []
-    spawned = []
-    for child in children:
+    ranks = []
+    for process in descendants:
         try:
-            command = " ".join(child.cmdline())
+            if role(process) == "trainer rank":
+                ranks.append(process.pid)
         except psutil.NoSuchProcess:
             continue
-        if spawned_worker(command):
-            spawned.append(child.pid)
-    return sorted(spawned)
+    return sorted(ranks)

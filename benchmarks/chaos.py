@@ -46,6 +46,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _ledger import append_line, provenance, write_result  # noqa: E402
+from _proc import role  # noqa: E402
 
 DEMO_CONFIG = "configs/demo.yaml"
 SANDBOX_SHARE = 4  # every 4th train row is scored by a program in the sandbox
@@ -157,14 +158,11 @@ def _is_engine_core(p: psutil.Process) -> bool:
 
 
 def _is_trainer_rank(p: psutil.Process) -> bool:
-    # a rank is a spawned child of the controller that talks gloo over TCP; scoring workers lead
-    # their own process groups and hold no sockets
-    return (not _is_engine_core(p) and "spawn_main" in " ".join(p.cmdline())
-            and any(c.status in (psutil.CONN_ESTABLISHED, psutil.CONN_LISTEN) for c in p.net_connections("tcp")))
+    return role(p) == "trainer rank"
 
 
 def _is_reward_worker(p: psutil.Process) -> bool:
-    return "spawn_main" in " ".join(p.cmdline()) and os.getpgid(p.pid) == p.pid and not _is_engine_core(p)
+    return role(p) == "scoring worker"
 
 
 def _is_sandbox(p: psutil.Process) -> bool:

@@ -57,7 +57,7 @@ from _flops import (  # noqa: E402
     train_step_flops,
 )
 from _ledger import append_line, provenance, write_result  # noqa: E402
-from _proc import spawned_worker, status_bytes  # noqa: E402
+from _proc import role, status_bytes  # noqa: E402
 
 RECIPE = "configs/qwen0.5b_gsm8k_cpu.yaml"
 DTYPES = ("float32", "auto")
@@ -70,18 +70,9 @@ GiB = 1 << 30
 
 
 def _role(process, root_pid: int) -> str:
-    """What a process of the run is: the controller (it runs vLLM in-process on CPU), a trainer rank,
-    a scoring worker (the reward pool caps its workers' address space), or multiprocessing's tracker."""
-    import psutil
-
-    if process.pid == root_pid:
-        return "controller"
-    command = " ".join(process.cmdline())
-    if "resource_tracker" in command:
-        return "resource tracker"
-    if process.rlimit(psutil.RLIMIT_AS)[0] != psutil.RLIM_INFINITY:
-        return "scoring worker"
-    return "trainer rank" if spawned_worker(command) else "other"
+    """What a process of the run is: the controller (it runs vLLM in-process on CPU), a trainer
+    rank, a scoring worker, or another helper (the ranks' fork server, multiprocessing's tracker)."""
+    return "controller" if process.pid == root_pid else role(process)
 
 
 def _busy_cpu_s() -> float:

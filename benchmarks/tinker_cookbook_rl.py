@@ -36,7 +36,7 @@ from pathlib import Path
 
 import yaml
 from _ledger import append_line, provenance, write_result
-from _proc import spawned_children, status_bytes
+from _proc import status_bytes, trainer_ranks
 
 from rlvr.config import set_dotted
 
@@ -95,8 +95,7 @@ class PrivateMemory:
         while not self._stop.is_set():
             if time.monotonic() - listed > 1.0:  # ranks start (and restart) with the models the client creates
                 listed = time.monotonic()
-                # the server spawns trainer ranks only (the client scores its own samples)
-                self._ranks += [pid for pid in spawned_children(self.server_pid) if pid not in self._ranks]
+                self._ranks += [pid for pid in trainer_ranks(self.server_pid) if pid not in self._ranks]
             for pid in (self.server_pid, *self._ranks):
                 self.peaks[pid] = max(self.peaks.get(pid, 0), status_bytes(pid).get("RssAnon", 0))
             time.sleep(SAMPLE_S)

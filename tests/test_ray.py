@@ -17,6 +17,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
 import pytest
 from run_fixtures import DIGIT_SHARE, comparable_metrics, small_config, train
 
@@ -138,7 +139,12 @@ def test_a_killed_rank_or_engine_stops_the_run_with_one_line(tmp_path, backend):
     probe = ([[1, 2, 3, 4, 5]], [3])
     if backend == "local":
         with Trainer(spec) as trainer:
-            os.kill(trainer._ranks[1]._process.pid, signal.SIGKILL)
+            trainer.wait_started()
+            ranks = [psutil.Process(rank._process.pid) for rank in trainer._ranks]
+            # named for ps, top and the benchmarks; forked from one fork server, not the controller
+            assert [rank.name() for rank in ranks] == ["rlvr-rank0", "rlvr-rank1"]
+            assert len({rank.ppid() for rank in ranks}) == 1 and ranks[0].ppid() != os.getpid()
+            os.kill(ranks[1].pid, signal.SIGKILL)
             with pytest.raises(TrainerError) as died:
                 trainer.logprobs(*probe)
         assert str(died.value) == "trainer rank 1 died (exit code -9); the run stops"

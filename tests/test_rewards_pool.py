@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from rlvr.rewards import ScoringPool, batched_reward
@@ -131,6 +132,7 @@ def test_a_worker_killed_from_outside_is_replaced_and_its_item_retried_once_each
     with ScoringPool("math", workers=1, timeout_s=5.0, log=lines.append) as pool:
         pool.wait_ready()
         idle = pool._workers[0].process
+        assert psutil.Process(idle.pid).name() == "rlvr-scorer"  # what ps, top and the chaos benchmark see
         os.kill(idle.pid, signal.SIGKILL)
         idle.join()
         assert [(s.reward, s.status) for s in pool.score(["\\boxed{2}"], ["2"])] == [(1.0, "ok")]

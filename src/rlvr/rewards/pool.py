@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 
+from rlvr.process_names import SCORER, name_process
 from rlvr.records import Score
 
 KILL_GRACE_S = 0.5
@@ -76,6 +77,7 @@ def _worker_main(conn: Connection, default: str, options: dict, timeout_s: float
     from rlvr.rewards.verifiers import get_verifier
 
     os.setsid()  # its own process group: a kill takes any processes a custom reward started, too
+    name_process(SCORER)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     signal.signal(signal.SIGALRM, _on_alarm)
     warm_up()

@@ -30,6 +30,7 @@ from rlvr.affinity import pin_process, process_cores
 from rlvr.config import AlgorithmConfig, ModelConfig, TrainerConfig
 from rlvr.hardware import compute_dtype
 from rlvr.models.moe import moe_layers
+from rlvr.process_names import name_process, rank_name
 from rlvr.quant.skeleton import Skeleton
 from rlvr.training import wire
 from rlvr.training.attention import use_packed_attention
@@ -114,6 +115,7 @@ class SumLossInput:
 def run_rank(rank: int, world_size: int, port: int, spec: RankSpec, conn) -> None:
     """A local rank process: join the group, then answer commands from `conn` until "close"."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's: it stops between steps
+    name_process(rank_name(rank))
     try:
         worker = join_group(rank, world_size, "127.0.0.1", port, spec)
         wire.send(conn, ("ok", worker.info()))
