@@ -119,6 +119,16 @@ def comparable_metrics(run_dir: Path) -> list[dict]:
     return [{k: v for k, v in row.items() if not k.startswith(("time/", "throughput/"))} for row in rows]
 
 
+def metric_differences(got: list[dict], expected: list[dict]) -> str:
+    """Where two runs' comparable metrics part, line by line and key by key: the message for an
+    assert that they are equal (pytest's own diff stops at the first line and is cut short)."""
+    if len(got) != len(expected):
+        return f"{len(got)} metric lines, expected {len(expected)}"
+    return "; ".join(f"line {i} (step {row.get('step')}) {key}: {row.get(key)!r} != {want.get(key)!r}"
+                     for i, (row, want) in enumerate(zip(got, expected))
+                     for key in sorted(row.keys() | want.keys()) if row.get(key) != want.get(key))
+
+
 def step_rows(run_dir: Path) -> list[dict]:
     """metrics.jsonl's per-step lines (those of an RL step, not the eval-only ones)."""
     path = run_dir / "metrics.jsonl"

@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 from engine_fixtures import start_engine
-from run_fixtures import comparable_metrics, small_config, step_rows, stopped_after_step_one_then_resumed, train
+from run_fixtures import (comparable_metrics, metric_differences, small_config, step_rows, stopped_after_step_one_then_resumed,
+                          train)
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlvr.config import DataConfig, EnvConfig, SandboxConfig
@@ -101,4 +102,5 @@ def test_a_skyrl_environment_streams_fully_asynchronously_and_resumes_exactly(tm
     assert after and any(row["turns"] and row["turns"] > 1 for row in after)  # transcripts of several turns
 
     stopped_after_step_one_then_resumed(config("stopped"), tmp_path / "stopped")
-    assert comparable_metrics(tmp_path / "stopped") == comparable_metrics(tmp_path / "reference")
+    stopped, reference = comparable_metrics(tmp_path / "stopped"), comparable_metrics(tmp_path / "reference")
+    assert stopped == reference, metric_differences(stopped, reference)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from run_fixtures import DIGIT_SHARE, comparable_metrics, small_config, train
+from run_fixtures import DIGIT_SHARE, comparable_metrics, metric_differences, small_config, train
 
 from rlvr.config import PlacementConfig
 from rlvr.orchestration.ray_placement import Slot, plan
@@ -86,7 +86,8 @@ def local_metrics(workspace):
 def test_two_steps_on_a_ray_started_here_match_local_processes(workspace, local_metrics):
     # A stale address (as a dead `ray start` leaves one) must not be joined: null starts a private Ray.
     env = {**os.environ, "RAY_ADDRESS": "127.0.0.1:1"}
-    assert comparable_metrics(_run(workspace, "ray", {"backend": "ray"}, env)) == local_metrics
+    metrics = comparable_metrics(_run(workspace, "ray", {"backend": "ray"}, env))
+    assert metrics == local_metrics, metric_differences(metrics, local_metrics)
 
 
 # Ray turns token authentication on for `ray start` once ~/.ray/auth_token exists (a private Ray
@@ -123,7 +124,7 @@ def ray_head():
 def test_two_steps_on_a_cluster_from_ray_start_match_local_processes(workspace, local_metrics):
     with ray_head() as address:
         metrics = comparable_metrics(_run(workspace, "ray_start", {"backend": "ray", "ray_address": address}, NO_AUTH))
-    assert metrics == local_metrics
+    assert metrics == local_metrics, metric_differences(metrics, local_metrics)
 
 
 @pytest.mark.slow

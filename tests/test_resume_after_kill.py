@@ -17,7 +17,8 @@ import time
 import pytest
 import yaml
 from rich.console import Console
-from run_fixtures import EVEN_ANSWERS_ONLY, comparable_metrics, resume_training, start_training, verifier_file
+from run_fixtures import (EVEN_ANSWERS_ONLY, comparable_metrics, metric_differences, resume_training, start_training,
+                          verifier_file)
 
 from rlvr.config import load_config
 from rlvr.demo import ensure_demo_assets
@@ -98,7 +99,8 @@ def test_an_async_run_killed_then_resumed_gives_the_uninterrupted_metrics(settin
     assert [row["rollout/groups_from"] for row in steps] == [0] + [row["rollout/groups_to"] for row in steps[:-1]]
     run_dir = root / "killed"
     _kill_and_resume(config(run_dir), run_dir, kill_after=2, delay=random.Random(2).uniform(0.0, 2.0))
-    assert comparable_metrics(run_dir) == expected
+    metrics = comparable_metrics(run_dir)
+    assert metrics == expected, metric_differences(metrics, expected)
     summary = json.loads((run_dir / "summary.json").read_text())
     reference = json.loads((root / "reference" / "summary.json").read_text())
     assert summary["eval_before"] == reference["eval_before"] and summary["eval_after"] == reference["eval_after"]
@@ -161,4 +163,5 @@ def test_one_step_off_rollouts_lag_one_version_and_sigterm_resumes_to_the_same_m
     resumed = resume_training(run_dir)  # the run folder alone (its own config.yaml), the other form
     out, _ = resumed.communicate(timeout=900)
     assert resumed.returncode == 0, out[-3000:]
-    assert comparable_metrics(run_dir) == expected
+    metrics = comparable_metrics(run_dir)
+    assert metrics == expected, metric_differences(metrics, expected)
