@@ -39,7 +39,7 @@ def test_auto_is_each_problems_own_template(tmp_path):
     stub = load_humaneval(limit=1)[0]
     (message,) = chat_messages(stub, "auto")
     assert message["content"] == TEMPLATES["code"].user.replace("{question}", stub.question)
-    assert message["content"].endswith(f"```\n{stub.question}\n```") and "boxed" not in message["content"]
+    assert message["content"].endswith(f"```python\n{stub.question}\n```") and "boxed" not in message["content"]
     assert chat_messages(stub, "plain") == [{"role": "user", "content": stub.question}]  # a name given still wins
 
 

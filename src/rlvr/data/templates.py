@@ -41,9 +41,12 @@ TEMPLATES: dict[str, Template] = {
     "gsm8k": Template("{question}\nSolve step by step, then give the final number on its own line after '####'."),
     "plain": Template("{question}"),
     # EvalPlus's instruction for chat models, with which the Qwen2.5-Coder and most code model
-    # cards report HumanEval: the stub in a fence, the answer a whole program in a fence.
+    # cards report HumanEval: the stub in a fence, the answer a whole program in a fence. EvalPlus
+    # leaves the stub's fence untagged and starts the answer with "```python" itself; with no
+    # answer prefix, a 0.5B coder copied the untagged fence and put "python" on the program's first
+    # line (111 of 164 HumanEval answers), so the fence here is tagged.
     "code": Template("Please provide a self-contained Python script that solves the following problem in a markdown "
-                     "code block:\n```\n{question}\n```"),
+                     "code block:\n```python\n{question}\n```"),
 }
 AUTO = "auto"
 DEFAULT_TEMPLATE = "boxed"  # what `auto` gives a problem that names no template of its own
