@@ -77,11 +77,8 @@ bench-setup: setup
 
 # The suite on every core (at most 3: each worker may hold two trainer ranks and an engine, in
 # 24 GB), a file per worker at a time (tests/conftest.py); then, alone, the tests marked solo.
-# The workers' runs share the cores, and OpenMP threads that spin while they wait for work
-# (libgomp's default) take them from the threads that have some: two 3-step demo-model runs at
-# once took 92 s spinning, 45 s with OMP_WAIT_POLICY=PASSIVE (one run alone: 30-35 s either way).
 TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 3 ? n : 3 )))
-PYTEST_PARALLEL := OMP_WAIT_POLICY=PASSIVE $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+PYTEST_PARALLEL := $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: setup
 	$(PYTEST_PARALLEL) --durations=25 -m "not solo" tests
 	$(BIN)/python -m pytest -q -ra -m solo tests

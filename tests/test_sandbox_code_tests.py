@@ -131,7 +131,8 @@ def test_humaneval_rows():
     first = problems[0]
     assert first.question.startswith("from typing import List\n\n\ndef has_close_elements(")
     assert first.answer.rstrip().endswith("check(has_close_elements)") and "def check(candidate):" in first.answer
-    assert first.meta == {"entry_point": "has_close_elements", "source": "humaneval", "verifier": "code"}
+    assert first.meta == {"entry_point": "has_close_elements", "source": "humaneval", "verifier": "code",
+                          "template": "code"}  # `data.template: auto` renders it with EvalPlus's code prompt
     assert len(load_problems("humaneval", limit=5)) == 5
 
 
