@@ -113,19 +113,19 @@ def main() -> None:
         gains = [r["gain_points"] for r in runs if r["demo"] == name and r["dtype"] == args.dtypes[0]]
         per_demo[name] = {"gain_min": min(gains), "gain_max": max(gains), "target_points": 100 * TARGETS[name],
                           "all_meet_target": all(g >= 100 * TARGETS[name] for g in gains)}
-        if len(args.dtypes) > 1:  # each later dtype's RL phase against the first's, seed by seed
-            for dtype in args.dtypes[1:]:
-                per_demo[name][f"rl_seconds_{dtype}_over_{args.dtypes[0]}"] = [
-                    round(other["rl_seconds"] / first["rl_seconds"], 2)
-                    for first in runs if first["demo"] == name and first["dtype"] == args.dtypes[0]
-                    for other in runs if (other["demo"], other["seed"], other["dtype"]) == (name, first["seed"], dtype)]
+        # each later dtype's RL phase over the first's, seed by seed
+        per_demo[name]["rl_seconds_over_first_dtype"] = {dtype: [
+            round(other["rl_seconds"] / first["rl_seconds"], 2)
+            for first in runs if first["demo"] == name and first["dtype"] == args.dtypes[0]
+            for other in runs if (other["demo"], other["seed"], other["dtype"]) == (name, first["seed"], dtype)]
+            for dtype in args.dtypes[1:]}
     result = {"cpu": cpu, "runs": runs, "per_demo": per_demo, "table": table(runs, cpu)} | provenance()
     write_result(args.out, result)
     print(result["table"])
     what = "; ".join(f"{name} gain {d['gain_min']:+.1f}..{d['gain_max']:+.1f} points over seeds {args.seeds} "
                      f"(target {d['target_points']:+.0f}: {'met' if d['all_meet_target'] else 'NOT met'})"
-                     + "".join(f", RL phase {key.split('_')[2]}/{args.dtypes[0]} {ratios}"
-                               for key, ratios in d.items() if key.startswith("rl_seconds_"))
+                     + "".join(f", RL phase {dtype}/{args.dtypes[0]} {ratios}"
+                               for dtype, ratios in d["rl_seconds_over_first_dtype"].items())
                      for name, d in per_demo.items())
     append_line(f"demos from scratch over seeds, {cpu}: {what}", result)
 

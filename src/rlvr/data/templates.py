@@ -53,9 +53,8 @@ DEFAULT_TEMPLATE = "boxed"  # what `auto` gives a problem that names no template
 
 
 def get_template(name_or_text: str) -> Template:
-    """The built-in template `name_or_text`, or inline text holding `{question}` as the user message."""
-    if name_or_text == AUTO:
-        return TEMPLATES[DEFAULT_TEMPLATE]
+    """The built-in template `name_or_text`, or inline text holding `{question}` as the user message
+    (`auto` is not one: `problem_template` resolves it per problem first)."""
     if name_or_text in TEMPLATES:
         return TEMPLATES[name_or_text]
     if QUESTION in name_or_text:
