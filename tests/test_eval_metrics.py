@@ -215,3 +215,31 @@ def test_evaluate_rejects_bad_inputs_before_generating(n_prompts, ids, n, ks, me
     with pytest.raises(ValueError, match=re.escape(message)):
         # No engine or scorer is needed: the checks fail before either is called.
         evaluate(None, None, problems, [[1, 2, 3]] * n_prompts, n=n, ks=ks, sampling=Sampling())
+
+
+# --- paired differences ------------------------------------------------------------------
+
+
+def test_paired_difference_by_hand():
+    from rlvr.eval.metrics import paired_difference
+
+    # three problems, two samples each; a fourth problem only the second evaluation scored
+    before = (["a", "a", "b", "b", "c", "c"], [0.0, 0.0, 1.0, 0.0, 1.0, 1.0], [None, "1", "2", "3", "4", "4"])
+    after = (["a", "a", "b", "b", "c", "c", "d", "d"], [1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0], ["5", "1", "2", "2", "4", "4", "6", "6"])
+    paired = paired_difference(before, after, [1, 2])
+    assert paired["n_problems"] == 3
+    # avg: per problem 0.5, 0.5, 0 -> mean 1/3, sd sqrt(1/12), se sqrt(1/12)/sqrt(3) = 1/6
+    assert paired["difference"]["avg@2"] == pytest.approx(1 / 3)
+    assert paired["stderr"]["avg@2"] == pytest.approx(1 / 6)
+    # pass@2: a 0 -> 1, b 1 -> 1, c 1 -> 1; maj@1 (first sample's answer): a 0 -> 1, b 1 -> 1, c 1 -> 1
+    assert paired["difference"]["pass@2"] == pytest.approx(1 / 3) and paired["difference"]["maj@1"] == pytest.approx(1 / 3)
+    # the paired error is the spread of the differences, not of the scores: equal moves give zero
+    same = paired_difference(before, (before[0], [r + 0.5 for r in before[1]], before[2]), [1])
+    assert same["difference"]["avg@1"] == pytest.approx(0.5) and same["stderr"]["avg@1"] == pytest.approx(0.0)
+
+
+def test_paired_difference_needs_shared_problems():
+    from rlvr.eval.metrics import paired_difference
+
+    with pytest.raises(ValueError, match="share no problem"):
+        paired_difference((["a"], [1.0], ["1"]), (["b"], [1.0], ["1"]), [1])

@@ -233,6 +233,7 @@ def _eval_config(model: str | None, dataset: str | None, adapter: Path | None, r
     if run is None:
         if model is None or dataset is None:
             raise ValueError("give MODEL (or --run RUN_DIR) and --dataset (or --from-rollouts FILE)")
+        from rlvr.affinity import allowed_cores
         from rlvr.models.folder import check_model_folder
 
         check_model_folder(model, key="MODEL")
@@ -241,7 +242,10 @@ def _eval_config(model: str | None, dataset: str | None, adapter: Path | None, r
         context = max_positions(model)
         # no run to say how long a prompt may be: as long as the model reads (the engine is sized to the prompts)
         data = {"train": dataset, "test": dataset} | ({"max_prompt_tokens": context} if context else {})
-        raw = {"model": {"path": model}, "data": data, "rollout": {"sampling": {"max_tokens": EVAL_MAX_TOKENS}}}
+        raw = {"model": {"path": model}, "data": data, "rollout": {"sampling": {"max_tokens": EVAL_MAX_TOKENS}},
+               # alone on the machine, the engine takes every core: the default half leaves the rest to
+               # trainer ranks, which an evaluation has not (a run's own keeps its threads, and so its samples)
+               "engine": {"num_threads": len(allowed_cores())}}
         return validate_config(raw, source="rlvr eval"), adapter
     from rlvr.checkpoint.export import export_run, open_run
 

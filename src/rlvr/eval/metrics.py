@@ -90,6 +90,48 @@ def check_ks(ks: list[int]) -> list[int]:
     return sorted(set(ks))
 
 
+
+def _samples_by_problem(
+    problem_ids: list[str], rewards: list[float], extracted: list[str | None], ks: list[int]
+) -> dict[str, list[tuple[float, str | None]]]:
+    """Each problem's (reward, extracted) samples in list order; every problem needs max(ks)."""
+    if not len(problem_ids) == len(rewards) == len(extracted):
+        raise ValueError(
+            f"problem_ids, rewards and extracted must have one entry per sample, got lengths "
+            f"{len(problem_ids)}, {len(rewards)}, {len(extracted)}"
+        )
+    if not problem_ids:
+        raise ValueError("no samples to evaluate")
+    samples: dict[str, list[tuple[float, str | None]]] = {}
+    for pid, reward, answer in zip(problem_ids, rewards, extracted):
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+            raise ValueError(f"problem {pid!r}: reward must be a finite number, got {reward!r}")
+        samples.setdefault(pid, []).append((float(reward), answer))
+    too_few = {pid: len(s) for pid, s in samples.items() if len(s) < ks[-1]}
+    if too_few:
+        pid, n = next(iter(too_few.items()))
+        raise ValueError(
+            f"@{ks[-1]} metrics need at least {ks[-1]} samples per problem; {len(too_few)} "
+            f"problem(s) have fewer, e.g. {pid!r} has {n}"
+        )
+    return samples
+
+
+def _problem_values(rows: list[tuple[float, str | None]], ks: list[int]) -> dict[str, float]:
+    """One problem's avg@k, pass@k and maj@k for each k (see the module docstring)."""
+    n = len(rows)
+    c = sum(r >= CORRECT_REWARD for r, _ in rows)
+    correct_answers = {a for r, a in rows if r >= CORRECT_REWARD and a is not None}
+    mean_reward = sum(r for r, _ in rows) / n
+    values = {}
+    for k in ks:
+        vote = majority_answer([a for _, a in rows[:k]])
+        values[f"avg@{k}"] = mean_reward
+        values[f"pass@{k}"] = pass_at_k(n, c, k)
+        values[f"maj@{k}"] = float(vote is not None and vote in correct_answers)
+    return values
+
+
 def summarize(
     problem_ids: list[str],
     rewards: list[float],
@@ -109,48 +151,22 @@ def summarize(
     "reference"}]}, where "majority" is the vote over the first max(ks) samples.
     """
     ks = check_ks(ks)
-    if not len(problem_ids) == len(rewards) == len(extracted):
-        raise ValueError(
-            f"problem_ids, rewards and extracted must have one entry per sample, got lengths "
-            f"{len(problem_ids)}, {len(rewards)}, {len(extracted)}"
-        )
-    if not problem_ids:
-        raise ValueError("no samples to evaluate")
-
-    samples: dict[str, list[tuple[float, str | None]]] = {}
-    for pid, reward, answer in zip(problem_ids, rewards, extracted):
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
-            raise ValueError(f"problem {pid!r}: reward must be a finite number, got {reward!r}")
-        samples.setdefault(pid, []).append((float(reward), answer))
-
-    too_few = {pid: len(s) for pid, s in samples.items() if len(s) < ks[-1]}
-    if too_few:
-        pid, n = next(iter(too_few.items()))
-        raise ValueError(
-            f"@{ks[-1]} metrics need at least {ks[-1]} samples per problem; {len(too_few)} "
-            f"problem(s) have fewer, e.g. {pid!r} has {n}"
-        )
+    samples = _samples_by_problem(problem_ids, rewards, extracted, ks)
 
     per_problem: dict[str, list[float]] = {f"{m}@{k}": [] for m in METRIC_NAMES for k in ks}
     table = []
     for pid, rows in samples.items():
-        n = len(rows)
-        c = sum(r >= CORRECT_REWARD for r, _ in rows)
-        correct_answers = {a for r, a in rows if r >= CORRECT_REWARD and a is not None}
-        mean_reward = sum(r for r, _ in rows) / n
-        for k in ks:
-            vote = majority_answer([a for _, a in rows[:k]])
-            per_problem[f"avg@{k}"].append(mean_reward)
-            per_problem[f"pass@{k}"].append(pass_at_k(n, c, k))
-            per_problem[f"maj@{k}"].append(float(vote is not None and vote in correct_answers))
+        values = _problem_values(rows, ks)
+        for key, value in values.items():
+            per_problem[key].append(value)
         table.append(
             {
                 "id": pid,
-                "n": n,
-                "c": c,
-                "mean_reward": mean_reward,
-                "majority": vote,  # the vote of the last (largest) k
-                "majority_correct": vote is not None and vote in correct_answers,
+                "n": len(rows),
+                "c": sum(r >= CORRECT_REWARD for r, _ in rows),
+                "mean_reward": values[f"avg@{ks[-1]}"],
+                "majority": majority_answer([a for _, a in rows[: ks[-1]]]),  # the vote of the largest k
+                "majority_correct": values[f"maj@{ks[-1]}"] == 1.0,
                 "reference": None if references is None else references.get(pid),
             }
         )
@@ -160,6 +176,39 @@ def summarize(
     summary["stderr"] = {key: _stderr(values) for key, values in per_problem.items()}
     summary["problems"] = table
     return summary
+
+
+def paired_difference(
+    before: tuple[list[str], list[float], list[str | None]],
+    after: tuple[list[str], list[float], list[str | None]],
+    ks: list[int],
+) -> dict:
+    """after - before for each metric, over the problems both evaluations scored, with the
+    paired standard error.
+
+    Each argument is an evaluation's parallel (problem_ids, rewards, extracted) lists, as
+    summarize() takes them. Per problem i, d_i = metric_i(after) - metric_i(before); the
+    difference is mean(d) and its standard error sd(d) / sqrt(P) over the P shared problems.
+    Pairing removes the spread between problems (an easy problem is easy before and after),
+    which is most of the variance of either figure alone: the paired error is smaller than
+    the two unpaired ones combined, and it is the one that says whether training moved the
+    score (Miller 2024, "Adding Error Bars to Evals", arXiv:2411.00640, section 4).
+
+    Returns {"n_problems": P, "difference": {metric: mean d}, "stderr": {metric: se or None}}.
+    """
+    ks = check_ks(ks)
+    first = {pid: _problem_values(rows, ks) for pid, rows in _samples_by_problem(*before, ks).items()}
+    second = {pid: _problem_values(rows, ks) for pid, rows in _samples_by_problem(*after, ks).items()}
+    shared = [pid for pid in first if pid in second]
+    if not shared:
+        raise ValueError("the two evaluations share no problem to pair")
+    keys = [f"{m}@{k}" for m in METRIC_NAMES for k in ks]
+    deltas = {key: [second[pid][key] - first[pid][key] for pid in shared] for key in keys}
+    return {
+        "n_problems": len(shared),
+        "difference": {key: sum(d) / len(d) for key, d in deltas.items()},
+        "stderr": {key: _stderr(d) for key, d in deltas.items()},
+    }
 
 
 def flat_eval_metrics(summary: dict, prefix: str) -> dict[str, float]:

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rlvr.eval.metrics import summarize
+from rlvr.eval.metrics import paired_difference, summarize
 
 
 @dataclass(frozen=True)
@@ -141,3 +141,11 @@ def summarize_rows(rows: list[SampleRow], ks: list[int]) -> dict:
 def metrics_from_rollouts(path: str | Path, ks: list[int]) -> dict:
     """Recompute avg@k / pass@k / maj@k (with standard errors) from a saved sample file."""
     return summarize_rows(read_samples(path), ks)
+
+
+def paired_rows(before: list[SampleRow], after: list[SampleRow], ks: list[int]) -> dict:
+    """paired_difference() of two evaluations' sample rows (after - before, paired by problem)."""
+    def columns(rows: list[SampleRow]) -> tuple[list[str], list[float], list[str | None]]:
+        return [r.problem_id for r in rows], [r.reward for r in rows], [r.extracted for r in rows]
+
+    return paired_difference(columns(before), columns(after), ks)

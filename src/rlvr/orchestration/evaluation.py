@@ -52,6 +52,8 @@ class Evaluation:
                 ks=self.cfg.eval.k, sampling=held_out_sampling(self.cfg.eval, self.cfg.rollout.sampling, self.cfg.seed), samples_path=str(self.folder / f"{tag}.jsonl"),
                 progress=self.progress,
             )
+        if tag == "after" and (self.folder / "before.jsonl").is_file():
+            result["paired"] = self._paired()
         if self.train_set is not None and tag == "after":
             result["unseen"] = self._unseen()
         (self.folder / f"{tag}.json").write_text(json.dumps(result, indent=2))
@@ -64,15 +66,26 @@ class Evaluation:
         k = max(self.cfg.eval.k)
         self.log(f"eval {tag}: avg@{k} {headline[f'avg@{k}']:.3f}  pass@{k} {headline[f'pass@{k}']:.3f}  "
                  f"maj@{k} {headline[f'maj@{k}']:.3f}  ({result['n_problems']} problems x {self.cfg.eval.n})")
+        if paired := result.get("paired"):
+            headline |= {f"paired/{key}": round(value, 4) for key, value in paired["difference"].items()}
+            figures = "  ".join(f"{key} {paired['difference'][key]:+.3f}" + _spread(paired["stderr"][key])
+                                for key in (f"avg@{k}", f"pass@{k}", f"maj@{k}"))
+            self.log(f"  after - before, paired over the same {paired['n_problems']} problems: {figures}")
         if unseen := result.get("unseen"):
             for when, figures in unseen.items():
                 headline |= {f"unseen_{when}/{key}": round(float(figures[key]), 4) for key in keys if key in figures}
             before = f"{headline[f'unseen_before/avg@{k}']:.3f} -> " if "before" in unseen else ""
-            stderr = unseen["after"]["stderr"].get(f"avg@{k}")  # None where too few problems give one
-            spread = "" if stderr is None else f" ± {stderr:.3f}"
+            spread = _spread(unseen["after"]["stderr"].get(f"avg@{k}"))
             self.log(f"  on the {unseen['after']['n_problems']} test problems never drawn for training: avg@{k} {before}"
                      f"{headline[f'unseen_after/avg@{k}']:.3f}{spread}")
         return headline
+
+    def _paired(self) -> dict:
+        """after - before on the problems both evaluations scored, with paired standard errors."""
+        from rlvr.eval.rollouts_file import paired_rows, read_samples
+
+        return paired_rows(read_samples(self.folder / "before.jsonl"), read_samples(self.folder / "after.jsonl"),
+                           self.cfg.eval.k)
 
     def _unseen(self) -> dict:
         """The before and after metrics on the test problems whose prompt equals no training
@@ -88,3 +101,8 @@ class Evaluation:
             if rows:
                 out[when] = {key: value for key, value in summarize_rows(rows, self.cfg.eval.k).items() if key != "problems"}
         return out if "after" in out else {}
+
+
+def _spread(stderr: float | None) -> str:
+    """" ± se", or nothing where too few problems give a standard error."""
+    return "" if stderr is None else f" ± {stderr:.3f}"
