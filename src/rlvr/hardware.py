@@ -37,6 +37,8 @@ from pathlib import Path
 
 import torch
 
+from rlvr.cache import cache_root
+
 _NATIVE_BF16_CPU = (("amx_bf16", "AMX"), ("avx512_bf16", "AVX512-BF16"))
 
 
@@ -105,7 +107,7 @@ class CpuRates:
 
 def cpu_rates_cache() -> Path:
     """Where `cpu_rates` keeps what it measured: $XDG_CACHE_HOME (default ~/.cache)/rlvr/cpu_rates.json."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlvr" / "cpu_rates.json"
+    return cache_root() / "cpu_rates.json"
 
 
 def cpu_rates(threads: int, cache: Path | None = None) -> CpuRates:

