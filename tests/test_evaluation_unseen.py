@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rlvr.config import RunConfig
-from rlvr.eval.rollouts_file import SampleRow, summarize_rows, write_samples
+from rlvr.eval.rollouts_file import SampleRow, read_samples, summarize_rows, write_samples
 from rlvr.orchestration.evaluation import Evaluation
 from rlvr.records import Problem
 from rlvr.rollout.prompts import PromptSet
@@ -67,3 +67,21 @@ def test_the_headline_of_a_single_unseen_problem_has_no_standard_error(tmp_path)
     headline = evaluation._headline("after", result)
     assert headline["unseen_after/avg@1"] == 0.0
     assert lines[-1] == "  on the 1 test problems never drawn for training: avg@1 0.000 -> 0.000"
+
+
+def test_the_after_evaluation_pairs_its_problems_with_the_before_one(tmp_path):
+    """after - before per problem, from the two sample files: the headline's paired/* figures
+    and the log line the run ends with."""
+    cfg = RunConfig.model_validate({"run_dir": str(tmp_path), "model": {"path": "m"}, "data": {"train": "t"},
+                                    "eval": {"n": 2, "k": [2]}})
+    lines = []
+    evaluation = Evaluation(cfg, None, None, _prompt_set([[1], [2], [3]], "t"), StepTimer(), log=lines.append)
+    rewards = {"before": [0, 0, 1, 0, 1, 1], "after": [1, 0, 1, 1, 1, 1]}  # per problem +0.5, +0.5, 0
+    for when, values in rewards.items():
+        write_samples(tmp_path / "eval" / f"{when}.jsonl", [SampleRow(problem_id=f"t{i // 2}", reward=r, extracted=str(r),
+                                                                      sample=i % 2, answer="1") for i, r in enumerate(values)])
+    after = read_samples(tmp_path / "eval" / "after.jsonl")
+    result = summarize_rows(after, [2]) | {"paired": evaluation._paired()}
+    headline = evaluation._headline("after", result)
+    assert headline["paired/avg@2"] == round(1 / 3, 4) and headline["paired/stderr/avg@2"] == round(1 / 6, 4)
+    assert lines[-1].startswith("  after - before, paired over the same 3 problems: avg@2 +0.333 ± 0.167")

@@ -361,7 +361,9 @@ def _print_summary(summary: dict, cfg, report: Path, logs: bool) -> None:
     k = max(cfg.eval.k)
     for key in [f"{m}@{k}" for m in ("avg", "pass", "maj") if f"{m}@{k}" in after and f"{m}@{k}" in before]:
         change = after[key] - before[key]
-        console.print(f"held-out {key}: {before[key]:.3f} -> {after[key]:.3f} ({change * 100:+.1f} points)", highlight=False)
+        paired = after.get(f"paired/stderr/{key}")  # the same problems before and after: the error of the change
+        spread = "" if paired is None else f" ± {paired * 100:.1f}, paired standard error"
+        console.print(f"held-out {key}: {before[key]:.3f} -> {after[key]:.3f} ({change * 100:+.1f} points{spread})", highlight=False)
     unseen = (f"unseen_before/avg@{k}", f"unseen_after/avg@{k}")
     if all(key in after for key in unseen):  # some test prompts were also training prompts
         console.print(f"  on the test problems never drawn for training: {after[unseen[0]]:.3f} -> {after[unseen[1]]:.3f} "

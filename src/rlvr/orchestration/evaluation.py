@@ -68,6 +68,7 @@ class Evaluation:
                  f"maj@{k} {headline[f'maj@{k}']:.3f}  ({result['n_problems']} problems x {self.cfg.eval.n})")
         if paired := result.get("paired"):
             headline |= {f"paired/{key}": round(value, 4) for key, value in paired["difference"].items()}
+            headline |= {f"paired/stderr/{key}": round(se, 4) for key, se in paired["stderr"].items() if se is not None}
             figures = "  ".join(f"{key} {paired['difference'][key]:+.3f}" + _spread(paired["stderr"][key])
                                 for key in (f"avg@{k}", f"pass@{k}", f"maj@{k}"))
             self.log(f"  after - before, paired over the same {paired['n_problems']} problems: {figures}")
