@@ -33,9 +33,9 @@ ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = {"humaneval": 768, "gsm8k": 2048, "math500": 2048}
 
 # The makers' figures, pass@1 greedy: HumanEval from the Qwen2.5-Coder technical report's instruct
-# table (arXiv 2409.12186). The report's math table for the instruct models could not be read
-# offline; None where no figure for that model was found (docs/real_models.md says which sibling's
-# figure stands beside it).
+# table (arXiv 2409.12186), as a third-party model index transcribes it. The report's math table
+# for the instruct models could not be read offline; None where no figure for that model was found
+# (docs/real_models.md says which sibling's figure stands beside it).
 PUBLISHED = {
     ("0.5b", "humaneval"): 0.616,
     ("1.5b", "humaneval"): 0.707,
