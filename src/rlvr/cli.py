@@ -353,9 +353,10 @@ def _run(cfg, resume: bool = False, verbose: bool = False, prepare=None) -> None
 
 
 def _print_summary(summary: dict, cfg, report: Path, logs: bool) -> None:
-    steps = summary.get("stopped_after_step", summary["steps"])
+    last, first = summary.get("stopped_after_step", summary["steps"]), summary.get("resumed_after_step", 0)
+    steps = f"{last - first} steps" + (f" after resuming at step {first}" if first else "")
     lora = f"LoRA r{summary['lora_rank']}" if summary.get("lora_rank") else "full fine-tuning"
-    console.print(f"done: {steps} steps in {summary['wall_seconds']:.0f} s (engine {summary.get('engine')}, "
+    console.print(f"done: {steps} in {summary['wall_seconds']:.0f} s (engine {summary.get('engine')}, "
                   f"{summary.get('trainer_ranks')} trainer ranks, {summary.get('base_format')} base, {lora})", highlight=False)
     before, after = summary.get("eval_before") or {}, summary.get("eval_after") or {}
     k = max(cfg.eval.k)

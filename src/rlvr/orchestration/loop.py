@@ -99,6 +99,7 @@ def _begin(run: Run, summary: dict) -> tuple[RunState, StepRollouts | None]:
         run.sampler.position = state.data_position
         run.logger.truncate_after(state.step, redone="eval_after/")  # a run killed in its final eval does it again
         run.log(f"resuming from {run.resume_from} (step {state.step})")
+        summary["resumed_after_step"] = state.step
         in_flight = run.resume_from / "rollout_adapter"
         if run.collector.stream is not None:
             saved = run.checkpoints.saved_rollouts(run.resume_from)
