@@ -38,7 +38,7 @@ def test_after_evaluation_reports_before_and_after_on_the_test_problems_never_dr
     for when, when_rows in rows.items():
         write_samples(tmp_path / "eval" / f"{when}.jsonl", when_rows)
 
-    unseen = evaluation._unseen()
+    unseen = evaluation._unseen(evaluation._saved_rows())
 
     ids = {p.id for p, prompt in zip(test.problems, test.prompts) if tuple(prompt) not in drawn}
     assert 3 <= len(ids) < 5  # the draw took at least one of t1, t2
@@ -62,7 +62,7 @@ def test_the_headline_of_a_single_unseen_problem_has_no_standard_error(tmp_path)
     rows = [SampleRow(problem_id=f"t{i}", reward=r, extracted=str(r), sample=0, answer="1") for i, r in enumerate([1, 0])]
     for when in ("before", "after"):
         write_samples(tmp_path / "eval" / f"{when}.jsonl", rows)
-    result = summarize_rows(rows, [1]) | {"unseen": evaluation._unseen()}
+    result = summarize_rows(rows, [1]) | {"unseen": evaluation._unseen(evaluation._saved_rows())}
     assert result["unseen"]["after"]["n_problems"] == 1 and result["unseen"]["after"]["stderr"]["avg@1"] is None
     headline = evaluation._headline("after", result)
     assert headline["unseen_after/avg@1"] == 0.0
@@ -81,7 +81,7 @@ def test_the_after_evaluation_pairs_its_problems_with_the_before_one(tmp_path):
         write_samples(tmp_path / "eval" / f"{when}.jsonl", [SampleRow(problem_id=f"t{i // 2}", reward=r, extracted=str(r),
                                                                       sample=i % 2, answer="1") for i, r in enumerate(values)])
     after = read_samples(tmp_path / "eval" / "after.jsonl")
-    result = summarize_rows(after, [2]) | {"paired": evaluation._paired()}
+    result = summarize_rows(after, [2]) | {"paired": evaluation._paired(evaluation._saved_rows())}
     headline = evaluation._headline("after", result)
     assert headline["paired/avg@2"] == round(1 / 3, 4) and headline["paired/stderr/avg@2"] == round(1 / 6, 4)
     assert lines[-1].startswith("  after - before, paired over the same 3 problems: avg@2 +0.333 ± 0.167")

@@ -52,10 +52,12 @@ class Evaluation:
                 ks=self.cfg.eval.k, sampling=held_out_sampling(self.cfg.eval, self.cfg.rollout.sampling, self.cfg.seed), samples_path=str(self.folder / f"{tag}.jsonl"),
                 progress=self.progress,
             )
-        if tag == "after" and (self.folder / "before.jsonl").is_file():
-            result["paired"] = self._paired()
-        if self.train_set is not None and tag == "after":
-            result["unseen"] = self._unseen()
+        if tag == "after":  # both evaluations' samples, read once for the pairing and the unseen split
+            saved = self._saved_rows()
+            if "before" in saved:
+                result["paired"] = self._paired(saved)
+            if self.train_set is not None:
+                result["unseen"] = self._unseen(saved)
         (self.folder / f"{tag}.json").write_text(json.dumps(result, indent=2))
         return self._headline(tag, result)
 
@@ -69,9 +71,9 @@ class Evaluation:
         if paired := result.get("paired"):
             headline |= {f"paired/{key}": round(value, 4) for key, value in paired["difference"].items()}
             headline |= {f"paired/stderr/{key}": round(se, 4) for key, se in paired["stderr"].items() if se is not None}
-            figures = "  ".join(f"{key} {paired['difference'][key]:+.3f}" + _spread(paired["stderr"][key])
+            changes = "  ".join(f"{key} {paired['difference'][key]:+.3f}" + _spread(paired["stderr"][key])
                                 for key in (f"avg@{k}", f"pass@{k}", f"maj@{k}"))
-            self.log(f"  after - before, paired over the same {paired['n_problems']} problems: {figures}")
+            self.log(f"  after - before, paired over the same {paired['n_problems']} problems: {changes}")
         if unseen := result.get("unseen"):
             for when, figures in unseen.items():
                 headline |= {f"unseen_{when}/{key}": round(float(figures[key]), 4) for key in keys if key in figures}
@@ -81,28 +83,32 @@ class Evaluation:
                      f"{headline[f'unseen_after/avg@{k}']:.3f}{spread}")
         return headline
 
-    def _paired(self) -> dict:
+    def _saved_rows(self) -> dict:
+        """{"before": rows, "after": rows}: the saved samples of those evaluations that ran."""
+        from rlvr.eval.rollouts_file import read_samples
+
+        paths = {when: self.folder / f"{when}.jsonl" for when in ("before", "after")}
+        return {when: read_samples(path) for when, path in paths.items() if path.is_file()}
+
+    def _paired(self, saved: dict) -> dict:
         """after - before on the problems both evaluations scored, with paired standard errors."""
-        from rlvr.eval.rollouts_file import paired_rows, read_samples
+        from rlvr.eval.rollouts_file import paired_rows
 
-        return paired_rows(read_samples(self.folder / "before.jsonl"), read_samples(self.folder / "after.jsonl"),
-                           self.cfg.eval.k)
+        return paired_rows(saved["before"], saved["after"], self.cfg.eval.k)
 
-    def _unseen(self) -> dict:
+    def _unseen(self, saved: dict) -> dict:
         """The before and after metrics on the test problems whose prompt equals no training
         prompt drawn in the run, from the evaluations' saved samples ({} when all were drawn)."""
-        from rlvr.eval.rollouts_file import read_samples, summarize_rows
+        from rlvr.eval.rollouts_file import summarize_rows
 
         drawn = {tuple(self.train_set.prompts[i]) for i in self.sampler.drawn()}
         unseen = {p.id for p, prompt in zip(self.test_set.problems, self.test_set.prompts) if tuple(prompt) not in drawn}
         out = {}
-        for when in ("before", "after"):
-            path = self.folder / f"{when}.jsonl"
-            rows = [row for row in read_samples(path) if row.problem_id in unseen] if path.is_file() else []
+        for when, all_rows in saved.items():
+            rows = [row for row in all_rows if row.problem_id in unseen]
             if rows:
                 out[when] = {key: value for key, value in summarize_rows(rows, self.cfg.eval.k).items() if key != "problems"}
         return out if "after" in out else {}
-
 
 def _spread(stderr: float | None) -> str:
     """" ± se", or nothing where too few problems give a standard error."""
