@@ -18,6 +18,13 @@ from safetensors.torch import load_file
 from rlvr.config import load_config
 from rlvr.demo import ensure_demo_assets
 
+# One engine thread in the tests' runs. `make test` runs two files at once on the machine's
+# cores, and vLLM's OpenMP threads wait for each other at every op: where the other file's
+# processes hold one of a 2-thread engine's cores, each op waits out their time slice. The
+# one-step-off reference run of test_resume_after_kill beside a 2-core load: 182 s with the
+# demo's 2 engine threads, 75 s with 1 (generation 58 s -> 6 s in its first step).
+TEST_ENGINE_THREADS = 1
+
 # A reward that varies between samples even for an untrained model, so every step's adapter moves.
 DIGIT_SHARE = '''
 def digit_share(response, answer):
@@ -57,6 +64,7 @@ def small_config(root: Path, name: str, steps: int, reward: str | dict | None = 
     cfg["demo"]["warm_start"].update(steps=0)
     cfg["demo"]["task"].update(train_size=32, test_size=4)
     cfg["trainer"]["ranks"] = 1
+    cfg["engine"]["num_threads"] = TEST_ENGINE_THREADS
     # float32, not the default auto: these runs check equalities to float32 rounding (a resumed run's
     # metrics line for line, the engine's logprobs against the trainer's within 1e-3)
     cfg["model"]["dtype"] = "float32"

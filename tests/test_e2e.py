@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from rlvr.hardware import compute_dtype
+from run_fixtures import TEST_ENGINE_THREADS
 
 
 @pytest.mark.slow
@@ -23,6 +24,7 @@ def test_demo_pipeline_runs_two_steps_and_writes_its_records(tmp_path):
     cfg["demo"]["warm_start"].update(steps=20, check=None)  # a fixed, unchecked warm start: the test is about the pipeline
     cfg["demo"]["task"].update(train_size=64, test_size=8)
     cfg["tracking"] = {"progress": False}
+    cfg["engine"]["num_threads"] = TEST_ENGINE_THREADS
     path = tmp_path / "demo.yaml"
     path.write_text(yaml.safe_dump(cfg))
 
@@ -75,6 +77,7 @@ def test_rlvr_eval_on_a_builtin_set_through_the_real_engine(tmp_path):
     out = tmp_path / "gsm8k.json"
     done = subprocess.run(
         [sys.executable, "-m", "rlvr.cli", "eval", str(model), "--dataset", "gsm8k", "--limit", "3", "--n", "4",
+         "--threads", str(TEST_ENGINE_THREADS),
          "--k", "1,4", "--max-tokens", "16", "--out", str(out)],
         capture_output=True, text=True, timeout=600,
     )
@@ -99,6 +102,7 @@ def test_rlvr_eval_on_a_builtin_set_through_the_real_engine(tmp_path):
     problems = tmp_path / "sums.jsonl"
     problems.write_text("".join(json.dumps({"question": f"{a}+{a}=?", "answer": str(2 * a)}) + "\n" for a in range(3)))
     done = subprocess.run([sys.executable, "-m", "rlvr.cli", "eval", str(short), "--dataset", str(problems), "--n", "1",
+                           "--threads", str(TEST_ENGINE_THREADS),
                            "--k", "1", "--out", str(tmp_path / "short.json")],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -123,6 +127,7 @@ def test_rlvr_eval_serves_a_4bit_folder_as_training_does(tmp_path, base_format):
         out = tmp_path / f"{name}.json"
         done = subprocess.run(
             [sys.executable, "-m", "rlvr.cli", "eval", str(folder), "--dataset", "gsm8k", "--limit", "2", "--n", "2",
+             "--threads", str(TEST_ENGINE_THREADS),
              "--k", "1,2", "--max-tokens", "8", "--out", str(out)], capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         samples[name] = out.with_suffix(".samples.jsonl").read_text()

@@ -17,8 +17,8 @@ import time
 import pytest
 import yaml
 from rich.console import Console
-from run_fixtures import (EVEN_ANSWERS_ONLY, comparable_metrics, metric_differences, resume_training, start_training,
-                          verifier_file)
+from run_fixtures import (EVEN_ANSWERS_ONLY, TEST_ENGINE_THREADS, comparable_metrics, metric_differences, resume_training,
+                          start_training, verifier_file)
 
 from rlvr.config import load_config
 from rlvr.demo import ensure_demo_assets
@@ -56,6 +56,7 @@ def _setting(root, changes: dict, steps: int = STEPS, assets=None):
     root.mkdir(parents=True, exist_ok=True)
     cfg["reward"]["verifier"] = verifier_file(root, EVEN_ANSWERS_ONLY)
     cfg["tracking"] = {"progress": False}
+    cfg["engine"]["num_threads"] = TEST_ENGINE_THREADS
     cfg["model"]["dtype"] = "float32"  # the resumed run's metrics must equal the uninterrupted run's, line for line
     for section, values in changes.items():
         if section != "checkpoint":

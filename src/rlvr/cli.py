@@ -178,6 +178,10 @@ def eval_command(
     limit: Optional[int] = typer.Option(None, "--limit", help="only the first N problems (default: the run's eval.max_problems)"),
     backend: Optional[str] = typer.Option(None, "--backend", help="vllm | hf (default: the run's engine.backend, else vllm)"),
     kv_cache_gb: Optional[float] = typer.Option(None, "--kv-cache-gb", help="vLLM KV-cache size (CPU memory on CPU)"),
+    threads: Optional[int] = typer.Option(
+        None, "--threads", help="CPU threads the engine computes with (default: the run's engine.num_threads, else "
+        "every core this process may use)"
+    ),
     seed: Optional[int] = typer.Option(None, "--seed", help="default: the run's seed"),
     from_rollouts: Optional[Path] = typer.Option(None, "--from-rollouts", help="recompute metrics from saved samples"),
     out: Optional[Path] = typer.Option(None, "--out", help="write the metrics JSON here"),
@@ -193,7 +197,7 @@ def eval_command(
         overrides = {"data.test": dataset, "data.template": template, "eval.n": n, "eval.k": _ks(k) if k else None,
                      "eval.temperature": temperature, "rollout.sampling.max_tokens": max_tokens,
                      "reward.verifier": verifier, "eval.max_problems": limit, "engine.backend": backend,
-                     "engine.kv_cache_gb": kv_cache_gb, "seed": seed}
+                     "engine.kv_cache_gb": kv_cache_gb, "engine.num_threads": threads, "seed": seed}
         raw = cfg.model_dump()
         for key, value in overrides.items():
             if value is not None:
