@@ -36,6 +36,14 @@ def test_last_python_block():
     assert last_python_block("- step:\n  ```Python3\n  def f():\n      return 1\n  ```") == "def f():\n    return 1\n"
     assert last_python_block("```python\nx = 1\n```\n```python\ncut off") == "x = 1\n"
     assert last_python_block("no fences") is None and last_python_block("```python\nnever closed") is None
+    # a fence closes only on a line of backticks alone; a markdown block is read for its own blocks,
+    # the markdown block's end closing the ```python fence it wraps (as small models write it)
+    wrapped = "```markdown\n```python\ndef f():\n    return 1\n```"
+    assert last_python_block(wrapped) == "def f():\n    return 1\n"
+    assert last_python_block(wrapped + "\n```") == "def f():\n    return 1\n"  # both fences closed: the same
+    assert last_python_block("```md\n```py\nx = 3\n```\n```python\ncut off") == "x = 3\n"
+    assert last_python_block("```markdown\n# a title, no code\n```") is None
+    assert last_python_block("```text\n```python\nx = 1\n```") is None  # only markdown blocks are read through
 
 
 def test_reward_formula():

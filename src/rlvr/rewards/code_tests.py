@@ -3,7 +3,11 @@
 Rules:
 - The program is the last fenced code block tagged `python`, `py` or `python3` (any case);
   without one, the last untagged block; without either, status "no_answer". Only closed
-  fences count (a completion cut off inside its block has no program).
+  fences count (a completion cut off inside its block has no program), and as in CommonMark a
+  fence closes only on a line of backticks alone: "```python" after "```markdown" opens nothing
+  new. A block tagged `markdown` or `md` is read for its own blocks, a fence left open inside it
+  closing where it ends: small models asked for "a markdown code block" often wrap the ```python
+  block in one ("```markdown", "```python", the program, "```").
 - The reference is Python test code (assert statements, a `check(candidate)` and its call,
   ...). It runs after the program in the same namespace, in one fresh sandbox per response
   (`code_tests_harness.py` runs both there; this process only reads strings).
@@ -41,22 +45,34 @@ from rlvr.sandbox import SandboxPool, SandboxResult, SandboxUnavailable
 
 HARNESS = (resources.files("rlvr.rewards") / "code_tests_harness.py").read_text()
 PYTHON_TAGS = ("python", "py", "python3")
+MARKDOWN_TAGS = ("markdown", "md")
 SANDBOX_MARGIN_S = 5.0  # start-up and clean-up of one run, beyond its wall-clock limit
 _log = logging.getLogger(__name__)
-_FENCE = re.compile(r"^[ \t]*```[ \t]*([\w.+-]*)[^\n]*\n(.*?)^[ \t]*```", re.MULTILINE | re.DOTALL)
+_FENCE = re.compile(r"^[ \t]*```[ \t]*([\w.+-]*)[^\n]*\n(.*?)^[ \t]*```[ \t]*$", re.MULTILINE | re.DOTALL)
 
 
 def last_python_block(response: str) -> str | None:
     """The program in `response` (rules in the module doc), dedented, or None."""
-    tagged, untagged = None, None
-    for match in _FENCE.finditer(response):
-        tag = match.group(1).lower()
-        if tag in PYTHON_TAGS:
-            tagged = match.group(2)
-        elif not tag:
-            untagged = match.group(2)
+    tagged, untagged = _blocks(response)
     block = tagged if tagged is not None else untagged
     return None if block is None else textwrap.dedent(block)
+
+
+def _blocks(text: str) -> tuple[str | None, str | None]:
+    """The last python-tagged and the last untagged block of `text`, markdown blocks read through."""
+    tagged, untagged = None, None
+    for match in _FENCE.finditer(text):
+        tag, body = match.group(1).lower(), match.group(2)
+        if tag in PYTHON_TAGS:
+            tagged = body
+        elif tag in MARKDOWN_TAGS:
+            # the markdown block's end closes a fence left open inside it, as a container's end does
+            inner_tagged, inner_untagged = _blocks(textwrap.dedent(body) + "```\n")
+            tagged = inner_tagged if inner_tagged is not None else tagged
+            untagged = inner_untagged if inner_untagged is not None else untagged
+        elif not tag:
+            untagged = body
+    return tagged, untagged
 
 
 def sandbox_config(options: dict) -> SandboxConfig:
