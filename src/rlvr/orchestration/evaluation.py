@@ -72,7 +72,7 @@ class Evaluation:
             headline |= {f"paired/{key}": round(value, 4) for key, value in paired["difference"].items()}
             headline |= {f"paired/stderr/{key}": round(se, 4) for key, se in paired["stderr"].items() if se is not None}
             changes = "  ".join(f"{key} {paired['difference'][key]:+.3f}" + _spread(paired["stderr"][key])
-                                for key in (f"avg@{k}", f"pass@{k}", f"maj@{k}"))
+                                 for key in (f"avg@{k}", f"pass@{k}", f"maj@{k}"))
             self.log(f"  after - before, paired over the same {paired['n_problems']} problems: {changes}")
         if unseen := result.get("unseen"):
             for when, figures in unseen.items():
@@ -109,6 +109,7 @@ class Evaluation:
             if rows:
                 out[when] = {key: value for key, value in summarize_rows(rows, self.cfg.eval.k).items() if key != "problems"}
         return out if "after" in out else {}
+
 
 def _spread(stderr: float | None) -> str:
     """" ± se", or nothing where too few problems give a standard error."""
