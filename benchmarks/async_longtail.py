@@ -23,7 +23,7 @@ so the same number of trained groups. Everything else is the same config.
   step i trains, as the stream overlaps them.
 
 `--split-cores` runs both modes on a split placement of this machine's cores
-(rlvr.orchestration.cpu_split): `placement.colocate: false` with `placement.engine_cpus` half of
+(rlvr.planning.cpu_split): `placement.colocate: false` with `placement.engine_cpus` half of
 the cores this process may use (at least one), the controller and its engine there with a thread
 per core, and one trainer rank on the rest (the model fits one rank; two ranks on one core would
 take turns). On a 2-core machine: the engine on core 0, the rank on core 1.

@@ -80,7 +80,7 @@ def adapter_change_rms(adapter) -> float:
 def measure(cfg, steps: int, log) -> dict:
     """The first `steps` RL steps of `cfg`'s run, gaps recorded as the module docstring says."""
     from rlvr.engines.base import score_each
-    from rlvr.orchestration.architecture import planned_dtype
+    from rlvr.planning.architecture import planned_dtype
     from rlvr.orchestration.builders import build_run
     from rlvr.sync.check import logprob_gap, probe_inputs
 

@@ -15,7 +15,7 @@ Four parts, each recorded (figures, or the error and its traceback) whether or n
    The NVFP4 part also records that the packed base went through this torch's FSDP2 (its packed
    parameters DTensors, none an integer tensor: torch 2.11 refused those, and no rank may hold
    the whole base), and sets the measured step against the plan's estimate of the same step at
-   the device's nominal peak (rlvr.orchestration.step_time's train compute, from the mean prompt
+   the device's nominal peak (rlvr.planning.step_time's train compute, from the mean prompt
    and completion lengths): the achieved TFLOP/s and their share of the peak;
 4. RL steps: `rlvr train` on that NVFP4 model, the transformers engine on the same GPU (vLLM is
    not carried), LoRA, a reward that varies between samples of an untrained model: step time,
@@ -184,8 +184,8 @@ def trainer_spec(model_dir: Path, dtype: str, steps: int):
 
 
 def gpu_kind() -> str | None:
-    """This device's entry in rlvr.orchestration.accelerators, from its name (None: not there)."""
-    from rlvr.orchestration.accelerators import ACCELERATORS
+    """This device's entry in rlvr.planning.accelerators, from its name (None: not there)."""
+    from rlvr.planning.accelerators import ACCELERATORS
 
     name = torch.cuda.get_device_name().lower().replace(" ", "") if torch.cuda.is_available() else ""
     return next((k for k in ACCELERATORS if k in name), None)
@@ -194,9 +194,9 @@ def gpu_kind() -> str | None:
 def planned_train_seconds(model_dir: Path, dtype: str, batch, kind: str) -> tuple[float, float]:
     """The plan's train compute for this batch on a `kind` GPU (mean lengths), and its peak FLOP/s."""
     from rlvr.config import load_config
-    from rlvr.orchestration.accelerators import ACCELERATORS
-    from rlvr.orchestration.architecture import read_architecture
-    from rlvr.orchestration.step_time import step_time
+    from rlvr.planning.accelerators import ACCELERATORS
+    from rlvr.planning.architecture import read_architecture
+    from rlvr.planning.step_time import step_time
 
     prompt = round(statistics.mean(len(p) for p in batch.prompt_ids))
     completion = round(statistics.mean(len(c) for c in batch.completion_ids))

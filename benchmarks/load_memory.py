@@ -101,7 +101,7 @@ def write_checkpoint(out: Path) -> Path:
 
     from rlvr.models.moe import expert_projections, moe_layers
     from rlvr.quant.checkpoint import nvfp4_quantization_config
-    from rlvr.quant.hub_layout import disk_name, expert_pieces
+    from rlvr.models.hub_layout import disk_name, expert_pieces
     from rlvr.quant.nvfp4 import GROUP_SIZE
 
     if (out / "config.json").is_file():

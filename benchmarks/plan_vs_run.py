@@ -8,7 +8,7 @@ that ran it:
   warms up: vLLM's first batches, the ranks' first allocations). time/sync holds the sync
   probe's two forwards on the steps that ran it (the first push, engine.sync_check_every);
   they are counted apart where some steps ran without it.
-- predicted: rlvr.orchestration.step_time, the formulas `--dry-run` prints, at the rates
+- predicted: rlvr.planning.step_time, the formulas `--dry-run` prints, at the rates
   rlvr.hardware.cpu_rates measured (cached) on the threads the run computed with, but at each
   step's own lengths rather than the config's longest step: its prompts (replayed from the
   sampler as the run drew them, benchmarks/_flops.py) at their mean length, its completions
@@ -61,7 +61,7 @@ def merge_seconds(cfg, arch, threads: int) -> float:
     from rlvr.engines import served_model_path
     from rlvr.engines.lora_merge import merged_weights
     from rlvr.engines.lora_targets import engine_lora_targets
-    from rlvr.orchestration.architecture import planned_dtype
+    from rlvr.planning.architecture import planned_dtype
 
     lora = cfg.trainer.lora
     linears = arch.attention_linears() | arch.mlp_linears(arch.intermediate_size)
@@ -93,8 +93,8 @@ def merge_seconds(cfg, arch, threads: int) -> float:
 def compare(run_dir: Path) -> dict:
     from rlvr.config import load_config
     from rlvr.hardware import cpu_rates, matmul_flops
-    from rlvr.orchestration.architecture import planned_dtype, read_architecture
-    from rlvr.orchestration.step_time import step_time
+    from rlvr.planning.architecture import planned_dtype, read_architecture
+    from rlvr.planning.step_time import step_time
 
     cfg = load_config(run_dir / "config.yaml")
     if cfg.placement.gpus_per_node:

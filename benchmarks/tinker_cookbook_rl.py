@@ -105,7 +105,7 @@ def planned(config: Path, model: str, rank: int) -> tuple[float, float, str]:
     """The plan's estimate for the served model: (one trainer rank, all its processes together, the compute dtype)."""
     from rlvr.config import ServeConfig, load_config
     from rlvr.hardware import compute_dtype, local_device
-    from rlvr.orchestration.plan import all_devices_bytes, make_plan
+    from rlvr.planning.plan import all_devices_bytes, make_plan
     from rlvr.serve.model import served_run
 
     run = served_run(model, rank, load_config(config, schema=ServeConfig), log=lambda *_: None)

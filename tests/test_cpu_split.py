@@ -13,7 +13,7 @@ import pytest
 from rlvr.affinity import allowed_cores, core_list, pinned, process_cores
 from rlvr.config import ConfigError, load_config
 from rlvr.orchestration.builders import place_on_cores
-from rlvr.orchestration.cpu_split import cpu_split
+from rlvr.planning.cpu_split import cpu_split
 from run_fixtures import DIGIT_SHARE, small_config, train
 
 DEMO = "configs/demo.yaml"

@@ -11,7 +11,7 @@ import pytest
 from rlvr.config import EnvConfig, load_config
 from rlvr.models.tiny import build_char_tokenizer, build_tiny_model
 from rlvr.orchestration.builders import sized_engine
-from rlvr.orchestration.plan import PlanError, make_plan
+from rlvr.planning.plan import PlanError, make_plan
 from rlvr.rollout.prompts import context_length, load_prompt_set
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

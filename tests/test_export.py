@@ -18,7 +18,8 @@ from transformers import AutoModelForCausalLM
 from rlvr.checkpoint.peft_files import save_adapter
 from rlvr.checkpoint.store import CheckpointStore
 from rlvr.models.tiny import build_tiny_model
-from rlvr.quant.checkpoint import is_quantized_checkpoint, load_quantized_model
+from rlvr.quant.checkpoint import load_quantized_model
+from rlvr.quant.formats import is_quantized_checkpoint
 from rlvr.training.trainer import Trainer
 
 LORA = dict(rank=4, alpha=8.0, dropout=0.0, target_modules="all-linear")

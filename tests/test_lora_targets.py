@@ -80,9 +80,9 @@ def test_a_mistral_large_3_folder_drops_kv_b_proj_as_vllm_reads_it(tmp_path, lay
     same model imported to the HF layout (config.json mistral4) resolves the same way, so both
     layouts train the same adapter."""
     from rlvr.config import load_config
-    from rlvr.models.mistral_layout import import_mistral
+    from rlvr.models.mistral_import import import_mistral
     from rlvr.models.tiny import build_tiny_mistral_folder
-    from rlvr.orchestration.builders import with_engine_lora_targets
+    from rlvr.planning.lora import with_engine_lora_targets
 
     path = build_tiny_mistral_folder(tmp_path / "mistral", hidden_size=64, num_heads=2, num_layers=2,
                                      intermediate_size=128, kv_lora_rank=512, qk_rope_head_dim=64)

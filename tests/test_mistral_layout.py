@@ -47,7 +47,7 @@ def _trainer(path):
 def test_mistral4_is_a_causal_lm_saved_one_linear_per_expert():
     from transformers import AutoModelForCausalLM
 
-    from rlvr.quant.hub_layout import to_disk
+    from rlvr.models.hub_layout import to_disk
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(tiny_config("mistral4", vocab_size=320))
@@ -178,7 +178,7 @@ def test_trainer_logits_equal_in_every_layout_float_and_nvfp4(mistral_dir, tmp_p
 @pytest.mark.slow
 def test_import_round_trips_to_the_same_tensors(mistral_dir, tmp_path):
     from rlvr.quant.checkpoint import quantize_checkpoint
-    from rlvr.quant.skeleton import CheckpointFiles
+    from rlvr.models.checkpoint_files import CheckpointFiles
 
     rlvr = [sys.executable, "-m", "rlvr.cli"]
     for source in (mistral_dir, quantize_checkpoint(mistral_dir, tmp_path / "nvfp4")):

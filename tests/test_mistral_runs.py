@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from run_fixtures import comparable_metrics, small_config, start_training
 
-from rlvr.models.mistral_layout import import_mistral
+from rlvr.models.mistral_import import import_mistral
 from rlvr.models.tiny import build_tiny_mistral_folder
 from rlvr.quant import quantize_checkpoint
 

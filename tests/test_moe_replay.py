@@ -24,7 +24,7 @@ from rlvr.engines.hf_engine import HFEngine
 from rlvr.models.moe import moe_layers
 from rlvr.models.tiny import build_tiny_model
 from rlvr.records import Sampling, TrainBatch
-from rlvr.training.routing import record_routing
+from rlvr.models.routing import record_routing
 from rlvr.training.trainer import Trainer, TrainerError
 
 SIZES = dict(hidden_size=64, num_heads=4, num_kv_heads=4, num_layers=3, intermediate_size=128)

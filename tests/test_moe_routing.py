@@ -15,7 +15,7 @@ from rlvr.quant import load_quantized_model, quantize_checkpoint
 from rlvr.quant.experts import packed_experts_names
 from rlvr.training.packing import plan
 from rlvr.training.policy import apply_lora
-from rlvr.training.routing import (
+from rlvr.models.routing import (
     agreement_counts,
     expert_counts,
     expert_load_max_over_mean,

@@ -173,7 +173,7 @@ def test_the_trainer_loads_the_text_model_alone(checkpoint):
 def test_the_plan_counts_what_is_loaded(mistral3):
     """Both sides hold the text model alone (the plan sizes it from text_config); the note says what is left out."""
     from rlvr.config import load_config
-    from rlvr.orchestration.plan import make_plan
+    from rlvr.planning.plan import make_plan
 
     stored = load_file(mistral3 / "model.safetensors")
     encoder = {n: t for n, t in stored.items() if n.startswith(("vision_tower.", "multi_modal_projector."))}

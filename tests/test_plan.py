@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from rlvr.config import load_config
-from rlvr.orchestration.architecture import GB, GiB, read_architecture
-from rlvr.orchestration.plan import PlanError, make_plan, rank_bytes
+from rlvr.planning.architecture import GB, GiB, read_architecture
+from rlvr.planning.plan import PlanError, make_plan, rank_bytes
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SMALL = CONFIGS / "gsm8k_qwen2.5_0.5b_1gpu.yaml"
@@ -207,7 +207,7 @@ def test_seed_moe_config_plans_experts_mla_and_fits_8_nodes_of_4_gb200():
 
 def test_the_seed_layout_is_faster_than_one_engine_more_or_one_fewer():
     """The layout the seed config's header argues for: 6 engines + 8 ranks against its neighbours."""
-    from rlvr.orchestration.step_time import step_time
+    from rlvr.planning.step_time import step_time
 
     def step(replicas: int, ranks: int) -> float:
         cfg = load_config(SEED, [f"engine.replicas={replicas}", f"trainer.ranks={ranks}", f"placement.engine_gpus={4 * replicas}"])
@@ -283,7 +283,7 @@ def test_moe_config_json_counts_match_transformers(tmp_path, arch_name):
 
 def _measured_rank_bytes(model, rank: int, shards: int, dtype_bytes: int) -> dict[str, float]:
     """A rank's bytes on the real module tree by FSDP2's rule (dim 0 split as torch.chunk splits it)."""
-    from rlvr.orchestration.plan import shard_rows
+    from rlvr.planning.plan import shard_rows
     from rlvr.training.policy import decoder_blocks
 
     local = {False: 0.0, True: 0.0}
@@ -310,7 +310,7 @@ def test_rank_bytes_match_the_real_module_tree(tmp_path, arch_name, quantized, l
     import torch
 
     from rlvr.models.tiny import build_tiny_model
-    from rlvr.orchestration.builders import with_engine_lora_targets
+    from rlvr.planning.lora import with_engine_lora_targets
     from rlvr.quant.checkpoint import quantize_checkpoint
     from rlvr.quant.skeleton import Skeleton
     from rlvr.training.policy import apply_lora
@@ -338,7 +338,7 @@ def test_gpu_kinds_in_the_config_are_those_of_the_table():
     from typing import get_args
 
     from rlvr.config import PlacementConfig
-    from rlvr.orchestration.accelerators import ACCELERATORS
+    from rlvr.planning.accelerators import ACCELERATORS
 
     assert set(get_args(get_args(PlacementConfig.model_fields["gpu"].annotation)[0])) == set(ACCELERATORS)
 
@@ -347,7 +347,7 @@ def test_train_and_sync_time_by_hand():
     """Qwen2.5-7B, LoRA, 4 ranks on H100s, one update per step (pi_old is the policy itself):
     forward, recomputation and an input-gradient backward per token, causal attention, at 989
     TFLOP/s per GPU; with two mini-batches pi_old's forward and the one after the updates too."""
-    from rlvr.orchestration.step_time import step_time
+    from rlvr.planning.step_time import step_time
 
     cfg = load_config(MEDIUM, ["placement.gpu=h100"])
     arch = read_architecture(cfg)
@@ -372,7 +372,7 @@ def test_a_cpu_rank_counts_its_logits_chunk_and_its_process():
     """On a CPU machine (the 0.5B of SMALL in float32) a rank's logits are read 280 scored tokens
     at a time (512 MB over 151,936 x (4 + 8) bytes a token), whatever the micro-batch; the
     budget sets the chunk. Its process counts too: on a CPU that is the rank's memory."""
-    from rlvr.orchestration.plan import CPU_RANK_PROCESS_BYTES
+    from rlvr.planning.plan import CPU_RANK_PROCESS_BYTES
 
     def rank(*overrides):
         (memory,) = [d.memory for d in plan_of(SMALL, *CPU, *overrides).devices if d.trainer_rank is not None]
@@ -412,9 +412,9 @@ def test_cpu_step_time_by_hand(monkeypatch):
     ranks run at the peak measured on their 8 threads together (not 2 x), the engine at its 3
     threads' rates on dequantized bf16 weights; gloo traffic adds to the compute; the sync merges
     the adapter into every adapted weight."""
-    from rlvr.orchestration.step_time import step_time
+    from rlvr.planning.step_time import step_time
 
-    monkeypatch.setattr("rlvr.orchestration.step_time.allowed_cores", lambda: list(range(8)))
+    monkeypatch.setattr("rlvr.planning.step_time.allowed_cores", lambda: list(range(8)))
     asked = []
     cpu = load_config(SMALL, ["placement.gpus_per_node=0", "placement.gpu=null", "trainer.ranks=2", "engine.num_threads=3"])
     arch = read_architecture(cpu)
@@ -443,7 +443,7 @@ def test_cpu_plan_is_timed_only_with_rates_and_says_it_is_the_bound():
 
     from rich.console import Console
 
-    from rlvr.orchestration.plan import print_plan
+    from rlvr.planning.plan import print_plan
 
     cfg = load_config(SMALL, ["placement.gpus_per_node=0", "placement.gpu=null"])
     assert make_plan(cfg).step is None  # nothing measured: the memory check of `rlvr serve` stays instant
@@ -467,10 +467,10 @@ def test_cpu_split_cores_time_each_side_on_its_own_and_overlap(monkeypatch):
 
     from rich.console import Console
 
-    from rlvr.orchestration.plan import print_plan
+    from rlvr.planning.plan import print_plan
 
-    monkeypatch.setattr("rlvr.orchestration.step_time.allowed_cores", lambda: list(range(8)))
-    monkeypatch.setattr("rlvr.orchestration.plan.allowed_cores", lambda: list(range(8)))
+    monkeypatch.setattr("rlvr.planning.step_time.allowed_cores", lambda: list(range(8)))
+    monkeypatch.setattr("rlvr.planning.plan.allowed_cores", lambda: list(range(8)))
     cfg = load_config(SMALL, ["placement.gpus_per_node=0", "placement.gpu=null", "placement.colocate=false",
                               "placement.engine_gpus=0", "placement.engine_cpus=2", "trainer.ranks=2",
                               "rollout.max_staleness=1"])

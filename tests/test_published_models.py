@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rlvr.quant import published
-from rlvr.quant.checkpoint import read_quantization_config
+from rlvr.quant.formats import read_quantization_config
 from rlvr.quant.published import PUBLISHED, PartWheels, assemble_gguf, build_published_model, part_files
 
 

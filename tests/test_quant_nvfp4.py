@@ -315,7 +315,7 @@ def test_vllm_cpu_on_the_dequantized_checkpoint_matches_the_packed_trainer_model
 def test_an_fp8_release_is_refused_in_one_line(tmp_path):
     """DeepSeek's and Mistral's FP8 releases (block-scaled float8 weights) are not a format rlvr
     reads: the folder is refused, naming its config, before anything loads."""
-    from rlvr.quant.checkpoint import read_quantization_config
+    from rlvr.quant.formats import read_quantization_config
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "deepseek_v3", "quantization_config": {
         "quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}}))

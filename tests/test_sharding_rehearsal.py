@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlvr.config import load_config
-from rlvr.orchestration.plan import rank_bytes
+from rlvr.planning.plan import rank_bytes
 from rlvr.training.sharding_rehearsal import measure_ranks
 
 SEED = Path(__file__).parent.parent / "configs" / "aime_mistral_large3_nvfp4_ray.yaml"
@@ -28,7 +28,7 @@ SMALL_MOE = [
                                     ["trainer.ranks=3", "trainer.shard_ranks=null", "trainer.lora=null", "model.estimate.weight_format=float"]],
                          ids=["fsdp-5", "hsdp-3x2", "full-ft-3"])
 def test_measured_rank_bytes_are_the_plans(layout):
-    from rlvr.orchestration.builders import with_engine_lora_targets
+    from rlvr.planning.lora import with_engine_lora_targets
 
     # LoRA as the run resolves it (the plan counts it so): MLA's all-linear without kv_b_proj
     cfg = with_engine_lora_targets(load_config(SEED, [*SMALL_MOE, *layout]))

@@ -38,7 +38,7 @@ def train(
     cfg = _train_config(config, overrides or [], resume)
     if dry_run:
         from rlvr.hardware import cpu_rates
-        from rlvr.orchestration.plan import PlanError, make_plan, print_plan
+        from rlvr.planning.plan import PlanError, make_plan, print_plan
 
         console.print(dump_config(cfg), highlight=False, end="")
         try:
@@ -75,7 +75,7 @@ def rehearse(
 ):
     """What the run does before its first step, at its real size, on this machine: its Ray actors on a
     simulated cluster of the config's nodes and GPUs, its ranks' shards on meta; checked against the plan."""
-    from rlvr.orchestration.plan import PlanError, make_plan
+    from rlvr.planning.plan import PlanError, make_plan
     from rlvr.orchestration.rehearsal import rehearse as run_rehearsal
     from rlvr.orchestration.rehearsal import summary_lines
 
@@ -276,7 +276,8 @@ def import_command(
     """Write a GGUF file as a float HF model folder (config, safetensors, tokenizer, chat template),
     or a Mistral folder (params.json, consolidated*.safetensors, tekken.json) in the HF layout,
     its tensors as stored."""
-    from rlvr.models.mistral_layout import import_mistral, is_mistral_folder
+    from rlvr.models.mistral_import import import_mistral
+    from rlvr.models.mistral_layout import is_mistral_folder
 
     if is_mistral_folder(source):
         console.print(f"wrote {import_mistral(source, out)}")

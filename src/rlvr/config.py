@@ -16,6 +16,9 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rlvr.data.reasoning_gym import draws_overlap, is_reasoning_gym_spec
+from rlvr.data.templates import AUTO, get_template
+
 
 class ConfigError(ValueError):
     """A config that cannot run; the message is one line naming key and file."""
@@ -212,16 +215,12 @@ class DataConfig(Section):
     @field_validator("template")
     @classmethod
     def _known_template(cls, template: str) -> str:
-        from rlvr.data.templates import AUTO, get_template  # plain data, no engine
-
         if template != AUTO:
             get_template(template)
         return template
 
     @model_validator(mode="after")
     def _test_held_out(self) -> DataConfig:
-        from rlvr.data.reasoning_gym import draws_overlap, is_reasoning_gym_spec
-
         if self.test and is_reasoning_gym_spec(self.train) and is_reasoning_gym_spec(self.test) and draws_overlap(self.train, self.test):
             raise ValueError("data.test shares entries with data.train: reasoning-gym draws entry i from seed + i, "
                              "so give the test set a seed past the training range (seed + size)")
@@ -655,7 +654,7 @@ class PlacementConfig(Section):
     )
     gpu: Literal["gb200", "b200", "h200", "h100", "a100"] | None = Field(
         None, description="the GPU kind: --dry-run times each phase of a step at its nominal peaks "
-        "(rlvr.orchestration.accelerators) and says which side waits (null: phases not timed; without GPUs "
+        "(rlvr.planning.accelerators) and says which side waits (null: phases not timed; without GPUs "
         "they are timed at this CPU's rates, measured once: rlvr.hardware.cpu_rates)"
     )
     host_memory_gb: float | None = Field(
@@ -666,7 +665,7 @@ class PlacementConfig(Section):
     engine_cpus: int | None = Field(
         None, ge=1, description="split placement on one CPU machine (colocate: false, no GPUs): the engine, with the "
         "controller that runs it, gets the first N cores this run may use and the trainer ranks the rest (a share each "
-        "where they divide them), a thread per core (rlvr.orchestration.cpu_split); `--dry-run` shows the split. null: "
+        "where they divide them), a thread per core (rlvr.planning.cpu_split); `--dry-run` shows the split. null: "
         "every process may run on every core"
     )
 

@@ -10,7 +10,7 @@ there `auto` means float32. torch reports what the CPU has (`torch.cpu.get_capab
 nothing here reads one machine's name.
 
 What the CPU sustains, for timing a step on it (`rlvr train CFG --dry-run`,
-rlvr.orchestration.step_time): `cpu_rates(threads)` measures, on that many torch threads, the
+rlvr.planning.step_time): `cpu_rates(threads)` measures, on that many torch threads, the
 dense matmul FLOP/s in float32 and in bfloat16 (the best of a few 2048x2048 matmuls), the memory
 bandwidth (a 256 MiB copy) and TCP over loopback (what gloo moves between trainer ranks on),
 in about a second, and caches them in ~/.cache/rlvr/cpu_rates.json under what torch reports of

@@ -72,7 +72,7 @@ class Rollout:
     tool_calls: int = 0
     # MoE: the experts each router chose at every position the engine ran, `[len(prompt_ids) +
     # len(completion_ids) - 1, MoE layers, top-k]` (the last token is never fed back), as small
-    # integers (rlvr.training.routing.compact_routes); None for a dense model or an engine that
+    # integers (rlvr.models.routing.compact_routes); None for a dense model or an engine that
     # does not record them
     routes: torch.Tensor | None = None
     # the policy version that sampled each completion token (the engine's `policy_version` then:

@@ -50,7 +50,8 @@ def export_run(run_dir: str | Path, out_dir: str | Path, checkpoint: str | Path 
 
     from rlvr.models.tokenizer import load_tokenizer
 
-    from rlvr.quant.checkpoint import is_quantized_checkpoint, write_dequantized_checkpoint
+    from rlvr.quant.checkpoint import write_dequantized_checkpoint
+    from rlvr.quant.formats import is_quantized_checkpoint
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     cfg, folder, adapter = open_run(run_dir, checkpoint)

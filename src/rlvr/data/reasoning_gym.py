@@ -22,9 +22,9 @@ import json
 import yaml
 
 from rlvr.records import Problem
-from rlvr.rewards.reasoning_gym import VERIFIER, reference
 
 PREFIX = "reasoning_gym:"
+VERIFIER = "reasoning_gym"  # the verifier a problem of these sets names in meta["verifier"]
 
 
 def is_reasoning_gym_spec(source: str) -> bool:
@@ -76,6 +76,11 @@ def task_config(spec: str) -> tuple[str, dict]:
         return task, json.loads(json.dumps(options))
     except TypeError as err:
         raise ValueError(f"{spec}: {task}'s config cannot be written as JSON ({err})") from None
+
+
+def reference(task: str, config: dict, index: int) -> str:
+    """The reference string that addresses entry `index` of `task` under `config`."""
+    return json.dumps({"task": task, "config": config, "index": index}, sort_keys=True, separators=(",", ":"))
 
 
 def draws_overlap(train_spec: str, test_spec: str) -> bool:

@@ -71,7 +71,8 @@ def served_model_path(model_path: str, native_nvfp4: bool = True) -> str:
     import torch
 
     from rlvr.models.mistral_layout import WEIGHTS_FILE, is_mistral_folder
-    from rlvr.quant.checkpoint import is_quantized_checkpoint, quantized_format, write_dequantized_checkpoint
+    from rlvr.quant.checkpoint import write_dequantized_checkpoint
+    from rlvr.quant.formats import is_quantized_checkpoint, quantized_format
 
     if not is_quantized_checkpoint(model_path):
         return model_path

@@ -4,7 +4,7 @@ Same interface and logprob convention as the vLLM engine (see `Engine`): rows ar
 with left padding and a KV cache; the sampler's logprobs come from `output_scores`, which
 are the logits after temperature and top-p, i.e. the distribution each token was drawn from.
 For a mixture-of-experts model every rollout also carries the experts each router chose at
-each of its positions (`Rollout.routes`), recorded during `generate` by rlvr.training.routing:
+each of its positions (`Rollout.routes`), recorded during `generate` by rlvr.models.routing:
 what the trainer replays with `trainer.routing_replay`.
 """
 
@@ -120,7 +120,7 @@ class HFEngine(Engine):
         greedy = sampling.temperature == 0
         stop_ids = () if ignore_eos else tuple(t for t in (eos, *sampling.stop_token_ids) if t is not None)
         torch.manual_seed((self.seed if sampling.seed is None else sampling.seed) + batch_index)
-        from rlvr.training.routing import compact_routes, record_routing
+        from rlvr.models.routing import compact_routes, record_routing
 
         with record_routing(self.model) if self.num_experts else nullcontext() as record:
             out = self.model.generate(

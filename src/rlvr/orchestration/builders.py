@@ -14,9 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlvr.config import RunConfig, dump_config
-from rlvr.orchestration.architecture import planned_dtype
-from rlvr.orchestration.cpu_split import CpuSplit
+from rlvr.planning.architecture import planned_dtype
+from rlvr.planning.cpu_split import CpuSplit
 from rlvr.orchestration.evaluation import Evaluation
+from rlvr.planning.lora import with_engine_lora_targets
 from rlvr.orchestration.run_state import RunCheckpoints
 from rlvr.rollout.async_groups import AsyncGroups
 from rlvr.rollout.collect import RolloutCollector
@@ -135,46 +136,14 @@ def build_stream(cfg: RunConfig, runner: TrajectoryRunner, train_set: PromptSet,
                        capacity=rollout.prompts_per_step * max(rollout.max_staleness, 1), version=None)
 
 
-def with_engine_lora_targets(cfg: RunConfig, log=print) -> RunConfig:
-    """`cfg` with `lora.target_modules` resolved to the modules the engine applies in prefill
-    and decode (rlvr.engines.lora_targets): "all-linear" without them, said once; an explicit
-    target the engine would not apply is refused."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from rlvr.engines.lora_targets import dropped_line, engine_lora_targets, engine_uses_mla
-    from rlvr.models.estimate import estimate_config
-    from rlvr.models.folder import config_file, model_config
-    from rlvr.quant.linear import all_linear_names
-
-    lora = cfg.trainer.lora
-    if lora is None:
-        return cfg
-    # the folder as vLLM reads it (a Mistral Large 3 folder: the trainer's mistral4, vLLM's deepseek_v3),
-    # or the model model.estimate describes (plans and rehearsals of a model not at hand)
-    folder = config_file(cfg.model.path).is_file() or cfg.model.estimate is None
-    config = model_config(cfg.model.path) if folder else estimate_config(cfg.model.estimate)
-    if not engine_uses_mla(cfg.model.path if folder else config):
-        return cfg
-    names = []
-    if lora.target_modules == "all-linear":
-        with torch.device("meta"):
-            names = all_linear_names(AutoModelForCausalLM.from_config(config))
-    targets, dropped = engine_lora_targets(lora.target_modules, names, uses_mla=True)
-    if dropped:
-        log(dropped_line(dropped))
-    trainer = cfg.trainer.model_copy(update={"lora": lora.model_copy(update={"target_modules": targets})})
-    return cfg.model_copy(update={"trainer": trainer})
-
-
 def place_on_cores(cfg: RunConfig, stack: ExitStack, log=print) -> CpuSplit | None:
-    """On a CPU machine, the run's cores (rlvr.orchestration.cpu_split): its warning said once, and
+    """On a CPU machine, the run's cores (rlvr.planning.cpu_split): its warning said once, and
     with placement.engine_cpus this process (the controller, with its engine) pinned to its cores
     until `stack` closes. None on GPUs."""
     import torch
 
     from rlvr.affinity import allowed_cores, pinned
-    from rlvr.orchestration.cpu_split import cpu_split
+    from rlvr.planning.cpu_split import cpu_split
 
     if cfg.placement.gpus_per_node or torch.cuda.is_available():
         return None

@@ -26,7 +26,7 @@ from pathlib import Path
 from rlvr.checkpoint.peft_files import load_adapter
 from rlvr.config import RunConfig
 from rlvr.orchestration import RunStopped
-from rlvr.orchestration.architecture import planned_dtype
+from rlvr.planning.architecture import planned_dtype
 from rlvr.orchestration.builders import Run, build_run
 from rlvr.orchestration.run_state import RunState
 from rlvr.rollout.collect import StepRollouts

@@ -4,9 +4,9 @@ from rlvr.quant.checkpoint import (
     dequantized_state_dict,
     load_quantized_model,
     quantize_checkpoint,
-    quantized_format,
     write_dequantized_checkpoint,
 )
+from rlvr.quant.formats import quantized_format
 from rlvr.quant.linear import (
     NF4Linear,
     NVFP4Linear,

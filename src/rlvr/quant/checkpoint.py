@@ -10,7 +10,7 @@ serves it with its NVFP4 kernels where the GPU has them. MoE experts are stored 
 and as llm-compressor writes them, one quantized Linear per expert projection
 (`...experts.{i}.gate_proj/up_proj/down_proj`, Mixtral's `...experts.{i}.w1/w3/w2`), although
 transformers 5 fuses them into 3-D parameters in memory; names go through transformers' own
-conversion mapping (rlvr.quant.hub_layout), so `P` is always the on-disk module name.
+conversion mapping (rlvr.models.hub_layout), so `P` is always the on-disk module name.
 
 An NF4 folder (`format="nf4"`) is the one transformers saves for a bitsandbytes 4-bit model:
 each quantized Linear `P` stores `P.weight` (packed uint8) with `P.weight.absmax`,
@@ -48,22 +48,22 @@ from safetensors.torch import save_file
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-from rlvr.models.folder import config_file, model_config, model_config_dict
+from rlvr.models.checkpoint_files import CheckpointFiles
+from rlvr.models.folder import model_config
 from rlvr.models.mistral_layout import PARAMS_FILE, TOKENIZER_FILE, is_mistral_folder, write_mistral_folder
+from rlvr.models.hub_layout import ExpertPiece, disk_name, expert_pieces, to_disk
 from rlvr.models.moe import expert_projections, moe_layers
 from rlvr.models.tokenizer import load_tokenizer
 from rlvr.quant import nf4, nvfp4
 from rlvr.quant.experts import expert_hidden
-from rlvr.quant.hub_layout import ExpertPiece, disk_name, expert_pieces, to_disk
+from rlvr.quant.formats import FORMAT_NAME, QUANT_METHOD, quantized_format
+from rlvr.quant.skeleton import Skeleton
 
-FORMAT_NAME = "nvfp4-pack-quantized"
-QUANT_METHOD = "compressed-tensors"
 # The compressed-tensors release whose on-disk format and config this module writes.
 COMPRESSED_TENSORS_VERSION = "0.17.0"
 QUANTIZED_TENSOR_SUFFIXES = ("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale")
 # what `quantize_checkpoint(format=...)` writes, and the columns each needs a multiple of
 FORMATS = {"nvfp4": nvfp4.GROUP_SIZE, "nf4": nf4.BLOCK_SIZE}
-BITSANDBYTES_METHOD = "bitsandbytes"
 
 # Tokens per calibration sequence drawn from the vocabulary when the folder has no tokenizer.
 CALIBRATION_TOKENS = 64
@@ -362,8 +362,6 @@ def _float_model(model_dir: Path) -> nn.Module:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
         model._weight_conversions = None  # revert_weight_conversion then takes the model type's mapping
         return model
-    from rlvr.quant.skeleton import CheckpointFiles, Skeleton
-
     dtype = CheckpointFiles(model_dir).meta("model.embed_tokens.weight").dtype
     skeleton = Skeleton.from_checkpoint(model_dir, dtype)
     skeleton.keep_initialized(skeleton.model)
@@ -409,52 +407,9 @@ def _nvfp4_tensors(model: nn.Module, plan: _Plan, model_dir: Path, texts: Sequen
 # --------------------------------------------------------------------------- reading
 
 
-def is_quantized_checkpoint(model_dir: str | Path) -> bool:
-    """Whether the config (config.json, or params.json's `quantization`) declares a
-    quantization_config (then read_quantization_config checks it)."""
-    return config_file(model_dir).is_file() and bool(model_config_dict(model_dir).get("quantization_config"))
-
-
-def read_quantization_config(model_dir: str | Path) -> dict:
-    """The checkpoint's `quantization_config`, checked to be NVFP4 or NF4 as this module reads them."""
-    config_path = config_file(model_dir)
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{config_path}: no {config_path.name}")
-    quantization_config = model_config_dict(model_dir).get("quantization_config")
-    if not quantization_config:
-        raise ValueError(f"{config_path}: no quantization_config (not a quantized checkpoint)")
-    if quantization_config.get("quant_method") == BITSANDBYTES_METHOD:
-        nf4.check_quantization_config(quantization_config, str(config_path))
-        return quantization_config
-    if quantization_config.get("quant_method") != QUANT_METHOD:
-        raise ValueError(
-            f"{config_path}: quant_method is {quantization_config.get('quant_method')!r}, "
-            f"not {QUANT_METHOD!r} or {BITSANDBYTES_METHOD!r}"
-        )
-    for group_name, group in quantization_config.get("config_groups", {}).items():
-        group_format = group.get("format") or quantization_config.get("format")
-        weights = group.get("weights") or {}
-        expected = {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": nvfp4.GROUP_SIZE}
-        wrong = {key: weights.get(key) for key, value in expected.items() if weights.get(key) != value}
-        if group_format != FORMAT_NAME or wrong or weights.get("symmetric") is False:
-            raise ValueError(
-                f"{config_path}: config group {group_name!r} is not NVFP4 "
-                f"(format {group_format!r}, weights {wrong or 'asymmetric'}); only {FORMAT_NAME} is supported"
-            )
-    return quantization_config
-
-
-def quantized_format(model_dir: str | Path) -> str:
-    """The format of a quantized checkpoint, "nvfp4" or "nf4" (its config checked)."""
-    method = read_quantization_config(model_dir)["quant_method"]
-    return "nf4" if method == BITSANDBYTES_METHOD else "nvfp4"
-
-
 def _read_tensors(model_dir: Path):
     """All tensors of the folder's safetensors files under transformers' on-disk names, and the
     files (a CheckpointFiles, for naming where each came from)."""
-    from rlvr.quant.skeleton import CheckpointFiles
-
     files = CheckpointFiles(model_dir)
     return {key: files.read(key) for key in files.keys()}, files
 
@@ -488,25 +443,17 @@ def _nf4_prefixes(tensors: dict) -> list[str]:
     return [key.removesuffix(suffix) for key in tensors if key.endswith(suffix)]
 
 
-def keeps_float32(model: nn.Module, key: str) -> bool:
-    """Whether transformers keeps `key` in float32 whatever the model dtype (`_keep_in_fp32_modules`)."""
-    kept = set(getattr(model, "_keep_in_fp32_modules_strict", None) or []) | set(getattr(model, "_keep_in_fp32_modules", None) or [])
-    return any(name in key.split(".") for name in kept)
-
-
 def load_quantized_model(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:
     """The HF causal LM of a 4-bit checkpoint, each quantized Linear an `NVFP4Linear` (or
     `NF4Linear`) and each NVFP4 experts module packed (rlvr.quant.experts), computing in `dtype`.
 
     Modules are found by type, not by name, and matched to the files through transformers'
-    own conversion mapping (rlvr.quant.hub_layout): a Linear whose on-disk name has
+    own conversion mapping (rlvr.models.hub_layout): a Linear whose on-disk name has
     `weight_packed` (NF4: `weight.quant_state.bitsandbytes__nf4`) becomes packed, and so does an
     experts module whose every expert projection has. No float copy of a packed weight is ever
     built. A parameter no file provides, or a tensor no module takes, is an error naming it.
     The trainer's ranks load the same skeleton sharded (rlvr.quant.skeleton).
     """
-    from rlvr.quant.skeleton import Skeleton
-
     quantized_format(model_dir)  # a quantized checkpoint, its config checked
     skeleton = Skeleton.from_checkpoint(model_dir, dtype)
     skeleton.keep_initialized(skeleton.model)

@@ -32,7 +32,8 @@ from pathlib import Path
 
 from rlvr.models.folder import check_model_folder
 from rlvr.models.gguf_import import import_gguf
-from rlvr.quant.checkpoint import is_quantized_checkpoint, quantize_checkpoint
+from rlvr.quant.checkpoint import quantize_checkpoint
+from rlvr.quant.formats import is_quantized_checkpoint
 
 CHUNK_BYTES = 16 << 20  # a bounded buffer: the 1.5B file is 1.1 GB
 

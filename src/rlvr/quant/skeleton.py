@@ -19,7 +19,7 @@ The packed layers (`NVFP4Linear`, `NF4Linear`, packed experts) are chosen as
 `load_quantized_model` always chose them: a Linear whose on-disk name has `weight_packed`
 (NF4: `weight.quant_state.bitsandbytes__nf4`), an experts module whose every projection has. Their
 shapes come from the model's own modules and each header is checked against them; every other
-tensor goes through transformers' conversion mapping (rlvr.quant.hub_layout). A tensor in the
+tensor goes through transformers' conversion mapping (rlvr.models.hub_layout). A tensor in the
 files that no module takes, or a parameter no file fills, is an error naming it, before anything
 is read. `load_quantized_model` is this with one process holding every row, so the trainer's
 sharded load and every whole load compute with the same values.
@@ -31,89 +31,23 @@ model's shards at full size from it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from accelerate import init_empty_weights
-from safetensors import safe_open
 from torch import nn
 from transformers import AutoModelForCausalLM
 
+from rlvr.models.checkpoint_files import CheckpointFiles, Rows, Source
 from rlvr.models.folder import model_config
-from rlvr.models.mistral_layout import TensorNames, is_mistral_folder, weight_files
+from rlvr.models.hub_layout import ExpertPiece, disk_name, disk_tensors, expert_pieces
 from rlvr.models.moe import expert_projections, moe_layers
-from rlvr.models.multimodal import text_model_config, text_model_names
+from rlvr.models.multimodal import text_model_config
 from rlvr.quant import nf4, nvfp4
-from rlvr.quant.checkpoint import is_quantized_checkpoint, keeps_float32, quantized_format
+from rlvr.quant.formats import is_quantized_checkpoint, quantized_format
 from rlvr.quant.experts import NVFP4Experts, pack_experts, use_rlvr_experts
-from rlvr.quant.hub_layout import ExpertPiece, disk_name, disk_tensors, expert_pieces
 from rlvr.quant.linear import NF4Linear, NVFP4Linear, QuantizedLinear
 from rlvr.quant.packed_bytes import STORAGE_DTYPE
-
-# safetensors' dtype names (the header's), for checking a header without reading the tensor
-_DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64, "I32": torch.int32,
-    "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
-}
-
-Rows = slice | None  # rows [start, stop) of dim 0; None: the whole tensor (and 0-d tensors)
-Source = Callable[[Rows], torch.Tensor]  # the rows, in the dtype of the tensor they fill
-
-
-class CheckpointFiles:
-    """The tensors of a folder's safetensors files by their transformers on-disk names: headers
-    read at once, data only as asked. A folder in Mistral's layout is read under the names vLLM
-    maps it to (rlvr.models.mistral_layout), its image encoder left out."""
-
-    def __init__(self, model_dir: Path):
-        paths = weight_files(model_dir)
-        if not paths:
-            raise FileNotFoundError(f"{model_dir}: no *.safetensors files")
-        self._handles = {path: safe_open(path, framework="pt") for path in paths}
-        self._names = TensorNames(model_config(model_dir)) if is_mistral_folder(model_dir) else None
-        self._stored: dict[str, str] = {}  # name -> the name in the file, where they differ
-        self._path = {}
-        own_name = text_model_names(model_dir)  # a multimodal checkpoint's language model, without its encoders
-        for path, handle in self._handles.items():
-            for key in handle.keys():
-                name = own_name(key) if self._names is None else self._hf_name(handle, key)
-                if name is not None:
-                    self._path[name] = path
-                    self._stored[name] = key
-        self.unclaimed = set(self._path)  # tensors no module has taken yet
-
-    def _hf_name(self, handle, key: str) -> str | None:
-        stored = handle.get_slice(key)
-        mapped = self._names.to_hf(key, torch.empty(stored.get_shape(), dtype=_DTYPES[stored.get_dtype()], device="meta"))
-        return None if mapped is None else mapped[0]
-
-    def __contains__(self, key: str) -> bool:
-        return key in self._path
-
-    def keys(self) -> list[str]:
-        return list(self._path)
-
-    def where(self, key: str, name: str | None = None) -> str:
-        """`file: name` for messages: the file holding `key`, then `name` (default: the key)."""
-        stored = self._stored[key]
-        return f"{self._path[key]}: {name or key}" + (f" ({stored})" if stored != key and name is None else "")
-
-    def meta(self, key: str) -> torch.Tensor:
-        """A meta tensor of the stored tensor's shape and dtype; claims it."""
-        self.unclaimed.discard(key)
-        stored = self._handles[self._path[key]].get_slice(self._stored[key])
-        return torch.empty(stored.get_shape(), dtype=_DTYPES[stored.get_dtype()], device="meta")
-
-    def read(self, key: str, rows: Rows = None) -> torch.Tensor:
-        self.unclaimed.discard(key)
-        handle, stored = self._handles[self._path[key]], self._stored[key]
-        if self._names is not None and self._names.needs_whole_tensor(stored):
-            tensor = self._names.to_hf(stored, handle.get_tensor(stored))[1]
-            return tensor if rows is None else tensor[rows]
-        return handle.get_tensor(stored) if rows is None else handle.get_slice(stored)[rows]
-
 
 def _rows_of(files: CheckpointFiles, key: str, dtype: torch.dtype | None = None) -> Source:
     """Rows of one stored tensor, cast to `dtype` (None: as stored)."""
@@ -361,6 +295,12 @@ class Skeleton:
                         raise RuntimeError(f"{type(module).__name__}.{attr}: built after the skeleton and not kept "
                                            "(keep_initialized before sharding)")
                     _copy_rows(tensor, self._sources[key])
+
+
+def keeps_float32(model: nn.Module, key: str) -> bool:
+    """Whether transformers keeps `key` in float32 whatever the model dtype (`_keep_in_fp32_modules`)."""
+    kept = set(getattr(model, "_keep_in_fp32_modules_strict", None) or []) | set(getattr(model, "_keep_in_fp32_modules", None) or [])
+    return any(name in key.split(".") for name in kept)
 
 
 def _copy_rows(tensor: torch.Tensor, source: Source) -> None:

@@ -1,6 +1,6 @@
 """reasoning-gym's own scorers as the verifier `reasoning_gym`.
 
-A reasoning-gym problem's reference (`reference()`, written by `rlvr.data.reasoning_gym`) is
+A reasoning-gym problem's reference (`rlvr.data.reasoning_gym.reference()`) is
 the address of its entry, `{"task": ..., "config": {...}, "index": i}`, not an answer: many
 tasks score with the entry's metadata, and some have no single answer at all. The verifier
 rebuilds the entry as `create_dataset(task, **config)[index]` (reasoning-gym draws entry i from
@@ -23,13 +23,7 @@ from functools import lru_cache
 from rlvr.records import Score
 from rlvr.rewards.extract import boxed_answers, last_number
 
-VERIFIER = "reasoning_gym"
 EXTRACT_MODES = ("answer_tag", "boxed", "last_number", "whole")
-
-
-def reference(task: str, config: dict, index: int) -> str:
-    """The reference string that addresses entry `index` of `task` under `config`."""
-    return json.dumps({"task": task, "config": config, "index": index}, sort_keys=True, separators=(",", ":"))
 
 
 @lru_cache(maxsize=64)

@@ -27,8 +27,8 @@ from rlvr.errors import UserError
 from rlvr.hardware import compute_dtype, local_device
 from rlvr.models.folder import model_config_dict
 from rlvr.models.multimodal import text_config
-from rlvr.orchestration.builders import with_engine_lora_targets
-from rlvr.orchestration.plan import PlanError, all_devices_bytes, make_plan
+from rlvr.planning.lora import with_engine_lora_targets
+from rlvr.planning.plan import PlanError, all_devices_bytes, make_plan
 from rlvr.records import LoraAdapter, Request, Rollout, Sampling
 from rlvr.serve.protocol import BadRequest, ForwardBackwardBatch
 from rlvr.sync.check import SyncCheck

@@ -6,7 +6,7 @@ probabilities. A softcapped head (Gemma 2's final_logit_softcapping) also holds 
 before the cap, in backward's recomputation too. So the trainer ranks
 (rlvr.training.policy.TokenLogprobs) score `chunk_tokens` tokens at a time, whose logits
 working set is `trainer.logits_chunk_mb`, whatever the vocabulary and dtype; and the plan
-(rlvr.orchestration.architecture) counts that working set. Torch-free, for the plan.
+(rlvr.planning.architecture) counts that working set. Torch-free, for the plan.
 """
 
 from __future__ import annotations

@@ -297,7 +297,7 @@ class Trainer:
 
 def _moe_metrics(total: dict) -> dict[str, float]:
     """The ranks' routing sums as moe/ metrics (rlvr.training.worker, `_measure_routing`)."""
-    from rlvr.training.routing import expert_load_max_over_mean
+    from rlvr.models.routing import expert_load_max_over_mean
 
     tokens = max(total["gap_tokens"], 1.0)
     load = expert_load_max_over_mean(total["expert_counts"])

@@ -6,7 +6,7 @@ torch.distributed group (gloo on CPU, NCCL on GPU), builds the same model, shard
 FSDP2 and then answers the controller's commands until told to close. Every rank receives every
 command (with its own micro-batches) because FSDP2's collectives need all ranks in step.
 
-Mixture-of-experts policies get the engine's routes with the step (rlvr.training.routing): with
+Mixture-of-experts policies get the engine's routes with the step (rlvr.models.routing): with
 `trainer.routing_replay` every forward routes each token to the experts the engine chose for
 it, else the trainer's routers choose. Either way the step's π_old pass also runs the other way,
 once, without gradient, so that the moe/ metrics show what replay changes.
@@ -37,7 +37,7 @@ from rlvr.training.attention import use_packed_attention
 from rlvr.training.packing import MicroBatch, unpack
 from rlvr.training.policy import TokenLogprobs, apply_lora, shard_and_load
 from rlvr.algorithms import importance_ratios
-from rlvr.training.routing import agreement_counts, expert_counts, replay_routing, row_routes
+from rlvr.models.routing import agreement_counts, expert_counts, replay_routing, row_routes
 
 
 @dataclass

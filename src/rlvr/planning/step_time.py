@@ -1,6 +1,6 @@
 """Seconds per RL step in each phase (generate, train, sync), from FLOPs and bytes at the
 device's peaks: a GPU's nominal ones (`placement.gpu`), or this CPU's measured ones (no GPUs:
-rlvr.orchestration.accelerators, rlvr.hardware.cpu_rates), for `rlvr train CFG --dry-run`.
+rlvr.planning.accelerators, rlvr.hardware.cpu_rates), for `rlvr train CFG --dry-run`.
 
 What a layout allows at best (100% of every peak, communication hidden behind compute where
 it can be): compare layouts by it, do not expect a run to reach it. It times the longest step
@@ -39,7 +39,7 @@ sync: the adapter (float32, as the trainer holds it) or, fully fine-tuned, the w
 
 On this machine's CPU (placement.gpus_per_node: 0) the same formulas, with what differs:
 - one pool of cores per side. The engine (its TP workers and replicas alike) computes on the
-  controller's cores, the trainer ranks on theirs (rlvr.orchestration.cpu_split: every core this
+  controller's cores, the trainer ranks on theirs (rlvr.planning.cpu_split: every core this
   run may use for both, or with placement.engine_cpus a split), so neither TP nor the ranks
   multiply a peak: the engine runs at the rates measured on its threads (all its replicas'
   together), the ranks at those measured on all theirs, each side at most a thread per core.
@@ -67,9 +67,9 @@ from dataclasses import dataclass
 from rlvr.affinity import allowed_cores
 from rlvr.config import RunConfig
 from rlvr.hardware import CpuRates
-from rlvr.orchestration.accelerators import ACCELERATORS, Accelerator, cpu_accelerator
-from rlvr.orchestration.architecture import GiB, LORA_DTYPE_BYTES, Architecture, compute_bytes, planned_dtype
-from rlvr.orchestration.cpu_split import cpu_split
+from rlvr.planning.accelerators import ACCELERATORS, Accelerator, cpu_accelerator
+from rlvr.planning.architecture import GiB, LORA_DTYPE_BYTES, Architecture, compute_bytes, planned_dtype
+from rlvr.planning.cpu_split import cpu_split
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The devices a plan can be timed on: the GPUs of `placement.gpu` at their data sheets' nominal
 peaks, and this machine's CPU at the rates it measures (`cpu_accelerator`).
 
-Peaks, not sustained rates: the step-time estimate (rlvr.orchestration.step_time) is what a
+Peaks, not sustained rates: the step-time estimate (rlvr.planning.step_time) is what a
 layout allows at best, for comparing layouts. BF16 figures are dense (NVIDIA's data sheets
 print them "with sparsity", twice the dense rate); link figures are one direction.
 - A100: NVIDIA A100 Tensor Core GPU data sheet (80 GB SXM): BF16 312 TFLOPS, HBM2e 2,039 GB/s;

@@ -7,7 +7,7 @@ config.json or the config's `model.estimate`, and its parameters as FSDP2 shards
 
 `units` lists the tensors the trainer's module tree holds, grouped as FSDP2 wraps them (a
 dense block, an MoE block, the root), each as the rows FSDP2 splits (dim 0) and the bytes of
-one row, so a rank's share follows torch.chunk's rule exactly (rlvr.orchestration.plan):
+one row, so a rank's share follows torch.chunk's rule exactly (rlvr.planning.plan):
 - an NVFP4 Linear (rlvr.quant.linear) stores `weight_packed` uint8 [out, in/2] and
   `weight_scale` FP8 [out, in/16]: out rows of in x 9/16 bytes (the two tensors have the same
   rows, so they shard alike); its global scales are one-float buffers, replicated, not listed;
@@ -302,7 +302,7 @@ class Architecture:
         return max(moe, self.intermediate_size if self.num_layers > self.moe_layers else 0)
 
     def activation_bytes(self, tokens: int, dtype_bytes: int, checkpointing: bool) -> float:
-        """What the decoder blocks keep for backward over `tokens` tokens (rlvr.orchestration.plan)."""
+        """What the decoder blocks keep for backward over `tokens` tokens (rlvr.planning.plan)."""
         per_token_layer = dtype_bytes * (6 * self.hidden + 3 * self.q_width + 3 * self.kv_width + 4 * self.active_mlp_width)
         if checkpointing:
             return tokens * self.num_layers * self.hidden * dtype_bytes + tokens * per_token_layer
@@ -362,7 +362,7 @@ def read_architecture(cfg: RunConfig) -> Architecture:
         text = raw.get("text_config") or raw  # multimodal checkpoints keep the decoder's sizes there
         quant = raw.get("quantization_config") or {}
         if quant:
-            from rlvr.quant.checkpoint import FORMAT_NAME  # imported only here: it brings torch
+            from rlvr.quant.formats import FORMAT_NAME  # imported only here: it brings torch
 
             if quant.get("format") != FORMAT_NAME:
                 kind = quant.get("format") or quant.get("quant_method")

@@ -16,7 +16,7 @@ Placement, as the `placement` section asks (the Ray backend reserves the same sh
   GPUs left, in node and GPU order.
 - no GPUs (gpus_per_node: 0): one process for the controller and the engines, one per rank; with
   placement.engine_cpus the controller and its engine on cores of their own, the ranks on the
-  others (rlvr.orchestration.cpu_split).
+  others (rlvr.planning.cpu_split).
 
 Memory per device, in bytes (the table prints GB = 1e9 bytes). H hidden, L layers, I MLP
 width, Hq/Hkv query/key-value widths (heads x head_dim), V vocabulary, b bytes of model.dtype:
@@ -32,7 +32,7 @@ width, Hq/Hkv query/key-value widths (heads x head_dim), V vocabulary, b bytes o
   over the shard group (trainer.shard_ranks ranks, all of them by default; with HSDP each
   replica holds a whole copy) as torch.chunk does: c = ceil(rows / shards) rows each, shard
   s holding max(0, min(c, rows - s x c)) (rank r is shard r % shard_ranks: ranks are laid out
-  replica by replica). The tensors are those of rlvr.orchestration.architecture's `units`.
+  replica by replica). The tensors are those of rlvr.planning.architecture's `units`.
   base shard: its frozen tensors; trainable: its trainable ones x 2 (value, gradient);
   optimizer: AdamW's exp_avg and exp_avg_sq, 2 x its trainable bytes; gathered: two decoder
   blocks unsharded (the one FSDP2 runs and the one it prefetches; an upper bound, since each
@@ -69,7 +69,7 @@ TP): vLLM's loader holds one tensor at a time privately, but the safetensors fil
 sit in the page cache, and colocated, vLLM's sleep (level 1) keeps those weights in host
 memory while the trainer runs.
 
-Time per step: rlvr.orchestration.step_time (its doc-string has the formulas), on GPUs at
+Time per step: rlvr.planning.step_time (its doc-string has the formulas), on GPUs at
 placement.gpu's nominal peaks, on CPU at the rates this machine measured (rlvr.hardware.cpu_rates,
 given to make_plan by `--dry-run`). The balance line says who waits: split, with
 rollout.max_staleness >= 1 the engine generates step t + 1 while the ranks train step t, so a
@@ -88,7 +88,7 @@ from rlvr.affinity import allowed_cores
 from rlvr.config import RunConfig
 from rlvr.engines.replicas import unplaceable
 from rlvr.hardware import CpuRates, cpu_rates_cache
-from rlvr.orchestration.architecture import (
+from rlvr.planning.architecture import (
     GB,
     GiB,
     Architecture,
@@ -97,8 +97,8 @@ from rlvr.orchestration.architecture import (
     planned_dtype,
     read_architecture,
 )
-from rlvr.orchestration.cpu_split import CpuSplit, cpu_split
-from rlvr.orchestration.step_time import StepTime, step_time
+from rlvr.planning.cpu_split import CpuSplit, cpu_split
+from rlvr.planning.step_time import StepTime, step_time
 from rlvr.training.logits_memory import chunk_tokens
 
 
@@ -506,7 +506,7 @@ def _print_step(plan: Plan, cfg: RunConfig, say) -> None:
         _print_cpu_step(plan, cfg, longest, say)
         return
     say(f"time per step at {cfg.placement.gpu.upper()} nominal peaks, every sample {longest:,} tokens long (an upper "
-        f"bound; rlvr.orchestration.step_time): generate {t.generate:,.0f} s ({t.engines} engine{'s' * (t.engines > 1)} of "
+        f"bound; rlvr.planning.step_time): generate {t.generate:,.0f} s ({t.engines} engine{'s' * (t.engines > 1)} of "
         f"TP {plan.engine_tp}: {t.decoded_at_once} sequences at once{' each' * (t.engines > 1)}, {t.waves} waves), train {t.train:,.0f} s (compute {t.train_compute:,.0f} s, "
         f"FSDP2 communication {t.train_communication:,.0f} s), sync {t.sync:.1f} s")
     busy = t.train + t.sync
@@ -529,7 +529,7 @@ def _print_cpu_step(plan: Plan, cfg: RunConfig, longest: int, say) -> None:
     t, dtype = plan.step, planned_dtype(cfg).name
     engines = f"{t.engines} engines" if t.engines > 1 else "the engine"
     say(f"time per step at this CPU's measured peaks, every sample {longest:,} tokens long (the bound: a run takes longer; "
-        f"rlvr.orchestration.step_time): generate {t.generate:.2f} s ({engines} on {t.engine_threads} thread"
+        f"rlvr.planning.step_time): generate {t.generate:.2f} s ({engines} on {t.engine_threads} thread"
         f"{'s' * (t.engine_threads > 1)} at {t.engine_device.matmul_flops / 1e9:,.0f} GFLOP/s {dtype} and "
         f"{t.engine_device.memory_bytes_per_s / 1e9:.1f} GB/s: {t.decoded_at_once} sequences at once, {t.waves} "
         f"wave{'s' * (t.waves > 1)}), train {t.train:.2f} s ({cfg.trainer.ranks} rank{'s' * (cfg.trainer.ranks > 1)} "

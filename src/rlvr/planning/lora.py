@@ -1,0 +1,37 @@
+"""The LoRA targets a run trains, as the engine applies them: a plan, a run and a served model
+resolve `trainer.lora.target_modules` the same way before anything loads."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from rlvr.config import RunConfig
+from rlvr.engines.lora_targets import dropped_line, engine_lora_targets, engine_uses_mla
+from rlvr.models.estimate import estimate_config
+from rlvr.models.folder import config_file, model_config
+from rlvr.quant.linear import all_linear_names
+
+
+def with_engine_lora_targets(cfg: RunConfig, log=print) -> RunConfig:
+    """`cfg` with `lora.target_modules` resolved to the modules the engine applies in prefill
+    and decode (rlvr.engines.lora_targets): "all-linear" without them, said once; an explicit
+    target the engine would not apply is refused."""
+    lora = cfg.trainer.lora
+    if lora is None:
+        return cfg
+    # the folder as vLLM reads it (a Mistral Large 3 folder: the trainer's mistral4, vLLM's deepseek_v3),
+    # or the model model.estimate describes (plans and rehearsals of a model not at hand)
+    folder = config_file(cfg.model.path).is_file() or cfg.model.estimate is None
+    config = model_config(cfg.model.path) if folder else estimate_config(cfg.model.estimate)
+    if not engine_uses_mla(cfg.model.path if folder else config):
+        return cfg
+    names = []
+    if lora.target_modules == "all-linear":
+        with torch.device("meta"):
+            names = all_linear_names(AutoModelForCausalLM.from_config(config))
+    targets, dropped = engine_lora_targets(lora.target_modules, names, uses_mla=True)
+    if dropped:
+        log(dropped_line(dropped))
+    trainer = cfg.trainer.model_copy(update={"lora": lora.model_copy(update={"target_modules": targets})})
+    return cfg.model_copy(update={"trainer": trainer})
