@@ -96,7 +96,7 @@ def measure(cfg, steps: int, log) -> dict:
         startup = time.perf_counter() - started
         for step in range(1, steps + 1):
             step_start = time.perf_counter()
-            rollouts = run.collector.collect(step)
+            rollouts = run.source.next(step)
             batch = rollouts.batch
             sequences = [p + c for p, c in zip(batch.prompt_ids, batch.completion_ids)]
             prompt_lens = [len(p) for p in batch.prompt_ids]

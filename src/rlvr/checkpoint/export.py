@@ -13,6 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from rlvr.checkpoint.peft_files import SERVED_ADAPTER
 from rlvr.checkpoint.store import CheckpointStore, verify
 
 
@@ -40,7 +41,7 @@ def open_run(run_dir: str | Path, checkpoint: str | Path | None = None):
     from rlvr.config import load_config
 
     folder = resolve_checkpoint(run_dir, checkpoint)
-    adapter = folder / "adapter"
+    adapter = folder / SERVED_ADAPTER
     return load_config(Path(run_dir) / "config.yaml"), folder, adapter if adapter.is_dir() else None
 
 

@@ -12,6 +12,9 @@ from pathlib import Path
 from rlvr.records import LoraAdapter
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter_model.safetensors"
+# A run checkpoint's adapters: the one the engine serves, and (generating one step ahead) the one
+# before it, which generated the rollouts in flight
+SERVED_ADAPTER, IN_FLIGHT_ADAPTER = "adapter", "rollout_adapter"
 
 
 def save_adapter(adapter: LoraAdapter, folder: str | Path) -> Path:

@@ -1,7 +1,7 @@
 """Every component of a run, built from its typed config section, wired into one `Run`.
 
     run = build_run(cfg, stack, progress, log)   # stack (an ExitStack) closes what needs closing
-    run.collector.collect(step); run.trainer.start_train_step(...); run.sync.push(step) ...
+    run.source.next(step); run.trainer.start_train_step(...); run.sync.push(step) ...
 
 The loop (rlvr.orchestration.loop) only calls these components; which engine, which placement,
 which verifier is decided here, once.
@@ -25,6 +25,7 @@ from rlvr.envs import EnvContext
 from rlvr.rollout.prompts import PromptSet, Renderer, engine_context, load_prompt_set
 from rlvr.rollout.trajectories import Episodes, Start, TrajectoryRunner
 from rlvr.rollout.sampler import EpochSampler
+from rlvr.rollout.source import RolloutSource, make_source
 from rlvr.sync.check import SyncCheck
 from rlvr.sync.weights import WeightSync
 from rlvr.tracking.metrics_log import MetricsLogger
@@ -39,7 +40,7 @@ class Run:
     trainer: object  # rlvr.training.trainer.Trainer
     engine: object  # rlvr.orchestration.engine_supervisor.EngineSupervisor
     sampler: EpochSampler
-    collector: RolloutCollector
+    source: RolloutSource  # Synchronous, OneStepAhead or Streaming, as rollout.mode says
     sync: WeightSync
     evaluation: Evaluation
     checkpoints: RunCheckpoints
@@ -91,15 +92,17 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     runner = TrajectoryRunner(engine, Renderer(tokenizer, cfg.data), cfg.env, context, cfg.engine.max_model_len,
                               fixed_order=cfg.rollout.mode == "async")
     stream = build_stream(cfg, runner, train_set, sampler, stack) if cfg.rollout.mode == "async" else None
+    collector = RolloutCollector(cfg.rollout, cfg.algorithm, cfg.reward, runner, pool, train_set, sampler,
+                                 seed=cfg.seed, timer=timer, progress=progress, log=log, stream=stream)
+    source = make_source(cfg.rollout.mode, collector, engine, stream, timer)
     sync = WeightSync(engine, trainer, train_set.probe(tokenizer), SyncCheck(cfg.engine.sync_threshold(planned_dtype(cfg).name)), timer,
-                      lora=cfg.trainer.lora is not None, check_every=cfg.engine.sync_check_every, stream=stream)
+                      lora=cfg.trainer.lora is not None, check_every=cfg.engine.sync_check_every, route=source)
     return Run(
         cfg=cfg,
         trainer=trainer,
         engine=engine,
         sampler=sampler,
-        collector=RolloutCollector(cfg.rollout, cfg.algorithm, cfg.reward, runner, pool, train_set, sampler,
-                                   seed=cfg.seed, timer=timer, progress=progress, log=log, stream=stream),
+        source=source,
         sync=sync,
         # where test prompts also occur in data.train, the evaluation also reports those never drawn
         evaluation=Evaluation(cfg, runner, pool, test_set, timer, progress, log,

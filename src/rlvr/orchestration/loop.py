@@ -3,16 +3,15 @@
     prompts -> engine.generate -> pool.score -> advantages -> trainer step -> weight sync
     (every N steps: evaluation, checkpoint; every step: metrics)
 
-With `rollout.mode: one_step_off` the ranks train step t while the engine, still serving the
-policy of step t-1, generates the rollouts of step t+1; the trainer corrects for the lag with
-truncated importance sampling (`algorithm.tis_cap`, or `algorithm.masked_is`).
-
-With `rollout.mode: async` the engine's samples outlive the step that started them
-(rlvr.rollout.async_groups): step t+1's groups are taken while step t trains, as above, but
-the stream keeps prompts_per_step x K groups in flight, and each push reaches them mid-sequence.
-Only this thread steps the engine, at fixed points (inside `collect`, in the sync probe's
-drain), so a seed fixes which tokens each version samples: an async run is as reproducible,
-and resumes as exactly, as a synchronous one.
+The rollouts come from the run's rollout source (rlvr.rollout.source), one per `rollout.mode`;
+the loop asks it the same questions whichever it is. With `one_step_off` the ranks train step t
+while the engine, still serving the policy of step t-1, generates the rollouts of step t+1; the
+trainer corrects for the lag with truncated importance sampling (`algorithm.tis_cap`, or
+`algorithm.masked_is`). With `async` the engine's samples outlive the step that started them
+(rlvr.rollout.async_groups), and each push reaches them mid-sequence. Only this thread steps
+the engine, at fixed points (inside the source's collection, in the sync probe's drain), so a
+seed fixes which tokens each version samples: an async run is as reproducible, and resumes as
+exactly, as a synchronous one.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from rlvr.checkpoint.peft_files import load_adapter
 from rlvr.config import RunConfig
 from rlvr.orchestration import RunStopped
 from rlvr.planning.architecture import planned_dtype
@@ -41,36 +39,28 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print, notes:
     summary: dict = {"model": cfg.model.path, "steps": cfg.steps, "seed": cfg.seed} | (notes or {})
     with ExitStack() as stack:
         run = build_run(cfg, stack, progress, log, resume)
-        state, pending = _begin(run, summary)
+        state = _begin(run, summary)
         stop_signal = stack.enter_context(_stop_requests())
         skips = _SkipGuard(run)
         for step in range(state.step + 1, cfg.steps + 1):
             step_start = time.perf_counter()
-            current = pending or run.collector.collect(step)
-            metrics, pending = _train(run, current, step, stop_signal)
+            current = run.source.next(step)
+            metrics = _train(run, current, step, stop_signal)
             stopping = bool(stop_signal) and step < cfg.steps
             saving = run.checkpoints.due(step, stopping)
-            # Synchronous, a step trains on rollouts of the policy pushed last: its sampler gap checks
-            # that push. What uses a push before such a check (an evaluation; generating ahead, the
-            # next rollouts) needs the sync probe. Fully asynchronous, every step's rollouts are
-            # generated ahead, by several versions: the stream checks each push's version arrives, and
-            # the probe runs where the stream is drained anyway (an evaluation, a checkpoint).
-            synchronous = not cfg.rollout.max_staleness
-            trained_gap = metrics.get("sync/sampler_trainer_gap") if synchronous else None
-            streaming = run.collector.stream is not None
-            used_unchecked = (saving if streaming else not synchronous) or run.evaluation.uses_push_of(step)
+            # Where a step trains on rollouts of the policy pushed last, its sampler gap checks that
+            # push. What uses a push before such a check (an evaluation; the rollouts generated
+            # ahead) needs the sync probe.
+            trained_gap = metrics.get("sync/sampler_trainer_gap") if run.source.push_checked_by_next_step else None
+            used_unchecked = run.source.push_used_unchecked(saving) or run.evaluation.uses_push_of(step)
             metrics |= run.sync.push(step, trained_gap, used_unchecked) | current.metrics | {"engine/restarts": run.engine.restarts}
             skips.check(step, metrics)
             if run.evaluation.due(step):
                 metrics |= _prefixed("eval/", run.evaluation.run(f"step{step}"))
             if saving:
-                if streaming:  # drained by the push's probe: what the stream holds, and the batch taken ahead, are data
-                    rollouts = {"pending": pending, "stream": run.collector.stream.state()}
-                    position = run.sampler.position
-                else:  # generated ahead, the next step's rollouts are redone on resume: save the position before them
-                    rollouts = None
-                    position = pending.data_position if pending is not None else run.sampler.position
-                run.checkpoints.save(RunState(step, position, state.eval_before), run.trainer, run.sync, rollouts)
+                rollouts = run.source.state()
+                run.checkpoints.save(RunState(step, rollouts.data_position, state.eval_before), run.trainer, run.sync,
+                                     rollouts)
             _log_step(run, step, metrics, current, step_start)
             if stopping:
                 log(f"{stop_signal[0]}: stopped after step {step}, checkpoint written; continue with --resume")
@@ -86,11 +76,10 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print, notes:
     return summary
 
 
-def _begin(run: Run, summary: dict) -> tuple[RunState, StepRollouts | None]:
+def _begin(run: Run, summary: dict) -> RunState:
     """A new run pushes its initial policy to the engine and evaluates it. A resumed one restores
-    the trainer and the data position and, one step off-policy, regenerates the rollouts that
-    were in flight (from the adapter that generated them) before pushing the trainer's policy."""
-    cfg, pending = run.cfg, None
+    the trainer, the data position and what was in flight (one step off-policy, regenerated from
+    the adapter that generated it) before pushing the trainer's policy."""
     if run.resume_from is None:
         state = RunState()
         run.sync.push(step=0)
@@ -100,36 +89,30 @@ def _begin(run: Run, summary: dict) -> tuple[RunState, StepRollouts | None]:
         run.logger.truncate_after(state.step, redone="eval_after/")  # a run killed in its final eval does it again
         run.log(f"resuming from {run.resume_from} (step {state.step})")
         summary["resumed_after_step"] = state.step
-        in_flight = run.resume_from / "rollout_adapter"
-        if run.collector.stream is not None:
-            saved = run.checkpoints.saved_rollouts(run.resume_from)
-            run.collector.stream.restore(saved["stream"])
-            pending = saved["pending"]
-        elif cfg.rollout.mode == "one_step_off" and in_flight.is_dir() and state.step < cfg.steps:
-            run.sync.serve(load_adapter(in_flight, version=0))
-            pending = run.collector.collect(state.step + 1)  # exactly the rollouts the interrupted run had in flight
+        run.source.restore(run.resume_from, run.checkpoints.saved_rollouts(run.resume_from), state.step,
+                           run.cfg.steps, serve=run.sync.serve)
         run.sync.push(step=state.step)
     summary.update(_describe(run))
     if run.resume_from is None:
         state.eval_before = run.evaluation.run("before")
         run.logger.log(0, _prefixed("eval/", state.eval_before) | run.timer.pop_metrics())
     summary["eval_before"] = state.eval_before
-    return state, pending
+    return state
 
 
-def _train(run: Run, current: StepRollouts, step: int, stop_signal: list) -> tuple[dict, StepRollouts | None]:
-    """One trainer step on `current`; one step off-policy, the engine generates the next step's
-    rollouts meanwhile (returned, else None)."""
+def _train(run: Run, current: StepRollouts, step: int, stop_signal: list) -> dict:
+    """One trainer step on `current`; where the source generates ahead, the engine generates the
+    next step's rollouts meanwhile."""
     cfg = run.cfg
     # Colocated and synchronous, the engine is idle while the ranks train on the same devices,
     # so it sleeps (a no-op where the backend cannot); generating ahead, it must stay awake.
-    sleep_while_training = cfg.placement.colocate and not cfg.rollout.max_staleness
+    sleep_while_training = cfg.placement.colocate and not run.source.generates_ahead
     if sleep_while_training:
         run.engine.sleep()
     run.trainer.start_train_step(current.batch, temperature=cfg.rollout.sampling.temperature)
     training_start = time.perf_counter()
-    ahead = cfg.rollout.max_staleness and step < cfg.steps and not stop_signal
-    pending = run.collector.collect(step + 1) if ahead else None  # the engine works while the ranks train
+    if run.source.generates_ahead and step < cfg.steps and not stop_signal:
+        run.source.generate_ahead(step + 1)  # the engine works while the ranks train
     generated_ahead = time.perf_counter() - training_start
     metrics = run.trainer.finish_train_step()
     if sleep_while_training:
@@ -137,7 +120,7 @@ def _train(run: Run, current: StepRollouts, step: int, stop_signal: list) -> tup
     # time/overlap: seconds in which the engine (generating ahead) and the ranks (training) both
     # worked; generate + train - overlap is the wall time the two took together.
     overlap = max(0.0, generated_ahead + metrics["time/train"] - (time.perf_counter() - training_start))
-    return metrics | {"time/overlap": overlap}, pending
+    return metrics | {"time/overlap": overlap}
 
 
 def _log_step(run: Run, step: int, metrics: dict, current: StepRollouts, step_start: float) -> None:

@@ -4,11 +4,10 @@
     RunCheckpoints.save(state)                   trainer shards + adapter(s) + state, atomically
     RunCheckpoints.restore()                     the newest intact checkpoint, loaded into the trainer
 
-Rollouts generated ahead (one step off-policy) are not saved: a resumed run generates them again
-from the same prompts (the position before them), seed and adapter (saved as rollout_adapter).
-Fully asynchronous, the rollout stream is drained at a checkpoint (nothing in flight), and what
-it holds (the groups finished and not trained, the next step's batch) is saved as data, in
-rollouts.pt: their tokens came from several policy versions, which no single adapter regenerates.
+What a run keeps of its rollouts, its rollout source says (rlvr.rollout.source): generated one
+step ahead, the position before them and the adapter that generated them; fully asynchronous,
+the drained stream's groups and the next step's batch as data, in rollouts.pt (their tokens came
+from several policy versions, which no single adapter regenerates).
 """
 
 from __future__ import annotations
@@ -19,6 +18,7 @@ from pathlib import Path
 import torch
 
 from rlvr.config import RunConfig
+from rlvr.rollout.source import SavedRollouts
 from rlvr.sync.weights import WeightSync
 from rlvr.tracking.timing import StepTimer
 
@@ -45,14 +45,14 @@ class RunCheckpoints:
         every = self.cfg.checkpoint.every
         return (bool(every) and step % every == 0) or step == self.cfg.steps or stopping
 
-    def save(self, state: RunState, trainer, sync: WeightSync, rollouts: dict | None = None) -> None:
-        """`rollouts`: fully asynchronous, the drained stream's state and the batch taken ahead."""
+    def save(self, state: RunState, trainer, sync: WeightSync, rollouts: SavedRollouts) -> None:
+        """The trainer, the served adapter, and what the rollout source keeps (`rollouts`)."""
         def write_parts(folder: Path) -> None:
             (folder / "trainer").mkdir()
             trainer.save(folder / "trainer")
-            sync.save(folder, with_in_flight=self.cfg.rollout.mode == "one_step_off")
-            if rollouts is not None:
-                torch.save(rollouts, folder / ROLLOUTS_FILE)
+            sync.save(folder, with_in_flight=rollouts.in_flight_adapter)
+            if rollouts.data is not None:
+                torch.save(rollouts.data, folder / ROLLOUTS_FILE)
 
         with self.timer("checkpoint"):
             folder = self.store.save(state.step, asdict(state), write_parts)
@@ -74,13 +74,10 @@ class RunCheckpoints:
         return RunState(**read_state(folder))
 
     @staticmethod
-    def saved_rollouts(folder: Path) -> dict:
-        """What `save` was given as `rollouts` (the manifest's digest checked it when the folder was chosen)."""
+    def saved_rollouts(folder: Path) -> dict | None:
+        """The rollouts `save` kept as data, if any (the manifest's digest checked them when the folder was chosen)."""
         path = folder / ROLLOUTS_FILE
-        if not path.is_file():
-            raise ValueError(f"{folder}: no {ROLLOUTS_FILE}: the checkpoint was not written by a rollout.mode=async run, "
-                             "resume it with the mode it ran")
-        return torch.load(path, weights_only=False)  # the run's own file, digest-checked
+        return torch.load(path, weights_only=False) if path.is_file() else None  # the run's own file, digest-checked
 
     def latest(self) -> Path | None:
         return self.store.latest(verbose=False)
