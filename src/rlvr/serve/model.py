@@ -128,9 +128,9 @@ class ServedModel:
             value = getattr(adam, name)
             if not math.isfinite(value) or value < 0:
                 raise BadRequest(f"optim_step: adam_params.{name} must be a finite number >= 0, got {value}")
-        metrics = self.trainer.optim_step(lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps,
-                                          weight_decay=adam.weight_decay, max_grad_norm=adam.grad_clip_norm or math.inf)
-        return {"grad_norm:mean": metrics["grad_norm"], "skipped:sum": metrics["skipped"]}
+        update = self.trainer.optim_step(lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps,
+                                         weight_decay=adam.weight_decay, max_grad_norm=adam.grad_clip_norm or math.inf)
+        return {"grad_norm:mean": update.grad_norm, "skipped:sum": float(update.skipped)}
 
     def publish(self) -> LoraAdapter:
         """Serve the trainer's current adapter on the engine; the sync probe checks it arrived."""

@@ -25,6 +25,7 @@ from rlvr.affinity import allowed_cores, rank_threads
 from rlvr.records import LoraAdapter, TrainBatch
 from rlvr.training import wire
 from rlvr.training.packing import plan, split_by_group
+from rlvr.training.report import OptimizerUpdate, step_metrics
 from rlvr.training.worker import MiniBatch, RankSpec, RankStarted, StepInput, SumLossInput, run_rank
 
 
@@ -134,29 +135,7 @@ class Trainer:
         rank's own compute time. Per-token metrics are means over every trained token of every
         update; loss and grad_norm are the mean update's."""
         self._training = False
-        results = self._gather()
-        # every key any rank reported: one whose micro-batches were all empty reports no routing sums
-        total = {k: sum(r.get(k, 0.0) for r in results) for k in dict.fromkeys(k for r in results for k in r)}
-        tokens = max(total.pop("tokens", 0.0), 1.0)
-        updates = results[0]["updates"]
-        metrics = {
-            "loss": total["loss"],
-            "grad_norm": results[0]["grad_norm"],
-            "lr": results[0]["lr"],
-            "skipped": results[0]["skipped"],
-            "optimizer/steps": updates - results[0]["skipped"],
-            "policy/entropy": total["entropy_sum"] / tokens,
-            "sync/sampler_trainer_gap": total["sampler_gap_sum"] / tokens,
-            "time/train": max(r["seconds"] for r in results),
-        }
-        for key in ("clip_fraction", "approx_kl", "ratio_mean", "kl", "is_weight", "is_corrected", "rejected"):
-            if f"{key}_sum" in total:
-                metrics[f"policy/{key}"] = total[f"{key}_sum"] / tokens
-        if "approx_kl_after_sum" in total:  # several updates: how far they moved the policy from π_old
-            metrics["policy/approx_kl"] = total["approx_kl_after_sum"] / max(total["approx_kl_after_tokens"], 1.0)
-        if "routing_compared" in total:
-            metrics |= _moe_metrics(total)
-        return metrics
+        return step_metrics(self._gather())
 
     def logprobs(self, sequences: list[list[int]], prompt_lens: list[int], temperature: float = 1.0) -> list[list[float]]:
         """The trainer's logprob of every token after each prompt (no gradient)."""
@@ -187,13 +166,13 @@ class Trainer:
         merged: dict[int, torch.Tensor] = {}
         total = 0.0
         for part in self._call_each("forward_backward", payloads):
-            merged.update(part["logprobs"])
-            total += part["loss"]
+            merged.update(part.logprobs)
+            total += part.loss
         return [merged[i] for i in range(len(sequences))], total
 
     def optim_step(self, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
-                   max_grad_norm: float) -> dict[str, float]:
-        """Apply the gradient forward_backward() accumulated with these AdamW settings; grad_norm and skipped."""
+                   max_grad_norm: float) -> OptimizerUpdate:
+        """Apply the gradient forward_backward() accumulated with these AdamW settings."""
         adam = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay, "max_grad_norm": max_grad_norm}
         return self._call_all("optim_step", adam)[0]
 
@@ -293,20 +272,6 @@ class Trainer:
                 self.close()
                 raise TrainerError(f"trainer rank {late} did not answer in time")
         return [answers[index][1] for index in range(len(self._ranks))]
-
-
-def _moe_metrics(total: dict) -> dict[str, float]:
-    """The ranks' routing sums as moe/ metrics (rlvr.training.worker, `_measure_routing`)."""
-    from rlvr.models.routing import expert_load_max_over_mean
-
-    tokens = max(total["gap_tokens"], 1.0)
-    load = expert_load_max_over_mean(total["expert_counts"])
-    return {
-        "moe/routing_agreement": total["routing_agreeing"] / max(total["routing_compared"], 1.0),
-        "moe/sampler_trainer_gap_replay": total["gap_replay_sum"] / tokens,
-        "moe/sampler_trainer_gap_no_replay": total["gap_no_replay_sum"] / tokens,
-        "moe/expert_load_max_over_mean": float(load.max()),  # the busiest layer's
-    } | {f"moe/expert_load_max_over_mean/layer{i}": float(v) for i, v in enumerate(load)}
 
 
 _POLL_S = 1.0

@@ -38,6 +38,7 @@ from rlvr.training.packing import MicroBatch, unpack
 from rlvr.training.policy import TokenLogprobs, apply_lora, shard_and_load
 from rlvr.algorithms import importance_ratios
 from rlvr.models.routing import agreement_counts, expert_counts, replay_routing, row_routes
+from rlvr.training.report import ForwardBackwardReport, OptimizerUpdate, RoutingSums, TrainReport
 
 
 @dataclass
@@ -276,7 +277,7 @@ class _Rank:
                     out[i] = values.tolist()
         return out
 
-    def train(self, step: StepInput) -> dict[str, float]:
+    def train(self, step: StepInput) -> TrainReport:
         """The step's updates: `epochs` passes over the mini-batches, one optimizer step each.
 
         With one update, π_old is the policy itself (its logprobs, detached); with more, π_old
@@ -287,25 +288,26 @@ class _Rank:
         if self.spec.trainer.routing_replay and step.routes is None:
             raise ValueError("trainer.routing_replay: the engine returned no routes (engine.backend: hf records them; "
                              "vllm only on GPU)")
-        sums: dict[str, float] = {"loss": 0.0}  # a rank whose micro-batches are all empty adds nothing
-        old = self._step_logprobs(step, measure=sums) if len(updates) > 1 else None
+        report = TrainReport()  # a rank whose micro-batches are all empty adds nothing
+        old = self._step_logprobs(step, measure=report) if len(updates) > 1 else None
         for mini in updates:
             for mb in mini.micro_batches:
-                self._train_micro_batch(mb, mini, step, old, sums, measure=old is None)
-            for key, value in self._optimizer_step(self.spec.trainer.grad_clip).items():
-                self._accumulate(sums, key, value)
+                self._train_micro_batch(mb, mini, step, old, report, measure=old is None)
+            update = self._optimizer_step(self.spec.trainer.grad_clip)
+            report.grad_norm += update.grad_norm
+            report.skipped += float(update.skipped)
         self.scheduler.step()  # the schedule counts RL steps: N mini-batches x E epochs share one rate
-        sums["loss"] /= len(updates)  # the mean update's loss
-        sums["grad_norm"] /= len(updates)
-        sums.update(updates=float(len(updates)), lr=self.scheduler.get_last_lr()[0])
+        report.loss /= len(updates)  # the mean update's loss
+        report.grad_norm /= len(updates)
+        report.updates, report.lr = float(len(updates)), self.scheduler.get_last_lr()[0]
         if old is not None:
             after = self._step_logprobs(step)
-            self._accumulate(sums, "approx_kl_after_sum", float(sum(_k3(old[i], after[i]) for i in old)))
-            self._accumulate(sums, "approx_kl_after_tokens", float(sum(len(lp) for lp in old.values())))
-        sums["seconds"] = time.perf_counter() - started  # this rank's compute, for the overlap figures
-        return sums
+            report.approx_kl_after_sum = float(sum(_k3(old[i], after[i]) for i in old))
+            report.approx_kl_after_tokens = float(sum(len(lp) for lp in old.values()))
+        report.seconds = time.perf_counter() - started  # this rank's compute, for the overlap figures
+        return report
 
-    def forward_backward(self, work: SumLossInput) -> dict:
+    def forward_backward(self, work: SumLossInput) -> ForwardBackwardReport:
         """Every sequence's logprobs and the loss summed over the rank's tokens; with `backward`,
         its gradient is added to what earlier calls left, for optim_step to apply."""
         from rlvr.algorithms.sum_losses import sum_loss
@@ -330,9 +332,9 @@ class _Rank:
                     (loss * self.world_size).backward()
                 total += loss.item()
                 logprobs_out.update((i, row.detach().float().cpu()) for i, row in zip(mb.sequences, rows))
-        return {"logprobs": logprobs_out, "loss": total}
+        return ForwardBackwardReport(logprobs_out, total)
 
-    def optim_step(self, adam: dict) -> dict[str, float]:
+    def optim_step(self, adam: dict) -> OptimizerUpdate:
         """Apply the gradient forward_backward calls accumulated, with this call's AdamW settings
         (lr, betas, eps, weight_decay; max_grad_norm, inf: no clip); the gradient is cleared."""
         for group in self.optimizer.param_groups:
@@ -340,7 +342,7 @@ class _Rank:
         return self._optimizer_step(adam["max_grad_norm"])
 
     def _train_micro_batch(
-        self, mb: MicroBatch, mini: MiniBatch, step: StepInput, old: dict | None, sums: dict, measure: bool
+        self, mb: MicroBatch, mini: MiniBatch, step: StepInput, old: dict | None, report: TrainReport, measure: bool
     ) -> None:
         """Forward and backward of one micro-batch, its loss scaled to its share of the update's;
         `measure`: this forward is π_old's, the one the moe/ metrics describe."""
@@ -361,24 +363,24 @@ class _Rank:
                 # so the update's loss is normalised once, by the mini-batch's global denominator.
                 (loss * (weight / denominator) * self.world_size).backward()
         if measure and routing is not None:
-            self._measure_routing(mb, step, routing, logprobs.detach(), sums)
+            self._measure_routing(mb, step, routing, logprobs.detach(), report)
         if mb.is_empty:
             return
         tokens = mask.sum().item()
-        self._accumulate(sums, "loss", loss.item() * weight / denominator)
-        self._accumulate(sums, "tokens", tokens)
-        self._accumulate(sums, "entropy_sum", float((_padded(unpack(entropy, mb)) * mask).sum()))
-        self._accumulate(sums, "sampler_gap_sum", ((old_lp - sampler).abs() * mask).sum().item())
+        report.loss += loss.item() * weight / denominator
+        report.tokens += tokens
+        report.entropy_sum += float((_padded(unpack(entropy, mb)) * mask).sum())
+        report.sampler_gap_sum += ((old_lp - sampler).abs() * mask).sum().item()
         for key in ("clip_fraction", "approx_kl", "ratio_mean", "kl"):
             if key in metrics:
-                self._accumulate(sums, f"{key}_sum", float(metrics[key]) * tokens)
+                report.add_policy(key, float(metrics[key]) * tokens)
         if is_weights is not None:
-            self._accumulate(sums, "is_weight_sum", float(torch.where(mask, is_weights, 0.0).sum()))
+            report.add_policy("is_weight", float(torch.where(mask, is_weights, 0.0).sum()))
             # how often the correction acts: tokens whose weight it capped (TIS) or zeroed (masked IS)
             level = self.spec.algorithm.masked_is.level if self.spec.algorithm.masked_is else self.spec.algorithm.tis_level
-            self._accumulate(sums, "is_corrected_sum", float((mask & (is_weights != importance_ratios(old_lp, sampler, mask, level))).sum()))
+            report.add_policy("is_corrected", float((mask & (is_weights != importance_ratios(old_lp, sampler, mask, level))).sum()))
         if self.spec.algorithm.rejection is not None:
-            self._accumulate(sums, "rejected_sum", float((mask & ~kept).sum()))
+            report.add_policy("rejected", float((mask & ~kept).sum()))
 
     def _share(self, mask: torch.Tensor, mb: MicroBatch, mini: MiniBatch) -> tuple[float, float]:
         """The micro-batch's share of its update, as (weight, denominator): its aggregated loss
@@ -391,7 +393,7 @@ class _Rank:
             return mask.sum().item(), mini.num_tokens
         return len(mb.sequences), mini.num_sequences
 
-    def _step_logprobs(self, step: StepInput, measure: dict | None = None) -> dict[int, torch.Tensor]:
+    def _step_logprobs(self, step: StepInput, measure: TrainReport | None = None) -> dict[int, torch.Tensor]:
         """The current policy's logprob of every completion token of the step (no gradient);
         with `measure`, this is π_old: its moe/ metrics are added there."""
         out: dict[int, torch.Tensor] = {}
@@ -417,7 +419,7 @@ class _Rank:
         with replay_routing(self.lm, recorded if self.spec.trainer.routing_replay else None) as own:
             yield recorded, own
 
-    def _measure_routing(self, mb: MicroBatch, step: StepInput, routing, logprobs: torch.Tensor, sums: dict) -> None:
+    def _measure_routing(self, mb: MicroBatch, step: StepInput, routing, logprobs: torch.Tensor, report: TrainReport) -> None:
         """The moe/ metrics of one micro-batch's π_old forward (`logprobs`, routed as configured), at
         the positions that sampled a token: how often the trainer's routers chose the engine's experts,
         the experts' load, and the sampler gap with and without replay (the other from one more
@@ -433,15 +435,14 @@ class _Rank:
         # would see the replayed choices of the layers before it)
         unreplayed = other_own if replay else own
         agreeing, compared = agreement_counts(unreplayed.stacked().cpu()[at], recorded[at])
-        self._accumulate(sums, "routing_agreeing", agreeing)
-        self._accumulate(sums, "routing_compared", compared)
-        sums["expert_counts"] = sums.get("expert_counts", 0.0) + expert_counts(recorded[at], self.num_experts)
         mask, sampler = self._mask(mb, step), self._sampler(mb, step, logprobs.dtype)
-        gaps = {"gap_replay_sum": logprobs, "gap_no_replay_sum": other} if replay else {
-            "gap_replay_sum": other, "gap_no_replay_sum": logprobs}
-        for key, values in gaps.items():
-            self._accumulate(sums, key, float(((_padded(unpack(values, mb)) - sampler).abs() * mask).sum()))
-        self._accumulate(sums, "gap_tokens", float(mask.sum()))
+        with_replay, without = (logprobs, other) if replay else (other, logprobs)
+
+        def gap(values: torch.Tensor) -> float:
+            return float(((_padded(unpack(values, mb)) - sampler).abs() * mask).sum())
+
+        report.add_routing(RoutingSums(agreeing, compared, expert_counts(recorded[at], self.num_experts),
+                                       gap(with_replay), gap(without), float(mask.sum())))
 
     def _mask(self, mb: MicroBatch, step: StepInput) -> torch.Tensor:
         """`[sequences, tokens]`: the completion tokens the loss trains on."""
@@ -492,7 +493,7 @@ class _Rank:
             metrics = {**metrics, "kl": float(kl)}
         return loss, metrics, is_weights, mask
 
-    def _optimizer_step(self, max_grad_norm: float) -> dict[str, float]:
+    def _optimizer_step(self, max_grad_norm: float) -> OptimizerUpdate:
         """Clip and step, unless the gradient is not finite (then the update is skipped)."""
         grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in self.trainable], max_grad_norm)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
@@ -500,7 +501,7 @@ class _Rank:
         if not skipped:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return {"grad_norm": grad_norm, "skipped": float(skipped)}
+        return OptimizerUpdate(grad_norm, skipped)
 
     def adapter(self, _=None) -> dict[str, torch.Tensor]:
         """This rank's part of the trainable tensors, in PEFT/HF naming, for the controller to
@@ -632,11 +633,6 @@ class _Rank:
         with torch.no_grad(), self.lm.disable_adapter():
             ref, _ = self._forward(mb, temperature)
         return _padded(unpack(ref, mb))
-
-    @staticmethod
-    def _accumulate(sums: dict, key: str, value: float) -> None:
-        sums[key] = sums.get(key, 0.0) + value
-
 
 def _k3(old: torch.Tensor, new: torch.Tensor) -> float:
     """Sum over tokens of k3, the estimate of KL(π_old || π_new) from tokens π_old sampled."""
