@@ -220,10 +220,11 @@ class InProcessRank:
         self.worker = join_group(0, world_size, "127.0.0.1", free_port(), spec)
         self.reply = ("ok", self.worker.info())
 
-    def send(self, command: str, payload) -> None:
+    def send(self, command) -> None:
+        from rlvr.training.commands import Close
         from rlvr.training.worker import answer
 
-        self.reply = ("ok", None) if command == "close" else answer(self.worker, command, payload)
+        self.reply = ("ok", None) if isinstance(command, Close) else answer(self.worker, command)
 
     def receive(self, timeout_s):
         return self.reply

@@ -324,10 +324,10 @@ class InProcessRank:
         self.worker = join_group(0, 1, "127.0.0.1", free_port(), spec)
         self.reply = ("ok", self.worker.info())
 
-    def send(self, command: str, payload) -> None:
+    def send(self, command) -> None:
         from rlvr.training.worker import answer
 
-        self.reply = answer(self.worker, command, payload)
+        self.reply = answer(self.worker, command)
 
     def receive(self, timeout_s: float | None) -> tuple[str, object]:
         return self.reply

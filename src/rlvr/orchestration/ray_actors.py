@@ -53,10 +53,11 @@ class RankActor:
         except Exception as error:
             return "error", RankFailure.of(error)
 
-    def call(self, command: str, payload) -> tuple[str, object]:
+    def call(self, command) -> tuple[str, object]:
+        """One rlvr.training.commands record, answered as a local rank answers it."""
         from rlvr.training.worker import answer
 
-        return answer(self.worker, command, payload)
+        return answer(self.worker, command)
 
     def close(self) -> None:
         from rlvr.training.worker import leave_group

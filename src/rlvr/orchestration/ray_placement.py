@@ -33,6 +33,7 @@ from rlvr.engines.base import Engine
 from rlvr.orchestration import RunStopped
 from rlvr.orchestration.ray_actors import EngineActor, RankActor
 from rlvr.training.trainer import RankDied
+from rlvr.training.commands import Command
 from rlvr.training.worker import RankSpec
 
 # A Ray started here on a laptop-sized machine: no dashboard, and an object store sized for
@@ -347,8 +348,8 @@ class RayRank:
         self._actor, self._pending, self._cluster = actor, pending, cluster
         cluster._acquire()
 
-    def send(self, command: str, payload) -> None:
-        self._pending = self._actor.call.remote(command, payload)
+    def send(self, command: Command) -> None:
+        self._pending = self._actor.call.remote(command)
 
     def receive(self, timeout_s: float | None) -> tuple[str, object]:
         import ray

@@ -23,10 +23,11 @@ import torch
 
 from rlvr.affinity import allowed_cores, rank_threads
 from rlvr.records import LoraAdapter, TrainBatch
-from rlvr.training import wire
+from rlvr.training import commands, wire
+from rlvr.training.commands import Command, MiniBatch, StepInput, SumLossInput
 from rlvr.training.packing import plan, split_by_group
 from rlvr.training.report import OptimizerUpdate, step_metrics
-from rlvr.training.worker import MiniBatch, RankSpec, RankStarted, StepInput, SumLossInput, run_rank
+from rlvr.training.worker import RankSpec, RankStarted, run_rank
 
 
 class TrainerError(RuntimeError):
@@ -44,7 +45,7 @@ class RankDied(Exception):
 class RankHandle(Protocol):
     """The controller's end of one rank: how commands reach it, whatever hosts it."""
 
-    def send(self, command: str, payload) -> None: ...
+    def send(self, command: Command) -> None: ...
 
     def receive(self, timeout_s: float | None) -> tuple[str, object]:
         """("ok", value) or ("error", traceback); raises RankDied, or TimeoutError after timeout_s."""
@@ -127,7 +128,7 @@ class Trainer:
                     routes={i: batch.routes[i] for i in mine} if batch.routes is not None else None,
                 )
             )
-        self._send_each("train", inputs)
+        self._send_each(inputs)
         self._training = True
 
     def finish_train_step(self) -> dict[str, float]:
@@ -141,7 +142,7 @@ class Trainer:
         """The trainer's logprob of every token after each prompt (no gradient)."""
         per_rank = self._plan(sequences, prompt_lens)
         merged: dict[int, list[float]] = {}
-        for part in self._call_each("logprobs", [(mbs, temperature) for mbs in per_rank]):
+        for part in self._call_each([commands.Logprobs(mbs, temperature) for mbs in per_rank]):
             merged.update(part)
         return [merged[i] for i in range(len(sequences))]
 
@@ -165,7 +166,7 @@ class Trainer:
             payloads.append(SumLossInput(micro_batches, loss, {i: loss_inputs[i] for i in mine}, clip_thresholds, backward))
         merged: dict[int, torch.Tensor] = {}
         total = 0.0
-        for part in self._call_each("forward_backward", payloads):
+        for part in self._call_each(payloads):
             merged.update(part.logprobs)
             total += part.loss
         return [merged[i] for i in range(len(sequences))], total
@@ -173,38 +174,37 @@ class Trainer:
     def optim_step(self, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
                    max_grad_norm: float) -> OptimizerUpdate:
         """Apply the gradient forward_backward() accumulated with these AdamW settings."""
-        adam = {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay, "max_grad_norm": max_grad_norm}
-        return self._call_all("optim_step", adam)[0]
+        return self._call_all(commands.OptimStep(lr, betas, eps, weight_decay, max_grad_norm))[0]
 
     def adapter(self) -> LoraAdapter:
         if not self.spec.trainer.lora:
             raise TrainerError("adapter(): this trainer runs full fine-tuning; use weights()")
-        parts = self._call_all("adapter")  # each rank's dim-0 shards, or rank 0's whole tensors
+        parts = self._call_all(commands.Adapter())  # each rank's dim-0 shards, or rank 0's whole tensors
         tensors = {name: torch.cat([part[name] for part in parts if name in part]) for name in parts[0]}
         if self._lora_config is None:
-            self._lora_config = self._call_all("lora_config")[0]
+            self._lora_config = self._call_all(commands.LoraConfigOf())[0]
         config = self._lora_config
         self._adapter_version += 1
         return LoraAdapter(tensors=tensors, config=config, version=self._adapter_version)
 
     def weights(self) -> dict[str, torch.Tensor]:
-        return self._call_all("weights")[0]
+        return self._call_all(commands.FullWeights())[0]
 
     def placement(self) -> list[dict]:
         """Each rank's cores (where its threads may run, as the kernel says) and torch threads."""
-        return self._call_all("placement")
+        return self._call_all(commands.Placement())
 
     def packed_base_bytes(self) -> list[int]:
         """Bytes of packed (quantized) base weights each rank holds between steps: its shards."""
-        return self._call_all("packed_base_bytes")
+        return self._call_all(commands.PackedBaseBytes())
 
     def save(self, folder: str) -> None:
         """Every rank writes its shard of the trainable state into `folder` (which must exist)."""
-        self._call_all("save", str(folder))
+        self._call_all(commands.Save(str(folder)))
 
     def load(self, folder: str, optimizer: bool = True) -> None:
         """Put back what `save` wrote (with `optimizer` False: the trainable weights alone, a fresh optimizer)."""
-        self._call_all("load" if optimizer else "load_weights", str(folder))
+        self._call_all(commands.Load(str(folder), optimizer))
 
     def close(self) -> None:
         ranks, self._ranks = self._ranks, []
@@ -224,19 +224,19 @@ class Trainer:
     def _plan(self, sequences: list[list[int]], prompt_lens: list[int]):
         return plan(sequences, prompt_lens, self.world_size, self.micro_batch_tokens, self.share_prompts)
 
-    def _call_all(self, command: str, payload=None) -> list:
-        return self._call_each(command, [payload] * self.world_size)
+    def _call_all(self, command: Command) -> list:
+        return self._call_each([command] * self.world_size)
 
-    def _call_each(self, command: str, payloads: list) -> list:
-        self._send_each(command, payloads)
+    def _call_each(self, commands: list[Command]) -> list:
+        self._send_each(commands)
         return self._gather()
 
-    def _send_each(self, command: str, payloads: list) -> None:
+    def _send_each(self, commands: list[Command]) -> None:
         if self._training:
-            raise TrainerError(f"{command}: a train step is in flight; call finish_train_step() first")
+            raise TrainerError(f"{type(commands[0]).__name__}: a train step is in flight; call finish_train_step() first")
         self.wait_started()  # the ranks answer in order: their start report comes first
-        for rank, payload in zip(self._ranks, payloads):
-            rank.send(command, payload)
+        for rank, command in zip(self._ranks, commands):
+            rank.send(command)
 
     def _gather(self, timeout_s: float | None = None) -> list:
         """Every rank's answer to the last command, or a TrainerError naming the rank at fault.
@@ -290,9 +290,9 @@ class RankProcess:
         self._process.start()
         child.close()
 
-    def send(self, command: str, payload) -> None:
+    def send(self, command: Command) -> None:
         try:
-            wire.send(self._conn, (command, payload))
+            wire.send(self._conn, command)
         except (BrokenPipeError, OSError):
             pass  # it died: receive says how
 
@@ -311,7 +311,7 @@ class RankProcess:
 
     def stop(self) -> None:
         if self._process.is_alive():
-            self.send("close", None)
+            self.send(commands.Close())
 
     def wait_stopped(self) -> None:
         self._process.join(timeout=30)

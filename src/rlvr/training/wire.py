@@ -1,7 +1,7 @@
 """How commands and answers cross the pipe between the controller and a local rank process.
 
-    send(conn, ("train", step_input))
-    command, payload = receive(conn)
+    send(conn, StepInput(...))      # a command (rlvr.training.commands), or an answer
+    command = receive(conn)
 
 Messages are pickled with every tensor as its raw bytes (a numpy array) inside the message.
 multiprocessing's own pickler instead moves each tensor's storage into a new shared-memory

