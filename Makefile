@@ -89,11 +89,15 @@ bench-setup: setup
 # 24 GB), a file per worker at a time (tests/conftest.py); then, alone, the tests marked solo.
 TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 3 ? n : 3 )))
 PYTEST_PARALLEL := $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+# Format and lint first (pyproject's [tool.ruff]): seconds, and a failure says which file and line.
+LINT := $(BIN)/ruff format --check src tests benchmarks && $(BIN)/ruff check src tests benchmarks
 test: setup
+	$(LINT)
 	$(PYTEST_PARALLEL) --durations=25 -m "not solo" tests
 	$(BIN)/python -m pytest -q -ra -m solo tests
 
 test-fast: setup
+	$(LINT)
 	$(PYTEST_PARALLEL) -m "not slow and not solo" tests
 	$(BIN)/python -m pytest -q -m "not slow and solo" tests
 

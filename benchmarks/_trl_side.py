@@ -24,7 +24,6 @@ from pathlib import Path
 
 from rlvr.config import RunConfig
 
-
 GENERATIONS = ("vllm", "generate")
 
 
@@ -147,11 +146,11 @@ def run_trl(cfg_json: str, steps: int, prompts_in_order: list[dict], output_dir:
         os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
         reload_through_vllm()
         seed_colocate_vllm(cfg.seed)
+    from datasets import Dataset
     from peft import LoraConfig
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from datasets import Dataset
     from rlvr.rewards.verifiers import get_verifier
 
     verifier = get_verifier(cfg.reward.verifier)

@@ -80,8 +80,8 @@ def adapter_change_rms(adapter) -> float:
 def measure(cfg, steps: int, log) -> dict:
     """The first `steps` RL steps of `cfg`'s run, gaps recorded as the module docstring says."""
     from rlvr.engines.base import score_each
-    from rlvr.planning.architecture import planned_dtype
     from rlvr.orchestration.builders import build_run
+    from rlvr.planning.architecture import planned_dtype
     from rlvr.sync.check import logprob_gap, probe_inputs
 
     temperature = cfg.rollout.sampling.temperature

@@ -44,12 +44,11 @@ import peft  # noqa: F401
 import safetensors  # noqa: F401
 import torch
 import transformers  # noqa: F401
+from _proc import status_bytes
 
 from rlvr.quant.skeleton import Skeleton  # noqa: F401
 from rlvr.training.trainer import RankProcess, Trainer, free_port
 from rlvr.training.worker import run_rank
-
-from _proc import status_bytes
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPE = dict(hidden_size=1024, num_hidden_layers=10, intermediate_size=2048, num_attention_heads=8, num_key_value_heads=8,
@@ -99,9 +98,9 @@ def write_checkpoint(out: Path) -> Path:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, DeepseekV3Config
 
+    from rlvr.models.hub_layout import disk_name, expert_pieces
     from rlvr.models.moe import expert_projections, moe_layers
     from rlvr.quant.checkpoint import nvfp4_quantization_config
-    from rlvr.models.hub_layout import disk_name, expert_pieces
     from rlvr.quant.nvfp4 import GROUP_SIZE
 
     if (out / "config.json").is_file():
@@ -180,11 +179,11 @@ def tensor_bytes(model_dir: Path) -> tuple[int, int]:
 
 
 def run(model_dir: Path, ranks: int, reports: Path) -> dict:
+    import multiprocessing as mp
+
     from rlvr.config import AlgorithmConfig, LoraConfig, ModelConfig, TrainerConfig
     from rlvr.records import TrainBatch
     from rlvr.training.worker import RankSpec
-
-    import multiprocessing as mp
 
     context = mp.get_context("spawn")
 

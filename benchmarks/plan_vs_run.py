@@ -38,8 +38,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _ledger import append_line, provenance, write_result  # noqa: E402
 from _flops import step_shapes  # noqa: E402
+from _ledger import append_line, provenance, write_result  # noqa: E402
 
 PHASES = ("generate", "train", "sync")
 

@@ -26,7 +26,6 @@ from rlvr.data.datasets import builtin_path
 from rlvr.rewards import ScoringPool
 
 
-
 def make_items(count: int, seed: int) -> tuple[list[str], list[str]]:
     rng = random.Random(seed)
     rows = [json.loads(line) for line in builtin_path("math500").open()]

@@ -28,9 +28,9 @@ import torch
 from _ledger import append_line, provenance, write_result
 
 import rlvr.training.attention as attention_module
+from rlvr.config import AlgorithmConfig, LoraConfig, ModelConfig, TrainerConfig
 from rlvr.records import TrainBatch
 from rlvr.training.trainer import Trainer
-from rlvr.config import AlgorithmConfig, LoraConfig, ModelConfig, TrainerConfig
 from rlvr.training.worker import RankSpec
 
 ROOT = Path(__file__).resolve().parents[1]

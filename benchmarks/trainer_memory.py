@@ -102,9 +102,9 @@ def packed_base_bytes_per_rank(model_dir: Path, ranks: int, dtype_name: str, bat
     """Bytes of packed base (Linears and experts) each trainer rank holds after one LoRA train step."""
     import torch
 
+    from rlvr.config import AlgorithmConfig, LoraConfig, ModelConfig, TrainerConfig
     from rlvr.records import TrainBatch
     from rlvr.training.trainer import Trainer
-    from rlvr.config import AlgorithmConfig, LoraConfig, ModelConfig, TrainerConfig
     from rlvr.training.worker import RankSpec
 
     generator = torch.Generator().manual_seed(0)

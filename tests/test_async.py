@@ -5,7 +5,6 @@ stack, and its exact resume: tests/test_resume_after_kill.py.)"""
 import json
 
 import pytest
-
 from run_fixtures import DIGIT_SHARE, small_config, step_rows, train
 
 

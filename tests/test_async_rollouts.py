@@ -9,10 +9,10 @@ import string
 import pytest
 import torch
 from _floats import assert_close_scaled
+from engine_fixtures import build_peaked_model, random_lora, reference_logprobs, start_engine
 from peft import get_peft_model_state_dict
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine_fixtures import build_peaked_model, random_lora, reference_logprobs, start_engine
 from rlvr.config import DataConfig, EnvConfig, SandboxConfig
 from rlvr.envs import ENVIRONMENTS, EnvContext, EnvStep
 from rlvr.records import LoraAdapter, Problem, Request, Sampling

@@ -9,12 +9,12 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
+from run_fixtures import DIGIT_SHARE, small_config, train
 
 from rlvr.affinity import allowed_cores, core_list, pinned, process_cores
 from rlvr.config import ConfigError, load_config
 from rlvr.orchestration.builders import place_on_cores
 from rlvr.planning.cpu_split import cpu_split
-from run_fixtures import DIGIT_SHARE, small_config, train
 
 DEMO = "configs/demo.yaml"
 SPLIT = ["placement.colocate=false", "engine.num_threads=null"]

@@ -59,6 +59,7 @@ def test_moe_lora_on_vllm_cpu_is_refused_in_one_line(tmp_path):
 @pytest.mark.slow
 def test_moe_full_weight_sync_to_vllm_cpu_is_refused(tmp_path):
     from engine_fixtures import start_engine
+
     from rlvr.models.tiny import build_tiny_model
 
     path = build_tiny_model(tmp_path / "moe", "qwen3_moe", hidden_size=128, num_heads=4, num_layers=1, intermediate_size=128)

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 import yaml
+from run_fixtures import TEST_ENGINE_THREADS
 
 from rlvr.hardware import compute_dtype
-from run_fixtures import TEST_ENGINE_THREADS
 
 
 @pytest.mark.slow

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_fixtures import build_peaked_model, random_lora, reference_greedy, start_engine
 from peft import get_peft_model_state_dict
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine_fixtures import build_peaked_model, random_lora, reference_greedy, start_engine
 from rlvr.config import EngineConfig, PlacementConfig
 from rlvr.engines.base import score_each
 from rlvr.engines.replicas import ReplicatedEngine, assign, spans, unplaceable

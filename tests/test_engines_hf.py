@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from peft import get_peft_model_state_dict
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
 from engine_fixtures import (
     assert_stop_token_cuts_the_same_draws,
     assert_top_k_one_is_greedy,
@@ -17,9 +14,12 @@ from engine_fixtures import (
     reference_logprobs,
     start_engine,
 )
+from peft import get_peft_model_state_dict
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 from rlvr.engines.base import EngineDied
-from rlvr.sync.check import SyncCheck, logprob_gap, probe_inputs
 from rlvr.records import LoraAdapter, Sampling
+from rlvr.sync.check import SyncCheck, logprob_gap, probe_inputs
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
 from engine_fixtures import (
     assert_stop_token_cuts_the_same_draws,
     assert_top_k_one_is_greedy,
@@ -17,6 +15,8 @@ from engine_fixtures import (
     reference_logprobs,
     start_engine,
 )
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 from rlvr.records import Sampling
 from rlvr.sync.check import logprob_gap
 

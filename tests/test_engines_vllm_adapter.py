@@ -13,8 +13,6 @@ from __future__ import annotations
 import pytest
 import torch
 from _floats import assert_close_scaled
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
 from engine_fixtures import (
     build_peaked_model,
     grpo_train_batch,
@@ -24,6 +22,8 @@ from engine_fixtures import (
     reference_logprobs,
     start_engine,
 )
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
 from rlvr.records import LoraAdapter, Sampling
 from rlvr.sync.check import SyncCheck, logprob_gap, probe_inputs
 

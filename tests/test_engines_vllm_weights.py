@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from engine_fixtures import build_peaked_model, reference_greedy, reference_logprobs, start_engine
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine_fixtures import build_peaked_model, reference_greedy, reference_logprobs, start_engine
 from rlvr.records import Sampling
 from rlvr.sync.check import logprob_gap
 

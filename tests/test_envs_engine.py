@@ -7,8 +7,14 @@ import json
 import pytest
 import torch
 from engine_fixtures import start_engine
-from run_fixtures import (comparable_metrics, metric_differences, small_config, step_rows, stopped_after_step_one_then_resumed,
-                          train)
+from run_fixtures import (
+    comparable_metrics,
+    metric_differences,
+    small_config,
+    step_rows,
+    stopped_after_step_one_then_resumed,
+    train,
+)
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlvr.config import DataConfig, EnvConfig, SandboxConfig

@@ -7,7 +7,15 @@ from fractions import Fraction
 
 import pytest
 
-from rlvr.eval import SampleRow, flat_eval_metrics, metrics_from_rollouts, pass_at_k, read_samples, summarize, write_samples
+from rlvr.eval import (
+    SampleRow,
+    flat_eval_metrics,
+    metrics_from_rollouts,
+    pass_at_k,
+    read_samples,
+    summarize,
+    write_samples,
+)
 
 # --- pass@k ------------------------------------------------------------------------------
 

@@ -4,9 +4,9 @@ import time
 
 import psutil
 import pytest
+from run_fixtures import DIGIT_SHARE, small_config, start_training, step_rows
 
 from rlvr.checkpoint.store import verify
-from run_fixtures import DIGIT_SHARE, small_config, start_training, step_rows
 
 # A sampling temperature so small that the trainer's logits / T overflow float32: vLLM samples
 # greedily below 1e-5, but the trainer scores every token inf - inf = NaN, so each step's loss

@@ -12,10 +12,10 @@ import signal
 import pytest
 import torch
 from _floats import assert_close_scaled
+from engine_fixtures import LORA_TARGETS, build_peaked_model, random_lora, reference_logprobs, start_engine
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine_fixtures import LORA_TARGETS, build_peaked_model, random_lora, reference_logprobs, start_engine
 from rlvr.engines.vllm_engine import spanning_stop_end
 from rlvr.orchestration.engine_supervisor import EngineSupervisor
 from rlvr.records import LoraAdapter, Request, Sampling

@@ -3,7 +3,6 @@
 import ast
 from pathlib import Path
 
-
 SRC = Path(__file__).parents[1] / "src" / "rlvr"
 
 # The layers, top first. A module imports only from its own package and from layers below its

@@ -15,9 +15,9 @@ import sys
 
 import pytest
 import torch
+from engine_fixtures import reference_logprobs, start_engine
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from engine_fixtures import reference_logprobs, start_engine
 from rlvr.engines.lora_targets import MLA_DECODE_ABSORBS, UnappliedLoraTarget, engine_lora_targets, engine_uses_mla
 from rlvr.models.tiny import build_char_tokenizer, build_tiny_model, tiny_config
 from rlvr.quant.linear import all_linear_names

@@ -177,8 +177,8 @@ def test_trainer_logits_equal_in_every_layout_float_and_nvfp4(mistral_dir, tmp_p
 
 @pytest.mark.slow
 def test_import_round_trips_to_the_same_tensors(mistral_dir, tmp_path):
-    from rlvr.quant.checkpoint import quantize_checkpoint
     from rlvr.models.checkpoint_files import CheckpointFiles
+    from rlvr.quant.checkpoint import quantize_checkpoint
 
     rlvr = [sys.executable, "-m", "rlvr.cli"]
     for source in (mistral_dir, quantize_checkpoint(mistral_dir, tmp_path / "nvfp4")):

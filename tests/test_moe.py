@@ -26,9 +26,16 @@ from transformers import AutoModelForCausalLM
 
 from rlvr.models.moe import moe_layers
 from rlvr.models.tiny import build_tiny_model
-from rlvr.quant import load_quantized_model, nvfp4, peft_targets_as_given, prepare_lora_config, quantize_checkpoint
-from rlvr.quant import quantized_linear_names
-from rlvr.quant import dequantized_state_dict, write_dequantized_checkpoint
+from rlvr.quant import (
+    dequantized_state_dict,
+    load_quantized_model,
+    nvfp4,
+    peft_targets_as_given,
+    prepare_lora_config,
+    quantize_checkpoint,
+    quantized_linear_names,
+    write_dequantized_checkpoint,
+)
 from rlvr.quant.experts import NAME, packed_experts_names, packed_projection
 from rlvr.quant.packed_bytes import as_bytes
 from rlvr.training.policy import apply_lora

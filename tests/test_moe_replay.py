@@ -22,9 +22,9 @@ from transformers import AutoModelForCausalLM
 from rlvr.config import EngineConfig, ModelConfig
 from rlvr.engines.hf_engine import HFEngine
 from rlvr.models.moe import moe_layers
+from rlvr.models.routing import record_routing
 from rlvr.models.tiny import build_tiny_model
 from rlvr.records import Sampling, TrainBatch
-from rlvr.models.routing import record_routing
 from rlvr.training.trainer import Trainer, TrainerError
 
 SIZES = dict(hidden_size=64, num_heads=4, num_kv_heads=4, num_layers=3, intermediate_size=128)

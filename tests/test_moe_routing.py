@@ -10,11 +10,6 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlvr.models.moe import moe_layers
-from rlvr.models.tiny import build_tiny_model
-from rlvr.quant import load_quantized_model, quantize_checkpoint
-from rlvr.quant.experts import packed_experts_names
-from rlvr.training.packing import plan
-from rlvr.training.policy import apply_lora
 from rlvr.models.routing import (
     agreement_counts,
     expert_counts,
@@ -24,6 +19,11 @@ from rlvr.models.routing import (
     routing_agreement,
     row_routes,
 )
+from rlvr.models.tiny import build_tiny_model
+from rlvr.quant import load_quantized_model, quantize_checkpoint
+from rlvr.quant.experts import packed_experts_names
+from rlvr.training.packing import plan
+from rlvr.training.policy import apply_lora
 
 ARCHS = ["deepseek_v3", "qwen3_moe", "mixtral"]
 SIZES = dict(hidden_size=64, num_heads=4, num_kv_heads=4, num_layers=3, intermediate_size=128)

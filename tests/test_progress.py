@@ -6,10 +6,10 @@ from __future__ import annotations
 import re
 
 import pytest
+from engine_fixtures import build_peaked_model, start_engine
 from rich.console import Console
 from transformers import AutoTokenizer
 
-from engine_fixtures import build_peaked_model, start_engine
 from rlvr.records import Problem, Sampling
 from rlvr.rewards import ScoringPool
 from rlvr.tracking.progress import RunProgress, phase

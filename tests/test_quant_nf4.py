@@ -17,8 +17,8 @@ import pytest
 import torch
 from _floats import assert_close_scaled
 from peft import LoraConfig, get_peft_model
-from safetensors.torch import load_file, save_file
 from run_fixtures import check_two_trained_steps, two_rl_steps
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
 from rlvr.models.tiny import build_tiny_model
@@ -26,13 +26,13 @@ from rlvr.quant import (
     NF4Linear,
     dequantized_state_dict,
     load_quantized_model,
+    nf4,
     prepare_lora_config,
     quantize_checkpoint,
     quantized_format,
     quantized_linear_names,
     write_dequantized_checkpoint,
 )
-from rlvr.quant import nf4
 
 NO_BNB = "bitsandbytes is not installed (pip install bitsandbytes): the cross-check against its own kernels is skipped"
 

@@ -26,12 +26,12 @@ from rlvr.quant import (
     NVFP4Linear,
     dequantized_state_dict,
     load_quantized_model,
+    nvfp4,
     prepare_lora_config,
     quantize_checkpoint,
     quantized_linear_names,
     write_dequantized_checkpoint,
 )
-from rlvr.quant import nvfp4
 from rlvr.quant.checkpoint import DEFAULT_CALIBRATION_TEXTS, calibration_inputs, nvfp4_quantization_config
 from rlvr.quant.packed_bytes import STORAGE_DTYPE
 
@@ -303,7 +303,7 @@ def test_vllm_cpu_on_the_dequantized_checkpoint_matches_the_packed_trainer_model
         [sys.executable, str(script), str(float_dir), json.dumps(ids)],
         capture_output=True, text=True, timeout=600, env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"},
     )  # fmt: skip
-    line = next((l for l in run.stdout.splitlines() if l.startswith("LOGPROBS ")), None)
+    line = next((text for text in run.stdout.splitlines() if text.startswith("LOGPROBS ")), None)
     assert line, run.stderr[-3000:]
     sampler = torch.tensor(json.loads(line.removeprefix("LOGPROBS ")))
     with torch.no_grad():

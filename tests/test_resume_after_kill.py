@@ -17,8 +17,15 @@ import time
 import pytest
 import yaml
 from rich.console import Console
-from run_fixtures import (EVEN_ANSWERS_ONLY, TEST_ENGINE_THREADS, comparable_metrics, metric_differences, resume_training,
-                          start_training, verifier_file)
+from run_fixtures import (
+    EVEN_ANSWERS_ONLY,
+    TEST_ENGINE_THREADS,
+    comparable_metrics,
+    metric_differences,
+    resume_training,
+    start_training,
+    verifier_file,
+)
 
 from rlvr.config import load_config
 from rlvr.demo import ensure_demo_assets

@@ -7,8 +7,8 @@ must still fail it."""
 from __future__ import annotations
 
 import pytest
-
 from engine_fixtures import build_peaked_model, grpo_train_batch, rank_spec, start_engine
+
 from rlvr.config import EngineConfig
 from rlvr.hardware import compute_dtype
 from rlvr.sync.check import SyncCheck, logprob_gap, probe_inputs

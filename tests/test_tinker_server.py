@@ -18,8 +18,8 @@ import pytest
 tinker = pytest.importorskip("tinker")
 from tinker import types  # noqa: E402
 
-from rlvr.models.tiny import build_tiny_model  # noqa: E402
 from rlvr.hardware import compute_dtype  # noqa: E402
+from rlvr.models.tiny import build_tiny_model  # noqa: E402
 from rlvr.training.trainer import free_port  # noqa: E402
 
 TOKENS = list(range(5, 29))  # one fixed sequence: the SL loop learns it

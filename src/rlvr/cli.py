@@ -75,9 +75,9 @@ def rehearse(
 ):
     """What the run does before its first step, at its real size, on this machine: its Ray actors on a
     simulated cluster of the config's nodes and GPUs, its ranks' shards on meta; checked against the plan."""
-    from rlvr.planning.plan import PlanError, make_plan
     from rlvr.orchestration.rehearsal import rehearse as run_rehearsal
     from rlvr.orchestration.rehearsal import summary_lines
+    from rlvr.planning.plan import PlanError, make_plan
 
     cfg = _load(config, overrides or [])
     try:
@@ -299,9 +299,8 @@ def quantize(
     ),
 ):
     """Write MODEL as a 4-bit checkpoint that vLLM and rlvr's trainer load."""
-    from rlvr.quant.checkpoint import quantize_checkpoint
-
     from rlvr.models.folder import check_model_folder
+    from rlvr.quant.checkpoint import quantize_checkpoint
 
     check_model_folder(model, key="MODEL", need_tokenizer=False)
     path = quantize_checkpoint(model, out, format=format, ignore=[x for x in ignore.split(",") if x])

@@ -17,10 +17,10 @@ from rlvr.algorithms.logits import entropy_from_logits, logprobs_and_entropy, to
 from rlvr.algorithms.losses import AGGREGATIONS, LOSSES, aggregate, dppo_keep_mask, policy_loss
 from rlvr.algorithms.off_policy import (
     LEVELS,
+    importance_ratios,
     logprob_gap_metrics,
     masked_is_weights,
     off_policy_keep_mask,
-    importance_ratios,
     truncated_is_weights,
 )
 

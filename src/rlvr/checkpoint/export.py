@@ -50,7 +50,6 @@ def export_run(run_dir: str | Path, out_dir: str | Path, checkpoint: str | Path 
     from transformers import AutoModelForCausalLM
 
     from rlvr.models.tokenizer import load_tokenizer
-
     from rlvr.quant.checkpoint import write_dequantized_checkpoint
     from rlvr.quant.formats import is_quantized_checkpoint
 

@@ -15,7 +15,7 @@ environments import the interface, the interface never imports them.
 
 from collections.abc import Callable
 
-from rlvr.envs.base import Environment, EnvContext, EnvStep
+from rlvr.envs.base import EnvContext, Environment, EnvStep
 from rlvr.envs.builtin import Calculator, CodeTestsEnv, PythonTool, SingleTurn
 from rlvr.envs.skyrl import SkyRLEnv
 from rlvr.records import Problem

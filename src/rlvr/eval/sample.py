@@ -39,9 +39,9 @@ def evaluate_model(
     from rlvr.checkpoint.peft_files import load_adapter
     from rlvr.engines import make_engine
     from rlvr.eval.runner import evaluate
-    from rlvr.rewards import ScoringPool
-    from rlvr.models.tokenizer import load_tokenizer
     from rlvr.models.multimodal import max_positions
+    from rlvr.models.tokenizer import load_tokenizer
+    from rlvr.rewards import ScoringPool
     from rlvr.rollout.prompts import engine_context, load_prompt_set
 
     prompt_set = load_prompt_set(data, source, load_tokenizer(model.path), limit=limit)

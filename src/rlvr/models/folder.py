@@ -11,7 +11,14 @@ import json
 from pathlib import Path
 
 from rlvr.errors import UserError
-from rlvr.models.mistral_layout import PARAMS_FILE, TOKENIZER_FILE, WEIGHTS_PATTERN, hf_config, is_mistral_folder, weight_files
+from rlvr.models.mistral_layout import (
+    PARAMS_FILE,
+    TOKENIZER_FILE,
+    WEIGHTS_PATTERN,
+    hf_config,
+    is_mistral_folder,
+    weight_files,
+)
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model", TOKENIZER_FILE)
 

@@ -14,18 +14,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlvr.config import RunConfig, dump_config
+from rlvr.envs import EnvContext
+from rlvr.orchestration.evaluation import Evaluation
+from rlvr.orchestration.run_state import RunCheckpoints
 from rlvr.planning.architecture import planned_dtype
 from rlvr.planning.cpu_split import CpuSplit
-from rlvr.orchestration.evaluation import Evaluation
 from rlvr.planning.lora import with_engine_lora_targets
-from rlvr.orchestration.run_state import RunCheckpoints
 from rlvr.rollout.async_groups import AsyncGroups
 from rlvr.rollout.collect import RolloutCollector
-from rlvr.envs import EnvContext
 from rlvr.rollout.prompts import PromptSet, Renderer, engine_context, load_prompt_set
-from rlvr.rollout.trajectories import Episodes, Start, TrajectoryRunner
 from rlvr.rollout.sampler import EpochSampler
 from rlvr.rollout.source import RolloutSource, make_source
+from rlvr.rollout.trajectories import Episodes, Start, TrajectoryRunner
 from rlvr.sync.check import SyncCheck
 from rlvr.sync.weights import WeightSync
 from rlvr.tracking.metrics_log import MetricsLogger
@@ -57,6 +57,7 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     pool (closed by `stack`) and wire the stages between them. With `resume`, the checkpoint to
     continue from is found first: without one, nothing starts."""
     import torch
+
     from rlvr.models.folder import check_model_folder
     from rlvr.models.tokenizer import load_tokenizer
 

@@ -24,9 +24,9 @@ from pathlib import Path
 
 from rlvr.config import RunConfig
 from rlvr.orchestration import RunStopped
-from rlvr.planning.architecture import planned_dtype
 from rlvr.orchestration.builders import Run, build_run
 from rlvr.orchestration.run_state import RunState
+from rlvr.planning.architecture import planned_dtype
 from rlvr.rollout.collect import StepRollouts
 
 

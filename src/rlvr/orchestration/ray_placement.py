@@ -32,8 +32,8 @@ from rlvr.config import EngineConfig, ModelConfig, PlacementConfig
 from rlvr.engines.base import Engine
 from rlvr.orchestration import RunStopped
 from rlvr.orchestration.ray_actors import EngineActor, RankActor
-from rlvr.training.trainer import RankDied
 from rlvr.training.commands import Command
+from rlvr.training.trainer import RankDied
 from rlvr.training.worker import RankSpec
 
 # A Ray started here on a laptop-sized machine: no dashboard, and an object store sized for

@@ -123,8 +123,8 @@ def rehearsed_ranks(world_size: int) -> list[int]:
 
 def compare_bytes(cfg: RunConfig) -> list[dict]:
     """For the rehearsed ranks: the plan's bytes and those measured on the sharded meta model."""
-    from rlvr.planning.plan import rank_bytes
     from rlvr.planning.lora import with_engine_lora_targets
+    from rlvr.planning.plan import rank_bytes
     from rlvr.training.sharding_rehearsal import measure_ranks
 
     ranks = rehearsed_ranks(cfg.trainer.ranks)

@@ -90,8 +90,8 @@ from rlvr.engines.replicas import unplaceable
 from rlvr.hardware import CpuRates, cpu_rates_cache
 from rlvr.planning.architecture import (
     GB,
-    GiB,
     Architecture,
+    GiB,
     NoArchitecture,
     compute_bytes,
     planned_dtype,
@@ -100,7 +100,6 @@ from rlvr.planning.architecture import (
 from rlvr.planning.cpu_split import CpuSplit, cpu_split
 from rlvr.planning.step_time import StepTime, step_time
 from rlvr.training.logits_memory import chunk_tokens
-
 
 # A CPU trainer rank's private memory before it builds its policy: the interpreter, torch,
 # transformers and peft imported, its gloo group up (measured: 0.33 GB, torch 2.13, transformers 5.19)

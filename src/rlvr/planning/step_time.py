@@ -68,7 +68,7 @@ from rlvr.affinity import allowed_cores
 from rlvr.config import RunConfig
 from rlvr.hardware import CpuRates
 from rlvr.planning.accelerators import ACCELERATORS, Accelerator, cpu_accelerator
-from rlvr.planning.architecture import GiB, LORA_DTYPE_BYTES, Architecture, compute_bytes, planned_dtype
+from rlvr.planning.architecture import LORA_DTYPE_BYTES, Architecture, GiB, compute_bytes, planned_dtype
 from rlvr.planning.cpu_split import cpu_split
 
 

@@ -50,8 +50,8 @@ from transformers import AutoModelForCausalLM
 
 from rlvr.models.checkpoint_files import CheckpointFiles
 from rlvr.models.folder import model_config
-from rlvr.models.mistral_layout import PARAMS_FILE, TOKENIZER_FILE, is_mistral_folder, write_mistral_folder
 from rlvr.models.hub_layout import ExpertPiece, disk_name, expert_pieces, to_disk
+from rlvr.models.mistral_layout import PARAMS_FILE, TOKENIZER_FILE, is_mistral_folder, write_mistral_folder
 from rlvr.models.moe import expert_projections, moe_layers
 from rlvr.models.tokenizer import load_tokenizer
 from rlvr.quant import nf4, nvfp4

@@ -44,10 +44,11 @@ from rlvr.models.hub_layout import ExpertPiece, disk_name, disk_tensors, expert_
 from rlvr.models.moe import expert_projections, moe_layers
 from rlvr.models.multimodal import text_model_config
 from rlvr.quant import nf4, nvfp4
-from rlvr.quant.formats import is_quantized_checkpoint, quantized_format
 from rlvr.quant.experts import NVFP4Experts, pack_experts, use_rlvr_experts
+from rlvr.quant.formats import is_quantized_checkpoint, quantized_format
 from rlvr.quant.linear import NF4Linear, NVFP4Linear, QuantizedLinear
 from rlvr.quant.packed_bytes import STORAGE_DTYPE
+
 
 def _rows_of(files: CheckpointFiles, key: str, dtype: torch.dtype | None = None) -> Source:
     """Rows of one stored tensor, cast to `dtype` (None: as stored)."""

@@ -18,7 +18,14 @@ from __future__ import annotations
 
 import re
 
-from rlvr.rewards.equivalence import DEFAULT_RULES, Rules, decimal_comma_values, normalize, numeric_values, top_level_items
+from rlvr.rewards.equivalence import (
+    DEFAULT_RULES,
+    Rules,
+    decimal_comma_values,
+    normalize,
+    numeric_values,
+    top_level_items,
+)
 
 _ALWAYS_SEVERAL = re.compile(r"\\(?:pm|mp|cup)(?![A-Za-z])|\\begin\{[pbvBV]?matrix\}")
 _RELATION = re.compile(

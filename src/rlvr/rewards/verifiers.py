@@ -37,7 +37,14 @@ from collections.abc import Callable, Sequence
 from rlvr.records import Score
 from rlvr.rewards.custom import load_custom
 from rlvr.rewards.equivalence import DEFAULT_RULES, Rules, equivalent, normalize, numeric_values
-from rlvr.rewards.extract import after_hashes, after_reasoning, answer_line, boxed_answers, last_number, reference_answer
+from rlvr.rewards.extract import (
+    after_hashes,
+    after_reasoning,
+    answer_line,
+    boxed_answers,
+    last_number,
+    reference_answer,
+)
 from rlvr.rewards.hedging import hedges, is_scalar
 from rlvr.rewards.reasoning_gym import reasoning_gym_verifier
 

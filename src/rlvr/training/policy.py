@@ -18,6 +18,7 @@ from rlvr.training.attention import NAME as PACKED
 from rlvr.training.attention import PackedLayout
 from rlvr.training.logits_memory import chunk_tokens
 
+
 class TokenLogprobs(nn.Module):
     """Wraps a causal LM so that forward returns the logprob of each scored token.
 

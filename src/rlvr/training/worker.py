@@ -27,12 +27,15 @@ import torch
 import torch.distributed as dist
 
 from rlvr.affinity import pin_process, process_cores
+from rlvr.algorithms import importance_ratios
 from rlvr.config import AlgorithmConfig, ModelConfig, TrainerConfig
 from rlvr.hardware import compute_dtype
 from rlvr.models.moe import moe_layers
+from rlvr.models.routing import agreement_counts, expert_counts, replay_routing, row_routes
 from rlvr.process_names import name_process, rank_name
 from rlvr.quant.skeleton import Skeleton
 from rlvr.training import wire
+from rlvr.training.attention import use_packed_attention
 from rlvr.training.commands import (
     Adapter,
     Close,
@@ -49,11 +52,8 @@ from rlvr.training.commands import (
     StepInput,
     SumLossInput,
 )
-from rlvr.training.attention import use_packed_attention
 from rlvr.training.packing import MicroBatch, unpack
 from rlvr.training.policy import TokenLogprobs, apply_lora, shard_and_load
-from rlvr.algorithms import importance_ratios
-from rlvr.models.routing import agreement_counts, expert_counts, replay_routing, row_routes
 from rlvr.training.report import ForwardBackwardReport, OptimizerUpdate, RoutingSums, TrainReport
 
 
