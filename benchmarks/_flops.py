@@ -29,7 +29,10 @@ def nominal_peak_flops(dtype: str = "float32") -> tuple[float | None, str]:
         return None, f"no {dtype} unit among {[name for _, name, _ in FLOPS_PER_CYCLE[dtype]]}"
     name, per_cycle = unit
     peak = cores * mhz * 1e6 * per_cycle
-    return peak, f"{cores} cores x {mhz / 1e3:.2f} GHz x {per_cycle} {dtype} FLOP/cycle ({name}) = {peak / 1e9:.0f} GFLOP/s"
+    return (
+        peak,
+        f"{cores} cores x {mhz / 1e3:.2f} GHz x {per_cycle} {dtype} FLOP/cycle ({name}) = {peak / 1e9:.0f} GFLOP/s",
+    )
 
 
 def matmul_flops_per_s(threads: int, dtype: str = "float32", size: int = 4096) -> float:
@@ -48,21 +51,28 @@ def linear_shapes(config) -> dict[str, tuple[int, int]]:
     head_dim = getattr(config, "head_dim", None) or hidden // heads
     inter = config.intermediate_size
     return {
-        "q_proj": (hidden, heads * head_dim), "k_proj": (hidden, kv_heads * head_dim),
-        "v_proj": (hidden, kv_heads * head_dim), "o_proj": (heads * head_dim, hidden),
-        "gate_proj": (hidden, inter), "up_proj": (hidden, inter), "down_proj": (inter, hidden),
+        "q_proj": (hidden, heads * head_dim),
+        "k_proj": (hidden, kv_heads * head_dim),
+        "v_proj": (hidden, kv_heads * head_dim),
+        "o_proj": (heads * head_dim, hidden),
+        "gate_proj": (hidden, inter),
+        "up_proj": (hidden, inter),
+        "down_proj": (inter, hidden),
     }
 
 
 def _keys(prompt_lens: list[int], copies: list[int], completion_lens: list[list[int]]) -> int:
     """Keys seen by every query, causally: a prompt's tokens (each copy), and each completion's
     tokens seeing their prompt's keys too."""
-    return sum(n * p * (p + 1) // 2 + sum(c * p + c * (c + 1) // 2 for c in cs)
-               for p, n, cs in zip(prompt_lens, copies, completion_lens))
+    return sum(
+        n * p * (p + 1) // 2 + sum(c * p + c * (c + 1) // 2 for c in cs)
+        for p, n, cs in zip(prompt_lens, copies, completion_lens)
+    )
 
 
-def train_step_flops(config, lora_rank: int, prompt_lens: list[int], completion_lens: list[list[int]],
-                     share_prompts: bool) -> dict[str, float]:
+def train_step_flops(
+    config, lora_rank: int, prompt_lens: list[int], completion_lens: list[list[int]], share_prompts: bool
+) -> dict[str, float]:
     """Useful FLOPs of one LoRA train step (one update, no pi_old forward) on a frozen base.
 
     T tokens go through the model: each group's prompt once when its samples share it
@@ -96,7 +106,9 @@ def train_step_flops(config, lora_rank: int, prompt_lens: list[int], completion_
     return flops | {"total": sum(flops.values()), "tokens": tokens, "scored_tokens": scored}
 
 
-def forward_flops(config, prompt_lens: list[int], completion_lens: list[list[int]], lm_head_on: str) -> dict[str, float]:
+def forward_flops(
+    config, prompt_lens: list[int], completion_lens: list[list[int]], lm_head_on: str
+) -> dict[str, float]:
     """Useful FLOPs of sampling (or scoring) completions after prompts, each prompt computed once
     (the engine's prefix cache shares it between a prompt's samples): 2·W per token and layer, the
     attention over the keys each token sees (4·heads·head_dim each), and the LM head (2·vocab·hidden)

@@ -128,8 +128,16 @@ def trl_config_kwargs(cfg, steps: int, output_dir: str, threads: int, generation
     )
 
 
-def run_trl(cfg_json: str, steps: int, prompts_in_order: list[dict], output_dir: str, save_steps: list[int],
-            threads: int, generation: str, conn) -> None:
+def run_trl(
+    cfg_json: str,
+    steps: int,
+    prompts_in_order: list[dict],
+    output_dir: str,
+    save_steps: list[int],
+    threads: int,
+    generation: str,
+    conn,
+) -> None:
     """Build GRPOTrainer on cfg's model with a peft LoRA, then train `steps` steps on the pipe's cue."""
     import math
     import os
@@ -181,8 +189,14 @@ def run_trl(cfg_json: str, steps: int, prompts_in_order: list[dict], output_dir:
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
     model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=getattr(torch, cfg.model.dtype))
     lora = cfg.trainer.lora
-    peft_config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                             target_modules=lora.target_modules, bias="none", task_type="CAUSAL_LM")
+    peft_config = LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=lora.target_modules,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=reward,

@@ -125,8 +125,10 @@ class MemoryWatch:
         self._stop.set()
         self._thread.join()
         return {
-            role: {"rss_gb": round((self.peak[role][0] - base[0]) / 1e9, 3),
-                   "private_gb": round((self.peak[role][1] - base[1]) / 1e9, 3)}
+            role: {
+                "rss_gb": round((self.peak[role][0] - base[0]) / 1e9, 3),
+                "private_gb": round((self.peak[role][1] - base[1]) / 1e9, 3),
+            }
             for role, base in self.base.items()
         }
 
@@ -153,7 +155,9 @@ def main() -> None:
     trace_dir = tempfile.mkdtemp(prefix="adapter_push_trace_")
     _call_trace.install(TRACED, trace_dir)
     site = _call_trace.sitecustomize_dir(Path(trace_dir) / "site")
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(site), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(site), str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
+    )
 
     import torch
 
@@ -164,10 +168,13 @@ def main() -> None:
 
     model_dir = build_model(args.work / "model")
     cluster = RayCluster.shared(PlacementConfig(backend="ray"), ranks=1)
-    engine_config = EngineConfig(backend="vllm", merge_lora=False, in_process=args.in_process, max_model_len=64,
-                                 kv_cache_gb=0.25)
+    engine_config = EngineConfig(
+        backend="vllm", merge_lora=False, in_process=args.in_process, max_model_len=64, kv_cache_gb=0.25
+    )
     pushes = []
-    with make_engine(ModelConfig(path=str(model_dir)), engine_config, seed=0, lora_rank=RANK, placement=cluster) as engine:
+    with make_engine(
+        ModelConfig(path=str(model_dir)), engine_config, seed=0, lora_rank=RANK, placement=cluster
+    ) as engine:
         MemoryWatch.in_process = args.in_process
         watch = MemoryWatch()
         roles = {p.pid: role for role, p in watch.processes.items()}
@@ -182,21 +189,28 @@ def main() -> None:
             engine.generate([[5, 6, 7]], 1, Sampling(temperature=0.0, max_tokens=1))
             end = time.time()
             memory = watch.stop()
-            pushes.append({
-                "version": version,
-                "update_lora_s": round(pushed - start, 3),
-                "first_generate_s": round(end - pushed, 3),
-                "stages_s": stage_times(trace_dir, start, end, roles),
-                "peak_above_start_gb": memory,
-            })
+            pushes.append(
+                {
+                    "version": version,
+                    "update_lora_s": round(pushed - start, 3),
+                    "first_generate_s": round(end - pushed, 3),
+                    "stages_s": stage_times(trace_dir, start, end, roles),
+                    "peak_above_start_gb": memory,
+                }
+            )
             del adapter
     result = {
         "what": "one push of a LoRA adapter, driver to vLLM's LoRA slots, placement ray, merge_lora false",
         "note": args.note,
         "engine_core": "in the actor's process" if args.in_process else "its own process (the GPU default)",
         "model": {**MODEL, "shapes_of": "Qwen2-0.5B's blocks"},
-        "adapter": {"rank": RANK, "targets": TARGETS, "dtype": "float32", "bytes": adapter_bytes,
-                    "tensors": 2 * len(TARGETS) * MODEL["num_layers"]},
+        "adapter": {
+            "rank": RANK,
+            "targets": TARGETS,
+            "dtype": "float32",
+            "bytes": adapter_bytes,
+            "tensors": 2 * len(TARGETS) * MODEL["num_layers"],
+        },
         "pushes": pushes,
         "torch_threads": torch.get_num_threads(),
         **provenance(),
@@ -208,7 +222,9 @@ def main() -> None:
         f"adapter push ({args.note or 'this code'}), {adapter_bytes / 1e9:.2f} GB float32 LoRA (rank {RANK}, "
         f"Qwen2-0.5B blocks), placement ray, merge_lora false, engine core {result['engine_core']}: second push "
         f"**update_lora {last['update_lora_s']:.2f} s** + first generate {last['first_generate_s']:.2f} s; "
-        f"peak private memory above start: {memory}", result)
+        f"peak private memory above start: {memory}",
+        result,
+    )
 
 
 if __name__ == "__main__":

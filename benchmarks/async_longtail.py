@@ -87,12 +87,24 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=8, help="samples per prompt")
     parser.add_argument("--max-staleness", type=int, default=2, help="K of the async runs")
     parser.add_argument("--held-out", type=int, default=WORKLOAD.held_out, help="held-out problems evaluated")
-    parser.add_argument("--run-dir", type=Path, default=None, help="default: runs/async_longtail (_split with --split-cores)")
-    parser.add_argument("--split-cores", action="store_true",
-                        help="both modes with the engine and the trainer rank on cores of their own (see above)")
-    parser.add_argument("--rlvr", action="append", default=[], metavar="KEY=VALUE", help="extra config override (both modes)")
-    parser.add_argument("--async-rlvr", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra config override of the async runs only (e.g. engine.num_threads=1)")
+    parser.add_argument(
+        "--run-dir", type=Path, default=None, help="default: runs/async_longtail (_split with --split-cores)"
+    )
+    parser.add_argument(
+        "--split-cores",
+        action="store_true",
+        help="both modes with the engine and the trainer rank on cores of their own (see above)",
+    )
+    parser.add_argument(
+        "--rlvr", action="append", default=[], metavar="KEY=VALUE", help="extra config override (both modes)"
+    )
+    parser.add_argument(
+        "--async-rlvr",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra config override of the async runs only (e.g. engine.num_threads=1)",
+    )
     args = parser.parse_args()
     args.run_dir = args.run_dir or Path("runs/async_longtail" + "_split" * args.split_cores)
     from rich.console import Console
@@ -104,8 +116,16 @@ def main() -> None:
     console = Console()
     log = console.print
     # checkpoint.every = steps: only the final adapter, the one evaluated
-    base = bench_overrides(WORKLOAD.assets, str(args.run_dir), args.steps, args.prompts, args.samples,
-                           WORKLOAD.max_tokens, args.steps, [*WORKLOAD.overrides, *args.rlvr])
+    base = bench_overrides(
+        WORKLOAD.assets,
+        str(args.run_dir),
+        args.steps,
+        args.prompts,
+        args.samples,
+        WORKLOAD.max_tokens,
+        args.steps,
+        [*WORKLOAD.overrides, *args.rlvr],
+    )
     build_cfg = load_config(DEMO_CONFIG, base + [f"data.test={WORKLOAD.assets}/task/test.jsonl"])
     ensure_task(build_cfg, WORKLOAD)
     ensure_demo_assets(build_cfg, console)
@@ -113,10 +133,20 @@ def main() -> None:
     test_file = held_out_file(cfg, args.held_out, WORKLOAD)
 
     engine_cpus = max(1, len(allowed_cores()) // 2)
-    split = ["placement.colocate=false", f"placement.engine_cpus={engine_cpus}", "engine.num_threads=null",
-             "trainer.ranks=1"] if args.split_cores else []
-    modes = {"sync": ["rollout.mode=sync", "rollout.max_staleness=0", *split],
-             "async": ["rollout.mode=async", f"rollout.max_staleness={args.max_staleness}", *split, *args.async_rlvr]}
+    split = (
+        [
+            "placement.colocate=false",
+            f"placement.engine_cpus={engine_cpus}",
+            "engine.num_threads=null",
+            "trainer.ranks=1",
+        ]
+        if args.split_cores
+        else []
+    )
+    modes = {
+        "sync": ["rollout.mode=sync", "rollout.max_staleness=0", *split],
+        "async": ["rollout.mode=async", f"rollout.max_staleness={args.max_staleness}", *split, *args.async_rlvr],
+    }
     steps: dict[str, dict[int, list[dict]]] = {mode: {} for mode in modes}
     for seed in args.seeds:
         for mode, mode_overrides in modes.items():  # the two modes of a seed back to back: the same machine state
@@ -124,11 +154,17 @@ def main() -> None:
             steps[mode][seed] = run([*base, *mode_overrides, f"seed={seed}"], run_dir, log)
     adapters: dict[str, Path | None] = {"base": None} | {
         f"{mode}_s{seed}": args.run_dir / f"{mode}_s{seed}" / "checkpoints" / f"step_{args.steps:06d}" / "adapter"
-        for seed in args.seeds for mode in modes
+        for seed in args.seeds
+        for mode in modes
     }
-    avg8 = {name: r["avg@8"] for name, r in evaluate_adapters(cfg, test_file, None, adapters, args.run_dir / "eval", log).items()}
+    avg8 = {
+        name: r["avg@8"]
+        for name, r in evaluate_adapters(cfg, test_file, None, adapters, args.run_dir / "eval", log).items()
+    }
 
-    def phase(mode: str, seed: int, part: str) -> float:  # the last step generates nothing ahead: no time/generate there
+    def phase(
+        mode: str, seed: int, part: str
+    ) -> float:  # the last step generates nothing ahead: no time/generate there
         return sum(row.get(f"time/{part}", 0.0) for row in steps[mode][seed])
 
     per_seed = {}
@@ -137,21 +173,30 @@ def main() -> None:
         async_rows = steps["async"][seed]
         generate, train = phase("sync", seed, "generate"), phase("sync", seed, "train")
         per_seed[seed] = {
-            "sync_s": round(seconds["sync"], 1), "async_s": round(seconds["async"], 1),
+            "sync_s": round(seconds["sync"], 1),
+            "async_s": round(seconds["async"], 1),
             "speedup": round(seconds["sync"] / seconds["async"], 3),
             "bound": round((generate + train) / max(generate, train), 3),
             "stepwise_bound": round((generate + train) / stepwise_overlapped_s(steps["sync"][seed]), 3),
-            "avg8_sync": avg8[f"sync_s{seed}"], "avg8_async": avg8[f"async_s{seed}"],
+            "avg8_sync": avg8[f"sync_s{seed}"],
+            "avg8_async": avg8[f"async_s{seed}"],
             "staleness_max": max(row["rollout/staleness_max"] for row in async_rows),
             "staleness_mean": round(statistics.mean(row["rollout/staleness_mean"] for row in async_rows), 3),
             "dropped_stale": int(sum(row["rollout/dropped_stale"] for row in async_rows)),
-            **{f"{mode}_{part}_s": round(phase(mode, seed, part), 1)
-               for mode in modes for part in ("generate", "score", "train", "sync", "overlap", "drain")},
+            **{
+                f"{mode}_{part}_s": round(phase(mode, seed, part), 1)
+                for mode in modes
+                for part in ("generate", "score", "train", "sync", "overlap", "drain")
+            },
             "length_p90_sync": statistics.median(row["response/length_p90"] for row in steps["sync"][seed]),
             "length_p90_async": statistics.median(row["response/length_p90"] for row in async_rows),
             # each process's cores as the kernel reported them at the run's end (rlvr's summary.json)
-            **{f"{mode}_cores": json.loads((args.run_dir / f"{mode}_s{seed}" / "summary.json").read_text()).get("cores")
-               for mode in modes},
+            **{
+                f"{mode}_cores": json.loads((args.run_dir / f"{mode}_s{seed}" / "summary.json").read_text()).get(
+                    "cores"
+                )
+                for mode in modes
+            },
         }
     total = {mode: sum(per_seed[s][f"{mode}_s"] for s in args.seeds) for mode in modes}
     differences = [per_seed[s]["avg8_async"] - per_seed[s]["avg8_sync"] for s in args.seeds]
@@ -159,8 +204,11 @@ def main() -> None:
     result = {
         "speedup": round(total["sync"] / total["async"], 3),
         "bound": round((generate + train) / max(generate, train), 3),
-        "stepwise_bound": round((generate + train) / sum(stepwise_overlapped_s(steps["sync"][s]) for s in args.seeds), 3),
-        "sync_generate_s": round(generate, 1), "sync_train_s": round(train, 1),
+        "stepwise_bound": round(
+            (generate + train) / sum(stepwise_overlapped_s(steps["sync"][s]) for s in args.seeds), 3
+        ),
+        "sync_generate_s": round(generate, 1),
+        "sync_train_s": round(train, 1),
         "avg8_sync": round(statistics.mean(per_seed[s]["avg8_sync"] for s in args.seeds), 4),
         "avg8_async": round(statistics.mean(per_seed[s]["avg8_async"] for s in args.seeds), 4),
         "paired_se": round(paired_se(differences), 4),
@@ -170,19 +218,32 @@ def main() -> None:
         "avg8_base": avg8["base"],
         "trained_groups_per_run": args.steps * args.prompts,
         "seeds": per_seed,
-        "settings": {"steps": args.steps, "prompts": args.prompts, "samples": args.samples,
-                     "max_tokens": WORKLOAD.max_tokens, "held_out": args.held_out, "extra": args.rlvr,
-                     "async_extra": args.async_rlvr, "split": split},
+        "settings": {
+            "steps": args.steps,
+            "prompts": args.prompts,
+            "samples": args.samples,
+            "max_tokens": WORKLOAD.max_tokens,
+            "held_out": args.held_out,
+            "extra": args.rlvr,
+            "async_extra": args.async_rlvr,
+            "split": split,
+        },
     } | provenance()
     write_result(args.out, result)
-    placement = f", split cores (engine {engine_cpus} of {len(allowed_cores())}, 1 rank on the rest)" if args.split_cores else ""
+    placement = (
+        f", split cores (engine {engine_cpus} of {len(allowed_cores())}, 1 rank on the rest)"
+        if args.split_cores
+        else ""
+    )
     append_line(
         f"async (K={args.max_staleness}) vs sync{placement}, long-tail workload, {len(args.seeds)} seeds x {args.steps} "
         f"steps of {args.prompts}x{args.samples}: **speedup {result['speedup']}** ({total['sync']:.0f} s vs "
         f"{total['async']:.0f} s of steps; bound (g+t)/max(g,t) {result['bound']} from sync's generate {generate:.0f} s + "
         f"train {train:.0f} s; step by step, as the stream overlaps them, {result['stepwise_bound']}); held-out avg@8 sync {result['avg8_sync']} vs async {result['avg8_async']} (base "
         f"{result['avg8_base']}, paired SE {result['paired_se']}); staleness_max {result['staleness_max']}, "
-        f"{result['dropped_stale']} groups dropped stale", result)
+        f"{result['dropped_stale']} groups dropped stale",
+        result,
+    )
 
 
 if __name__ == "__main__":

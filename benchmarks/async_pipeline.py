@@ -39,8 +39,12 @@ def run_config(args, work: Path, name: str, staleness: int, engine_threads: int)
     cfg = yaml.safe_load((ROOT / "configs" / "demo.yaml").read_text())
     cfg.update(run_dir=str(work / name), steps=args.steps)
     cfg["model"]["path"] = str(work / "assets" / "model")
-    cfg["data"].update(train=str(work / "assets" / "task" / "train.jsonl"), test=str(work / "assets" / "task" / "test.jsonl"))
-    cfg["demo"]["warm_start"].update(steps=args.warm_start_steps, check=None)  # the fixed warm start its figures were measured with
+    cfg["data"].update(
+        train=str(work / "assets" / "task" / "train.jsonl"), test=str(work / "assets" / "task" / "test.jsonl")
+    )
+    cfg["demo"]["warm_start"].update(
+        steps=args.warm_start_steps, check=None
+    )  # the fixed warm start its figures were measured with
     cfg["engine"]["num_threads"] = engine_threads
     cfg["rollout"]["max_staleness"] = staleness
     cfg["tracking"] = {"progress": False}
@@ -64,23 +68,32 @@ def main() -> None:
 
     args.work.mkdir(parents=True, exist_ok=True)
     settings = [tuple(int(x) for x in item.split(":")) for item in args.settings.split(",")]
-    per_setting: dict[str, dict[str, list[float]]] = {f"staleness{s}_threads{t}": {k: [] for k in FIGURES} for s, t in settings}
+    per_setting: dict[str, dict[str, list[float]]] = {
+        f"staleness{s}_threads{t}": {k: [] for k in FIGURES} for s, t in settings
+    }
     for round_index in range(args.rounds):
         for staleness, threads in settings:
             key = f"staleness{staleness}_threads{threads}"
             path = run_config(args, args.work, f"{key}_round{round_index}", staleness, threads)
             started = time.perf_counter()
-            done = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", str(path)], capture_output=True, text=True)
+            done = subprocess.run(
+                [sys.executable, "-m", "rlvr.cli", "train", str(path)], capture_output=True, text=True
+            )
             if done.returncode != 0:
                 sys.exit(f"{key}: rlvr train failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}")
             rows = [json.loads(line) for line in (args.work / path.stem / "metrics.jsonl").read_text().splitlines()]
             rows = [r for r in rows if "reward/mean" in r and r["step"] > 1]
             for figure in FIGURES:
                 per_setting[key][figure] += [r.get(figure, 0.0) for r in rows]
-            print(f"{key} round {round_index}: {time.perf_counter() - started:.0f} s, "
-                  f"median step {statistics.median(r['time/step'] for r in rows):.2f} s", flush=True)
+            print(
+                f"{key} round {round_index}: {time.perf_counter() - started:.0f} s, "
+                f"median step {statistics.median(r['time/step'] for r in rows):.2f} s",
+                flush=True,
+            )
 
-    medians = {key: {k: round(statistics.median(v), 3) for k, v in figures.items()} for key, figures in per_setting.items()}
+    medians = {
+        key: {k: round(statistics.median(v), 3) for k, v in figures.items()} for key, figures in per_setting.items()
+    }
     sync_key = next(k for k in medians if k.startswith("staleness0"))
     best_async = min((k for k in medians if k.startswith("staleness1")), key=lambda k: medians[k]["time/step"])
     result = {
@@ -101,6 +114,7 @@ def main() -> None:
         f"**{result['speedup']}x** ({result['speedup_of']})",
         result,
     )
+
 
 if __name__ == "__main__":
     main()

@@ -46,8 +46,12 @@ DTYPES = ("auto", "float32")
 def token_gaps(first: list[list[float]], second: list[list[float]], masks: list[list[int]] | None) -> list[float]:
     """|first - second| logprob of every trained token (loss mask 1; every completion token without one)."""
     masks = masks or [[1] * len(f) for f in first]
-    return [abs(a - b) for f, s, m in zip(first, second, masks, strict=True)
-            for a, b, keep in zip(f, s, m, strict=True) if keep]
+    return [
+        abs(a - b)
+        for f, s, m in zip(first, second, masks, strict=True)
+        for a, b, keep in zip(f, s, m, strict=True)
+        if keep
+    ]
 
 
 def distribution(values: list[float]) -> dict[str, float]:
@@ -55,8 +59,14 @@ def distribution(values: list[float]) -> dict[str, float]:
 
     x = torch.tensor(values, dtype=torch.float64)
     q = torch.quantile(x, torch.tensor([0.5, 0.9, 0.99], dtype=torch.float64)).tolist()
-    return {"tokens": len(values), "mean": x.mean().item(), "median": q[0], "p90": q[1], "p99": q[2],
-            "max": x.max().item()}
+    return {
+        "tokens": len(values),
+        "mean": x.mean().item(),
+        "median": q[0],
+        "p90": q[1],
+        "p99": q[2],
+        "max": x.max().item(),
+    }
 
 
 def adapter_change_rms(adapter) -> float:
@@ -108,48 +118,64 @@ def measure(cfg, steps: int, log) -> dict:
             on_policy += gaps
             stale += stale_gaps
             trainer_probe = trainer.logprobs(probe_sequences, probe_lens)
-            stale_probe = max(logprob_gap(each, trainer_probe) for each in score_each(engine, probe_sequences, probe_lens))
+            stale_probe = max(
+                logprob_gap(each, trainer_probe) for each in score_each(engine, probe_sequences, probe_lens)
+            )
             pushed = sync.push(step, used_unchecked=True)
-            per_step.append({
-                "step": step,
-                "reward_mean": rollouts.metrics["reward/mean"],
-                "lr": metrics["lr"],
-                "grad_norm": metrics["grad_norm"],
-                "tokens": len(gaps),
-                "sync_gap": statistics.fmean(gaps),
-                "sync_gap_train_step": metrics["sync/sampler_trainer_gap"],
-                "stale_gap": statistics.fmean(stale_gaps),
-                # how far the update moved the trainer's own logprobs: the stale gap's signal, without the noise
-                "update_change": statistics.fmean(token_gaps(before, after, batch.loss_mask)),
-                "probe_gap": pushed["sync/logprob_gap"],
-                "stale_probe_gap": stale_probe,
-                "probe_gap_vs_base": max(logprob_gap(each, trainer_probe) for each in base_probe),
-                "adapter_change_rms": adapter_change_rms(sync.serving),
-                "seconds": round(time.perf_counter() - step_start, 1),
-            })
-            log(f"[{cfg.model.dtype}] step {step}: " + ", ".join(
-                f"{k} {v:.3g}" for k, v in per_step[-1].items() if k not in ("step", "tokens")))
+            per_step.append(
+                {
+                    "step": step,
+                    "reward_mean": rollouts.metrics["reward/mean"],
+                    "lr": metrics["lr"],
+                    "grad_norm": metrics["grad_norm"],
+                    "tokens": len(gaps),
+                    "sync_gap": statistics.fmean(gaps),
+                    "sync_gap_train_step": metrics["sync/sampler_trainer_gap"],
+                    "stale_gap": statistics.fmean(stale_gaps),
+                    # how far the update moved the trainer's own logprobs: the stale gap's signal, without the noise
+                    "update_change": statistics.fmean(token_gaps(before, after, batch.loss_mask)),
+                    "probe_gap": pushed["sync/logprob_gap"],
+                    "stale_probe_gap": stale_probe,
+                    "probe_gap_vs_base": max(logprob_gap(each, trainer_probe) for each in base_probe),
+                    "adapter_change_rms": adapter_change_rms(sync.serving),
+                    "seconds": round(time.perf_counter() - step_start, 1),
+                }
+            )
+            log(
+                f"[{cfg.model.dtype}] step {step}: "
+                + ", ".join(f"{k} {v:.3g}" for k, v in per_step[-1].items() if k not in ("step", "tokens"))
+            )
     return summarize(per_step, on_policy, stale) | {
-        "compute_dtype": planned_dtype(cfg).name, "probe_tokens": sum(len(c) for _, c in sync.probe),
-        "startup_s": round(startup, 1), "per_step": per_step,
+        "compute_dtype": planned_dtype(cfg).name,
+        "probe_tokens": sum(len(c) for _, c in sync.probe),
+        "startup_s": round(startup, 1),
+        "per_step": per_step,
     }
 
 
 def summarize(per_step: list[dict], on_policy: list[float], stale: list[float]) -> dict:
     """Noise (the on-policy and probe gaps after a push that arrived) against signal (the same
     figures one update stale): their extremes over the steps and the margin between them."""
-    noise = {"sync_gap_max": max(s["sync_gap"] for s in per_step), "probe_gap_max": max(s["probe_gap"] for s in per_step)}
-    signal = {"stale_gap_min": min(s["stale_gap"] for s in per_step),
-              "stale_probe_gap_min": min(s["stale_probe_gap"] for s in per_step)}
+    noise = {
+        "sync_gap_max": max(s["sync_gap"] for s in per_step),
+        "probe_gap_max": max(s["probe_gap"] for s in per_step),
+    }
+    signal = {
+        "stale_gap_min": min(s["stale_gap"] for s in per_step),
+        "stale_probe_gap_min": min(s["stale_probe_gap"] for s in per_step),
+    }
     return {
         "token_gap": distribution(on_policy),
         "stale_token_gap": distribution(stale),
         "noise": noise,
         "stale": signal,
-        "margin": {"sync_gap": signal["stale_gap_min"] / noise["sync_gap_max"],
-                   "probe_gap": signal["stale_probe_gap_min"] / noise["probe_gap_max"]},
-        "trend": {key: [s[key] for s in per_step]
-                  for key in ("sync_gap", "probe_gap", "update_change", "adapter_change_rms")},
+        "margin": {
+            "sync_gap": signal["stale_gap_min"] / noise["sync_gap_max"],
+            "probe_gap": signal["stale_probe_gap_min"] / noise["probe_gap_max"],
+        },
+        "trend": {
+            key: [s[key] for s in per_step] for key in ("sync_gap", "probe_gap", "update_change", "adapter_change_rms")
+        },
     }
 
 
@@ -163,7 +189,8 @@ def threshold_verdict(result: dict, threshold: float) -> dict:
         "stale_steps_caught_by_probe": sum(s["stale_probe_gap"] > threshold for s in result["per_step"]),
         # an engine that got no push after the untrained base: caught once the drift exceeds the threshold
         "never_pushed_caught_at_step": next(
-            (s["step"] for s in result["per_step"] if s["probe_gap_vs_base"] > threshold), None),
+            (s["step"] for s in result["per_step"] if s["probe_gap_vs_base"] > threshold), None
+        ),
         "steps": len(result["per_step"]),
     }
 
@@ -189,8 +216,10 @@ def main() -> None:
                 print(err, file=sys.stderr)
                 raise SystemExit(2) from None
             if not (Path(cfg.model.path) / "config.json").is_file():
-                print(f"{args.config}: model.path {cfg.model.path} is not built (docs/real_models.md, `rlvr demo`)",
-                      file=sys.stderr)
+                print(
+                    f"{args.config}: model.path {cfg.model.path} is not built (docs/real_models.md, `rlvr demo`)",
+                    file=sys.stderr,
+                )
                 raise SystemExit(2)
             engine = cfg.engine
             # measured, not enforced: a gap over the threshold is a figure here, not a stop
@@ -200,11 +229,19 @@ def main() -> None:
         result["threshold"] = threshold_verdict(result, engine.sync_threshold(result["compute_dtype"]))
         results[result["compute_dtype"]] = result
         settings = {
-            "config": str(args.config), "overrides": overrides[1:], "model": cfg.model.path, "steps": args.steps,
-            "recipe_steps": cfg.steps, "lr": cfg.trainer.lr, "schedule": cfg.trainer.schedule,
-            "prompts_per_step": cfg.rollout.prompts_per_step, "samples_per_prompt": cfg.rollout.samples_per_prompt,
-            "max_tokens": cfg.rollout.sampling.max_tokens, "temperature": cfg.rollout.sampling.temperature,
-            "lora_rank": cfg.trainer.lora.rank if cfg.trainer.lora else None, "trainer_ranks": cfg.trainer.ranks,
+            "config": str(args.config),
+            "overrides": overrides[1:],
+            "model": cfg.model.path,
+            "steps": args.steps,
+            "recipe_steps": cfg.steps,
+            "lr": cfg.trainer.lr,
+            "schedule": cfg.trainer.schedule,
+            "prompts_per_step": cfg.rollout.prompts_per_step,
+            "samples_per_prompt": cfg.rollout.samples_per_prompt,
+            "max_tokens": cfg.rollout.sampling.max_tokens,
+            "temperature": cfg.rollout.sampling.temperature,
+            "lora_rank": cfg.trainer.lora.rank if cfg.trainer.lora else None,
+            "trainer_ranks": cfg.trainer.ranks,
             "merge_lora": cfg.engine.merge_lora,
         }
     write_result(args.out, {"setting": settings, "dtypes": results} | provenance())

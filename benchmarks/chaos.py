@@ -95,8 +95,9 @@ class Fault:
 def schedule(rng: random.Random, steps: int, kinds: list[str]) -> list[Fault]:
     """One fault of each kind, after distinct steps spread over the run (none in its last 3)."""
     after = rng.sample(range(2, steps - 3), len(kinds))
-    return sorted((Fault(kind, step, rng.uniform(0.0, 2.0)) for kind, step in zip(kinds, after)),
-                  key=lambda f: f.after_step)
+    return sorted(
+        (Fault(kind, step, rng.uniform(0.0, 2.0)) for kind, step in zip(kinds, after)), key=lambda f: f.after_step
+    )
 
 
 def group_chain(rows: list[dict]) -> dict:
@@ -170,8 +171,12 @@ def _is_sandbox(p: psutil.Process) -> bool:
     return p.name() == "bwrap" and p.parent().name() != "bwrap"
 
 
-TARGETS = {"engine": _is_engine_core, "trainer_rank": _is_trainer_rank, "reward_worker": _is_reward_worker,
-           "sandbox_worker": _is_sandbox}
+TARGETS = {
+    "engine": _is_engine_core,
+    "trainer_rank": _is_trainer_rank,
+    "reward_worker": _is_reward_worker,
+    "sandbox_worker": _is_sandbox,
+}
 
 
 def fire(fault: Fault, controller: psutil.Process, rng: random.Random, started: float) -> bool:
@@ -226,8 +231,12 @@ def run_to_end(command: list[str], run_dir: Path, steps: int, log_file: Path, fa
             if process.returncode == 0 and "eval_after" in summary:
                 break
             _reap(process.pid)
-    return {"attempts": attempts, "exit_codes": exits, "wall_s": round(time.time() - started, 1),
-            "unfired": [f.kind for f in pending]}
+    return {
+        "attempts": attempts,
+        "exit_codes": exits,
+        "wall_s": round(time.time() - started, 1),
+        "unfired": [f.kind for f in pending],
+    }
 
 
 def _reap(session: int) -> None:
@@ -284,8 +293,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="the faults' times and victims")
     parser.add_argument("--root", type=Path, default=Path("runs/bench/chaos"))
     parser.add_argument("--skip-clean", action="store_true", help="reuse ROOT/clean from an earlier call")
-    parser.add_argument("--faults", nargs="+", choices=FAULT_KINDS, default=list(FAULT_KINDS),
-                        help="the kinds injected (a run with every kind adds a ledger line)")
+    parser.add_argument(
+        "--faults",
+        nargs="+",
+        choices=FAULT_KINDS,
+        default=list(FAULT_KINDS),
+        help="the kinds injected (a run with every kind adds a ledger line)",
+    )
     args = parser.parse_args()
 
     import yaml
@@ -293,9 +307,17 @@ def main() -> None:
     demo = yaml.safe_load(open(DEMO_CONFIG))
     args.root.mkdir(parents=True, exist_ok=True)
     train = sandboxed_task(args.root.resolve(), Path(demo["data"]["train"]))
-    overrides = [f"steps={args.steps}", "rollout.mode=async", "rollout.max_staleness=2", "engine.in_process=false",
-                 "engine.max_restarts=3", f"checkpoint.every={args.checkpoint_every}", "checkpoint.keep=2",
-                 f"data.train={train}", "tracking.progress=false"]
+    overrides = [
+        f"steps={args.steps}",
+        "rollout.mode=async",
+        "rollout.max_staleness=2",
+        "engine.in_process=false",
+        "engine.max_restarts=3",
+        f"checkpoint.every={args.checkpoint_every}",
+        "checkpoint.keep=2",
+        f"data.train={train}",
+        "tracking.progress=false",
+    ]
     prompts_per_step = demo["rollout"]["prompts_per_step"]
     runs = {}
     for name in ("clean", "chaos"):
@@ -320,7 +342,10 @@ def main() -> None:
         print(f"{name}: {json.dumps(runs[name])}", flush=True)
 
     chaos = runs["chaos"]
-    injected = {kind: sum(f["kind"] == kind and f["pid"] is not None for f in chaos["harness"]["faults"]) for kind in args.faults}
+    injected = {
+        kind: sum(f["kind"] == kind and f["pid"] is not None for f in chaos["harness"]["faults"])
+        for kind in args.faults
+    }
     faults = {kind: {"injected": injected[kind], "log_lines": chaos["fault_lines"][kind]} for kind in args.faults}
     se = paired_se(held_out(args.root / "clean"), held_out(args.root / "chaos"))
     result = provenance() | {

@@ -46,9 +46,13 @@ def run_name(name: str, seed: int, dtype: str) -> str:
 
 def overrides(name: str, seed: int, dtype: str) -> list[str]:
     assets = f"artifacts/{name}_s{seed}"
-    return [f"seed={seed}", f"run_dir=runs/{run_name(name, seed, dtype)}", f"model.path={assets}/model",
-            f"data.train={assets}/task/train.jsonl", f"data.test={assets}/task/test.jsonl"] + (
-            [] if dtype == "auto" else [f"model.dtype={dtype}"])
+    return [
+        f"seed={seed}",
+        f"run_dir=runs/{run_name(name, seed, dtype)}",
+        f"model.path={assets}/model",
+        f"data.train={assets}/task/train.jsonl",
+        f"data.test={assets}/task/test.jsonl",
+    ] + ([] if dtype == "auto" else [f"model.dtype={dtype}"])
 
 
 def run_demo(name: str, seed: int, dtype: str, fresh: bool, fresh_assets: bool) -> dict:
@@ -71,27 +75,43 @@ def run_demo(name: str, seed: int, dtype: str, fresh: bool, fresh_assets: bool) 
     k = max(int(key.split("@")[1]) for key in after if key.startswith("avg@"))
     warm = summary.get("warm_start") or {}
     return {
-        "demo": name, "seed": seed, "dtype": dtype, "compute_dtype": summary.get("compute_dtype"), "k": k,
-        "avg_before": before[f"avg@{k}"], "avg_after": after[f"avg@{k}"],
+        "demo": name,
+        "seed": seed,
+        "dtype": dtype,
+        "compute_dtype": summary.get("compute_dtype"),
+        "k": k,
+        "avg_before": before[f"avg@{k}"],
+        "avg_after": after[f"avg@{k}"],
         "gain_points": round(100 * (after[f"avg@{k}"] - before[f"avg@{k}"]), 1),
-        "warm_start_steps": warm.get("steps"), "warm_start_attempts": len(warm.get("attempts", [])),
-        "warm_start_ready": warm.get("ready"), "warm_start_skills": warm.get("skills"),
-        "rl_seconds": summary.get("wall_seconds"), "wall_seconds": seconds,
+        "warm_start_steps": warm.get("steps"),
+        "warm_start_attempts": len(warm.get("attempts", [])),
+        "warm_start_ready": warm.get("ready"),
+        "warm_start_skills": warm.get("skills"),
+        "rl_seconds": summary.get("wall_seconds"),
+        "wall_seconds": seconds,
         "command": "rlvr demo --config " + DEMOS[name] + " " + " ".join(overrides(name, seed, dtype)),
     }
 
 
 def table(runs: list[dict], cpu: str) -> str:
-    lines = ["| demo | seed | compute | warm start: steps (attempts) | check at its stop | held-out avg@k before → after | gain "
-             "| RL phase | CPU |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| demo | seed | compute | warm start: steps (attempts) | check at its stop | held-out avg@k before → after | gain "
+        "| RL phase | CPU |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in runs:
         s = r["warm_start_skills"] or {}
-        copies = ", ".join(f"{label} {s[key]:.2f}" for key, label in (("operand_copy", "operand copy"), ("result_copy", "result copy"))
-                           if s.get(key) is not None)
+        copies = ", ".join(
+            f"{label} {s[key]:.2f}"
+            for key, label in (("operand_copy", "operand copy"), ("result_copy", "result copy"))
+            if s.get(key) is not None
+        )
         check = f"base {s['accuracy']:.3f}" + (f", {copies}" if copies else "") if s else "unchecked"
-        lines.append(f"| {r['demo']} | {r['seed']} | {r['compute_dtype']} | {r['warm_start_steps']} ({r['warm_start_attempts']}) | "
-                     f"{check} | avg@{r['k']} {r['avg_before']:.3f} → {r['avg_after']:.3f} | {r['gain_points']:+.1f} | "
-                     f"{r['rl_seconds']} s | {cpu} |")
+        lines.append(
+            f"| {r['demo']} | {r['seed']} | {r['compute_dtype']} | {r['warm_start_steps']} ({r['warm_start_attempts']}) | "
+            f"{check} | avg@{r['k']} {r['avg_before']:.3f} → {r['avg_after']:.3f} | {r['gain_points']:+.1f} | "
+            f"{r['rl_seconds']} s | {cpu} |"
+        )
     return "\n".join(lines)
 
 
@@ -99,34 +119,58 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--demos", nargs="+", choices=sorted(DEMOS), default=["demo", "moe", "tools"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    parser.add_argument("--fresh", action="store_true", help="rebuild assets and rerun pairs that already have a summary")
-    parser.add_argument("--dtypes", nargs="+", choices=["auto", "float32", "bfloat16"], default=["auto"],
-                        help="model.dtype of the RL phase, each from the same assets; gains are judged on the first")
+    parser.add_argument(
+        "--fresh", action="store_true", help="rebuild assets and rerun pairs that already have a summary"
+    )
+    parser.add_argument(
+        "--dtypes",
+        nargs="+",
+        choices=["auto", "float32", "bfloat16"],
+        default=["auto"],
+        help="model.dtype of the RL phase, each from the same assets; gains are judged on the first",
+    )
     parser.add_argument("--out", type=Path, default=Path("runs/bench_demo_seeds.json"))
     args = parser.parse_args()
 
     cpu = cpu_model()
-    runs = [run_demo(name, seed, dtype, args.fresh, args.fresh and dtype == args.dtypes[0])
-            for name in args.demos for seed in args.seeds for dtype in args.dtypes]
+    runs = [
+        run_demo(name, seed, dtype, args.fresh, args.fresh and dtype == args.dtypes[0])
+        for name in args.demos
+        for seed in args.seeds
+        for dtype in args.dtypes
+    ]
     per_demo = {}
     for name in args.demos:
         gains = [r["gain_points"] for r in runs if r["demo"] == name and r["dtype"] == args.dtypes[0]]
-        per_demo[name] = {"gain_min": min(gains), "gain_max": max(gains), "target_points": 100 * TARGETS[name],
-                          "all_meet_target": all(g >= 100 * TARGETS[name] for g in gains)}
+        per_demo[name] = {
+            "gain_min": min(gains),
+            "gain_max": max(gains),
+            "target_points": 100 * TARGETS[name],
+            "all_meet_target": all(g >= 100 * TARGETS[name] for g in gains),
+        }
         # each later dtype's RL phase over the first's, seed by seed
-        per_demo[name]["rl_seconds_over_first_dtype"] = {dtype: [
-            round(other["rl_seconds"] / first["rl_seconds"], 2)
-            for first in runs if first["demo"] == name and first["dtype"] == args.dtypes[0]
-            for other in runs if (other["demo"], other["seed"], other["dtype"]) == (name, first["seed"], dtype)]
-            for dtype in args.dtypes[1:]}
+        per_demo[name]["rl_seconds_over_first_dtype"] = {
+            dtype: [
+                round(other["rl_seconds"] / first["rl_seconds"], 2)
+                for first in runs
+                if first["demo"] == name and first["dtype"] == args.dtypes[0]
+                for other in runs
+                if (other["demo"], other["seed"], other["dtype"]) == (name, first["seed"], dtype)
+            ]
+            for dtype in args.dtypes[1:]
+        }
     result = {"cpu": cpu, "runs": runs, "per_demo": per_demo, "table": table(runs, cpu)} | provenance()
     write_result(args.out, result)
     print(result["table"])
-    what = "; ".join(f"{name} gain {d['gain_min']:+.1f}..{d['gain_max']:+.1f} points over seeds {args.seeds} "
-                     f"(target {d['target_points']:+.0f}: {'met' if d['all_meet_target'] else 'NOT met'})"
-                     + "".join(f", RL phase {dtype}/{args.dtypes[0]} {ratios}"
-                               for dtype, ratios in d["rl_seconds_over_first_dtype"].items())
-                     for name, d in per_demo.items())
+    what = "; ".join(
+        f"{name} gain {d['gain_min']:+.1f}..{d['gain_max']:+.1f} points over seeds {args.seeds} "
+        f"(target {d['target_points']:+.0f}: {'met' if d['all_meet_target'] else 'NOT met'})"
+        + "".join(
+            f", RL phase {dtype}/{args.dtypes[0]} {ratios}"
+            for dtype, ratios in d["rl_seconds_over_first_dtype"].items()
+        )
+        for name, d in per_demo.items()
+    )
     append_line(f"demos from scratch over seeds, {cpu}: {what}", result)
 
 

@@ -42,8 +42,12 @@ def variable_lengths(count: int, seed: int) -> list[int]:
 
 def prompts_for(tokenizer) -> list[list[int]]:
     return [
-        tokenizer.apply_chat_template([{"role": "user", "content": f"Problem {i}: what is {i} + {i * 7 % 13}?"}],
-                                      add_generation_prompt=True, tokenize=True, return_dict=False)
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"Problem {i}: what is {i} + {i * 7 % 13}?"}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
         for i in range(PROMPTS)
     ]
 
@@ -70,15 +74,24 @@ def lora_adapter(model_dir: Path, version: int) -> LoraAdapter:
     from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
     from transformers import AutoModelForCausalLM
 
-    config = LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
-                                                             "gate_proj", "up_proj", "down_proj"])
+    config = LoraConfig(
+        r=16,
+        lora_alpha=32,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    )
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(model_dir), config)
     return LoraAdapter(get_peft_model_state_dict(model), config.to_dict(), version)
 
 
 def flops_per_token(config, params: int, mean_context: float) -> float:
     """2 x matmul weights (the tied embedding counted once, as the LM head) + attention over the context."""
-    attention = 4 * config.num_hidden_layers * config.num_attention_heads * (config.hidden_size // config.num_attention_heads) * mean_context
+    attention = (
+        4
+        * config.num_hidden_layers
+        * config.num_attention_heads
+        * (config.hidden_size // config.num_attention_heads)
+        * mean_context
+    )
     return 2 * params + attention
 
 
@@ -86,13 +99,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--vllm-threads", type=int, default=None, help="CPU threads for vLLM (default: the engine's, half the cores)")
+    parser.add_argument(
+        "--vllm-threads", type=int, default=None, help="CPU threads for vLLM (default: the engine's, half the cores)"
+    )
     parser.add_argument("--hf-batch-size", type=int, default=128, help="rows per HF generate call")
     args = parser.parse_args()
 
     from transformers import AutoConfig, AutoTokenizer
 
-    model_dir = build_tiny_model(Path(tempfile.mkdtemp(prefix="rlvr-bench-")) / "model", "qwen2", seed=args.seed, **MODEL_SIZES)
+    model_dir = build_tiny_model(
+        Path(tempfile.mkdtemp(prefix="rlvr-bench-")) / "model", "qwen2", seed=args.seed, **MODEL_SIZES
+    )
     config = AutoConfig.from_pretrained(model_dir)
     params = sum(t.numel() for t in load_file(model_dir / "model.safetensors").values())
     prompts = prompts_for(AutoTokenizer.from_pretrained(model_dir))
@@ -102,8 +119,11 @@ def main() -> None:
     # Throughput without LoRA (vLLM's CPU LoRA kernels cost extra per layer, and the demo
     # rollouts are measured on the base model); the LoRA sync is timed on its own engine.
     model = ModelConfig(path=str(model_dir))
-    with make_engine(model, EngineConfig(max_model_len=1024, kv_cache_gb=2, max_num_seqs=PROMPTS * SAMPLES,
-                                         num_threads=args.vllm_threads), seed=args.seed) as vllm:
+    with make_engine(
+        model,
+        EngineConfig(max_model_len=1024, kv_cache_gb=2, max_num_seqs=PROMPTS * SAMPLES, num_threads=args.vllm_threads),
+        seed=args.seed,
+    ) as vllm:
         tokens_per_s(vllm, prompts[:8], None)  # warm-up: first-call allocations
         results["fixed"]["vllm_tokens_per_s"] = tokens_per_s(vllm, prompts, None)
         print("vllm fixed", results["fixed"], flush=True)
@@ -127,7 +147,9 @@ def main() -> None:
     peak, peak_text = nominal_peak_flops("float32")
     mean_context = len(prompts[0]) + FIXED_TOKENS / 2
     results["params"] = params
-    results["fraction_of_peak_flops"] = results["fixed"]["vllm_tokens_per_s"] * flops_per_token(config, params, mean_context) / peak
+    results["fraction_of_peak_flops"] = (
+        results["fixed"]["vllm_tokens_per_s"] * flops_per_token(config, params, mean_context) / peak
+    )
     ordered = {k: results[k] for k in ("fixed", "variable", "lora_sync_ms", "params", "fraction_of_peak_flops")}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(ordered, indent=2) + "\n")

@@ -36,27 +36,38 @@ from pathlib import Path
 import torch
 
 # Qwen2.5-0.5B's shape (its config.json), random weights: no model hub on the GPU machine.
-SHAPE_05B = dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864, vocab_size=151936)
+SHAPE_05B = dict(
+    hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864, vocab_size=151936
+)
 SHAPE_TINY = dict(hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128, vocab_size=512)
 # A random model of a 151936-token vocabulary mostly samples ids that rlvr's character tokenizer
 # decodes to nothing: how much text a sample holds is what differs between samples, so the
 # advantages are not all zero and the steps train.
-TEXT_LENGTH = '''
+TEXT_LENGTH = """
 def text_length(response, answer):
     return min(1.0, len(response) / 16)
-'''
+"""
 
 
 def environment() -> dict:
     import peft
     import transformers
 
-    info = {"torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__,
-            "peft": peft.__version__, "cuda_available": torch.cuda.is_available()}
+    info = {
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "transformers": transformers.__version__,
+        "peft": peft.__version__,
+        "cuda_available": torch.cuda.is_available(),
+    }
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        info |= {"device": props.name, "memory_gib": round(props.total_memory / 2**30, 1), "devices": torch.cuda.device_count(),
-                 "nccl": ".".join(map(str, torch.cuda.nccl.version()))}
+        info |= {
+            "device": props.name,
+            "memory_gib": round(props.total_memory / 2**30, 1),
+            "devices": torch.cuda.device_count(),
+            "nccl": ".".join(map(str, torch.cuda.nccl.version())),
+        }
     return info
 
 
@@ -74,8 +85,10 @@ def packed_attention(device: torch.device, shape: dict) -> dict:
         """Logprobs in sequence order (packings order sequences differently) and the gradients."""
         model.zero_grad()
         policy = TokenLogprobs(model, TrainerConfig().logits_chunk_mb)
-        lp, _ = policy(*(t.to(device) for t in (mb.input_ids, mb.position_ids, mb.score_positions, mb.score_targets)),
-                       layout=mb.layout.to(device))
+        lp, _ = policy(
+            *(t.to(device) for t in (mb.input_ids, mb.position_ids, mb.score_positions, mb.score_targets)),
+            layout=mb.layout.to(device),
+        )
         parts = dict(zip(mb.sequences, unpack(lp, mb)))
         sum((p * torch.linspace(-1, 1, len(p), device=device)).sum() for p in parts.values()).backward()
         ordered = torch.cat([parts[i] for i in sorted(parts)]).detach()
@@ -84,7 +97,9 @@ def packed_attention(device: torch.device, shape: dict) -> dict:
     def batch(vocab, prompt_lens, samples, lengths, seed):
         g = torch.Generator().manual_seed(seed)
         prompts = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in prompt_lens]
-        sequences = [prompts[i // samples] + torch.randint(3, vocab, (n,), generator=g).tolist() for i, n in enumerate(lengths)]
+        sequences = [
+            prompts[i // samples] + torch.randint(3, vocab, (n,), generator=g).tolist() for i, n in enumerate(lengths)
+        ]
         return sequences, [len(prompts[i // samples]) for i in range(len(lengths))]
 
     small = tiny_config("qwen2", vocab_size=64, hidden_size=64, num_layers=2, intermediate_size=128)
@@ -101,15 +116,23 @@ def packed_attention(device: torch.device, shape: dict) -> dict:
     result = {
         "padded_batches": len(shared.layout.batches),
         "logprob_max_diff": (lp - want_lp).abs().max().item(),
-        "grad_max_rel_diff": max(((g - w).abs().max() / w.abs().max().clamp_min(1e-12)).item() for g, w in zip(grads, want_grads)),
+        "grad_max_rel_diff": max(
+            ((g - w).abs().max() / w.abs().max().clamp_min(1e-12)).item() for g, w in zip(grads, want_grads)
+        ),
     }
     if result["logprob_max_diff"] > 1e-4 or result["grad_max_rel_diff"] > 1e-4:
         raise RuntimeError(f"packed attention differs from sdpa on {device}: {result}")
 
     # throughput: 16 prompts x 8 samples of 64-512 tokens, on a 2-layer slice of the checked shape
-    config = tiny_config("qwen2", vocab_size=shape["vocab_size"], hidden_size=shape["hidden_size"], num_layers=2,
-                         num_heads=shape["num_heads"], num_kv_heads=shape["num_kv_heads"],
-                         intermediate_size=shape["intermediate_size"])
+    config = tiny_config(
+        "qwen2",
+        vocab_size=shape["vocab_size"],
+        hidden_size=shape["hidden_size"],
+        num_layers=2,
+        num_heads=shape["num_heads"],
+        num_kv_heads=shape["num_kv_heads"],
+        intermediate_size=shape["intermediate_size"],
+    )
     g = torch.Generator().manual_seed(1)
     lengths = [int(64 * 8 ** torch.rand(1, generator=g).item()) for _ in range(128)]
     sequences, prompt_lens = batch(shape["vocab_size"], [128] * 16, 8, lengths, seed=1)
@@ -148,9 +171,15 @@ def build_nvfp4_model(root: Path, shape: dict) -> Path:
         return nvfp4_dir
     tokenizer = build_char_tokenizer()
     sizes = {k: v for k, v in shape.items() if k != "vocab_size"}
-    config = tiny_config("qwen2", vocab_size=shape["vocab_size"], pad_token_id=tokenizer.pad_token_id,
-                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                         max_position_embeddings=2048, **sizes)
+    config = tiny_config(
+        "qwen2",
+        vocab_size=shape["vocab_size"],
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        max_position_embeddings=2048,
+        **sizes,
+    )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
@@ -166,21 +195,35 @@ def train_batch():
     from rlvr.records import TrainBatch
 
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(3, 300, (int(n),), generator=g).tolist() for n in torch.randint(64, 192, (16,), generator=g)]
-    completions = [torch.randint(3, 300, (int(64 * 8 ** torch.rand(1, generator=g).item()),), generator=g).tolist()
-                   for _ in range(128)]
-    return TrainBatch([prompts[i // 8] for i in range(128)], completions, [[-1.0] * len(c) for c in completions],
-                      torch.randn(128, generator=g), torch.arange(128) // 8)
+    prompts = [
+        torch.randint(3, 300, (int(n),), generator=g).tolist() for n in torch.randint(64, 192, (16,), generator=g)
+    ]
+    completions = [
+        torch.randint(3, 300, (int(64 * 8 ** torch.rand(1, generator=g).item()),), generator=g).tolist()
+        for _ in range(128)
+    ]
+    return TrainBatch(
+        [prompts[i // 8] for i in range(128)],
+        completions,
+        [[-1.0] * len(c) for c in completions],
+        torch.randn(128, generator=g),
+        torch.arange(128) // 8,
+    )
 
 
 def trainer_spec(model_dir: Path, dtype: str, steps: int):
     from rlvr.config import AlgorithmConfig, LoraConfig, ModelConfig, TrainerConfig
     from rlvr.training.worker import RankSpec
 
-    return RankSpec(model=ModelConfig(path=str(model_dir), dtype=dtype),
-                    trainer=TrainerConfig(ranks=1, lr=1e-4, micro_batch_tokens=8192,
-                                          lora=LoraConfig(rank=16, alpha=32, target_modules="all-linear")),
-                    algorithm=AlgorithmConfig(), seed=0, total_steps=steps)
+    return RankSpec(
+        model=ModelConfig(path=str(model_dir), dtype=dtype),
+        trainer=TrainerConfig(
+            ranks=1, lr=1e-4, micro_batch_tokens=8192, lora=LoraConfig(rank=16, alpha=32, target_modules="all-linear")
+        ),
+        algorithm=AlgorithmConfig(),
+        seed=0,
+        total_steps=steps,
+    )
 
 
 def gpu_kind() -> str | None:
@@ -200,12 +243,26 @@ def planned_train_seconds(model_dir: Path, dtype: str, batch, kind: str) -> tupl
 
     prompt = round(statistics.mean(len(p) for p in batch.prompt_ids))
     completion = round(statistics.mean(len(c) for c in batch.completion_ids))
-    cfg = load_config("configs/demo.yaml", [
-        f"model.path={model_dir}", f"model.dtype={dtype}", f"placement.gpu={kind}", "trainer.ranks=1",
-        "trainer.micro_batch_tokens=8192", "trainer.lora.rank=16", "trainer.lora.target_modules=all-linear",
-        "rollout.prompts_per_step=16", "rollout.samples_per_prompt=8", f"data.max_prompt_tokens={prompt}",
-        f"rollout.sampling.max_tokens={completion}", "trainer.mini_batches=1", "trainer.epochs=1",
-        "trainer.gradient_checkpointing=false", "algorithm.kl_coef=0"])
+    cfg = load_config(
+        "configs/demo.yaml",
+        [
+            f"model.path={model_dir}",
+            f"model.dtype={dtype}",
+            f"placement.gpu={kind}",
+            "trainer.ranks=1",
+            "trainer.micro_batch_tokens=8192",
+            "trainer.lora.rank=16",
+            "trainer.lora.target_modules=all-linear",
+            "rollout.prompts_per_step=16",
+            "rollout.samples_per_prompt=8",
+            f"data.max_prompt_tokens={prompt}",
+            f"rollout.sampling.max_tokens={completion}",
+            "trainer.mini_batches=1",
+            "trainer.epochs=1",
+            "trainer.gradient_checkpointing=false",
+            "algorithm.kl_coef=0",
+        ],
+    )
     return step_time(cfg, read_architecture(cfg)).train_compute, ACCELERATORS[kind].matmul_flops
 
 
@@ -257,10 +314,21 @@ def trainer_profile(model_dir: Path, dtype: str) -> dict:
     top = sorted(events, key=lambda e: getattr(e, f"self_{device}_time_total"), reverse=True)[:15]
     from torch.distributed.tensor import DTensor
 
-    return {"packed_params": len(packed), "packed_all_fsdp2_sharded": bool(packed) and all(isinstance(p, DTensor) for p in packed),
-            "packed_dtypes": sorted({str(p.dtype) for p in packed}), "device_time_ms": total / 1e3,
-            "top": [{"name": e.key[:120], "ms": getattr(e, f"self_{device}_time_total") / 1e3, "calls": e.count,
-                     "share": round(getattr(e, f"self_{device}_time_total") / total, 4)} for e in top]}
+    return {
+        "packed_params": len(packed),
+        "packed_all_fsdp2_sharded": bool(packed) and all(isinstance(p, DTensor) for p in packed),
+        "packed_dtypes": sorted({str(p.dtype) for p in packed}),
+        "device_time_ms": total / 1e3,
+        "top": [
+            {
+                "name": e.key[:120],
+                "ms": getattr(e, f"self_{device}_time_total") / 1e3,
+                "calls": e.count,
+                "share": round(getattr(e, f"self_{device}_time_total") / total, 4),
+            }
+            for e in top
+        ],
+    }
 
 
 def trainer_steps(model_dir: Path, dtype: str, steps: int, base_format: str) -> dict:
@@ -282,14 +350,27 @@ def trainer_steps(model_dir: Path, dtype: str, steps: int, base_format: str) -> 
     prompts, completions = batch.prompt_ids[::8], batch.completion_ids
     tokens = sum(len(c) for c in completions) + sum(len(p) for p in prompts)
     step_s = statistics.median(seconds[1:])
-    out = {"start_s": start_s, "step_s": step_s, "steps_s": seconds, "tokens_per_step": tokens, "tokens_per_s": tokens / step_s,
-           "completion_tokens": sum(len(c) for c in completions), "loss": metrics["loss"], "grad_norm": metrics["grad_norm"],
-           "packed_base_bytes": base_bytes, "trainable_params": report.trainable_params, "torch": torch.__version__,
-           "finite": all(map(lambda v: v == v and abs(v) != float("inf"), (metrics["loss"], metrics["grad_norm"])))}
+    out = {
+        "start_s": start_s,
+        "step_s": step_s,
+        "steps_s": seconds,
+        "tokens_per_step": tokens,
+        "tokens_per_s": tokens / step_s,
+        "completion_tokens": sum(len(c) for c in completions),
+        "loss": metrics["loss"],
+        "grad_norm": metrics["grad_norm"],
+        "packed_base_bytes": base_bytes,
+        "trainable_params": report.trainable_params,
+        "torch": torch.__version__,
+        "finite": all(map(lambda v: v == v and abs(v) != float("inf"), (metrics["loss"], metrics["grad_norm"]))),
+    }
     if gpu_kind() is not None:
         seconds_at_peak, peak = planned_train_seconds(model_dir, dtype, batch, gpu_kind())
-        out.update(planned_train_s=seconds_at_peak, achieved_tflops=seconds_at_peak * peak / step_s / 1e12,
-                   share_of_peak=seconds_at_peak / step_s)
+        out.update(
+            planned_train_s=seconds_at_peak,
+            achieved_tflops=seconds_at_peak * peak / step_s / 1e12,
+            share_of_peak=seconds_at_peak / step_s,
+        )
     return out
 
 
@@ -304,13 +385,28 @@ def rl_steps(root: Path, model_dir: Path, dtype: str, steps: int) -> dict:
     write_jsonl(problems, train_file)
     (root / "reward.py").write_text(TEXT_LENGTH)
     run_dir = root / "rl_run"
-    cfg = load_config("configs/demo.yaml", [
-        f"run_dir={run_dir}", f"steps={steps}", f"model.path={model_dir}", f"model.dtype={dtype}", f"data.train={train_file}",
-        "data.test=null", "engine.backend=hf", "engine.hf_batch_size=64", "rollout.prompts_per_step=8",
-        "rollout.samples_per_prompt=8", "rollout.sampling.max_tokens=64", f"reward.verifier={root / 'reward.py'}:text_length",
-        "trainer.ranks=1", "trainer.lr=1e-4", "checkpoint.every=0", "tracking.progress=false",
-        "engine.sync_check_every=1",  # a check: the probe at every push, not only where no step gap covers it
-    ])
+    cfg = load_config(
+        "configs/demo.yaml",
+        [
+            f"run_dir={run_dir}",
+            f"steps={steps}",
+            f"model.path={model_dir}",
+            f"model.dtype={dtype}",
+            f"data.train={train_file}",
+            "data.test=null",
+            "engine.backend=hf",
+            "engine.hf_batch_size=64",
+            "rollout.prompts_per_step=8",
+            "rollout.samples_per_prompt=8",
+            "rollout.sampling.max_tokens=64",
+            f"reward.verifier={root / 'reward.py'}:text_length",
+            "trainer.ranks=1",
+            "trainer.lr=1e-4",
+            "checkpoint.every=0",
+            "tracking.progress=false",
+            "engine.sync_check_every=1",  # a check: the probe at every push, not only where no step gap covers it
+        ],
+    )
     if run_dir.exists():
         import shutil
 
@@ -318,10 +414,15 @@ def rl_steps(root: Path, model_dir: Path, dtype: str, steps: int) -> dict:
     metrics: list[dict] = []
     train(cfg, progress=lambda step, m: metrics.append(m), log=print)
     timed = metrics[1:] or metrics
-    out = {k: statistics.median(m[k] for m in timed) for k in ("time/step", "time/generate", "time/train", "time/sync",
-                                                               "throughput/tokens_per_s")}
-    return out | {"steps": len(metrics), "sync_logprob_gap_max": max(m["sync/logprob_gap"] for m in metrics),
-                  "reward_mean": [m["reward/mean"] for m in metrics]}
+    out = {
+        k: statistics.median(m[k] for m in timed)
+        for k in ("time/step", "time/generate", "time/train", "time/sync", "throughput/tokens_per_s")
+    }
+    return out | {
+        "steps": len(metrics),
+        "sync_logprob_gap_max": max(m["sync/logprob_gap"] for m in metrics),
+        "reward_mean": [m["reward/mean"] for m in metrics],
+    }
 
 
 def _sync(device: torch.device) -> None:
@@ -333,7 +434,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--work", type=Path, default=Path("runs/gpu_check/work"), help="models and runs built here")
-    parser.add_argument("--tiny", action="store_true", help="tiny shapes on whatever device there is: a smoke test of this script")
+    parser.add_argument(
+        "--tiny", action="store_true", help="tiny shapes on whatever device there is: a smoke test of this script"
+    )
     parser.add_argument("--train-steps", type=int, default=4)
     parser.add_argument("--rl-steps", type=int, default=3)
     args = parser.parse_args()
@@ -351,10 +454,16 @@ def main() -> None:
         try:
             result[name] = {"ok": True} | fn(*fn_args)
         except Exception as error:  # the other parts still run and report
-            result[name] = {"ok": False, "error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc(),
-                            "rank_traceback": getattr(error, "details", None)}  # a trainer rank's own (TrainerError)
+            result[name] = {
+                "ok": False,
+                "error": f"{type(error).__name__}: {error}",
+                "traceback": traceback.format_exc(),
+                "rank_traceback": getattr(error, "details", None),
+            }  # a trainer rank's own (TrainerError)
         result[name]["seconds"] = round(time.perf_counter() - t, 1)
-        print(f"[gpu_check] {name}: {json.dumps({k: v for k, v in result[name].items() if k != 'traceback'})}", flush=True)
+        print(
+            f"[gpu_check] {name}: {json.dumps({k: v for k, v in result[name].items() if k != 'traceback'})}", flush=True
+        )
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))  # after each part: a timeout still leaves what ran
 
@@ -377,13 +486,23 @@ def main() -> None:
     result["ok"] = all(v.get("ok", True) for v in result.values() if isinstance(v, dict) and "ok" in v)
     result["wall_s"] = round(time.perf_counter() - started, 1)
     args.out.write_text(json.dumps(result, indent=2))
-    summary = {f"{k} {f}": result[k].get(f) for k, f in (("packed_attention", "packed_tokens_per_s"),
-                                                          ("nvfp4_trainer", "tokens_per_s"), ("nvfp4_trainer", "step_s"),
-                                                          ("nvfp4_trainer", "achieved_tflops"), ("nvfp4_trainer", "share_of_peak"),
-                                                          ("float_trainer", "tokens_per_s"),
-                                                          ("rl_steps", "throughput/tokens_per_s"), ("rl_steps", "time/step"))
-               if k in result}
-    print(f"[gpu_check] ok={result['ok']} wall {result['wall_s']} s; {json.dumps(summary)}; wrote {args.out}", flush=True)
+    summary = {
+        f"{k} {f}": result[k].get(f)
+        for k, f in (
+            ("packed_attention", "packed_tokens_per_s"),
+            ("nvfp4_trainer", "tokens_per_s"),
+            ("nvfp4_trainer", "step_s"),
+            ("nvfp4_trainer", "achieved_tflops"),
+            ("nvfp4_trainer", "share_of_peak"),
+            ("float_trainer", "tokens_per_s"),
+            ("rl_steps", "throughput/tokens_per_s"),
+            ("rl_steps", "time/step"),
+        )
+        if k in result
+    }
+    print(
+        f"[gpu_check] ok={result['ok']} wall {result['wall_s']} s; {json.dumps(summary)}; wrote {args.out}", flush=True
+    )
 
 
 if __name__ == "__main__":

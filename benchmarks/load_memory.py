@@ -51,10 +51,27 @@ from rlvr.training.trainer import RankProcess, Trainer, free_port
 from rlvr.training.worker import run_rank
 
 ROOT = Path(__file__).resolve().parent.parent
-SHAPE = dict(hidden_size=1024, num_hidden_layers=10, intermediate_size=2048, num_attention_heads=8, num_key_value_heads=8,
-             vocab_size=8192, q_lora_rank=384, kv_lora_rank=256, qk_nope_head_dim=64, qk_rope_head_dim=32, v_head_dim=64,
-             n_routed_experts=96, num_experts_per_tok=4, moe_intermediate_size=768, n_shared_experts=1,
-             first_k_dense_replace=1, n_group=1, topk_group=1, tie_word_embeddings=False)
+SHAPE = dict(
+    hidden_size=1024,
+    num_hidden_layers=10,
+    intermediate_size=2048,
+    num_attention_heads=8,
+    num_key_value_heads=8,
+    vocab_size=8192,
+    q_lora_rank=384,
+    kv_lora_rank=256,
+    qk_nope_head_dim=64,
+    qk_rope_head_dim=32,
+    v_head_dim=64,
+    n_routed_experts=96,
+    num_experts_per_tok=4,
+    moe_intermediate_size=768,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+    n_group=1,
+    topk_group=1,
+    tie_word_embeddings=False,
+)
 SHARD_BYTES = 256 << 20
 SAMPLE_S = 0.002
 
@@ -87,7 +104,9 @@ def measured_rank(rank: int, world_size: int, port: int, spec, conn, report: str
 class MeasuredRankProcess(RankProcess):
     def __init__(self, context, rank, world_size, port, spec, report: Path):
         self._conn, child = context.Pipe()
-        self._process = context.Process(target=measured_rank, args=(rank, world_size, port, spec, child, str(report)), daemon=True)
+        self._process = context.Process(
+            target=measured_rank, args=(rank, world_size, port, spec, child, str(report)), daemon=True
+        )
         self._process.start()
         child.close()
 
@@ -114,10 +133,14 @@ def write_checkpoint(out: Path) -> Path:
 
     def packed(prefix: str, rows: int, columns: int) -> dict[str, torch.Tensor]:
         scale = torch.empty(rows, columns // GROUP_SIZE).uniform_(0.5, 2.0, generator=generator)
-        return {f"{prefix}.weight_packed": torch.randint(0, 256, (rows, columns // 2), dtype=torch.uint8, generator=generator),
-                f"{prefix}.weight_scale": scale.to(torch.float8_e4m3fn),
-                f"{prefix}.weight_global_scale": torch.full((1,), 448.0 * 6.0),
-                f"{prefix}.input_global_scale": torch.full((1,), 448.0 * 6.0)}
+        return {
+            f"{prefix}.weight_packed": torch.randint(
+                0, 256, (rows, columns // 2), dtype=torch.uint8, generator=generator
+            ),
+            f"{prefix}.weight_scale": scale.to(torch.float8_e4m3fn),
+            f"{prefix}.weight_global_scale": torch.full((1,), 448.0 * 6.0),
+            f"{prefix}.input_global_scale": torch.full((1,), 448.0 * 6.0),
+        }
 
     tensors, shards, size = {}, [], 0
 
@@ -137,8 +160,13 @@ def write_checkpoint(out: Path) -> Path:
     head = model.get_output_embeddings()
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Linear) and module is not head and name not in routers:
-            add(packed(disk_name(model, f"{name}.weight", module.weight.shape).removesuffix(".weight"),
-                       module.out_features, module.in_features))
+            add(
+                packed(
+                    disk_name(model, f"{name}.weight", module.weight.shape).removesuffix(".weight"),
+                    module.out_features,
+                    module.in_features,
+                )
+            )
     for layer in layers:
         for projection in expert_projections(layer.experts):
             shape = getattr(layer.experts, projection).shape
@@ -147,10 +175,18 @@ def write_checkpoint(out: Path) -> Path:
     packed_names = {f"{layer.experts_name}.{p}" for layer in layers for p in expert_projections(layer.experts)}
     for key, tensor in model.state_dict().items():
         owner = key.rpartition(".")[0]
-        linear = isinstance(model.get_submodule(owner), torch.nn.Linear) and owner not in routers and model.get_submodule(owner) is not head
+        linear = (
+            isinstance(model.get_submodule(owner), torch.nn.Linear)
+            and owner not in routers
+            and model.get_submodule(owner) is not head
+        )
         if key in packed_names or linear:
             continue
-        value = torch.empty(tensor.shape).normal_(0.0, 0.02, generator=generator) if tensor.is_floating_point() else torch.zeros(tensor.shape, dtype=tensor.dtype)
+        value = (
+            torch.empty(tensor.shape).normal_(0.0, 0.02, generator=generator)
+            if tensor.is_floating_point()
+            else torch.zeros(tensor.shape, dtype=tensor.dtype)
+        )
         if key.endswith("norm.weight"):
             value = torch.ones(tensor.shape)
         add({disk_name(model, key, tensor.shape): value})
@@ -189,26 +225,50 @@ def run(model_dir: Path, ranks: int, reports: Path) -> dict:
 
     def launch(world_size, spec):
         port = free_port()
-        return [MeasuredRankProcess(context, r, world_size, port, spec, reports / f"rank{r}.json") for r in range(world_size)]
+        return [
+            MeasuredRankProcess(context, r, world_size, port, spec, reports / f"rank{r}.json")
+            for r in range(world_size)
+        ]
 
     generator = torch.Generator().manual_seed(1)
     sequences = [torch.randint(4, SHAPE["vocab_size"], (48,), generator=generator).tolist() for _ in range(4)]
-    trainer_cfg = TrainerConfig(ranks=ranks, lora=LoraConfig(rank=8, alpha=16.0, dropout=0.0, target_modules="all-linear"),
-                                micro_batch_tokens=48, start_timeout_s=1800)  # one sequence each: the same GEMMs at any N
-    spec = RankSpec(model=ModelConfig(path=str(model_dir), dtype="float32"), trainer=trainer_cfg,
-                    algorithm=AlgorithmConfig(), seed=0, total_steps=1, threads=1)
+    trainer_cfg = TrainerConfig(
+        ranks=ranks,
+        lora=LoraConfig(rank=8, alpha=16.0, dropout=0.0, target_modules="all-linear"),
+        micro_batch_tokens=48,
+        start_timeout_s=1800,
+    )  # one sequence each: the same GEMMs at any N
+    spec = RankSpec(
+        model=ModelConfig(path=str(model_dir), dtype="float32"),
+        trainer=trainer_cfg,
+        algorithm=AlgorithmConfig(),
+        seed=0,
+        total_steps=1,
+        threads=1,
+    )
     started = time.perf_counter()
     with Trainer(spec, launch=launch) as trainer:
         loaded_at = time.monotonic()
         loaded = time.perf_counter() - started
         logprobs = trainer.logprobs(sequences, [16] * len(sequences))
-        trainer.train_step(TrainBatch(prompt_ids=[s[:16] for s in sequences], completion_ids=[s[16:] for s in sequences],
-                                      sampler_logprobs=[lp for lp in logprobs], advantages=torch.linspace(-1.0, 1.0, 4),
-                                      group=torch.zeros(4, dtype=torch.long)))
+        trainer.train_step(
+            TrainBatch(
+                prompt_ids=[s[:16] for s in sequences],
+                completion_ids=[s[16:] for s in sequences],
+                sampler_logprobs=[lp for lp in logprobs],
+                advantages=torch.linspace(-1.0, 1.0, 4),
+                group=torch.zeros(4, dtype=torch.long),
+            )
+        )
     memory = [json.loads((reports / f"rank{r}.json").read_text()) for r in range(ranks)]
-    return {"ranks": ranks, "load_s": loaded, "logprobs": logprobs, "baseline": [m["baseline"] for m in memory],
-            "load_peak_above_baseline": [max(v for t, v in m["peaks"] if t <= loaded_at) - m["baseline"] for m in memory],
-            "run_peak_above_baseline": [m["peaks"][-1][1] - m["baseline"] for m in memory]}
+    return {
+        "ranks": ranks,
+        "load_s": loaded,
+        "logprobs": logprobs,
+        "baseline": [m["baseline"] for m in memory],
+        "load_peak_above_baseline": [max(v for t, v in m["peaks"] if t <= loaded_at) - m["baseline"] for m in memory],
+        "run_peak_above_baseline": [m["peaks"][-1][1] - m["baseline"] for m in memory],
+    }
 
 
 def main() -> None:
@@ -229,27 +289,42 @@ def main() -> None:
         row["bound"] = 1.2 * total / ranks + block
         row["within_bound"] = max(row["load_peak_above_baseline"]) <= row["bound"]
         rows.append(row)
-        print(f"{ranks} ranks: load peak above baseline {[round(p / 1e6) for p in row['load_peak_above_baseline']]} MB "
-              f"(bound {row['bound'] / 1e6:.0f} MB), with the step {[round(p / 1e6) for p in row['run_peak_above_baseline']]} MB, "
-              f"load {row['load_s']:.1f} s", flush=True)
+        print(
+            f"{ranks} ranks: load peak above baseline {[round(p / 1e6) for p in row['load_peak_above_baseline']]} MB "
+            f"(bound {row['bound'] / 1e6:.0f} MB), with the step {[round(p / 1e6) for p in row['run_peak_above_baseline']]} MB, "
+            f"load {row['load_s']:.1f} s",
+            flush=True,
+        )
     reference = rows[0]["logprobs"]
     equal = all(row["logprobs"] == reference for row in rows)
-    largest_gap = max(abs(a - b) for row in rows for got, want in zip(row["logprobs"], reference) for a, b in zip(got, want))
+    largest_gap = max(
+        abs(a - b) for row in rows for got, want in zip(row["logprobs"], reference) for a, b in zip(got, want)
+    )
     result = {
-        "checkpoint": str(model_dir), "tensor_bytes": total, "bytes_on_disk": on_disk, "block_bytes": block,
-        "cpu": _cpu(), "logprobs_equal_across_ranks": equal, "logprobs_largest_gap": largest_gap,
+        "checkpoint": str(model_dir),
+        "tensor_bytes": total,
+        "bytes_on_disk": on_disk,
+        "block_bytes": block,
+        "cpu": _cpu(),
+        "logprobs_equal_across_ranks": equal,
+        "logprobs_largest_gap": largest_gap,
         "runs": [{k: v for k, v in row.items() if k != "logprobs"} for row in rows],
         "ok": equal and all(row["within_bound"] for row in rows),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
-    table = "; ".join(f"{row['ranks']} rank{'s' if row['ranks'] > 1 else ''}: load **{max(row['load_peak_above_baseline']) / 1e6:.0f} MB** "
-                      f"(S/N {total / row['ranks'] / 1e6:.0f}, bound {row['bound'] / 1e6:.0f}), with the step "
-                      f"{max(row['run_peak_above_baseline']) / 1e6:.0f} MB" for row in rows)
-    line = (f"- sharded load, DeepSeek-V3-shaped NVFP4 checkpoint ({on_disk / 1e9:.2f} GB on disk, S = {total / 1e9:.2f} GB of "
-            f"tensors, one block {block / 1e6:.0f} MB), one rank process per N, the largest rank's private memory (RssAnon) "
-            f"above its after-import baseline while loading, then over logprobs + one LoRA step (CPU heap kept, see the "
-            f"script): {table}; logprobs equal across N: {equal} (largest gap {largest_gap:.1e}); {_cpu()} | `python benchmarks/load_memory.py --out {args.out}`\n")
+    table = "; ".join(
+        f"{row['ranks']} rank{'s' if row['ranks'] > 1 else ''}: load **{max(row['load_peak_above_baseline']) / 1e6:.0f} MB** "
+        f"(S/N {total / row['ranks'] / 1e6:.0f}, bound {row['bound'] / 1e6:.0f}), with the step "
+        f"{max(row['run_peak_above_baseline']) / 1e6:.0f} MB"
+        for row in rows
+    )
+    line = (
+        f"- sharded load, DeepSeek-V3-shaped NVFP4 checkpoint ({on_disk / 1e9:.2f} GB on disk, S = {total / 1e9:.2f} GB of "
+        f"tensors, one block {block / 1e6:.0f} MB), one rank process per N, the largest rank's private memory (RssAnon) "
+        f"above its after-import baseline while loading, then over logprobs + one LoRA step (CPU heap kept, see the "
+        f"script): {table}; logprobs equal across N: {equal} (largest gap {largest_gap:.1e}); {_cpu()} | `python benchmarks/load_memory.py --out {args.out}`\n"
+    )
     with open(ROOT / "docs" / "benchmarks.md", "a") as ledger:
         ledger.write(line)
     print(line, end="")

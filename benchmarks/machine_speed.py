@@ -154,7 +154,10 @@ class RunMonitor:
     def labels(self) -> dict[int, str]:
         """Each process's role; trainer ranks numbered in the order they started (rank 0 first)."""
         ranks = sorted(pid for pid, role in self.roles.items() if role == "trainer rank")
-        return {pid: f"trainer rank {ranks.index(pid)}" if role == "trainer rank" else role for pid, role in self.roles.items()}
+        return {
+            pid: f"trainer rank {ranks.index(pid)}" if role == "trainer rank" else role
+            for pid, role in self.roles.items()
+        }
 
 
 def phase_windows(arrivals: list[tuple[float, dict]]) -> dict[int, dict[str, tuple[float, float]]]:
@@ -169,7 +172,11 @@ def phase_windows(arrivals: list[tuple[float, dict]]) -> dict[int, dict[str, tup
         sync_end = seen - m.get("time/checkpoint", 0.0)
         sync_start = sync_end - m["time/sync"]
         generated = start + m["time/generate"] + m.get("time/score", 0.0)
-        windows[m["step"]] = {"generate": (start, generated), "train": (generated, sync_start), "sync": (sync_start, sync_end)}
+        windows[m["step"]] = {
+            "generate": (start, generated),
+            "train": (generated, sync_start),
+            "sync": (sync_start, sync_end),
+        }
     return windows
 
 
@@ -187,8 +194,13 @@ def memory_by_phase(monitor: RunMonitor, windows: dict[int, dict[str, tuple[floa
                 if pid in wanted and low <= t <= high:
                     peaks[labels[pid]] = max(peaks.get(labels[pid], 0.0), rss / GiB)
             per_step[step][phase] = peaks
-    over_steps = {phase: {label: max((per_step[s][phase].get(label, 0.0) for s in per_step), default=0.0)
-                          for label in sorted({labels[p] for p in wanted})} for phase in PHASES}
+    over_steps = {
+        phase: {
+            label: max((per_step[s][phase].get(label, 0.0) for s in per_step), default=0.0)
+            for label in sorted({labels[p] for p in wanted})
+        }
+        for phase in PHASES
+    }
     return {
         "private_gib_by_phase": over_steps,
         "private_gib_by_phase_per_step": per_step,
@@ -197,11 +209,15 @@ def memory_by_phase(monitor: RunMonitor, windows: dict[int, dict[str, tuple[floa
     }
 
 
-def contention_by_phase(monitor: RunMonitor, windows: dict[int, dict[str, tuple[float, float]]]) -> dict[int, dict[str, float]]:
+def contention_by_phase(
+    monitor: RunMonitor, windows: dict[int, dict[str, tuple[float, float]]]
+) -> dict[int, dict[str, float]]:
     """The cores that processes outside the run kept busy, on average, in each phase of each step
     (on a shared machine a phase's time is only comparable where this is small)."""
-    return {step: {phase: monitor.others_cpu_s(low, high) / max(high - low, 1e-9) for phase, (low, high) in phases.items()}
-            for step, phases in windows.items()}
+    return {
+        step: {phase: monitor.others_cpu_s(low, high) / max(high - low, 1e-9) for phase, (low, high) in phases.items()}
+        for step, phases in windows.items()
+    }
 
 
 # ---------------------------------------------------------------------- one dtype's run
@@ -214,13 +230,22 @@ def run_dtype(dtype: str, args, log_dir: Path) -> tuple[list[str], RunMonitor, f
         raise SystemExit(f"{run_dir} holds an earlier run; remove it or give another --run-dir")
     # the gaps are recorded, not held to engine.sync_check_threshold: bf16's probe gap on this model
     # passed 0.05 after the first update (0.055), which would end the run there
-    overrides = [f"run_dir={run_dir}", f"steps={args.steps}", f"model.dtype={dtype}", "data.test=null",
-                 "engine.sync_check_every=1", "engine.sync_check_threshold=1.0", "tracking.progress=false", *args.rlvr]
+    overrides = [
+        f"run_dir={run_dir}",
+        f"steps={args.steps}",
+        f"model.dtype={dtype}",
+        "data.test=null",
+        "engine.sync_check_every=1",
+        "engine.sync_check_threshold=1.0",
+        "tracking.progress=false",
+        *args.rlvr,
+    ]
     log_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     with (log_dir / f"{dtype}.log").open("w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "train", RECIPE, *overrides], stdout=out,
-                                   stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "rlvr.cli", "train", RECIPE, *overrides], stdout=out, stderr=subprocess.STDOUT
+        )
         with RunMonitor(process.pid, run_dir / "metrics.jsonl") as monitor:
             code = process.wait()
     if code != 0:
@@ -239,7 +264,9 @@ def probe_shape(cfg) -> tuple[list[int], list[list[int]]]:
     return [len(p) for p, _ in probe], [[len(c)] for _, c in probe]
 
 
-def summarise(dtype: str, overrides: list[str], monitor: RunMonitor, wall_s: float, peaks: dict[tuple[str, int], float]) -> dict:
+def summarise(
+    dtype: str, overrides: list[str], monitor: RunMonitor, wall_s: float, peaks: dict[tuple[str, int], float]
+) -> dict:
     from transformers import AutoConfig
 
     from rlvr.config import load_config
@@ -248,8 +275,11 @@ def summarise(dtype: str, overrides: list[str], monitor: RunMonitor, wall_s: flo
     run_dir = Path(cfg.run_dir)
     summary = json.loads((run_dir / "summary.json").read_text())
     compute = summary["compute_dtype"]
-    rows = [m for m in (json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines())
-            if m.get("step", 0) >= 1 and "time/train" in m]
+    rows = [
+        m
+        for m in (json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines())
+        if m.get("step", 0) >= 1 and "time/train" in m
+    ]
     config = AutoConfig.from_pretrained(cfg.model.path)
     share_prompts = cfg.trainer.share_prompts and summary["trainer_attention"] == "packed"
     shapes = step_shapes(cfg, cfg.model.path, rows)
@@ -265,18 +295,25 @@ def summarise(dtype: str, overrides: list[str], monitor: RunMonitor, wall_s: flo
         generate = forward_flops(config, prompts, completions, "completions")
         sync = merge + (2 * probe if "sync/logprob_gap" in m else 0.0)  # the engine's and the ranks' probe forwards
         step_s = m["time/step"] - m.get("time/checkpoint", 0.0)
-        per_step.append({
-            "step": m["step"],
-            "step_s": step_s,
-            "generate_s": m["time/generate"], "score_s": m.get("time/score", 0.0), "train_s": m["time/train"],
-            "sync_s": m["time/sync"],
-            "completion_tokens": generate["completion_tokens"], "train_tokens": train["tokens"],
-            "generate_flops": generate["total"], "train_flops": train["total"], "sync_flops": sync,
-            "sampler_trainer_gap": m["sync/sampler_trainer_gap"],
-            "logprob_gap": m.get("sync/logprob_gap"),
-            "reward_mean": m["reward/mean"],
-            "response_length_mean": m["response/length_mean"],
-        })
+        per_step.append(
+            {
+                "step": m["step"],
+                "step_s": step_s,
+                "generate_s": m["time/generate"],
+                "score_s": m.get("time/score", 0.0),
+                "train_s": m["time/train"],
+                "sync_s": m["time/sync"],
+                "completion_tokens": generate["completion_tokens"],
+                "train_tokens": train["tokens"],
+                "generate_flops": generate["total"],
+                "train_flops": train["total"],
+                "sync_flops": sync,
+                "sampler_trainer_gap": m["sync/sampler_trainer_gap"],
+                "logprob_gap": m.get("sync/logprob_gap"),
+                "reward_mean": m["reward/mean"],
+                "response_length_mean": m["response/length_mean"],
+            }
+        )
     timed = per_step[1:]
     windows = phase_windows(monitor.arrivals)
     others = contention_by_phase(monitor, windows)
@@ -286,21 +323,30 @@ def summarise(dtype: str, overrides: list[str], monitor: RunMonitor, wall_s: flo
     for phase in PHASES:
         flops_per_s = mean[f"{phase}_flops"] / mean[f"{phase}_s"]
         peak = peaks[(compute, threads[phase])]
-        share[phase] = {"flops_per_s": flops_per_s, "peak_flops_per_s": peak, "share_of_peak": flops_per_s / peak,
-                        "threads": threads[phase]}
+        share[phase] = {
+            "flops_per_s": flops_per_s,
+            "peak_flops_per_s": peak,
+            "share_of_peak": flops_per_s / peak,
+            "threads": threads[phase],
+        }
     return {
         "model_dtype": dtype,
         "compute_dtype": compute,
         "compute_dtype_reason": summary["compute_dtype_reason"],
         "trainer_attention": summary["trainer_attention"],
         "step_s": mean["step_s"],
-        "generate_s": mean["generate_s"], "score_s": mean["score_s"], "train_s": mean["train_s"], "sync_s": mean["sync_s"],
+        "generate_s": mean["generate_s"],
+        "score_s": mean["score_s"],
+        "train_s": mean["train_s"],
+        "sync_s": mean["sync_s"],
         "generate_tokens_per_s": mean["completion_tokens"] / mean["generate_s"],
         "train_tokens_per_s": mean["train_tokens"] / mean["train_s"],
         "phase_flops": {p: mean[f"{p}_flops"] for p in PHASES},
         "share_of_measured_peak": share,
         "memory": memory_by_phase(monitor, windows),
-        "other_jobs_cores_by_phase": {phase: statistics.mean(others[s["step"]][phase] for s in timed) for phase in PHASES},
+        "other_jobs_cores_by_phase": {
+            phase: statistics.mean(others[s["step"]][phase] for s in timed) for phase in PHASES
+        },
         "other_jobs_cores_by_phase_per_step": others,
         "sampler_trainer_gap": [s["sampler_trainer_gap"] for s in per_step],
         "logprob_gap": [s["logprob_gap"] for s in per_step],
@@ -362,9 +408,13 @@ def profile_train_step(overrides: list[str], prompts: list[int], completions: li
             prompt_ids.append(prompt)
             completion_ids.append(torch.randint(4, vocab, (round(c),), generator=generator).tolist())
             group.append(g)
-    batch = TrainBatch(prompt_ids=prompt_ids, completion_ids=completion_ids,
-                       sampler_logprobs=[[-1.0] * len(c) for c in completion_ids],
-                       advantages=torch.linspace(-1.0, 1.0, len(group)), group=torch.tensor(group))
+    batch = TrainBatch(
+        prompt_ids=prompt_ids,
+        completion_ids=completion_ids,
+        sampler_logprobs=[[-1.0] * len(c) for c in completion_ids],
+        advantages=torch.linspace(-1.0, 1.0, len(group)),
+        group=torch.tensor(group),
+    )
     spec = RankSpec(model=cfg.model, trainer=cfg.trainer, algorithm=cfg.algorithm, seed=cfg.seed, total_steps=cfg.steps)
     with Trainer(spec, launch=lambda world_size, spec: [InProcessRank(spec)]) as trainer:
         trainer.train_step(batch)  # warm-up: first-call allocations, oneDNN primitive creation
@@ -379,8 +429,16 @@ def profile_train_step(overrides: list[str], prompts: list[int], completions: li
         "sequences": len(group),
         "train_s": metrics["time/train"],
         "profiled_s": total / 1e6,
-        "top_ops": [{"op": e.key, "self_s": e.self_cpu_time_total / 1e6, "share": e.self_cpu_time_total / total,
-                     "calls": e.count, "flops": e.flops} for e in ops[:top]],
+        "top_ops": [
+            {
+                "op": e.key,
+                "self_s": e.self_cpu_time_total / 1e6,
+                "share": e.self_cpu_time_total / total,
+                "calls": e.count,
+                "flops": e.flops,
+            }
+            for e in ops[:top]
+        ],
         "matmul_s": matmul_s,
         "matmul_share": matmul_s * 1e6 / total,
         "matmul_flops": sum(e.flops for e in matmuls),
@@ -399,10 +457,16 @@ def measure_peaks(threads: set[int]) -> dict[tuple[str, int], float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, type=Path)
-    parser.add_argument("--steps", type=int, default=2, help="RL steps per dtype; the first warms up and is not counted")
+    parser.add_argument(
+        "--steps", type=int, default=2, help="RL steps per dtype; the first warms up and is not counted"
+    )
     parser.add_argument("--run-dir", type=Path, default=Path("runs/machine_speed"))
-    parser.add_argument("--rlvr", action="append", default=[], metavar="KEY=VALUE", help="extra rlvr config override, both dtypes")
-    parser.add_argument("--profile-groups", type=int, default=2, help="prompt groups of the profiled train step (0: no profile)")
+    parser.add_argument(
+        "--rlvr", action="append", default=[], metavar="KEY=VALUE", help="extra rlvr config override, both dtypes"
+    )
+    parser.add_argument(
+        "--profile-groups", type=int, default=2, help="prompt groups of the profiled train step (0: no profile)"
+    )
     parser.add_argument("--note", default="", help="what this run measures, for the ledger line")
     args = parser.parse_args()
     if args.steps < 2:
@@ -414,9 +478,16 @@ def main() -> None:
     if not (Path(cfg.model.path) / "config.json").is_file():
         raise SystemExit(f"{cfg.model.path} is not built: `make qwen` (docs/real_models.md)")
     started = time.time()
-    threads = {max(1, (os.cpu_count() or 1) // cfg.trainer.ranks), cfg.engine.num_threads or max(1, (os.cpu_count() or 1) // 2)}
+    threads = {
+        max(1, (os.cpu_count() or 1) // cfg.trainer.ranks),
+        cfg.engine.num_threads or max(1, (os.cpu_count() or 1) // 2),
+    }
     before = measure_peaks(threads)
-    print("matmul peaks before the runs (GFLOP/s):", {f"{d} x{n}": round(v / 1e9) for (d, n), v in before.items()}, flush=True)
+    print(
+        "matmul peaks before the runs (GFLOP/s):",
+        {f"{d} x{n}": round(v / 1e9) for (d, n), v in before.items()},
+        flush=True,
+    )
     runs = {}
     for dtype in DTYPES:
         runs[dtype] = run_dtype(dtype, args, args.run_dir / "logs")
@@ -429,7 +500,9 @@ def main() -> None:
     if args.profile_groups:
         last = auto["per_step"][-1]
         prompts, completions = _last_shape(auto["overrides"], cfg.model.path, last["step"])
-        profile = profile_train_step(auto["overrides"], prompts[: args.profile_groups], completions[: args.profile_groups])
+        profile = profile_train_step(
+            auto["overrides"], prompts[: args.profile_groups], completions[: args.profile_groups]
+        )
         print(profile["table"], flush=True)
 
     nominal = {dtype: nominal_peak_flops(dtype) for dtype in ("float32", "bfloat16")}
@@ -441,8 +514,13 @@ def main() -> None:
         "matmul_peak": "best of 3 4096x4096 torch matmuls in the dtype, on the phase's threads, before and after the runs",
         "nominal_peak_flops_per_s": {d: {"flops_per_s": v, "text": t} for d, (v, t) in nominal.items()},
         "train_profile": profile,
-        "setting": {"recipe": RECIPE, "steps": args.steps, "timed_steps": f"2..{args.steps}",
-                    "trainer_ranks": cfg.trainer.ranks, "micro_batch_tokens": cfg.trainer.micro_batch_tokens},
+        "setting": {
+            "recipe": RECIPE,
+            "steps": args.steps,
+            "timed_steps": f"2..{args.steps}",
+            "trainer_ranks": cfg.trainer.ranks,
+            "micro_batch_tokens": cfg.trainer.micro_batch_tokens,
+        },
         "wall_seconds": round(time.time() - started, 1),
     } | provenance()
     write_result(args.out, result)
@@ -453,8 +531,11 @@ def _last_shape(overrides: list[str], model_path: str, step: int) -> tuple[list[
     from rlvr.config import load_config
 
     cfg = load_config(RECIPE, overrides)
-    rows = [m for m in (json.loads(line) for line in (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines())
-            if m.get("step", 0) >= 1 and "time/train" in m]
+    rows = [
+        m
+        for m in (json.loads(line) for line in (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines())
+        if m.get("step", 0) >= 1 and "time/train" in m
+    ]
     return step_shapes(cfg, model_path, rows)[[m["step"] for m in rows].index(step)]
 
 
@@ -462,27 +543,38 @@ def ledger_text(result: dict, args) -> str:
     def run(r: dict) -> str:
         share = r["share_of_measured_peak"]
         memory = r["memory"]["private_gib_by_phase"]
-        return (f"{r['model_dtype']} ({r['compute_dtype']}): **step {r['step_s']:.1f} s**, generate {r['generate_s']:.1f} s "
-                f"({r['generate_tokens_per_s']:.0f} tokens/s, {share['generate']['share_of_peak']:.1%} of peak), train "
-                f"{r['train_s']:.1f} s ({r['train_tokens_per_s']:.0f} tokens/s, **{share['train']['share_of_peak']:.1%} of "
-                f"the {r['compute_dtype']} peak**), sync {r['sync_s']:.2f} s; peak private GiB controller/rank 0: "
-                + ", ".join(f"{p} {memory[p].get('controller', 0):.2f}/{memory[p].get('trainer rank 0', 0):.2f}" for p in PHASES)
-                + f"; sampler/trainer gap {max(r['sampler_trainer_gap']):.2g} max, probe gap "
-                f"{max(g for g in r['logprob_gap'] if g is not None):.2g} max; other jobs' cores "
-                + ", ".join(f"{p} {r['other_jobs_cores_by_phase'][p]:.2f}" for p in PHASES))
+        return (
+            f"{r['model_dtype']} ({r['compute_dtype']}): **step {r['step_s']:.1f} s**, generate {r['generate_s']:.1f} s "
+            f"({r['generate_tokens_per_s']:.0f} tokens/s, {share['generate']['share_of_peak']:.1%} of peak), train "
+            f"{r['train_s']:.1f} s ({r['train_tokens_per_s']:.0f} tokens/s, **{share['train']['share_of_peak']:.1%} of "
+            f"the {r['compute_dtype']} peak**), sync {r['sync_s']:.2f} s; peak private GiB controller/rank 0: "
+            + ", ".join(
+                f"{p} {memory[p].get('controller', 0):.2f}/{memory[p].get('trainer rank 0', 0):.2f}" for p in PHASES
+            )
+            + f"; sampler/trainer gap {max(r['sampler_trainer_gap']):.2g} max, probe gap "
+            f"{max(g for g in r['logprob_gap'] if g is not None):.2g} max; other jobs' cores "
+            + ", ".join(f"{p} {r['other_jobs_cores_by_phase'][p]:.2f}" for p in PHASES)
+        )
 
     runs, peaks = result["runs"], result["matmul_peak_flops_per_s"]
     profile = result["train_profile"]
     where = ""
     if profile:
         tops = ", ".join(f"{o['op']} {o['share']:.0%}" for o in profile["top_ops"][:5])
-        where = (f"; auto's train step profiled ({profile['sequences']} sequences): {tops}; matmuls "
-                 f"{profile['matmul_share']:.0%} of it at {(profile['matmul_flops_per_s'] or 0) / 1e9:.0f} GFLOP/s")
-    return (f"machine speed, {RECIPE} (Qwen2.5-Coder-0.5B NVFP4 + LoRA r16, vLLM, 8 prompts x 8 samples x <=256 tokens, "
-            f"{result['setting']['trainer_ranks']} rank, mean of steps {result['setting']['timed_steps']})"
-            f"{', ' + args.note if args.note else ''}: **float32/auto step time {result['step_time_ratio_float32_over_auto']:.2f}x**; "
-            + "; ".join(run(runs[d]) for d in DTYPES)
-            + "; measured matmul peaks " + ", ".join(f"{k} {v / 1e9:.0f}" for k, v in peaks.items()) + " GFLOP/s" + where)
+        where = (
+            f"; auto's train step profiled ({profile['sequences']} sequences): {tops}; matmuls "
+            f"{profile['matmul_share']:.0%} of it at {(profile['matmul_flops_per_s'] or 0) / 1e9:.0f} GFLOP/s"
+        )
+    return (
+        f"machine speed, {RECIPE} (Qwen2.5-Coder-0.5B NVFP4 + LoRA r16, vLLM, 8 prompts x 8 samples x <=256 tokens, "
+        f"{result['setting']['trainer_ranks']} rank, mean of steps {result['setting']['timed_steps']})"
+        f"{', ' + args.note if args.note else ''}: **float32/auto step time {result['step_time_ratio_float32_over_auto']:.2f}x**; "
+        + "; ".join(run(runs[d]) for d in DTYPES)
+        + "; measured matmul peaks "
+        + ", ".join(f"{k} {v / 1e9:.0f}" for k, v in peaks.items())
+        + " GFLOP/s"
+        + where
+    )
 
 
 if __name__ == "__main__":

@@ -74,12 +74,22 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--latency", type=float, default=0.2, help="seconds: each environment step takes U(0, this)")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--lag", type=int, default=EnvConfig.model_fields["answer_lag_steps"].default,
-                        help="env.answer_lag_steps of the fixed order")
+    parser.add_argument(
+        "--lag",
+        type=int,
+        default=EnvConfig.model_fields["answer_lag_steps"].default,
+        help="env.answer_lag_steps of the fixed order",
+    )
     args = parser.parse_args()
 
-    model_dir = build_tiny_model(Path(tempfile.mkdtemp(prefix="rlvr-bench-")) / "model", "qwen2", hidden_size=128,
-                                 num_layers=4, intermediate_size=512, max_position_embeddings=MAX_MODEL_LEN)
+    model_dir = build_tiny_model(
+        Path(tempfile.mkdtemp(prefix="rlvr-bench-")) / "model",
+        "qwen2",
+        hidden_size=128,
+        num_layers=4,
+        intermediate_size=512,
+        max_position_embeddings=MAX_MODEL_LEN,
+    )
     model = ModelConfig(path=str(model_dir))
     data = DataConfig(train="-", template="plain")
     problems = [Problem(id=f"q{i}", question=f"count to {i}", answer="") for i in range(args.prompts)]
@@ -91,10 +101,22 @@ def main() -> None:
         renderer = Renderer(AutoTokenizer.from_pretrained(model_dir), data)
         for round_index in range(args.rounds):
             for mode in MODES:
-                config = EnvConfig(name="bench_slow_tool", max_turns=args.turns, lockstep=mode == "lockstep", workers=64,
-                                   answer_lag_steps=args.lag, options={"latency": args.latency})
-                runner = TrajectoryRunner(engine, renderer, config, EnvContext(config, SandboxConfig()),
-                                          max_model_len=MAX_MODEL_LEN, fixed_order=mode == "fixed")
+                config = EnvConfig(
+                    name="bench_slow_tool",
+                    max_turns=args.turns,
+                    lockstep=mode == "lockstep",
+                    workers=64,
+                    answer_lag_steps=args.lag,
+                    options={"latency": args.latency},
+                )
+                runner = TrajectoryRunner(
+                    engine,
+                    renderer,
+                    config,
+                    EnvContext(config, SandboxConfig()),
+                    max_model_len=MAX_MODEL_LEN,
+                    fixed_order=mode == "fixed",
+                )
                 starts = [Start(p, renderer.prompt(p)) for p in problems]
                 started = time.perf_counter()
                 trajectories = runner.run(starts, args.samples, Sampling(max_tokens=args.max_tokens, seed=round_index))

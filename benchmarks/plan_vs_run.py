@@ -66,9 +66,14 @@ def merge_seconds(cfg, arch, threads: int) -> float:
     lora = cfg.trainer.lora
     linears = arch.attention_linears() | arch.mlp_linears(arch.intermediate_size)
     targets = engine_lora_targets(lora.target_modules, linears, uses_mla=arch.mla is not None)[0]
-    base = {name: tensor for f in sorted(Path(served_model_path(cfg.model.path)).glob("*.safetensors"))
-            for name, tensor in load_file(f).items()}
-    adapted = [name for name in base if name.endswith(".weight") and name.split(".")[-2] in targets and ".layers." in name]
+    base = {
+        name: tensor
+        for f in sorted(Path(served_model_path(cfg.model.path)).glob("*.safetensors"))
+        for name, tensor in load_file(f).items()
+    }
+    adapted = [
+        name for name in base if name.endswith(".weight") and name.split(".")[-2] in targets and ".layers." in name
+    ]
     generator = torch.Generator().manual_seed(0)
     adapter = {}
     for name in adapted:
@@ -113,15 +118,19 @@ def compare(run_dir: Path) -> dict:
         typical = step_time(shaped(cfg, prompt, max(1, round(m["response/length_mean"]))), arch, cpu_rates)
         copies = [1 if cfg.trainer.share_prompts else len(cs) for cs in completions]
         trained = sum(p * n for p, n in zip(prompts, copies)) + sum(sum(cs) for cs in completions)
-        per_step.append({
-            "step": m["step"],
-            "measured": {phase: m[f"time/{phase}"] for phase in PHASES},
-            "predicted": {"generate": longest.generate, "train": typical.train, "sync": typical.sync},
-            "probed": "sync/logprob_gap" in m,
-            "decoded_at_once": longest.decoded_at_once,
-            "formula_tokens_over_trained": len(prompts) * cfg.rollout.samples_per_prompt * (prompt + m["response/length_mean"])
-            / trained,
-        })
+        per_step.append(
+            {
+                "step": m["step"],
+                "measured": {phase: m[f"time/{phase}"] for phase in PHASES},
+                "predicted": {"generate": longest.generate, "train": typical.train, "sync": typical.sync},
+                "probed": "sync/logprob_gap" in m,
+                "decoded_at_once": longest.decoded_at_once,
+                "formula_tokens_over_trained": len(prompts)
+                * cfg.rollout.samples_per_prompt
+                * (prompt + m["response/length_mean"])
+                / trained,
+            }
+        )
     unprobed = [s for s in per_step if not s["probed"]]
     measured = {phase: statistics.mean(s["measured"][phase] for s in per_step) for phase in PHASES}
     if unprobed:  # the sync as the formula sees it: the push alone
@@ -140,7 +149,8 @@ def compare(run_dir: Path) -> dict:
         "steps": f"2..{steps[-1]['step']}",
         "measured_s": measured,
         "measured_sync_with_probe_s": statistics.mean(s["measured"]["sync"] for s in per_step if s["probed"])
-        if len(unprobed) < len(per_step) else None,
+        if len(unprobed) < len(per_step)
+        else None,
         "probed_steps": [s["step"] for s in per_step if s["probed"]],
         "predicted_s": predicted,
         "measured_over_predicted": {phase: measured[phase] / predicted[phase] for phase in PHASES},
@@ -149,9 +159,12 @@ def compare(run_dir: Path) -> dict:
         "response_tokens_mean": statistics.mean(m["response/length_mean"] for m in timed),
         "response_tokens_max_mean": statistics.mean(m["response/length_max"] for m in timed),
         "threads": {"engine": last.engine_threads, "trainer": last.trainer_threads},
-        "rates": {"engine_matmul_flops": last.engine_device.matmul_flops, "trainer_matmul_flops": last.trainer_device.matmul_flops,
-                  "memory_bytes_per_s": last.engine_device.memory_bytes_per_s,
-                  "loopback_bytes_per_s": last.trainer_device.network_bytes_per_s},
+        "rates": {
+            "engine_matmul_flops": last.engine_device.matmul_flops,
+            "trainer_matmul_flops": last.trainer_device.matmul_flops,
+            "memory_bytes_per_s": last.engine_device.memory_bytes_per_s,
+            "loopback_bytes_per_s": last.trainer_device.network_bytes_per_s,
+        },
         "dry_run_longest_step_s": {"generate": last.generate, "train": last.train, "sync": last.sync},
         "decode_matmul_flops": decode,
         "decode_matmul_share_of_peak": decode / last.engine_device.matmul_flops,
@@ -172,20 +185,32 @@ def main() -> None:
     for run in runs:
         print(f"{run['run_dir']} ({run['compute_dtype']}, steps {run['steps']}):")
         for phase in PHASES:
-            print(f"  {phase:8s} predicted {run['predicted_s'][phase]:8.3f} s  measured {run['measured_s'][phase]:8.3f} s  "
-                  f"ratio {run['measured_over_predicted'][phase]:6.2f}")
-        print(f"  a {' x '.join(map(str, run['decode_matmul_shape']))} matmul (a decode step's MLP): "
-              f"{run['decode_matmul_flops'] / 1e9:.0f} GFLOP/s, {run['decode_matmul_share_of_peak']:.0%} of the peak")
+            print(
+                f"  {phase:8s} predicted {run['predicted_s'][phase]:8.3f} s  measured {run['measured_s'][phase]:8.3f} s  "
+                f"ratio {run['measured_over_predicted'][phase]:6.2f}"
+            )
+        print(
+            f"  a {' x '.join(map(str, run['decode_matmul_shape']))} matmul (a decode step's MLP): "
+            f"{run['decode_matmul_flops'] / 1e9:.0f} GFLOP/s, {run['decode_matmul_share_of_peak']:.0%} of the peak"
+        )
         if run["merge_measured_s"] is not None:
-            print(f"  the sync's merge alone {run['merge_measured_s']:.3f} s (the formula's merge term "
-                  f"{run['merge_predicted_s']:.3f} s)")
+            print(
+                f"  the sync's merge alone {run['merge_measured_s']:.3f} s (the formula's merge term "
+                f"{run['merge_predicted_s']:.3f} s)"
+            )
+
     def phases(r: dict) -> str:
-        return ", ".join(f"{phase} {r['measured_s'][phase]:.2f} s / {r['predicted_s'][phase]:.2f} s = "
-                         f"{r['measured_over_predicted'][phase]:.1f}x" for phase in PHASES)
+        return ", ".join(
+            f"{phase} {r['measured_s'][phase]:.2f} s / {r['predicted_s'][phase]:.2f} s = "
+            f"{r['measured_over_predicted'][phase]:.1f}x"
+            for phase in PHASES
+        )
 
     parts = "; ".join(f"{r['run_dir']} ({r['compute_dtype']}): {phases(r)}" for r in runs)
-    append_line(f"plan vs run, measured / predicted per phase (step_time at this CPU's measured rates): {parts}",
-                {"runs": runs} | provenance())
+    append_line(
+        f"plan vs run, measured / predicted per phase (step_time at this CPU's measured rates): {parts}",
+        {"runs": runs} | provenance(),
+    )
 
 
 if __name__ == "__main__":

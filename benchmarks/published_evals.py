@@ -47,8 +47,26 @@ def run_row(model: str, benchmark: str, limit: int | None, out_dir: Path) -> dic
     if not (folder / "config.json").is_file():
         raise SystemExit(f"error: {folder}: not built; run `make qwen QWEN={model}` first")
     out = out_dir / f"{model}_{benchmark}.json"
-    command = [sys.executable, "-m", "rlvr.cli", "eval", str(folder), "--dataset", benchmark, "--n", "1", "--k", "1",
-               "--temperature", "0", "--max-tokens", str(BENCHMARKS[benchmark]), "--no-progress", "--out", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "rlvr.cli",
+        "eval",
+        str(folder),
+        "--dataset",
+        benchmark,
+        "--n",
+        "1",
+        "--k",
+        "1",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        str(BENCHMARKS[benchmark]),
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
     if limit:
         command += ["--limit", str(limit)]
     started = time.perf_counter()
@@ -82,15 +100,21 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
-    rows = [run_row(model, benchmark, args.limit, args.out.parent / args.out.stem)
-            for model in args.models for benchmark in args.benchmarks]
+    rows = [
+        run_row(model, benchmark, args.limit, args.out.parent / args.out.stem)
+        for model in args.models
+        for benchmark in args.benchmarks
+    ]
     result = {"rows": rows} | provenance()
     write_result(args.out, result)
     for row in rows:
         published = "not found" if row["published_pass@1"] is None else f"{row['published_pass@1']:.3f}"
-        append_line(f"{row['model']} {row['benchmark']} pass@1 greedy, {row['problems']} problems, "
-                    f"<= {row['max_new_tokens']} new tokens: **{row['pass@1']:.3f} +- {row['stderr']:.3f}** "
-                    f"(published {published}), {row['seconds']:.0f} s; statuses {row['statuses']}", result)
+        append_line(
+            f"{row['model']} {row['benchmark']} pass@1 greedy, {row['problems']} problems, "
+            f"<= {row['max_new_tokens']} new tokens: **{row['pass@1']:.3f} +- {row['stderr']:.3f}** "
+            f"(published {published}), {row['seconds']:.0f} s; statuses {row['statuses']}",
+            result,
+        )
 
 
 if __name__ == "__main__":

@@ -49,10 +49,18 @@ def main() -> None:
 
     if (args.run_dir / "metrics.jsonl").exists():
         raise SystemExit(f"{args.run_dir} holds an earlier run; remove it or give another --run-dir")
-    overrides = [f"run_dir={args.run_dir}", f"steps={args.steps}", "data.test=null", "tracking.progress=false", *args.rlvr]
+    overrides = [
+        f"run_dir={args.run_dir}",
+        f"steps={args.steps}",
+        "data.test=null",
+        "tracking.progress=false",
+        *args.rlvr,
+    ]
     cfg = load_config(RECIPE, overrides)
     if not (Path(cfg.model.path) / "config.json").is_file():
-        raise SystemExit(f"{cfg.model.path} is not built: `make smollm2` (or rlvr import + rlvr quantize, docs/real_models.md)")
+        raise SystemExit(
+            f"{cfg.model.path} is not built: `make smollm2` (or rlvr import + rlvr quantize, docs/real_models.md)"
+        )
     started = time.time()
     train(cfg, log=print)
     metrics = [json.loads(line) for line in (args.run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -66,8 +74,10 @@ def main() -> None:
     step = statistics.mean(m["time/step"] - m.get("time/checkpoint", 0.0) for m in timed)
 
     config = AutoConfig.from_pretrained(cfg.model.path)
-    per_step = [train_step_flops(config, cfg.trainer.lora.rank, p, c, cfg.trainer.share_prompts)
-                for p, c in step_shapes(cfg, cfg.model.path, metrics)]
+    per_step = [
+        train_step_flops(config, cfg.trainer.lora.rank, p, c, cfg.trainer.share_prompts)
+        for p, c in step_shapes(cfg, cfg.model.path, metrics)
+    ]
     achieved = statistics.median(f["total"] / m["time/train"] for f, m in zip(per_step[1:], timed))
     # the trainer's rule for a rank's threads (rlvr.training.trainer.Trainer): the cores divided among the ranks
     threads = max(1, (os.cpu_count() or 1) // cfg.trainer.ranks)
@@ -94,8 +104,13 @@ def main() -> None:
         "sync_logprob_gap_max": max((m["sync/logprob_gap"] for m in metrics if "sync/logprob_gap" in m), default=None),
         "sampler_trainer_gap_max": max(m["sync/sampler_trainer_gap"] for m in metrics),
         "per_step": [{k: v for k, v in m.items() if k.startswith("time/")} for m in metrics],
-        "setting": {"recipe": RECIPE, "steps": args.steps, "timed_steps": f"2..{args.steps} (mean)",
-                    "overrides": overrides, "trainer_threads": threads},
+        "setting": {
+            "recipe": RECIPE,
+            "steps": args.steps,
+            "timed_steps": f"2..{args.steps} (mean)",
+            "overrides": overrides,
+            "trainer_threads": threads,
+        },
         "wall_seconds": round(time.time() - started, 1),
     } | provenance()
     write_result(args.out, result)

@@ -42,18 +42,24 @@ def main() -> None:
     place_s = time.perf_counter() - start
 
     result = {
-        **provenance(), "config": str(args.config), "overrides": args.overrides,
-        "load_average": load, "nodes": placement.nodes, "gpus_per_node": placement.gpus_per_node, "actors": len(actors),
-        "cluster_s": round(cluster_s, 1), "place_s": round(place_s, 1),
-        "actors_s": round(place_s - cluster_s, 1), "failures": placement_failures(cfg, actors),
+        **provenance(),
+        "config": str(args.config),
+        "overrides": args.overrides,
+        "load_average": load,
+        "nodes": placement.nodes,
+        "gpus_per_node": placement.gpus_per_node,
+        "actors": len(actors),
+        "cluster_s": round(cluster_s, 1),
+        "place_s": round(place_s, 1),
+        "actors_s": round(place_s - cluster_s, 1),
+        "failures": placement_failures(cfg, actors),
     }
     write_result(args.out, result)
     append_line(
         f"rehearsal, Ray half, {args.config.name}: {placement.nodes} simulated nodes x {placement.gpus_per_node} "
         f"GPUs, {len(actors)} actors placed in **{place_s:.1f} s** (the cluster's start and stop alone "
         f"{cluster_s:.1f} s, the actors {place_s - cluster_s:.1f} s; 1-minute load average {load:.1f} at "
-        "the start); placement checks: "
-        + ("pass" if not result["failures"] else result["failures"][0]),
+        "the start); placement checks: " + ("pass" if not result["failures"] else result["failures"][0]),
         result,
     )
 

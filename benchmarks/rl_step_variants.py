@@ -65,7 +65,9 @@ def run_variant(config: Path, run_dir: Path, overrides: list[str]) -> dict:
     summary = json.loads((run_dir / "summary.json").read_text())
     steps = [r for r in rows if "reward/mean" in r]
     # before and every eval.every steps in metrics.jsonl; the final evaluation in summary.json
-    curve = {r["step"]: v for r in rows for k, v in r.items() if AVG8.match(k)} | {len(steps): summary["eval_after"]["avg@8"]}
+    curve = {r["step"]: v for r in rows for k, v in r.items() if AVG8.match(k)} | {
+        len(steps): summary["eval_after"]["avg@8"]
+    }
     return {
         "avg8_curve": curve,
         "avg8_before": summary["eval_before"]["avg@8"],
@@ -95,10 +97,15 @@ def summarise(runs: list[dict]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="where to write the JSON result")
-    parser.add_argument("--variants", default="minibatch1:trainer.mini_batches=1,minibatch4:trainer.mini_batches=4",
-                        help="name:override[;override...], comma separated")
+    parser.add_argument(
+        "--variants",
+        default="minibatch1:trainer.mini_batches=1,minibatch4:trainer.mini_batches=4",
+        help="name:override[;override...], comma separated",
+    )
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--eval-every", type=int, default=0, help="held-out evaluation every N steps (0: before and after)")
+    parser.add_argument(
+        "--eval-every", type=int, default=0, help="held-out evaluation every N steps (0: before and after)"
+    )
     parser.add_argument("--work", type=Path, default=ROOT / "runs" / "bench_variants")
     args = parser.parse_args()
 
@@ -113,8 +120,11 @@ def main() -> None:
         for name, overrides in variants.items():
             run = run_variant(config, args.work / f"seed{seed}" / name, overrides) | {"seed": seed}
             runs[name].append(run)
-            print(f"seed {seed} {name}: avg@8 {run['avg8_before']:.3f} -> {run['avg8_after']:.3f}, "
-                  f"clip>0 on {run['clip_nonzero_fraction']:.0%} of steps, {run['seconds']:.0f} s", flush=True)
+            print(
+                f"seed {seed} {name}: avg@8 {run['avg8_before']:.3f} -> {run['avg8_after']:.3f}, "
+                f"clip>0 on {run['clip_nonzero_fraction']:.0%} of steps, {run['seconds']:.0f} s",
+                flush=True,
+            )
 
     summary = {name: summarise(rs) for name, rs in runs.items()}
     # Seeds differ in their task split and warm start, so the spread between seeds dwarfs the
@@ -124,8 +134,11 @@ def main() -> None:
     for name in list(runs)[1:]:
         gaps = [b["avg8_after"] - a["avg8_after"] for a, b in zip(runs[first], runs[name])]
         stderr = statistics.stdev(gaps) / len(gaps) ** 0.5 if len(gaps) > 1 else None
-        paired[f"{name} - {first}"] = {"per_seed": [round(g, 4) for g in gaps], "mean": round(statistics.mean(gaps), 4),
-                                       "stderr": None if stderr is None else round(stderr, 4)}
+        paired[f"{name} - {first}"] = {
+            "per_seed": [round(g, 4) for g in gaps],
+            "mean": round(statistics.mean(gaps), 4),
+            "stderr": None if stderr is None else round(stderr, 4),
+        }
     result = {"variants": variants, "seeds": seeds, "summary": summary, "paired": paired, "runs": runs} | provenance()
     write_result(args.out, result)
     figures = "; ".join(
@@ -136,11 +149,16 @@ def main() -> None:
         for name, s in summary.items()
     )
     differences = "; ".join(
-        f"**{pair}: {d['mean']:+}**" + (f" ± {d['stderr']}" if d["stderr"] is not None else "") + f" (per seed {d['per_seed']})"
+        f"**{pair}: {d['mean']:+}**"
+        + (f" ± {d['stderr']}" if d["stderr"] is not None else "")
+        + f" (per seed {d['per_seed']})"
         for pair, d in paired.items()
     )
-    append_line(f"demo, RL step variants over seeds {args.seeds} (held-out avg@8 after 80 steps, mean ± s.e.): {figures}; "
-                f"paired difference of avg@8 after: {differences}", result)
+    append_line(
+        f"demo, RL step variants over seeds {args.seeds} (held-out avg@8 after 80 steps, mean ± s.e.): {figures}; "
+        f"paired difference of avg@8 after: {differences}",
+        result,
+    )
 
 
 if __name__ == "__main__":

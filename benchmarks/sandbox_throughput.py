@@ -75,12 +75,18 @@ def measure(workload: str, workers: int, programs: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="where to write the JSON result")
-    parser.add_argument("--programs", type=int, default=164, help="programs per measurement (164: all of HumanEval once)")
+    parser.add_argument(
+        "--programs", type=int, default=164, help="programs per measurement (164: all of HumanEval once)"
+    )
     parser.add_argument("--workers", default="1,2,4", help="comma-separated worker counts")
     args = parser.parse_args()
 
     load = os.getloadavg()[0]
-    rows = [measure(workload, int(w), args.programs) for workload in ("humaneval", "trivial") for w in args.workers.split(",")]
+    rows = [
+        measure(workload, int(w), args.programs)
+        for workload in ("humaneval", "trivial")
+        for w in args.workers.split(",")
+    ]
     result = {"load_average_1min_at_start": round(load, 2), "rows": rows, **provenance()}
     write_result(args.out, result)
     figures = "; ".join(f"{r['workload']} workers={r['workers']}: **{r['programs_per_s']} programs/s**" for r in rows)

@@ -39,7 +39,11 @@ def make_items(count: int, seed: int) -> tuple[list[str], list[str]]:
         # Keep the end (the boxed answer) and a 1-2 KB window before it.
         text = text[-rng.randint(1024, 2048) :] + f"\n(sample {i})"
         wrong = i % 2 == 1
-        answer = problems[(i + 1 + rng.randrange(len(problems) - 1)) % len(problems)]["answer"] if wrong else problem["answer"]
+        answer = (
+            problems[(i + 1 + rng.randrange(len(problems) - 1)) % len(problems)]["answer"]
+            if wrong
+            else problem["answer"]
+        )
         responses.append(text)
         answers.append(answer)
     return responses, answers

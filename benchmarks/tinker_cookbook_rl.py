@@ -46,9 +46,12 @@ SAMPLE_S = 0.005
 
 def serve_config(folder: Path, rank_alpha: float, settings: list[str]) -> Path:
     """The served config: the engine's sizes for this machine, LoRA's alpha, and each KEY=VALUE of `settings`."""
-    config = {"checkpoint_dir": str(folder / "checkpoints"), "log_every_s": 60,
-              "engine": {"max_model_len": 256, "kv_cache_gb": 1, "num_threads": 2},
-              "trainer": {"lora": {"alpha": rank_alpha}}}
+    config = {
+        "checkpoint_dir": str(folder / "checkpoints"),
+        "log_every_s": 60,
+        "engine": {"max_model_len": 256, "kv_cache_gb": 1, "num_threads": 2},
+        "trainer": {"lora": {"alpha": rank_alpha}},
+    }
     for setting in settings:
         key, value = setting.split("=", 1)
         set_dotted(config, key, yaml.safe_load(value), source=f"--set {setting}")
@@ -58,8 +61,11 @@ def serve_config(folder: Path, rank_alpha: float, settings: list[str]) -> Path:
 
 
 def serve(folder: Path, port: int, config: Path) -> subprocess.Popen:
-    process = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "serve", "--port", str(port), "--config", str(config)],
-                               stdout=open(folder / "server.log", "w"), stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rlvr.cli", "serve", "--port", str(port), "--config", str(config)],
+        stdout=open(folder / "server.log", "w"),
+        stderr=subprocess.STDOUT,
+    )
     deadline = time.monotonic() + 300
     while True:
         try:
@@ -127,8 +133,14 @@ def main() -> None:
     parser.add_argument("--alpha", type=float, default=32.0)
     parser.add_argument("--max-tokens", type=int, default=5, help="the recipe's default: an answer and its stop token")
     parser.add_argument("--port", type=int, default=18931)
-    parser.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
-                        help="a key of the served config, e.g. trainer.gradient_checkpointing=true (repeatable)")
+    parser.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a key of the served config, e.g. trainer.gradient_checkpointing=true (repeatable)",
+    )
     args = parser.parse_args()
     if not Path(args.model, "config.json").is_file():
         raise SystemExit(f"{args.model}: no model folder; run `make smollm2` first")
@@ -138,16 +150,31 @@ def main() -> None:
     plan_rank, plan_all, dtype = planned(config, args.model, args.rank)
     server = serve(folder, args.port, config)
     memory = PrivateMemory(server.pid)
-    command = [sys.executable, "-m", "tinker_cookbook.recipes.math_rl.train", f"base_url=http://127.0.0.1:{args.port}",
-               f"model_name={args.model}", f"renderer_name={args.renderer}", "env=arithmetic",
-               "loss_fn=importance_sampling", f"groups_per_batch={args.groups}", f"group_size={args.group_size}",
-               f"max_steps={args.steps}", f"learning_rate={args.lr}", f"lora_rank={args.rank}",
-               f"max_tokens={args.max_tokens}", "eval_every=0", "save_every=0", f"log_path={folder / 'run'}",
-               "behavior_if_log_dir_exists=delete"]
+    command = [
+        sys.executable,
+        "-m",
+        "tinker_cookbook.recipes.math_rl.train",
+        f"base_url=http://127.0.0.1:{args.port}",
+        f"model_name={args.model}",
+        f"renderer_name={args.renderer}",
+        "env=arithmetic",
+        "loss_fn=importance_sampling",
+        f"groups_per_batch={args.groups}",
+        f"group_size={args.group_size}",
+        f"max_steps={args.steps}",
+        f"learning_rate={args.lr}",
+        f"lora_rank={args.rank}",
+        f"max_tokens={args.max_tokens}",
+        "eval_every=0",
+        "save_every=0",
+        f"log_path={folder / 'run'}",
+        "behavior_if_log_dir_exists=delete",
+    ]
     start = time.monotonic()
     try:
-        done = subprocess.run(command, env={**os.environ, "TINKER_API_KEY": "tml-dummy"}, cwd=folder,
-                              capture_output=True, text=True)
+        done = subprocess.run(
+            command, env={**os.environ, "TINKER_API_KEY": "tml-dummy"}, cwd=folder, capture_output=True, text=True
+        )
     finally:
         memory.stop()
         server.terminate()
@@ -162,19 +189,31 @@ def main() -> None:
     quarter = max(1, len(steps) // 4)
     result = {
         **provenance(),
-        "model": args.model, "renderer": args.renderer, "steps": len(steps), "groups_per_batch": args.groups,
-        "group_size": args.group_size, "learning_rate": args.lr, "lora_rank": args.rank, "max_tokens": args.max_tokens,
-        "reward": reward, "correct": correct,
+        "model": args.model,
+        "renderer": args.renderer,
+        "steps": len(steps),
+        "groups_per_batch": args.groups,
+        "group_size": args.group_size,
+        "learning_rate": args.lr,
+        "lora_rank": args.rank,
+        "max_tokens": args.max_tokens,
+        "reward": reward,
+        "correct": correct,
         "reward_first_quarter": round(sum(reward[:quarter]) / quarter, 4),
         "reward_last_quarter": round(sum(reward[-quarter:]) / quarter, 4),
         "correct_first_quarter": round(sum(correct[:quarter]) / quarter, 4),
         "correct_last_quarter": round(sum(correct[-quarter:]) / quarter, 4),
-        "wall_s": round(wall, 1), "s_per_step": round(wall / max(1, len(steps)), 1),
-        "served_config": yaml.safe_load(config.read_text()), "compute_dtype": dtype,
+        "wall_s": round(wall, 1),
+        "s_per_step": round(wall / max(1, len(steps)), 1),
+        "served_config": yaml.safe_load(config.read_text()),
+        "compute_dtype": dtype,
         "rank_peak_private_gb": [round(b / 1e9, 3) for b in memory.rank_peaks()],
         "server_peak_private_gb": round(memory.peaks.get(server.pid, 0) / 1e9, 3),
-        "plan_rank_gb": round(plan_rank / 1e9, 3), "plan_all_gb": round(plan_all / 1e9, 3),
-        "server_log": [line for line in (folder / "server.log").read_text().splitlines() if line.startswith("rlvr serve:")],
+        "plan_rank_gb": round(plan_rank / 1e9, 3),
+        "plan_all_gb": round(plan_all / 1e9, 3),
+        "server_log": [
+            line for line in (folder / "server.log").read_text().splitlines() if line.startswith("rlvr serve:")
+        ],
     }
     rank_peak = max(result["rank_peak_private_gb"], default=0.0)
     result["plan_rank_over_measured"] = round(result["plan_rank_gb"] / rank_peak, 3) if rank_peak else None
@@ -188,7 +227,9 @@ def main() -> None:
         f"trainer rank{'s' * (len(result['rank_peak_private_gb']) > 1)} **{', '.join(f'{g:.2f}' for g in result['rank_peak_private_gb'])} GB** "
         f"against the plan's {result['plan_rank_gb']:.2f} GB (plan / measured {result['plan_rank_over_measured']}), "
         f"server process (controller and engine) {result['server_peak_private_gb']:.2f} GB; the plan's total "
-        f"{result['plan_all_gb']:.2f} GB", result)
+        f"{result['plan_all_gb']:.2f} GB",
+        result,
+    )
 
 
 if __name__ == "__main__":

@@ -53,7 +53,9 @@ def checkpoint_bytes(model_dir: Path) -> int:
     """Bytes of all tensors stored in the folder's safetensors files (a tied tensor is stored once)."""
     from safetensors.torch import load_file
 
-    return sum(t.numel() * t.element_size() for path in model_dir.glob("*.safetensors") for t in load_file(path).values())
+    return sum(
+        t.numel() * t.element_size() for path in model_dir.glob("*.safetensors") for t in load_file(path).values()
+    )
 
 
 def peak_rss_bytes() -> int:
@@ -117,9 +119,16 @@ def packed_base_bytes_per_rank(model_dir: Path, ranks: int, dtype_name: str, bat
         advantages=torch.linspace(-1.0, 1.0, batch),
         group=torch.zeros(batch, dtype=torch.long),
     )
-    trainer_cfg = TrainerConfig(ranks=ranks, lora=LoraConfig(rank=16, alpha=32.0, dropout=0.0, target_modules="all-linear"))
-    spec = RankSpec(model=ModelConfig(path=str(model_dir), dtype=dtype_name), trainer=trainer_cfg,
-                    algorithm=AlgorithmConfig(), seed=0, total_steps=1)
+    trainer_cfg = TrainerConfig(
+        ranks=ranks, lora=LoraConfig(rank=16, alpha=32.0, dropout=0.0, target_modules="all-linear")
+    )
+    spec = RankSpec(
+        model=ModelConfig(path=str(model_dir), dtype=dtype_name),
+        trainer=trainer_cfg,
+        algorithm=AlgorithmConfig(),
+        seed=0,
+        total_steps=1,
+    )
     with Trainer(spec) as trainer:
         trainer.train_step(train_batch)
         return trainer.packed_base_bytes()
@@ -143,7 +152,9 @@ def run_variant(variant: str, model_dir: Path, args) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, help="JSON file to write")
-    parser.add_argument("--arch", default="qwen2", help="tiny architecture: qwen2 (dense), deepseek_v3, qwen3_moe, mixtral")
+    parser.add_argument(
+        "--arch", default="qwen2", help="tiny architecture: qwen2 (dense), deepseek_v3, qwen3_moe, mixtral"
+    )
     parser.add_argument("--dtype", default="bfloat16", help="compute dtype of both variants")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--batch", type=int, default=2)

@@ -42,12 +42,22 @@ def score_both(cases: list[dict], timeout_s: float) -> tuple[list, list]:
     """(rlvr's scores, math-verify's scores), one per case, in order."""
     alone = f"{Path(__file__).resolve()}:math_verify_alone"
     ours: list = [None] * len(cases)
-    for options, picked in ((None, [c for c in cases if c.get("boxed", True)]), (FREE_TEXT_OPTIONS, [c for c in cases if not c.get("boxed", True)])):
+    for options, picked in (
+        (None, [c for c in cases if c.get("boxed", True)]),
+        (FREE_TEXT_OPTIONS, [c for c in cases if not c.get("boxed", True)]),
+    ):
         if not picked:
             continue
         index = [cases.index(c) for c in picked]
         with ScoringPool("math", timeout_s=timeout_s, options=options) as pool:
-            for i, s in zip(index, pool.score([c["response"] for c in picked], [c["answer"] for c in picked], [c.get("verifier", "math") for c in picked])):
+            for i, s in zip(
+                index,
+                pool.score(
+                    [c["response"] for c in picked],
+                    [c["answer"] for c in picked],
+                    [c.get("verifier", "math") for c in picked],
+                ),
+            ):
                 ours[i] = s
     with ScoringPool("math", timeout_s=timeout_s) as pool:
         theirs = pool.score([c["response"] for c in cases], [c["answer"] for c in cases], [alone] * len(cases))
@@ -68,7 +78,11 @@ def print_table(title: str, cases: list[dict], ours: list, theirs: list, key: st
             row[5] += plain and other.reward == case["expected"]
     print(f"\n{title}\n")
     if split_judgment:
-        print("| " + key + " | cases | rlvr correct | math-verify alone correct | not judgment calls | rlvr correct | math-verify alone correct |")
+        print(
+            "| "
+            + key
+            + " | cases | rlvr correct | math-verify alone correct | not judgment calls | rlvr correct | math-verify alone correct |"
+        )
         print("|---|---|---|---|---|---|---|")
     else:
         print(f"| {key} | cases | rlvr correct | math-verify alone correct |")
@@ -77,12 +91,18 @@ def print_table(title: str, cases: list[dict], ours: list, theirs: list, key: st
         n, mine, other, m, mine_plain, other_plain = rows[name]
         cells = [name, n, f"{mine} ({mine / n:.1%})", f"{other} ({other / n:.1%})"]
         if split_judgment:
-            cells += [m, f"{mine_plain} ({mine_plain / max(m, 1):.1%})", f"{other_plain} ({other_plain / max(m, 1):.1%})"]
+            cells += [
+                m,
+                f"{mine_plain} ({mine_plain / max(m, 1):.1%})",
+                f"{other_plain} ({other_plain / max(m, 1):.1%})",
+            ]
         print("| " + " | ".join(map(str, cells)) + " |")
 
 
 def print_differences(cases: list[dict], ours: list, theirs: list) -> None:
-    differences = [(c, m, t) for c, m, t in zip(cases, ours, theirs) if (m.reward == c["expected"]) != (t.reward == c["expected"])]
+    differences = [
+        (c, m, t) for c, m, t in zip(cases, ours, theirs) if (m.reward == c["expected"]) != (t.reward == c["expected"])
+    ]
     print(f"\nCases where rlvr and math-verify alone differ ({len(differences)}):\n")
     print("| id | answer | response ends with | expected | judgment | rlvr | math-verify alone |")
     print("|---|---|---|---|---|---|---|")
@@ -110,10 +130,21 @@ def main() -> None:
     boxed = [i for i, c in enumerate(cases) if c["boxed"]]
     free = [i for i, c in enumerate(cases) if not c["boxed"]]
     for title, key in (("Boxed cases by source", "source"), ("Boxed cases by category", "category")):
-        print_table(title, [cases[i] for i in boxed], [ours[i] for i in boxed], [theirs[i] for i in boxed], key, split_judgment=True)
+        print_table(
+            title,
+            [cases[i] for i in boxed],
+            [ours[i] for i in boxed],
+            [theirs[i] for i in boxed],
+            key,
+            split_judgment=True,
+        )
     print_table(
         "Free-text cases (no box) by source; rlvr with extract=boxed,answer,last_number",
-        [cases[i] for i in free], [ours[i] for i in free], [theirs[i] for i in free], "source", split_judgment=False,
+        [cases[i] for i in free],
+        [ours[i] for i in free],
+        [theirs[i] for i in free],
+        "source",
+        split_judgment=False,
     )
     print_differences([cases[i] for i in boxed], [ours[i] for i in boxed], [theirs[i] for i in boxed])
 

@@ -63,9 +63,29 @@ KINDS = {  # generator -> weight
 }
 VERIFIER_WEIGHTS = {"math": 70, "gsm8k": 10, "aime": 10, "exact": 5, "regex": 5}
 LOOKALIKES = {
-    "0": "０", "1": "１", "2": "２", "5": "５", "-": "−", "x": "х", "a": "а", "e": "е", "o": "о", "p": "р",
-    "c": "с", ",": "，", ".": "．", "/": "⁄", "(": "（", ")": "）", "{": "｛", "}": "｝", "\\": "＼", "=": "＝",
-    "+": "＋", " ": "\u00a0", "%": "٪",
+    "0": "０",
+    "1": "１",
+    "2": "２",
+    "5": "５",
+    "-": "−",
+    "x": "х",
+    "a": "а",
+    "e": "е",
+    "o": "о",
+    "p": "р",
+    "c": "с",
+    ",": "，",
+    ".": "．",
+    "/": "⁄",
+    "(": "（",
+    ")": "）",
+    "{": "｛",
+    "}": "｝",
+    "\\": "＼",
+    "=": "＝",
+    "+": "＋",
+    " ": "\u00a0",
+    "%": "٪",
 }
 INVISIBLE = ["\u200b", "\u200d", "\u202e", "\u2066", "\ufeff", "\u0301", "\u00ad"]
 CONTROL = ["\x00", "\x01", "\x07", "\x08", "\x1b", "\x7f", "\x85", "\r", "\r\n", "\u2028", "\ud800", "\x1b[31m"]
@@ -119,25 +139,78 @@ def latex(rng: random.Random, depth: int) -> str:
                 f"{rng.randint(0, 999)}.{rng.randint(0, 99999)}",
                 f"{rng.randint(1, 999)},{rng.randint(0, 999):03d}",
                 f"{rng.randint(1, 99)}, {rng.randint(0, 999)}",
-                "\\pi", "x", "y", "e", "\\infty", "i", "\\sqrt{2}",
+                "\\pi",
+                "x",
+                "y",
+                "e",
+                "\\infty",
+                "i",
+                "\\sqrt{2}",
                 f"\\text{{{rng.choice(['cm', 'percent', 'and', 'or', 'Evelyn', 'odd'])}}}",
             ]
         )
     a, b = latex(rng, depth - 1), latex(rng, depth - 1)
     return rng.choice(
         [
-            f"\\frac{{{a}}}{{{b}}}", f"\\dfrac{a[:1]}{b[:1]}", f"\\sqrt{{{a}}}", f"\\sqrt[3]{{{a}}}", f"{a}^{{{b}}}",
-            f"{a}+{b}", f"{a}-{b}", f"{a}\\cdot {b}", f"({a})", f"\\left({a}\\right)", f"({a}, {b}]", f"[{a},{b})",
-            f"\\{{{a}, {b}\\}}", f"({a},{b})", f"{a} \\cup {b}", f"\\begin{{pmatrix}}{a} & {b} \\\\ {b} & {a}\\end{{pmatrix}}",
-            f"{a}\\%", f"{a} \\le x < {b}", f"x \\ge {a}", f"{a} \\pm {b}", f"\\sin({a})", f"\\log_{{{a}}} {b}",
-            f"{a}!", f"\\binom{{{a}}}{{{b}}}", f"{a}_{{{b}}}", f"{a}, {b}", f"{a} \\text{{ or }} {b}", f"x = {a}",
-            f"{a}^\\circ", f"\\${a}", f"{a} {rng.randint(1, 9)}/{rng.randint(2, 9)}", f"{{{a}}}",
+            f"\\frac{{{a}}}{{{b}}}",
+            f"\\dfrac{a[:1]}{b[:1]}",
+            f"\\sqrt{{{a}}}",
+            f"\\sqrt[3]{{{a}}}",
+            f"{a}^{{{b}}}",
+            f"{a}+{b}",
+            f"{a}-{b}",
+            f"{a}\\cdot {b}",
+            f"({a})",
+            f"\\left({a}\\right)",
+            f"({a}, {b}]",
+            f"[{a},{b})",
+            f"\\{{{a}, {b}\\}}",
+            f"({a},{b})",
+            f"{a} \\cup {b}",
+            f"\\begin{{pmatrix}}{a} & {b} \\\\ {b} & {a}\\end{{pmatrix}}",
+            f"{a}\\%",
+            f"{a} \\le x < {b}",
+            f"x \\ge {a}",
+            f"{a} \\pm {b}",
+            f"\\sin({a})",
+            f"\\log_{{{a}}} {b}",
+            f"{a}!",
+            f"\\binom{{{a}}}{{{b}}}",
+            f"{a}_{{{b}}}",
+            f"{a}, {b}",
+            f"{a} \\text{{ or }} {b}",
+            f"x = {a}",
+            f"{a}^\\circ",
+            f"\\${a}",
+            f"{a} {rng.randint(1, 9)}/{rng.randint(2, 9)}",
+            f"{{{a}}}",
         ]
     )
 
 
 def mutate(rng: random.Random, text: str, edits: int = 3) -> str:
-    tokens = ["{", "}", "\\", "$", "\\boxed{", ",", " ", "\\frac", "^", "_", "%", "\\{", "\\}", "(", "]", "0", "\n", "\\left", "=", "</think>"]
+    tokens = [
+        "{",
+        "}",
+        "\\",
+        "$",
+        "\\boxed{",
+        ",",
+        " ",
+        "\\frac",
+        "^",
+        "_",
+        "%",
+        "\\{",
+        "\\}",
+        "(",
+        "]",
+        "0",
+        "\n",
+        "\\left",
+        "=",
+        "</think>",
+    ]
     for _ in range(edits):
         if not text:
             text = rng.choice(tokens)
@@ -175,15 +248,27 @@ def make_item(seed: int, index: int, seeds: list[tuple[str, str]]) -> dict:
         depth = rng.choice([10, 100, 1000, 5000, 20000])
         core = rng.choice([answer, "1", "\\frac{1}{2}", ""])
         opened, closed = "{" * depth, "}" * rng.choice([depth, depth // 2, 0, depth + 3])
-        response = rng.choice([f"\\boxed{{{opened}{core}{closed}}}", f"{opened}\\boxed{{{core}}}{closed}", f"\\boxed{{{opened}"])
+        response = rng.choice(
+            [f"\\boxed{{{opened}{core}{closed}}}", f"{opened}\\boxed{{{core}}}{closed}", f"\\boxed{{{opened}"]
+        )
         answer = rng.choice([answer, opened + core + closed])
     elif kind == "huge_numbers":
         digits = rng.choice([20, 400, 5000, 100_000])
         big = str(rng.randint(1, 9)) + "".join(rng.choice("0123456789") for _ in range(digits))
         pick = rng.choice(
-            [big, f"{big}.{big[:digits // 2]}", f"10^{{10^{{10^{{{big[:3]}}}}}}}", f"2^{{{big[:9]}}}", f"{big[:7]}!",
-             f"1e{big[:6]}", f"\\frac{{10^{{{big[:5]}}}}}{{3}}", f"{big[:12]}^{{{big[:12]}}}", f"({big[:50]})^{{{big[:4]}}} - 1",
-             f"{big[:3]},{big[3:6]},{big[6:9]}" * 100, f"-{big}\\%"]
+            [
+                big,
+                f"{big}.{big[: digits // 2]}",
+                f"10^{{10^{{10^{{{big[:3]}}}}}}}",
+                f"2^{{{big[:9]}}}",
+                f"{big[:7]}!",
+                f"1e{big[:6]}",
+                f"\\frac{{10^{{{big[:5]}}}}}{{3}}",
+                f"{big[:12]}^{{{big[:12]}}}",
+                f"({big[:50]})^{{{big[:4]}}} - 1",
+                f"{big[:3]},{big[3:6]},{big[6:9]}" * 100,
+                f"-{big}\\%",
+            ]
         )
         response = f"{words} \\boxed{{{pick}}}"
         answer = rng.choice([answer, pick, big[: rng.randint(1, 30)]])
@@ -202,7 +287,9 @@ def make_item(seed: int, index: int, seeds: list[tuple[str, str]]) -> dict:
             answer = answer + rng.choice(CONTROL)
     elif kind == "truncated":
         at = response.rfind("\\boxed")
-        cut = rng.randint(max(0, at), len(response)) if at >= 0 and rng.random() < 0.7 else rng.randint(0, len(response))
+        cut = (
+            rng.randint(max(0, at), len(response)) if at >= 0 and rng.random() < 0.7 else rng.randint(0, len(response))
+        )
         response = response[:cut]
     elif kind == "megabyte":
         size = 1_000_000
@@ -249,7 +336,11 @@ def classify_error(item: dict, timeout_s: float) -> str | None:
         return f"{type(e).__name__}: {str(e)[:200]}"
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-    return None if score.status == "error" else f"error in the pool (memory limit or dead worker); replay gives {score.status}"
+    return (
+        None
+        if score.status == "error"
+        else f"error in the pool (memory limit or dead worker); replay gives {score.status}"
+    )
 
 
 def main() -> None:
@@ -271,13 +362,17 @@ def main() -> None:
     items = [make_item(args.seed, i, seeds) for i in range(args.items)]
     scores, seconds = [], []
     started = time.perf_counter()
-    with ScoringPool("math", workers=limits.workers, timeout_s=limits.timeout_s, memory_limit_mb=limits.memory_limit_mb) as pool:
+    with ScoringPool(
+        "math", workers=limits.workers, timeout_s=limits.timeout_s, memory_limit_mb=limits.memory_limit_mb
+    ) as pool:
         pool.wait_ready()
         startup_s = time.perf_counter() - started
         t0 = time.perf_counter()
         for i in range(0, len(items), STEP):
             batch = items[i : i + STEP]
-            scores += pool.score([x["response"] for x in batch], [x["answer"] for x in batch], [x["verifier"] for x in batch])
+            scores += pool.score(
+                [x["response"] for x in batch], [x["answer"] for x in batch], [x["verifier"] for x in batch]
+            )
             seconds += pool.item_seconds
         wall_s = time.perf_counter() - t0
         restarts = pool.restarts
@@ -311,8 +406,14 @@ def main() -> None:
         "side_effects": MARKER.exists(),
         "by_kind": {k: {**v, "statuses": dict(v["statuses"])} for k, v in sorted(by_kind.items())},
         "slowest": [
-            {"index": i, "kind": items[i]["kind"], "verifier": items[i]["verifier"], "seconds": round(seconds[i], 3),
-             "status": scores[i].status, "response_chars": len(items[i]["response"])}
+            {
+                "index": i,
+                "kind": items[i]["kind"],
+                "verifier": items[i]["verifier"],
+                "seconds": round(seconds[i], 3),
+                "status": scores[i].status,
+                "response_chars": len(items[i]["response"]),
+            }
             for i in slowest
         ],
     } | provenance()

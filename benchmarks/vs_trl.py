@@ -88,8 +88,9 @@ class Workload:
         from rlvr.data.synthetic import arithmetic_problems, counting_problems
 
         if self.task == "counting":
-            return counting_problems(seed=cfg.seed, max_count=LONGTAIL_MAX_COUNT, train_size=cfg.demo.task.train_size,
-                                     test_size=test_size)
+            return counting_problems(
+                seed=cfg.seed, max_count=LONGTAIL_MAX_COUNT, train_size=cfg.demo.task.train_size, test_size=test_size
+            )
         return arithmetic_problems(seed=cfg.seed, **(cfg.demo.task.model_dump() | {"test_size": test_size}))
 
 
@@ -99,12 +100,20 @@ LONGTAIL_MAX_COUNT = 32
 WORKLOADS = {
     "demo": Workload("arithmetic", "artifacts/vs_trl", "runs/vs_trl", max_tokens=256, held_out=500),
     "longtail": Workload(
-        "counting", "artifacts/vs_trl_longtail", "runs/vs_trl_longtail", max_tokens=512, held_out=200,
+        "counting",
+        "artifacts/vs_trl_longtail",
+        "runs/vs_trl_longtail",
+        max_tokens=512,
+        held_out=200,
         # long worked solutions need a longer warm start than the demo's two-column sums, and the
         # longest counts stay out of a tiny model's reach: its base sits lower than the demo's.
         # A check samples up to 512 tokens per row, so it runs less often and on fewer rows
-        overrides=("demo.warm_start.steps=3000", "demo.warm_start.check.base_window=[0.1,0.5]",
-                   "demo.warm_start.check.every=250", "demo.warm_start.check.rows=32"),
+        overrides=(
+            "demo.warm_start.steps=3000",
+            "demo.warm_start.check.base_window=[0.1,0.5]",
+            "demo.warm_start.check.every=250",
+            "demo.warm_start.check.rows=32",
+        ),
     ),
 }
 
@@ -112,9 +121,18 @@ WORKLOADS = {
 # what each side logs per step, under one name: the reward, the gradient norm, the policy's
 # entropy and the mean completion length
 STEP_METRICS = {
-    "rlvr": {"reward": "reward/mean", "grad_norm": "grad_norm", "entropy": "policy/entropy",
-             "length_mean": "response/length_mean"},
-    "trl": {"reward": "reward", "grad_norm": "grad_norm", "entropy": "entropy", "length_mean": "completions/mean_length"},
+    "rlvr": {
+        "reward": "reward/mean",
+        "grad_norm": "grad_norm",
+        "entropy": "policy/entropy",
+        "length_mean": "response/length_mean",
+    },
+    "trl": {
+        "reward": "reward",
+        "grad_norm": "grad_norm",
+        "entropy": "entropy",
+        "length_mean": "completions/mean_length",
+    },
 }
 
 
@@ -160,8 +178,10 @@ def seed_summary(per_seed: dict[int, dict], target: float | None) -> dict:
     if target is None:
         target = default_target(mean("base_avg8"), mean("rlvr_avg8_after"), mean("trl_avg8_after"))
     reached = {
-        side: [time_to_target(run["step_seconds"][side], {int(k): v for k, v in run["avg8_curves"][side].items()}, target)
-               for run in runs]
+        side: [
+            time_to_target(run["step_seconds"][side], {int(k): v for k, v in run["avg8_curves"][side].items()}, target)
+            for run in runs
+        ]
         for side in ("rlvr", "trl")
     }
     paired = paired_difference([r["rlvr_avg8_after"] for r in runs], [r["trl_avg8_after"] for r in runs])
@@ -181,14 +201,25 @@ def seed_summary(per_seed: dict[int, dict], target: float | None) -> dict:
         "rlvr_time_to_target_s": reached["rlvr"],
         "trl_time_to_target_s": reached["trl"],
         "per_seed_figures": {
-            s: {key: run[key] for key in ("step_ratio", "rlvr_step_s", "trl_step_s", "base_avg8", "rlvr_avg8_after",
-                                          "trl_avg8_after")} for s, run in zip(seeds, runs)
+            s: {
+                key: run[key]
+                for key in ("step_ratio", "rlvr_step_s", "trl_step_s", "base_avg8", "rlvr_avg8_after", "trl_avg8_after")
+            }
+            for s, run in zip(seeds, runs)
         },
     }
 
 
-def bench_overrides(assets: str, run_dir: str, steps: int, prompts: int, samples: int, max_tokens: int,
-                    eval_every: int, extra: list[str]) -> list[str]:
+def bench_overrides(
+    assets: str,
+    run_dir: str,
+    steps: int,
+    prompts: int,
+    samples: int,
+    max_tokens: int,
+    eval_every: int,
+    extra: list[str],
+) -> list[str]:
     """demo.yaml, retargeted: a float copy of the demo model under `assets`, completions up to
     `max_tokens`, no eval inside the run (the benchmark evaluates both sides itself), and a
     kept checkpoint (with its adapter) at every evaluated step. The float model fits one rank,
@@ -233,14 +264,18 @@ def prompt_rows(cfg, tokenizer, steps: int) -> list[dict]:
     chat = cfg.data.chat_template and getattr(tokenizer, "chat_template", None)
     return [
         {
-            "prompt": chat_messages(problems[i], cfg.data.template) if chat else build_prompt(problems[i], None, cfg.data.template),
+            "prompt": chat_messages(problems[i], cfg.data.template)
+            if chat
+            else build_prompt(problems[i], None, cfg.data.template),
             "answer": problems[i].answer,
         }
         for i in order
     ]
 
 
-def run_side_by_side(cfg, steps: int, eval_steps: list[int], trl_dir: Path, threads: int, trl_generation: str, log) -> dict:
+def run_side_by_side(
+    cfg, steps: int, eval_steps: list[int], trl_dir: Path, threads: int, trl_generation: str, log
+) -> dict:
     """rlvr in this process and TRL in a child, steps alternating; returns both step-time lists."""
     from transformers import AutoTokenizer
 
@@ -251,7 +286,8 @@ def run_side_by_side(cfg, steps: int, eval_steps: list[int], trl_dir: Path, thre
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     trl = ctx.Process(
-        target=run_trl, args=(cfg.model_dump_json(), steps, rows, str(trl_dir), eval_steps, threads, trl_generation, child),
+        target=run_trl,
+        args=(cfg.model_dump_json(), steps, rows, str(trl_dir), eval_steps, threads, trl_generation, child),
         daemon=True,
     )
     trl.start()
@@ -285,12 +321,20 @@ def run_side_by_side(cfg, steps: int, eval_steps: list[int], trl_dir: Path, thre
     summary = train(cfg, progress=after_rlvr_step, log=log)
     done = receive("done")
     trl.join(timeout=60)
-    return {"rlvr_step_s": rlvr_steps, "trl_step_s": trl_steps, "rlvr_metrics": rlvr_metrics,
-            "trl_log_history": done["log_history"], "trl_engine_seed": done["engine_seed"], "rlvr_summary": summary,
-            "trl_lengths": trl_lengths}
+    return {
+        "rlvr_step_s": rlvr_steps,
+        "trl_step_s": trl_steps,
+        "rlvr_metrics": rlvr_metrics,
+        "trl_log_history": done["log_history"],
+        "trl_engine_seed": done["engine_seed"],
+        "rlvr_summary": summary,
+        "trl_lengths": trl_lengths,
+    }
 
 
-def evaluate_adapters(cfg, test_file: str, limit: int | None, adapters: dict[str, Path | None], samples_dir: Path, log) -> dict[str, dict]:
+def evaluate_adapters(
+    cfg, test_file: str, limit: int | None, adapters: dict[str, Path | None], samples_dir: Path, log
+) -> dict[str, dict]:
     """avg@k of the base (None) and each adapter by rlvr's evaluator, on one vLLM engine."""
     from transformers import AutoTokenizer
 
@@ -305,15 +349,25 @@ def evaluate_adapters(cfg, test_file: str, limit: int | None, adapters: dict[str
     sampling = held_out_sampling(cfg.eval, cfg.rollout.sampling, cfg.seed)
     results = {}
     samples_dir.mkdir(parents=True, exist_ok=True)
-    with make_engine(cfg.model, cfg.engine, seed=cfg.seed, lora_rank=cfg.trainer.lora.rank) as engine, \
-            build_scoring_pool(cfg) as pool:
+    with (
+        make_engine(cfg.model, cfg.engine, seed=cfg.seed, lora_rank=cfg.trainer.lora.rank) as engine,
+        build_scoring_pool(cfg) as pool,
+    ):
         for version, (name, folder) in enumerate(adapters.items(), start=1):
             if folder is not None:
                 engine.update_lora(load_adapter(folder, version=version))
             elif version != 1:
                 raise ValueError("the base model (no adapter) must be evaluated first, before any adapter is loaded")
-            result = evaluate(engine, pool, problems, prompts, n=cfg.eval.n, ks=cfg.eval.k, sampling=sampling,
-                              samples_path=str(samples_dir / f"{name}.jsonl"))
+            result = evaluate(
+                engine,
+                pool,
+                problems,
+                prompts,
+                n=cfg.eval.n,
+                ks=cfg.eval.k,
+                sampling=sampling,
+                samples_path=str(samples_dir / f"{name}.jsonl"),
+            )
             results[name] = {k: v for k, v in result.items() if k != "problems"}
             log(f"eval {name}: avg@8 {result['avg@8']:.4f}")
     return results
@@ -352,9 +406,13 @@ def length_summary(steps: list[list[int]]) -> dict:
     from rlvr.rollout.collect import nearest_rank
 
     lengths = [n for step in steps for n in step]
-    return {"count": len(lengths), "mean": statistics.mean(lengths),
-            "p50": statistics.median(nearest_rank(step, 0.5) for step in steps),
-            "p90": statistics.median(nearest_rank(step, 0.9) for step in steps), "max": max(lengths)}
+    return {
+        "count": len(lengths),
+        "mean": statistics.mean(lengths),
+        "p50": statistics.median(nearest_rank(step, 0.5) for step in steps),
+        "p90": statistics.median(nearest_rank(step, 0.9) for step in steps),
+        "max": max(lengths),
+    }
 
 
 COUNT_BUCKETS = ((1, 1), (2, 2), (3, 4), (5, 8), (9, 16), (17, LONGTAIL_MAX_COUNT))
@@ -375,7 +433,9 @@ def accuracy_by_count(test_file: str, eval_dir: Path, names: list[str]) -> dict[
             row = json.loads(line)
             b = steps[row["problem_id"]]
             rewards[next(bucket for bucket in COUNT_BUCKETS if bucket[0] <= b <= bucket[1])].append(row["reward"])
-        table[name] = {f"b={lo}" if lo == hi else f"b={lo}-{hi}": statistics.mean(r) for (lo, hi), r in rewards.items() if r}
+        table[name] = {
+            f"b={lo}" if lo == hi else f"b={lo}-{hi}": statistics.mean(r) for (lo, hi), r in rewards.items() if r
+        }
     return table
 
 
@@ -402,22 +462,45 @@ def run_scaling(args, log) -> dict:
     model_dir = Path(args.assets) / "random_model"
     if not (model_dir / "config.json").is_file():
         m = demo_cfg.demo.model
-        build_tiny_model(model_dir, m.arch, seed=demo_cfg.seed, hidden_size=m.hidden_size, num_layers=m.num_layers,
-                         num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, intermediate_size=m.intermediate_size,
-                         max_position_embeddings=MAX_POSITIONS)
+        build_tiny_model(
+            model_dir,
+            m.arch,
+            seed=demo_cfg.seed,
+            hidden_size=m.hidden_size,
+            num_layers=m.num_layers,
+            num_heads=m.num_heads,
+            num_kv_heads=m.num_kv_heads,
+            intermediate_size=m.intermediate_size,
+            max_position_embeddings=MAX_POSITIONS,
+        )
     rows = []
     for point in scaling_points(args.prompts, args.samples, args.max_tokens, args.doublings):
         run_dir = Path(args.run_dir) / f"{point['prompts']}x{point['samples']}x{point['max_tokens']}"
-        overrides = bench_overrides(args.assets, str(run_dir), args.steps, point["prompts"], point["samples"],
-                                    point["max_tokens"], args.steps, args.rlvr) + [f"model.path={model_dir}"]
+        overrides = bench_overrides(
+            args.assets,
+            str(run_dir),
+            args.steps,
+            point["prompts"],
+            point["samples"],
+            point["max_tokens"],
+            args.steps,
+            args.rlvr,
+        ) + [f"model.path={model_dir}"]
         cfg = load_config(DEMO_CONFIG, overrides)
         steps: list[dict] = []
         train(cfg, progress=lambda step, metrics: steps.append(metrics), log=log)
         timed = steps[1:]  # the first step warms caches up
-        row = point | {
-            "step_s": median_step_seconds([m["time/step"] - m.get("time/checkpoint", 0.0) for m in timed]),
-            "completion_tokens_mean": statistics.mean(m["response/length_mean"] for m in timed),
-        } | {k: statistics.median(m[k] for m in timed) for k in ("time/generate", "time/score", "time/train", "time/sync")}
+        row = (
+            point
+            | {
+                "step_s": median_step_seconds([m["time/step"] - m.get("time/checkpoint", 0.0) for m in timed]),
+                "completion_tokens_mean": statistics.mean(m["response/length_mean"] for m in timed),
+            }
+            | {
+                k: statistics.median(m[k] for m in timed)
+                for k in ("time/generate", "time/score", "time/train", "time/sync")
+            }
+        )
         row["tokens_per_step"] = row["prompts"] * row["samples"] * row["completion_tokens_mean"]
         rows.append(row)
         log(f"scaling {point}: {row['step_s']:.2f} s/step, {row['completion_tokens_mean']:.0f} tokens per completion")
@@ -435,22 +518,44 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=16, help="prompts per step")
     parser.add_argument("--samples", type=int, default=8, help="samples per prompt")
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="demo", help="the task (see above)")
-    parser.add_argument("--max-tokens", type=int, default=None,
-                        help="completion cap; completions end at EOS (default: the workload's, demo 256, longtail 512)")
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="completion cap; completions end at EOS (default: the workload's, demo 256, longtail 512)",
+    )
     parser.add_argument("--eval-every", type=int, default=4, help="evaluate both adapters every N steps")
     parser.add_argument("--threads", type=int, default=2, help="TRL's torch threads (rlvr: engine.num_threads)")
-    parser.add_argument("--trl-generation", choices=GENERATIONS, default="vllm",
-                        help="TRL's generation: vllm (its colocate vLLM mode, weights pushed through vLLM's "
-                             "reload_weights, see benchmarks/_trl_side.py) or generate (transformers' generate)")
-    parser.add_argument("--target", type=float, default=None, help="avg@8 target (default: halfway base -> lower final)")
+    parser.add_argument(
+        "--trl-generation",
+        choices=GENERATIONS,
+        default="vllm",
+        help="TRL's generation: vllm (its colocate vLLM mode, weights pushed through vLLM's "
+        "reload_weights, see benchmarks/_trl_side.py) or generate (transformers' generate)",
+    )
+    parser.add_argument(
+        "--target", type=float, default=None, help="avg@8 target (default: halfway base -> lower final)"
+    )
     parser.add_argument("--eval-problems", type=int, default=None, help="first N test problems only (smoke runs)")
-    parser.add_argument("--held-out", type=int, default=None,
-                        help="held-out problems to evaluate on: the task's test split drawn to this size (its first "
-                             "100 are the task's test set; the training split stays the same; default: demo 500, longtail 200)")
-    parser.add_argument("--assets", default=None, help="where the float model and task are built (default: the workload's)")
+    parser.add_argument(
+        "--held-out",
+        type=int,
+        default=None,
+        help="held-out problems to evaluate on: the task's test split drawn to this size (its first "
+        "100 are the task's test set; the training split stays the same; default: demo 500, longtail 200)",
+    )
+    parser.add_argument(
+        "--assets", default=None, help="where the float model and task are built (default: the workload's)"
+    )
     parser.add_argument("--run-dir", default=None, help="default: runs/vs_trl or runs/vs_trl_longtail")
-    parser.add_argument("--seeds", type=int, nargs="+", default=None, metavar="S",
-                        help="rerun both sides with each seed on the one model and task (see above)")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        metavar="S",
+        help="rerun both sides with each seed on the one model and task (see above)",
+    )
     parser.add_argument("--rlvr", action="append", default=[], metavar="KEY=VALUE", help="extra rlvr config override")
     parser.add_argument("--scaling", action="store_true", help="rlvr alone: step time as the batch doubles")
     parser.add_argument("--doublings", type=int, default=2, help="--scaling: doublings per axis")
@@ -469,8 +574,16 @@ def main() -> None:
 
     console = Console()
     log = console.print
-    overrides = bench_overrides(args.assets, args.run_dir, args.steps, args.prompts, args.samples, args.max_tokens,
-                                args.eval_every, [*workload.overrides, *args.rlvr])
+    overrides = bench_overrides(
+        args.assets,
+        args.run_dir,
+        args.steps,
+        args.prompts,
+        args.samples,
+        args.max_tokens,
+        args.eval_every,
+        [*workload.overrides, *args.rlvr],
+    )
     build_cfg = load_config(DEMO_CONFIG, overrides + [f"data.test={args.assets}/task/test.jsonl"])
     ensure_task(build_cfg, workload)
     warm_start = ensure_demo_assets(build_cfg, console)
@@ -582,21 +695,30 @@ def compare(cfg, args, overrides: list[str], test_file: str, log) -> dict:
         # the engine's logprobs against the trainer's (merged LoRA on CPU): on every trained token of
         # every step, and on the sync probe where a step ran it (the benchmark evaluates outside the run)
         "rlvr_sampler_trainer_gap_max": max(m["sync/sampler_trainer_gap"] for m in runs["rlvr_metrics"]),
-        "rlvr_sync_logprob_gap_max": max((m["sync/logprob_gap"] for m in runs["rlvr_metrics"] if "sync/logprob_gap" in m),
-                                         default=None),
+        "rlvr_sync_logprob_gap_max": max(
+            (m["sync/logprob_gap"] for m in runs["rlvr_metrics"] if "sync/logprob_gap" in m), default=None
+        ),
         # each step's training signal, side by side: where one side's run goes astray, these say how
         "per_step": {
-            "rlvr": {key: [m.get(metric) for m in runs["rlvr_metrics"]] for key, metric in STEP_METRICS["rlvr"].items()},
-            "trl": {key: [h.get(metric) for h in runs["trl_log_history"] if "reward" in h]
-                    for key, metric in STEP_METRICS["trl"].items()},
+            "rlvr": {
+                key: [m.get(metric) for m in runs["rlvr_metrics"]] for key, metric in STEP_METRICS["rlvr"].items()
+            },
+            "trl": {
+                key: [h.get(metric) for h in runs["trl_log_history"] if "reward" in h]
+                for key, metric in STEP_METRICS["trl"].items()
+            },
         },
         "evaluations": evals,
         "setting": {
-            "prompts_per_step": cfg.rollout.prompts_per_step, "samples_per_prompt": cfg.rollout.samples_per_prompt,
+            "prompts_per_step": cfg.rollout.prompts_per_step,
+            "samples_per_prompt": cfg.rollout.samples_per_prompt,
             "max_tokens": cfg.rollout.sampling.max_tokens,
-            "workload": args.workload, "eval_every": args.eval_every, "trl_threads": args.threads,
+            "workload": args.workload,
+            "eval_every": args.eval_every,
+            "trl_threads": args.threads,
             "trl_generation": args.trl_generation,
-            "seed": cfg.seed, "trl_vllm_seed": runs["trl_engine_seed"],
+            "seed": cfg.seed,
+            "trl_vllm_seed": runs["trl_engine_seed"],
             "rlvr_overrides": overrides,
         },
         "wall_seconds": round(time.time() - started, 1),

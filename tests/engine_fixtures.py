@@ -20,19 +20,38 @@ LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 LOGIT_SCALE = 3.0
 
 
-def start_engine(backend: str, model_path, *, seed: int = 0, lora_rank: int | None = None, placement=None,
-                 dtype: str = "float32", **options):
+def start_engine(
+    backend: str,
+    model_path,
+    *,
+    seed: int = 0,
+    lora_rank: int | None = None,
+    placement=None,
+    dtype: str = "float32",
+    **options,
+):
     """`make_engine` for a model folder; `options` are EngineConfig fields. float32 unless asked: the
     engine tests compare logprobs with transformers' and the trainer's to float32 rounding."""
-    return make_engine(ModelConfig(path=str(model_path), dtype=dtype), EngineConfig(backend=backend, **options), seed=seed,
-                       lora_rank=lora_rank, placement=placement)
+    return make_engine(
+        ModelConfig(path=str(model_path), dtype=dtype),
+        EngineConfig(backend=backend, **options),
+        seed=seed,
+        lora_rank=lora_rank,
+        placement=placement,
+    )
 
 
-def rank_spec(model_path, *, seed: int = 0, total_steps: int = 1, dtype: str = "float32", algorithm: dict | None = None,
-              **trainer) -> RankSpec:
+def rank_spec(
+    model_path, *, seed: int = 0, total_steps: int = 1, dtype: str = "float32", algorithm: dict | None = None, **trainer
+) -> RankSpec:
     """A trainer's spec from typed sections; `trainer` are TrainerConfig fields (lora as a dict)."""
-    return RankSpec(model=ModelConfig(path=str(model_path), dtype=dtype), trainer=TrainerConfig(**trainer),
-                    algorithm=AlgorithmConfig(**(algorithm or {})), seed=seed, total_steps=total_steps)
+    return RankSpec(
+        model=ModelConfig(path=str(model_path), dtype=dtype),
+        trainer=TrainerConfig(**trainer),
+        algorithm=AlgorithmConfig(**(algorithm or {})),
+        seed=seed,
+        total_steps=total_steps,
+    )
 
 
 def build_peaked_model(out_dir: Path, seed: int = 0) -> Path:
@@ -71,9 +90,10 @@ def reference_logprobs(model, sequences: list[list[int]], prompt_lens: list[int]
 
 @torch.no_grad()
 def reference_greedy(model, prompt: list[int], max_tokens: int, eos: int) -> list[int]:
-    ids = model.generate(torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False, eos_token_id=eos,
-                         pad_token_id=0)
-    return ids[0, len(prompt):].tolist()
+    ids = model.generate(
+        torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False, eos_token_id=eos, pad_token_id=0
+    )
+    return ids[0, len(prompt) :].tolist()
 
 
 def random_train_batch() -> TrainBatch:
@@ -101,7 +121,9 @@ def grpo_train_batch(groups: int, samples: int = 4, seed: int = 0) -> TrainBatch
         prompt = torch.randint(4, 200, (int(torch.randint(3, 8, (1,), generator=g)),), generator=g).tolist()
         for _ in range(samples):
             prompts.append(prompt)
-            completions.append(torch.randint(4, 200, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g).tolist())
+            completions.append(
+                torch.randint(4, 200, (int(torch.randint(2, 7, (1,), generator=g)),), generator=g).tolist()
+            )
             group.append(k)
     rewards = torch.rand(len(group), generator=g)
     centred = rewards - rewards.view(groups, samples).mean(-1).repeat_interleave(samples)

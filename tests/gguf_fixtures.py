@@ -30,7 +30,9 @@ _LAYER_TENSORS = {  # HF name inside a layer -> GGUF name inside blk.N
 
 def _permute(weight: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's Q/K row order: each head's rotary halves interleaved."""
-    return weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    return (
+        weight.reshape(heads, 2, weight.shape[0] // heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+    )
 
 
 def write_tiny_llama_gguf(hf_dir: Path, path: Path, quant: str | None = None) -> Path:

@@ -26,19 +26,19 @@ from rlvr.demo import ensure_demo_assets
 TEST_ENGINE_THREADS = 1
 
 # A reward that varies between samples even for an untrained model, so every step's adapter moves.
-DIGIT_SHARE = '''
+DIGIT_SHARE = """
 def digit_share(response, answer):
     return sum(c.isdigit() for c in response) / max(1, len(response))
-'''
+"""
 
 
 # Groups of odd-answer problems all score 0 (uninformative); even-answer groups score by the
 # parity of each response's length, so nearly all of them are informative: dynamic sampling
 # refills every step, and every step trains.
-EVEN_ANSWERS_ONLY = '''
+EVEN_ANSWERS_ONLY = """
 def even_answers_only(response, answer):
     return float(int(answer) % 2 == 0 and len(response) % 2 == 0)
-'''
+"""
 
 
 def verifier_file(root: Path, source: str) -> str:
@@ -89,14 +89,25 @@ def _merge(into: dict, values: dict) -> None:
 
 
 def start_training(config: Path, *extra: str, **popen) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "rlvr.cli", "train", str(config), *extra], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True, **popen)
+    return subprocess.Popen(
+        [sys.executable, "-m", "rlvr.cli", "train", str(config), *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        **popen,
+    )
 
 
 def resume_training(run_dir: Path) -> subprocess.Popen:
     """`rlvr train --resume RUN_DIR`: the run continued from its own config.yaml."""
-    return subprocess.Popen([sys.executable, "-m", "rlvr.cli", "train", "--resume", str(run_dir)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "rlvr.cli", "train", "--resume", str(run_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def train(config: Path, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -132,9 +143,12 @@ def metric_differences(got: list[dict], expected: list[dict]) -> str:
     assert that they are equal (pytest's own diff stops at the first line and is cut short)."""
     if len(got) != len(expected):
         return f"{len(got)} metric lines, expected {len(expected)}"
-    return "; ".join(f"line {i} (step {row.get('step')}) {key}: {row.get(key)!r} != {want.get(key)!r}"
-                     for i, (row, want) in enumerate(zip(got, expected))
-                     for key in sorted(row.keys() | want.keys()) if row.get(key) != want.get(key))
+    return "; ".join(
+        f"line {i} (step {row.get('step')}) {key}: {row.get(key)!r} != {want.get(key)!r}"
+        for i, (row, want) in enumerate(zip(got, expected))
+        for key in sorted(row.keys() | want.keys())
+        if row.get(key) != want.get(key)
+    )
 
 
 def step_rows(run_dir: Path) -> list[dict]:
@@ -144,11 +158,20 @@ def step_rows(run_dir: Path) -> list[dict]:
     return [row for row in rows if "reward/mean" in row]
 
 
-def two_rl_steps(root: Path, arch: str, base_format: str, backend: str = "vllm", **trainer) -> subprocess.CompletedProcess:
+def two_rl_steps(
+    root: Path, arch: str, base_format: str, backend: str = "vllm", **trainer
+) -> subprocess.CompletedProcess:
     """2 RL steps of a tiny random `arch` (2 layers) on a `base_format` base, rollouts from `backend`,
     trained by 2 FSDP2 ranks; `trainer` are trainer section keys."""
-    config = small_config(root, "run", 2, reward=DIGIT_SHARE, engine={"backend": backend}, trainer={"ranks": 2, **trainer}, demo={
-        "base_format": base_format, "model": {"arch": arch, "num_layers": 2, "intermediate_size": 256}})
+    config = small_config(
+        root,
+        "run",
+        2,
+        reward=DIGIT_SHARE,
+        engine={"backend": backend},
+        trainer={"ranks": 2, **trainer},
+        demo={"base_format": base_format, "model": {"arch": arch, "num_layers": 2, "intermediate_size": 256}},
+    )
     return train(config)
 
 
@@ -156,14 +179,20 @@ def check_two_trained_steps(root: Path, arch: str, base_format: str, engine: str
     """`two_rl_steps` ran what it was asked, both steps trained, and sampler and trainer agreed."""
     summary = json.loads((root / "run" / "summary.json").read_text())
     assert (summary["engine"], summary["trainer_ranks"], summary["lora_rank"], summary["base_format"]) == (
-        engine, 2, 16, base_format)
+        engine,
+        2,
+        16,
+        base_format,
+    )
     assert json.loads((root / "assets" / "model" / "config.json").read_text())["model_type"] == arch
     steps = step_rows(root / "run")
     assert [line["step"] for line in steps] == [1, 2]
     moe = "moe/routing_agreement" in steps[0]
     for line in steps:
         assert line["reward/std"] > 0 and line["grad_norm"] > 0  # the adapter gets a real update
-        assert line["sync/sampler_trainer_gap"] <= 1e-3  # the rollouts' own logprobs: the last push, on every trained token
+        assert (
+            line["sync/sampler_trainer_gap"] <= 1e-3
+        )  # the rollouts' own logprobs: the last push, on every trained token
         assert ("moe/routing_agreement" in line) == moe  # every step of an MoE model, none of a dense one
         if moe:  # the engine and the trainer compute in float32 alike: they route alike too
             assert line["moe/routing_agreement"] > 0.99

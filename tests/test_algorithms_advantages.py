@@ -25,7 +25,14 @@ def test_grpo_by_hand():
     want = [(1 / 3) / s7, (-2 / 3) / s7, (1 / 3) / s7, 0.0, -1 / s9, 1 / s9]
     torch.testing.assert_close(run("grpo", eps=0.0), torch.tensor(want, dtype=torch.float64))
     # the default eps = 1e-6 sits in the denominator
-    eps_want = [(1 / 3) / (s7 + 1e-6), (-2 / 3) / (s7 + 1e-6), (1 / 3) / (s7 + 1e-6), 0.0, -1 / (s9 + 1e-6), 1 / (s9 + 1e-6)]
+    eps_want = [
+        (1 / 3) / (s7 + 1e-6),
+        (-2 / 3) / (s7 + 1e-6),
+        (1 / 3) / (s7 + 1e-6),
+        0.0,
+        -1 / (s9 + 1e-6),
+        1 / (s9 + 1e-6),
+    ]
     torch.testing.assert_close(run("grpo"), torch.tensor(eps_want, dtype=torch.float64))
 
 

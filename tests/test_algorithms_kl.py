@@ -13,7 +13,9 @@ def test_kl_kinds_by_hand():
     lp = torch.tensor([[math.log(0.5), math.log(0.2)]], dtype=torch.float64)
     ref = torch.tensor([[math.log(0.25), math.log(0.2)]], dtype=torch.float64)
     torch.testing.assert_close(kl_penalty("k1", lp, ref), torch.tensor([[math.log(2), 0.0]], dtype=torch.float64))
-    torch.testing.assert_close(kl_penalty("k2", lp, ref), torch.tensor([[0.5 * math.log(2) ** 2, 0.0]], dtype=torch.float64))
+    torch.testing.assert_close(
+        kl_penalty("k2", lp, ref), torch.tensor([[0.5 * math.log(2) ** 2, 0.0]], dtype=torch.float64)
+    )
     torch.testing.assert_close(kl_penalty("k3", lp, ref), torch.tensor([[math.log(2) - 0.5, 0.0]], dtype=torch.float64))
 
 

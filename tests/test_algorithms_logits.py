@@ -27,7 +27,9 @@ def test_chunks_match_full_softmax_and_gradients_flow(chunk_size):
     logits = torch.randn(2, 5, 11, generator=gen, dtype=torch.float64, requires_grad=True)
     ids = torch.randint(0, 11, (2, 5), generator=gen)
     logp = F.log_softmax(logits, -1)
-    torch.testing.assert_close(token_logprobs(logits, ids, chunk_size=chunk_size), logp.gather(-1, ids[..., None])[..., 0])
+    torch.testing.assert_close(
+        token_logprobs(logits, ids, chunk_size=chunk_size), logp.gather(-1, ids[..., None])[..., 0]
+    )
     torch.testing.assert_close(entropy_from_logits(logits, chunk_size=chunk_size), -(logp.exp() * logp).sum(-1))
     assert torch.autograd.gradcheck(lambda x: token_logprobs(x, ids, chunk_size=chunk_size), (logits,))
     assert torch.autograd.gradcheck(lambda x: entropy_from_logits(x, chunk_size=chunk_size), (logits,))
@@ -81,5 +83,6 @@ def test_a_half_precision_chunk_keeps_its_gradient_dtype_and_its_input():
     assert torch.equal(logits.detach(), before)  # the float32 copy is overwritten, never the caller's logits
     reference = F.log_softmax(logits.detach().float() / 0.5, -1)
     torch.testing.assert_close(picked, reference.gather(-1, torch.arange(5)[:, None])[:, 0])
-    torch.testing.assert_close(logits.grad.float(), ((F.one_hot(torch.arange(5), 40) - reference.exp()) / 0.5),
-                               atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(
+        logits.grad.float(), ((F.one_hot(torch.arange(5), 40) - reference.exp()) / 0.5), atol=1e-2, rtol=1e-2
+    )

@@ -10,12 +10,19 @@ from rlvr.algorithms import policy_loss as _policy_loss
 
 # The hand-worked values below clip at PPO's epsilon = 0.2, gate SAPO at the paper's
 # temperatures, mask DPPO at its TV threshold and aggregate per token, unless a test says otherwise.
-HAND_WORKED = {"clip_low": 0.2, "clip_high": 0.2, "sapo_tau_pos": 1.0, "sapo_tau_neg": 1.05, "dppo_delta": 0.15,
-               "agg": "token_mean"}
+HAND_WORKED = {
+    "clip_low": 0.2,
+    "clip_high": 0.2,
+    "sapo_tau_pos": 1.0,
+    "sapo_tau_neg": 1.05,
+    "dppo_delta": 0.15,
+    "agg": "token_mean",
+}
 
 
 def policy_loss(*args, **options):
     return _policy_loss(*args, **(HAND_WORKED | options))
+
 
 # Two responses, old_logprobs = 0 so that logprobs = log(rho). Row 0 has 2 valid tokens
 # (rho 1.5, 0.9) and one padded position; row 1 has 3 (rho 0.5, 1.0, 2.0). A = (+1, -2).
@@ -104,8 +111,11 @@ def test_cispo_by_hand():
     lp, old, adv, mask = inputs()
     loss, m = policy_loss("cispo", lp, old, adv, mask)
     per_token = [
-        -1.2 * 1 * math.log(1.5), -0.9 * 1 * math.log(0.9),
-        -0.8 * -2 * math.log(0.5), -1.0 * -2 * math.log(1.0), -1.2 * -2 * math.log(2.0),
+        -1.2 * 1 * math.log(1.5),
+        -0.9 * 1 * math.log(0.9),
+        -0.8 * -2 * math.log(0.5),
+        -1.0 * -2 * math.log(1.0),
+        -1.2 * -2 * math.log(2.0),
     ]
     assert loss.item() == pytest.approx(sum(per_token) / 5)
     assert m["clip_fraction"].item() == pytest.approx(3 / 5)  # 1.5, 0.5 and 2.0 are clamped
@@ -129,9 +139,11 @@ def test_sapo_by_hand():
     # d l / d logp = -A * 4 s (1 - s) * rho with s = sigmoid(tau (rho - 1)): at rho = 1 it is -A,
     # PPO's on-policy gradient; away from 1 it shrinks smoothly instead of vanishing at a clip.
     loss.backward()
+
     def grad(r, tau, a):
         s = sigmoid(tau * (r - 1))
         return -a * 4 * s * (1 - s) * r / 5
+
     want = [
         [grad(1.5, 1.0, 1.0), grad(0.9, 1.0, 1.0), 0.0],
         [grad(0.5, 1.05, -2.0), grad(1.0, 1.05, -2.0), grad(2.0, 1.05, -2.0)],
@@ -152,6 +164,7 @@ def test_gradcheck_float64(name):
     mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 0, 0, 0]])
     log_ratio = (lp - old).detach()
     for agg in AGGREGATIONS:
+
         def fn(x):
             # CISPO's and DPPO's weights are stop-gradients, which finite differences cannot see:
             # hold them fixed by moving old_logprobs with x, so only the logprob path is checked.

@@ -35,8 +35,8 @@ def test_policy_gradient_losses_match_tinkers_formulas(name):
         "cispo": -(clipped.detach() * advantages * logprobs),
     }[name][mask].sum()
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
-    grad, = torch.autograd.grad(loss, logprobs)
-    expected_grad, = torch.autograd.grad(expected, logprobs)
+    (grad,) = torch.autograd.grad(loss, logprobs)
+    (expected_grad,) = torch.autograd.grad(expected, logprobs)
     torch.testing.assert_close(grad, expected_grad)
 
 

@@ -41,8 +41,11 @@ def trl_loss(loss_type, *, level="token", beta=0.0, epsilon_high=EPS_HIGH):
     policy = logprobs.clone().requires_grad_()
     trainer = SimpleNamespace(
         args=SimpleNamespace(
-            delta=None, steps_per_generation=1, use_bias_correction_kl=False,
-            sapo_temperature_pos=TAU_POS, sapo_temperature_neg=TAU_NEG,
+            delta=None,
+            steps_per_generation=1,
+            use_bias_correction_kl=False,
+            sapo_temperature_pos=TAU_POS,
+            sapo_temperature_neg=TAU_NEG,
         ),
         loss_type=loss_type,
         importance_sampling_level=level,
@@ -81,8 +84,17 @@ def rlvr_loss(name, agg, *, kl_coef=0.0, clip_low=EPS_LOW, clip_high=EPS_HIGH):
     logprobs, old, ref, advantages, mask = batch()
     policy = logprobs.clone().requires_grad_()
     loss, metrics = policy_loss(
-        name, policy, old, advantages, mask, clip_low=clip_low, clip_high=clip_high,
-        sapo_tau_pos=TAU_POS, sapo_tau_neg=TAU_NEG, agg=agg, max_len=MAX_COMPLETION_LENGTH,
+        name,
+        policy,
+        old,
+        advantages,
+        mask,
+        clip_low=clip_low,
+        clip_high=clip_high,
+        sapo_tau_pos=TAU_POS,
+        sapo_tau_neg=TAU_NEG,
+        agg=agg,
+        max_len=MAX_COMPLETION_LENGTH,
     )
     if kl_coef:
         loss = loss + kl_coef * aggregate(kl_penalty("k3", policy, ref), mask, agg, MAX_COMPLETION_LENGTH)
@@ -134,8 +146,16 @@ def test_sapo_matches_trl():
     assert abs(rlvr_loss("ppo", "seq_mean_token_mean")[0] - theirs[0]) > 1e-3
     logprobs, old, _, advantages, mask = batch()
     swapped, _ = policy_loss(
-        "sapo", logprobs, old, advantages, mask, clip_low=EPS_LOW, clip_high=EPS_HIGH,
-        sapo_tau_pos=TAU_NEG, sapo_tau_neg=TAU_POS, agg="seq_mean_token_mean",
+        "sapo",
+        logprobs,
+        old,
+        advantages,
+        mask,
+        clip_low=EPS_LOW,
+        clip_high=EPS_HIGH,
+        sapo_tau_pos=TAU_NEG,
+        sapo_tau_neg=TAU_POS,
+        agg="seq_mean_token_mean",
     )
     assert abs(swapped - theirs[0]) > 1e-3
 

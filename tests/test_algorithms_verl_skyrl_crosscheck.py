@@ -138,8 +138,16 @@ def verl_agg_loss(loss_mat, loss_mask, loss_agg_mode, global_batch_size=None):
     raise NotImplementedError
 
 
-def verl_policy_loss_vanilla(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, clip_ratio,
-                             clip_ratio_c=3.0, global_batch_size=None):
+def verl_policy_loss_vanilla(
+    old_log_prob,
+    log_prob,
+    advantages,
+    response_mask,
+    loss_agg_mode,
+    clip_ratio,
+    clip_ratio_c=3.0,
+    global_batch_size=None,
+):
     """compute_policy_loss_vanilla (clip_ratio_low = clip_ratio_high = clip_ratio, no IS weights)."""
     negative_approx_kl = torch.clamp(log_prob - old_log_prob, min=-20.0, max=20.0)
     ratio = torch.exp(negative_approx_kl)
@@ -320,8 +328,9 @@ def test_seq_mean_counts_empty_rows_like_verl_only_given_global_batch_size(seed)
     old, new, adv = clipping_batch(seed)
     mask = MASK.clone()
     mask[5] = 0.0  # a response with no loss token (e.g. removed by the overlong filter)
-    ours, _ = policy_loss("ppo", new, old, adv, mask, clip_low=0.2, clip_high=0.2, dual_clip=3.0,
-                          agg="seq_mean_token_mean")
+    ours, _ = policy_loss(
+        "ppo", new, old, adv, mask, clip_low=0.2, clip_high=0.2, dual_clip=3.0, agg="seq_mean_token_mean"
+    )
     given = verl_policy_loss_vanilla(old, new, adv[:, None], mask, "seq-mean-token-mean", 0.2, global_batch_size=B)
     assert abs(ours.item() - given.item()) < TOL
     default = verl_policy_loss_vanilla(old, new, adv[:, None], mask, "seq-mean-token-mean", 0.2)

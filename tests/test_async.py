@@ -21,8 +21,15 @@ def test_full_fine_tuning_streams_fully_asynchronously(tmp_path):
     """trainer.lora: null with rollout.mode: async: each push is the whole model, as version t, taken
     by the samples in flight at the stream's next engine step; staleness stays within K, every
     group drawn is accounted for, and the engine computes the trainer's weights at the end."""
-    path = small_config(tmp_path, "run", 3, reward=DIGIT_SHARE, trainer={"lora": None}, demo={"base_format": "hf"},
-                        rollout={"mode": "async", "max_staleness": 2, "sampling": {"max_tokens": 24}})
+    path = small_config(
+        tmp_path,
+        "run",
+        3,
+        reward=DIGIT_SHARE,
+        trainer={"lora": None},
+        demo={"base_format": "hf"},
+        rollout={"mode": "async", "max_staleness": 2, "sampling": {"max_tokens": 24}},
+    )
     done = train(path)
     assert done.returncode == 0, done.stdout[-3000:]
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["lora_rank"] is None

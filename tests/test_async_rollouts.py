@@ -51,8 +51,11 @@ def test_staleness_metrics_weigh_tokens():
     groups = [_group(0, [3, 3, 4], [4]), _group(1, [2])]
     assert groups[0].oldest_version == 3 and _group(2, []).oldest_version is None
     metrics = staleness_metrics(groups, version=4, dropped=2)
-    assert metrics == {"rollout/staleness_mean": (1 + 1 + 0 + 0 + 2) / 5, "rollout/staleness_max": 2.0,
-                       "rollout/dropped_stale": 2.0}
+    assert metrics == {
+        "rollout/staleness_mean": (1 + 1 + 0 + 0 + 2) / 5,
+        "rollout/staleness_max": 2.0,
+        "rollout/dropped_stale": 2.0,
+    }
 
 
 # -- the real engine -----------------------------------------------------------------------------
@@ -69,8 +72,9 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engine(model_dir):
-    with start_engine("vllm", model_dir, max_model_len=128, kv_cache_gb=0.1, lora_rank=8, merge_lora=True,
-                      in_process=True) as e:
+    with start_engine(
+        "vllm", model_dir, max_model_len=128, kv_cache_gb=0.1, lora_rank=8, merge_lora=True, in_process=True
+    ) as e:
         yield e
 
 
@@ -98,8 +102,10 @@ def test_update_mid_generation_tags_each_token_and_samples_under_the_new_weights
     before, after = engine.policy_version, adapter.version
     sampling = Sampling(temperature=1.0, max_tokens=MAX_TOKENS, seed=7)
     prompt, other = [5, 9, 14, 3, 22, 7], [8, 1, 30, 12]
-    engine.submit([Request("short", other, 2, Sampling(max_tokens=SWAP_AFTER, seed=3)),
-                   Request("long", prompt, 2, sampling)], ignore_eos=True)
+    engine.submit(
+        [Request("short", other, 2, Sampling(max_tokens=SWAP_AFTER, seed=3)), Request("long", prompt, 2, sampling)],
+        ignore_eos=True,
+    )
     first = engine.poll()
     assert [key for key, _ in first] == ["short"]  # "long" is SWAP_AFTER tokens in
     engine.update_lora(adapter)
@@ -124,13 +130,17 @@ def _prompts():
     def draw():
         i = next(drawn)
         return i, Start(Problem(str(i), "", ""), [3 + i % 7, 11, 4 + i % 5, 20])
+
     return draw
 
 
 def _episodes(engine, env: str = "single_turn", renderer=None, **options) -> Episodes:
     config = EnvConfig(name=env, **options)
-    return Episodes(TrajectoryRunner(engine, renderer, config, EnvContext(config, SandboxConfig()), max_model_len=128,
-                                     fixed_order=True))
+    return Episodes(
+        TrajectoryRunner(
+            engine, renderer, config, EnvContext(config, SandboxConfig()), max_model_len=128, fixed_order=True
+        )
+    )
 
 
 @pytest.mark.slow
@@ -140,8 +150,15 @@ def test_groups_around_an_update_are_admitted_by_staleness(engine, model_dir, ma
     tokens at least sampled under the old version). K = 0 drops them (counted) and hands out 4 and
     5, sampled wholly under the new version; K = 1 admits them, at most one version behind."""
     _, adapter = _models(model_dir, seed=11 + max_staleness)
-    groups = AsyncGroups(_episodes(engine), _prompts(), samples=2, sampling=Sampling(max_tokens=6, seed=1),
-                         max_staleness=max_staleness, capacity=4, version=engine.policy_version)
+    groups = AsyncGroups(
+        _episodes(engine),
+        _prompts(),
+        samples=2,
+        sampling=Sampling(max_tokens=6, seed=1),
+        max_staleness=max_staleness,
+        capacity=4,
+        version=engine.policy_version,
+    )
     start = engine.policy_version
     first = groups.take(2)
     assert [g.index for g in first.groups] == [0, 1] and first.metrics["rollout/staleness_max"] == 0
@@ -151,8 +168,11 @@ def test_groups_around_an_update_are_admitted_by_staleness(engine, model_dir, ma
     if max_staleness == 0:
         assert [g.index for g in second.groups] == [4, 5]
         assert engine.policy_version == start + 1  # pushed at the engine step that drew 4 and 5
-        assert second.metrics == {"rollout/staleness_mean": 0.0, "rollout/staleness_max": 0.0,
-                                  "rollout/dropped_stale": 2.0}
+        assert second.metrics == {
+            "rollout/staleness_mean": 0.0,
+            "rollout/staleness_max": 0.0,
+            "rollout/dropped_stale": 2.0,
+        }
     else:
         assert [g.index for g in second.groups] == [2, 3]
         assert second.metrics["rollout/staleness_max"] == 1.0 and second.metrics["rollout/dropped_stale"] == 0.0
@@ -178,13 +198,21 @@ def test_mode_defaults_from_max_staleness_as_configs_without_it_meant():
         assert config.rollout.max_staleness == k and config.algorithm.tis_cap == 2.0
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["rollout.max_staleness=2"], r"rollout: max_staleness=2 needs mode: async"),
-    (["rollout.mode=sync", "rollout.max_staleness=1"], r"rollout: mode=sync lags by exactly 0"),
-    (["rollout.mode=one_step_off"], r"rollout: mode=one_step_off lags by exactly 1 version\(s\), not max_staleness=0"),
-    (["rollout.mode=async", "rollout.max_staleness=-1"],
-     r"rollout.max_staleness: Input should be greater than or equal to 0"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["rollout.max_staleness=2"], r"rollout: max_staleness=2 needs mode: async"),
+        (["rollout.mode=sync", "rollout.max_staleness=1"], r"rollout: mode=sync lags by exactly 0"),
+        (
+            ["rollout.mode=one_step_off"],
+            r"rollout: mode=one_step_off lags by exactly 1 version\(s\), not max_staleness=0",
+        ),
+        (
+            ["rollout.mode=async", "rollout.max_staleness=-1"],
+            r"rollout.max_staleness: Input should be greater than or equal to 0",
+        ),
+    ],
+)
 def test_mode_and_staleness_that_do_not_fit_are_one_line_errors(overrides, message):
     from rlvr.config import ConfigError, load_config
 
@@ -195,8 +223,15 @@ def test_mode_and_staleness_that_do_not_fit_are_one_line_errors(overrides, messa
 
 @pytest.mark.slow
 def test_generating_thread_hands_out_groups_in_draw_order(engine):
-    groups = AsyncGroups(_episodes(engine), _prompts(), samples=2, sampling=Sampling(max_tokens=6, seed=2), max_staleness=1,
-                         capacity=4, version=engine.policy_version)
+    groups = AsyncGroups(
+        _episodes(engine),
+        _prompts(),
+        samples=2,
+        sampling=Sampling(max_tokens=6, seed=2),
+        max_staleness=1,
+        capacity=4,
+        version=engine.policy_version,
+    )
     groups.start()
     try:
         batches = [groups.take(2) for _ in range(3)]
@@ -231,15 +266,26 @@ def test_driven_from_one_thread_a_seed_fixes_the_groups_and_their_versions(engin
     def run():
         start.version = engine.policy_version + 1
         engine.update_lora(start)
-        groups = AsyncGroups(_episodes(engine), _prompts(), samples=2, sampling=Sampling(max_tokens=8, seed=5), max_staleness=1,
-                             capacity=3, version=start.version)
+        groups = AsyncGroups(
+            _episodes(engine),
+            _prompts(),
+            samples=2,
+            sampling=Sampling(max_tokens=8, seed=5),
+            max_staleness=1,
+            capacity=3,
+            version=start.version,
+        )
         first = groups.take(2)
         later.version = start.version + 1
         groups.update(later)
         batches = [first, groups.take(2)]
         _drain(engine)
-        return [(g.index, r.completion_ids, r.logprobs, [v - start.version for v in r.versions])
-                for b in batches for g in b.groups for r in g.trajectories]
+        return [
+            (g.index, r.completion_ids, r.logprobs, [v - start.version for v in r.versions])
+            for b in batches
+            for g in b.groups
+            for r in g.trajectories
+        ]
 
     once, again = run(), run()
     assert once == again
@@ -280,16 +326,21 @@ def test_multi_turn_groups_take_later_turns_under_the_update_and_a_seed_fixes_th
         start.version = engine.policy_version + 1
         engine.update_lora(start)
         with _episodes(engine, "ask_again", renderer, max_turns=3) as episodes:
-            groups = AsyncGroups(episodes, _prompts(), samples=2, sampling=sampling, max_staleness=1, capacity=3,
-                                 version=start.version)
+            groups = AsyncGroups(
+                episodes, _prompts(), samples=2, sampling=sampling, max_staleness=1, capacity=3, version=start.version
+            )
             for _ in range(4):  # four engine steps into the first turns
                 groups.step()
             later.version = start.version + 1
             groups.update(later)
             batches = [groups.take(3), groups.take(1)]
             groups.drain()
-        return [(g.index, t.turns, t.completion_ids, t.mask, t.logprobs, [v - start.version for v in t.versions])
-                for b in batches for g in b.groups for t in g.trajectories]
+        return [
+            (g.index, t.turns, t.completion_ids, t.mask, t.logprobs, [v - start.version for v in t.versions])
+            for b in batches
+            for g in b.groups
+            for t in g.trajectories
+        ]
 
     once, again = run(), run()
     assert once == again
@@ -307,8 +358,15 @@ def test_a_push_the_engine_does_not_serve_stops_the_stream_naming_both_versions(
     engine whose update is lost (it keeps serving what it had) stops the stream at the next step."""
     _, adapter = _models(model_dir, seed=6)
     with start_engine("hf", model_dir) as hf:
-        groups = AsyncGroups(_episodes(hf), _prompts(), samples=2, sampling=Sampling(max_tokens=4, seed=1), max_staleness=1,
-                             capacity=1, version=None)  # one group at a time: each take steps the engine
+        groups = AsyncGroups(
+            _episodes(hf),
+            _prompts(),
+            samples=2,
+            sampling=Sampling(max_tokens=4, seed=1),
+            max_staleness=1,
+            capacity=1,
+            version=None,
+        )  # one group at a time: each take steps the engine
         adapter.version = 1
         groups.update(adapter)
         groups.take(1)  # the first push arrives: served from that step on
@@ -316,18 +374,26 @@ def test_a_push_the_engine_does_not_serve_stops_the_stream_naming_both_versions(
         hf.update_lora = lambda adapter: None  # the fault: a push that goes nowhere
         adapter.version = 2
         groups.update(adapter)
-        with pytest.raises(PushNotServed, match="the push of policy version 2 did not arrive: the engine serves version 1"):
+        with pytest.raises(
+            PushNotServed, match="the push of policy version 2 did not arrive: the engine serves version 1"
+        ):
             groups.take(1)
 
 
 def test_a_version_that_does_not_advance_is_refused():
-    groups = AsyncGroups(_episodes(None), _prompts(), samples=1, sampling=Sampling(), max_staleness=0, capacity=1, version=3)
+    groups = AsyncGroups(
+        _episodes(None), _prompts(), samples=1, sampling=Sampling(), max_staleness=0, capacity=1, version=3
+    )
     with pytest.raises(ValueError, match="update to version 3, not after the current 3"):
         groups.update(LoraAdapter({}, {}, 3))
 
 
 def test_a_group_drawn_but_neither_running_nor_finished_stops_the_stream_instead_of_waiting():
-    groups = AsyncGroups(_episodes(None), _prompts(), samples=1, sampling=Sampling(), max_staleness=1, capacity=2, version=0)
+    groups = AsyncGroups(
+        _episodes(None), _prompts(), samples=1, sampling=Sampling(), max_staleness=1, capacity=2, version=0
+    )
     groups.restore({"drawn": 2, "handed_out": 0, "finished": [_group(1, [0])], "gone": [], "dropped": 0})
-    with pytest.raises(RuntimeError, match="group 0 of the rollout stream was drawn but is neither in flight nor finished"):
+    with pytest.raises(
+        RuntimeError, match="group 0 of the rollout stream was drawn but is neither in flight nor finished"
+    ):
         groups.take(1)

@@ -19,15 +19,22 @@ from rlvr.training.policy import TokenLogprobs
 def test_layout_places_each_sequence_in_its_own_padded_row():
     layout = PackedLayout.build([Segment(0, 3), Segment(3, 2), Segment(5, 1)])
     (batch,) = layout.batches
-    assert (batch.num_sequences, batch.query_len, layout.key_len, batch.prefix_lens, batch.rows) == (3, 3, 3, None, None)
+    assert (batch.num_sequences, batch.query_len, layout.key_len, batch.prefix_lens, batch.rows) == (
+        3,
+        3,
+        3,
+        None,
+        None,
+    )
     assert layout.query_slot.tolist() == [0, 1, 2, 3, 4, 6]
     assert layout.key_index.tolist() == [0, 1, 2, 3, 4, 0, 5, 0, 0]
 
 
 def test_layout_gives_each_completion_the_shared_prompt_as_its_first_keys():
     # a 3-token prompt at 0..2, completions at 3..4 and 5..7
-    layout = PackedLayout.build([Segment(0, 3), Segment(3, 2, prefix_start=0, prefix_len=3),
-                                 Segment(5, 3, prefix_start=0, prefix_len=3)])
+    layout = PackedLayout.build(
+        [Segment(0, 3), Segment(3, 2, prefix_start=0, prefix_len=3), Segment(5, 3, prefix_start=0, prefix_len=3)]
+    )
     (batch,) = layout.batches
     assert (batch.query_len, layout.key_len, batch.prefix_lens.tolist()) == (3, 6, [0, 3, 3])
     assert layout.query_slot.tolist() == [0, 1, 2, 3, 4, 6, 7, 8]
@@ -40,7 +47,9 @@ def test_uneven_lengths_split_into_query_batches_where_that_scores_fewer_pairs()
     starts = [sum(lengths[:i]) for i in range(len(lengths))]
     layout = PackedLayout.build([Segment(s, n) for s, n in zip(starts, lengths)])
     assert [(b.num_sequences, b.query_len, b.rows.tolist()) for b in layout.batches] == [
-        (8, 20, [0, 1, 3, 4, 5, 6, 7, 8]), (1, 400, [2])]
+        (8, 20, [0, 1, 3, 4, 5, 6, 7, 8]),
+        (1, 400, [2]),
+    ]
     assert layout.key_len == 400 and layout.pairs == (8 * 20 + 400) * 400
     # each token's query slot: the short ones first (batch order), the long one after their 160 slots
     assert layout.query_slot[:20].tolist() == list(range(20))
@@ -56,10 +65,21 @@ def _configs():
     mistral = tiny_config("mistral", vocab_size=64, hidden_size=64, num_layers=2, intermediate_size=128)
     mistral.sliding_window = 5  # shorter than most sequences below, so the window bites
     yield "mistral-window", mistral
-    yield "gemma2-softcap", AutoConfig.for_model(
-        "gemma2", vocab_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, intermediate_size=128, sliding_window=5, dtype="float32",
-        attn_logit_softcapping=0.05,  # small enough to squash the scores of a random model
+    yield (
+        "gemma2-softcap",
+        AutoConfig.for_model(
+            "gemma2",
+            vocab_size=64,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=128,
+            sliding_window=5,
+            dtype="float32",
+            attn_logit_softcapping=0.05,  # small enough to squash the scores of a random model
+        ),
     )
 
 
@@ -68,8 +88,13 @@ def _logprobs_and_grads(model, micro_batch):
     weighted sum of them (weights fixed per sequence and token, so packing order cannot hide)."""
     model.zero_grad()
     policy = TokenLogprobs(model, TrainerConfig().logits_chunk_mb)
-    logprobs, _ = policy(micro_batch.input_ids, micro_batch.position_ids, micro_batch.score_positions,
-                         micro_batch.score_targets, layout=micro_batch.layout)
+    logprobs, _ = policy(
+        micro_batch.input_ids,
+        micro_batch.position_ids,
+        micro_batch.score_positions,
+        micro_batch.score_targets,
+        layout=micro_batch.layout,
+    )
     per_sequence = dict(zip(micro_batch.sequences, unpack(logprobs, micro_batch)))
     weights = {i: torch.linspace(-1, 1, len(lp)) * (i + 1) for i, lp in per_sequence.items()}
     sum((lp * weights[i]).sum() for i, lp in per_sequence.items()).backward()
@@ -109,7 +134,9 @@ def _uneven_shared_batch(budget_overhead=None):
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 60, (n,), generator=g).tolist() for n in (6, 9)]
     owners = [0, 0, 0, 1, 1, 1]
-    sequences = [prompts[o] + torch.randint(3, 60, (n,), generator=g).tolist() for o, n in zip(owners, (120, 12, 5, 8, 100, 3))]
+    sequences = [
+        prompts[o] + torch.randint(3, 60, (n,), generator=g).tolist() for o, n in zip(owners, (120, 12, 5, 8, 100, 3))
+    ]
     prompt_lens = [len(prompts[o]) for o in owners]
     (shared,) = plan(sequences, prompt_lens, 1, 1024, share_prompts=True)[0]
     (copies,) = plan(sequences, prompt_lens, 1, 1024)[0]
@@ -158,8 +185,10 @@ def test_a_shared_prompt_gives_what_a_copy_per_sample_gives(name, config):
 
 def test_a_row_without_layout_is_one_causal_sequence():
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(tiny_config("llama", vocab_size=64, hidden_size=64, num_layers=1,
-                                                         intermediate_size=128), attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_config(
+        tiny_config("llama", vocab_size=64, hidden_size=64, num_layers=1, intermediate_size=128),
+        attn_implementation="sdpa",
+    )
     ids = torch.randint(3, 60, (1, 12))
     expected = model(ids).logits
     use_packed_attention(model)

@@ -18,16 +18,23 @@ def rows(*ranges):
     return [{"step": step, "rollout/groups_from": a, "rollout/groups_to": b} for step, (a, b) in enumerate(ranges, 1)]
 
 
-@pytest.mark.parametrize("ranges, lost, duplicated, drawn", [
-    ([(0, 16), (16, 32), (32, 50)], 0, 0, 50),  # a chain from 0, the last step drew 2 stale extra
-    ([(0, 16), (20, 36)], 4, 0, 36),  # 16-19 handed out by no step
-    ([(0, 16), (12, 28)], 0, 4, 28),  # 12-15 handed out twice
-    ([(4, 20)], 4, 0, 20),  # the chain must start at 0
-    ([(0, 16), (10, 26), (30, 46)], 4, 6, 46),
-    ([(0, 32), (8, 16), (32, 48)], 0, 8, 48),  # a range inside what was handed out already
-])
+@pytest.mark.parametrize(
+    "ranges, lost, duplicated, drawn",
+    [
+        ([(0, 16), (16, 32), (32, 50)], 0, 0, 50),  # a chain from 0, the last step drew 2 stale extra
+        ([(0, 16), (20, 36)], 4, 0, 36),  # 16-19 handed out by no step
+        ([(0, 16), (12, 28)], 0, 4, 28),  # 12-15 handed out twice
+        ([(4, 20)], 4, 0, 20),  # the chain must start at 0
+        ([(0, 16), (10, 26), (30, 46)], 4, 6, 46),
+        ([(0, 32), (8, 16), (32, 48)], 0, 8, 48),  # a range inside what was handed out already
+    ],
+)
 def test_group_chain_counts_gaps_as_lost_and_overlaps_as_duplicated(ranges, lost, duplicated, drawn):
-    assert chaos.group_chain(rows(*ranges)) == {"lost_groups": lost, "duplicated_groups": duplicated, "groups_drawn": drawn}
+    assert chaos.group_chain(rows(*ranges)) == {
+        "lost_groups": lost,
+        "duplicated_groups": duplicated,
+        "groups_drawn": drawn,
+    }
 
 
 def test_group_chain_reads_the_steps_in_order():
@@ -49,10 +56,12 @@ def test_a_share_of_the_rows_is_scored_in_the_sandbox_as_the_math_verifier_score
     train.write_text("".join(json.dumps({"problem": f"What is {i}+1?", "answer": str(i + 1)}) + "\n" for i in range(9)))
     written = [json.loads(line) for line in chaos.sandboxed_task(tmp_path, train).read_text().splitlines()]
     named = [row.get("verifier") for row in written]
-    assert named[::chaos.SANDBOX_SHARE] == [f"{tmp_path / 'sandboxed_math.py'}:sandboxed_math"] * 3
+    assert named[:: chaos.SANDBOX_SHARE] == [f"{tmp_path / 'sandboxed_math.py'}:sandboxed_math"] * 3
     assert sum(v is not None for v in named) == 3
     sandboxed, math = get_verifier(named[0]), get_verifier("math")
     for response in ("so \\boxed{12}", "so \\boxed{13}", "no box"):
         ours, reference = sandboxed(response, "12"), math(response, "12")
         assert (ours.reward, ours.extracted) == (reference.reward, reference.extracted)
-    assert sandboxed("so \\boxed{13}", "12").detail.startswith("tests: AssertionError")  # the verdict came from the sandbox
+    assert sandboxed("so \\boxed{13}", "12").detail.startswith(
+        "tests: AssertionError"
+    )  # the verdict came from the sandbox

@@ -15,8 +15,9 @@ from rlvr.models.tiny import build_tiny_model
 
 
 def rlvr(*args, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "rlvr.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", *map(str, args)], capture_output=True, text=True, timeout=300, cwd=cwd
+    )
 
 
 def one_line_error(done: subprocess.CompletedProcess) -> str:
@@ -30,7 +31,9 @@ def one_line_error(done: subprocess.CompletedProcess) -> str:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("m") / "tiny", "qwen2", hidden_size=64, num_layers=1, intermediate_size=128)
+    return build_tiny_model(
+        tmp_path_factory.mktemp("m") / "tiny", "qwen2", hidden_size=64, num_layers=1, intermediate_size=128
+    )
 
 
 @pytest.fixture
@@ -106,9 +109,15 @@ def test_bad_config_names_the_key(config):
     assert "unknown key 'trainer.lrr'; did you mean trainer.lr?" in line
 
 
-@pytest.mark.parametrize("override, message", [
-    ("engine.replicas=2", "rollout.mode=async streams from one engine; engine.replicas=2 runs mode: sync or one_step_off"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        (
+            "engine.replicas=2",
+            "rollout.mode=async streams from one engine; engine.replicas=2 runs mode: sync or one_step_off",
+        ),
+    ],
+)
 def test_what_async_mode_cannot_stream_is_refused_in_one_line(config, override, message):
     line = one_line_error(rlvr("train", config, "rollout.mode=async", "rollout.max_staleness=2", override))
     assert message in line, line
@@ -131,9 +140,21 @@ def test_a_full_disk_is_one_line(tmp_path, tiny):
     full = tmp_path / "full"
     full.mkdir()
     command = [sys.executable, "-m", "rlvr.cli", "quantize", str(tiny), str(full / "out"), "--format", "nvfp4"]
-    done = subprocess.run(["unshare", "--mount", "--map-root-user", "sh", "-c",
-                           'mount -t tmpfs -o size=48k tmpfs "$0" && exec "$@"', str(full), *command],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            "unshare",
+            "--mount",
+            "--map-root-user",
+            "sh",
+            "-c",
+            'mount -t tmpfs -o size=48k tmpfs "$0" && exec "$@"',
+            str(full),
+            *command,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     line = one_line_error(done)
     assert "No space left on device" in line, line
 
@@ -144,13 +165,22 @@ def test_a_demo_model_folder_of_another_arch_is_one_line(tmp_path, tiny):
     task.mkdir()
     for name in ("train.jsonl", "test.jsonl"):
         (task / name).write_text(json.dumps({"problem": "1+1", "answer": "2"}) + "\n")
-    line = one_line_error(rlvr("demo", f"model.path={tiny}", f"data.train={task / 'train.jsonl'}",
-                               f"data.test={task / 'test.jsonl'}", "demo.model.arch=deepseek_v3"))
+    line = one_line_error(
+        rlvr(
+            "demo",
+            f"model.path={tiny}",
+            f"data.train={task / 'train.jsonl'}",
+            f"data.test={task / 'test.jsonl'}",
+            "demo.model.arch=deepseek_v3",
+        )
+    )
     assert f"{tiny} holds a qwen2 model, not demo.model.arch=deepseek_v3" in line, line
 
 
-@pytest.mark.parametrize("args, named", [(["frobnicate"], "No such command 'frobnicate'"),
-                                         (["train", "--bogus", "x"], "No such option: --bogus")])
+@pytest.mark.parametrize(
+    "args, named",
+    [(["frobnicate"], "No such command 'frobnicate'"), (["train", "--bogus", "x"], "No such option: --bogus")],
+)
 def test_an_unknown_subcommand_or_option_is_one_line_and_exit_2(args, named):
     done = rlvr(*args)
     assert done.returncode == 2 and named in one_line_error(done) and "internal error" not in done.stdout + done.stderr

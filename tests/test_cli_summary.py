@@ -6,8 +6,16 @@ from rlvr.cli import _print_summary
 
 
 def _summary(**extra) -> dict:
-    return {"steps": 10, "wall_seconds": 1121.0, "engine": "vllm", "trainer_ranks": 1, "base_format": "nvfp4",
-            "lora_rank": 16, "eval_before": {"avg@4": 0.135}, "eval_after": {"avg@4": 0.139, "paired/stderr/avg@4": 0.0138}} | extra
+    return {
+        "steps": 10,
+        "wall_seconds": 1121.0,
+        "engine": "vllm",
+        "trainer_ranks": 1,
+        "base_format": "nvfp4",
+        "lora_rank": 16,
+        "eval_before": {"avg@4": 0.135},
+        "eval_after": {"avg@4": 0.139, "paired/stderr/avg@4": 0.0138},
+    } | extra
 
 
 def _lines(capsys, summary: dict, tmp_path) -> list[str]:
@@ -19,9 +27,12 @@ def _lines(capsys, summary: dict, tmp_path) -> list[str]:
 def test_a_whole_run_and_a_resumed_one_say_how_many_steps_they_ran(capsys, tmp_path):
     assert _lines(capsys, _summary(), tmp_path)[0].startswith("done: 10 steps in 1121 s (engine vllm")
     # resumed after its last step only to evaluate: it ran none
-    assert _lines(capsys, _summary(resumed_after_step=10), tmp_path)[0].startswith("done: 0 steps after resuming at step 10 in")
+    assert _lines(capsys, _summary(resumed_after_step=10), tmp_path)[0].startswith(
+        "done: 0 steps after resuming at step 10 in"
+    )
     assert _lines(capsys, _summary(resumed_after_step=4, stopped_after_step=7), tmp_path)[0].startswith(
-        "done: 3 steps after resuming at step 4 in")
+        "done: 3 steps after resuming at step 4 in"
+    )
 
 
 def test_the_held_out_change_carries_its_paired_standard_error(capsys, tmp_path):

@@ -28,10 +28,13 @@ def rlvr(*args: str, columns: str | None = None) -> tuple[int, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
     if columns:
         env["COLUMNS"] = columns
-    done = subprocess.run([sys.executable, "-m", "rlvr.cli", *args], capture_output=True, text=True, timeout=300, env=env)
+    done = subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", *args], capture_output=True, text=True, timeout=300, env=env
+    )
     # libraries' tqdm bars (transformers saving a model) carry timings that differ run to run
-    return done.returncode, "".join(line for line in (done.stdout + done.stderr).splitlines(keepends=True)
-                                    if not re.search(r"it/s\]|s/it\]", line))
+    return done.returncode, "".join(
+        line for line in (done.stdout + done.stderr).splitlines(keepends=True) if not re.search(r"it/s\]|s/it\]", line)
+    )
 
 
 def assert_whole(args: list[str], expected_code: int, longest_at_least: int = 81) -> str:
@@ -57,13 +60,17 @@ def test_config_defaults():
 @pytest.mark.slow
 def test_the_dry_run_plan_table():
     """The plan's table (one row per device) and its notes."""
-    out = assert_whole(["train", str(CONFIGS / "aime_mistral_large3_nvfp4_ray.yaml"), "--dry-run"], 0, longest_at_least=120)
+    out = assert_whole(
+        ["train", str(CONFIGS / "aime_mistral_large3_nvfp4_ray.yaml"), "--dry-run"], 0, longest_at_least=120
+    )
     assert any(line.startswith("total") and line.count("│") == 2 for line in out.splitlines())
 
 
 def test_eval_from_saved_samples_writes_and_says_where(deep):
-    samples = write_samples(deep / "samples.jsonl", [SampleRow(problem_id="p", sample=0, response="1", extracted="1",
-                                                               reward=1.0, status="ok", answer="1")])
+    samples = write_samples(
+        deep / "samples.jsonl",
+        [SampleRow(problem_id="p", sample=0, response="1", extracted="1", reward=1.0, status="ok", answer="1")],
+    )
     out = assert_whole(["eval", "--from-rollouts", str(samples), "--k", "1", "--out", str(deep / "metrics.json")], 0)
     assert f"wrote {deep / 'metrics.json'}" in out.splitlines()
 
@@ -81,8 +88,9 @@ def test_score_and_report(deep):
 
 @pytest.mark.slow
 def test_quantize(deep):
-    model = build_tiny_model(deep / "tiny", "qwen2", hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1,
-                             intermediate_size=128)
+    model = build_tiny_model(
+        deep / "tiny", "qwen2", hidden_size=64, num_layers=1, num_heads=2, num_kv_heads=1, intermediate_size=128
+    )
     out = assert_whole(["quantize", str(model), str(deep / "tiny-nvfp4"), "--format", "nvfp4"], 0)
     assert f"wrote {deep / 'tiny-nvfp4'} (nvfp4)" in out.splitlines()
 

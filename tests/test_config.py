@@ -82,8 +82,12 @@ def test_cli_dry_run_prints_resolved_config_and_errors_exit_2():
     import subprocess
     import sys
 
-    ok = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", DEMO, "--dry-run", "steps=3"], capture_output=True, text=True)
+    ok = subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", "train", DEMO, "--dry-run", "steps=3"], capture_output=True, text=True
+    )
     assert ok.returncode == 0 and "steps: 3" in ok.stdout
-    bad = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", DEMO, "trainer.lrr=3"], capture_output=True, text=True)
+    bad = subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", "train", DEMO, "trainer.lrr=3"], capture_output=True, text=True
+    )
     assert bad.returncode == 2
     assert "unknown key 'trainer.lrr'; did you mean trainer.lr?" in bad.stdout

@@ -17,7 +17,9 @@ def test_every_field_has_a_description():
 
 
 def test_docs_config_md_is_generated_from_the_tree():
-    assert DOCS.read_text() == reference_markdown(), "docs/config.md is stale: python -m rlvr.config_docs > docs/config.md"
+    assert DOCS.read_text() == reference_markdown(), (
+        "docs/config.md is stale: python -m rlvr.config_docs > docs/config.md"
+    )
     for path, model in sections():
         assert f"## `{path.rstrip('.') or 'top level'}`" in DOCS.read_text()
         for name in model.model_fields:
@@ -31,7 +33,12 @@ def test_defaults_yaml_validates_to_the_defaults_once_the_required_keys_are_give
         for part in filter(None, path.split(".")):
             node = node.get(part) if isinstance(node, dict) else None
         for name, field in model.model_fields.items():
-            if isinstance(node, dict) and section_type(field) is not None and not field.is_required() and field.default is None:
+            if (
+                isinstance(node, dict)
+                and section_type(field) is not None
+                and not field.is_required()
+                and field.default is None
+            ):
                 node.pop(name, None)
     raw["model"]["path"] = "m"
     raw["data"]["train"] = "t"
@@ -39,5 +46,7 @@ def test_defaults_yaml_validates_to_the_defaults_once_the_required_keys_are_give
 
 
 def test_rlvr_config_defaults_prints_the_documented_tree():
-    out = subprocess.run([sys.executable, "-m", "rlvr.cli", "config", "--defaults"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", "config", "--defaults"], capture_output=True, text=True, check=True
+    )
     assert out.stdout == defaults_yaml()

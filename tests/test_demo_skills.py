@@ -14,7 +14,9 @@ PRODUCT = question_text(347, "*", 56)  # 19432, answered directly or with the ca
 
 
 def row(problem_id: str, response: str, extracted: str | None, answer: str) -> SampleRow:
-    return SampleRow(problem_id=problem_id, reward=float(extracted == answer), extracted=extracted, response=response, answer=answer)
+    return SampleRow(
+        problem_id=problem_id, reward=float(extracted == answer), extracted=extracted, response=response, answer=answer
+    )
 
 
 def test_a_worked_sum_copies_its_operands_when_its_first_column_is_the_reference_one():
@@ -33,7 +35,9 @@ def test_calls_are_held_to_the_question_and_boxes_to_the_calculator_value():
     rows = [
         row("p", "<calc>347*56</calc>\ntool: 19432\n\\boxed{19432}", "19432", "19432"),
         row("p", "<calc>347*56</calc>\ntool: 19432\n\\boxed{19332}", "19332", "19432"),  # did not copy the result
-        row("p", "<calc>185*72</calc>\ntool: 13320\n\\boxed{13320}", "13320", "19432"),  # copied the result, not the operands
+        row(
+            "p", "<calc>185*72</calc>\ntool: 13320\n\\boxed{13320}", "13320", "19432"
+        ),  # copied the result, not the operands
         row("p", "\\boxed{19000}", "19000", "19432"),  # a guess copies nothing
     ]
     skills = measure(rows, {"p": PRODUCT})
@@ -47,8 +51,10 @@ def test_an_answer_only_task_has_no_copy_figures():
 
 def test_a_count_copies_its_start_and_step():
     question = "What is 23+7*3? Answer in \\boxed{}."
-    rows = [row("c", "1:23+7=30,2:30+7=37,3:37+7=44. \\boxed{44}", "44", "44"),
-            row("c", "1:23+8=31. \\boxed{31}", "31", "44")]
+    rows = [
+        row("c", "1:23+7=30,2:30+7=37,3:37+7=44. \\boxed{44}", "44", "44"),
+        row("c", "1:23+8=31. \\boxed{31}", "31", "44"),
+    ]
     assert measure(rows, {"c": question}).operand_copy == 0.5
 
 
@@ -63,7 +69,11 @@ def test_every_shortfall_is_named_and_a_ready_model_has_none():
     assert shortfalls(ready, check) == []
     # the Intel run of issue 31: the right format, nothing copied, nothing right
     stuck = Skills(samples=256, accuracy=0.0, format=0.98, operand_copy=0.0, result_copy=0.0)
-    assert shortfalls(stuck, check) == ["operand copy 0.00 < 0.8", "result copy 0.00 < 0.6", "base 0.000 outside [0.2, 0.7]"]
+    assert shortfalls(stuck, check) == [
+        "operand copy 0.00 < 0.8",
+        "result copy 0.00 < 0.6",
+        "base 0.000 outside [0.2, 0.7]",
+    ]
     assert shortfalls(stuck, check, window=False) == ["operand copy 0.00 < 0.8", "result copy 0.00 < 0.6"]
     saturated = Skills(samples=256, accuracy=0.96, format=1.0, operand_copy=None, result_copy=None)
     assert shortfalls(saturated, check) == ["base 0.960 outside [0.2, 0.7]"]

@@ -22,13 +22,25 @@ TOOLS_DEMO = str(Path(__file__).resolve().parents[1] / "configs" / "demo_tools.y
 def test_the_tools_warm_start_copies_first_then_mixes_and_stops_at_the_check_that_passes(tmp_path):
     # a one-block model, checks every 10 steps, and a check any model passes: the copy phase ends
     # at its first check and the mix at the next one
-    cfg = load_config(TOOLS_DEMO, [
-        f"model.path={tmp_path}/model", f"data.train={tmp_path}/task/train.jsonl", f"data.test={tmp_path}/task/test.jsonl",
-        "demo.task.train_size=64", "demo.task.test_size=4", "demo.model.num_layers=1", "demo.warm_start.examples=56",
-        "demo.warm_start.check.every=10", "demo.warm_start.check.rows=4", "demo.warm_start.check.samples=1",
-        "demo.warm_start.check.base_window=[0.0,1.0]", "demo.warm_start.check.min_format=0",
-        "demo.warm_start.check.min_operand_copy=0", "demo.warm_start.check.min_result_copy=0",
-    ])
+    cfg = load_config(
+        TOOLS_DEMO,
+        [
+            f"model.path={tmp_path}/model",
+            f"data.train={tmp_path}/task/train.jsonl",
+            f"data.test={tmp_path}/task/test.jsonl",
+            "demo.task.train_size=64",
+            "demo.task.test_size=4",
+            "demo.model.num_layers=1",
+            "demo.warm_start.examples=56",
+            "demo.warm_start.check.every=10",
+            "demo.warm_start.check.rows=4",
+            "demo.warm_start.check.samples=1",
+            "demo.warm_start.check.base_window=[0.0,1.0]",
+            "demo.warm_start.check.min_format=0",
+            "demo.warm_start.check.min_operand_copy=0",
+            "demo.warm_start.check.min_result_copy=0",
+        ],
+    )
     record = ensure_demo_assets(cfg, Console(quiet=True))
 
     assert record["ready"] and len(record["attempts"]) == 1, record["attempts"]
@@ -48,13 +60,24 @@ def test_the_tools_warm_start_copies_first_then_mixes_and_stops_at_the_check_tha
 def test_a_warm_start_that_never_gets_ready_tries_new_seeds_then_goes_on_from_the_closest(tmp_path):
     from io import StringIO
 
-    cfg = load_config(str(Path(TOOLS_DEMO).with_name("demo.yaml")), [
-        f"model.path={tmp_path}/model", f"data.train={tmp_path}/task/train.jsonl", f"data.test={tmp_path}/task/test.jsonl",
-        "demo.task.train_size=64", "demo.task.test_size=4", "demo.model.num_layers=1", "demo.base_format=hf",
-        "demo.warm_start.steps=20", "demo.warm_start.check.every=10", "demo.warm_start.check.rows=4",
-        "demo.warm_start.check.samples=1", "demo.warm_start.check.attempts=2",
-        "demo.warm_start.check.base_window=[0.99,1.0]",  # out of reach of 20 steps
-    ])
+    cfg = load_config(
+        str(Path(TOOLS_DEMO).with_name("demo.yaml")),
+        [
+            f"model.path={tmp_path}/model",
+            f"data.train={tmp_path}/task/train.jsonl",
+            f"data.test={tmp_path}/task/test.jsonl",
+            "demo.task.train_size=64",
+            "demo.task.test_size=4",
+            "demo.model.num_layers=1",
+            "demo.base_format=hf",
+            "demo.warm_start.steps=20",
+            "demo.warm_start.check.every=10",
+            "demo.warm_start.check.rows=4",
+            "demo.warm_start.check.samples=1",
+            "demo.warm_start.check.attempts=2",
+            "demo.warm_start.check.base_window=[0.99,1.0]",  # out of reach of 20 steps
+        ],
+    )
     out = StringIO()
     record = ensure_demo_assets(cfg, Console(file=out, width=300))
 

@@ -24,8 +24,14 @@ MAX_TOKENS = 24
 @pytest.fixture(scope="module")
 def runner(tmp_path_factory):
     # random weights: near-uniform next tokens, so a group's completions differ in length
-    model = build_tiny_model(tmp_path_factory.mktemp("dynamic-sampling") / "model", "qwen2", seed=0, hidden_size=128,
-                             num_layers=2, intermediate_size=256)
+    model = build_tiny_model(
+        tmp_path_factory.mktemp("dynamic-sampling") / "model",
+        "qwen2",
+        seed=0,
+        hidden_size=128,
+        num_layers=2,
+        intermediate_size=256,
+    )
     env = EnvConfig()
     with start_engine("vllm", model, max_model_len=64, kv_cache_gb=0.1, in_process=True) as engine:
         yield TrajectoryRunner(engine, None, env, EnvContext(env, SandboxConfig()), max_model_len=64)
@@ -35,13 +41,27 @@ def _collect(runner, tmp_path, reward: str, steps: int, rounds: int, algorithm: 
     """Each step's metrics from a collector on a 64-problem set (answers 0..63), and its log lines."""
     problems = [Problem(f"p{i}", f"{i}?", str(i)) for i in range(64)]
     prompts = [[3 + i % 7, 11 + i % 3, 4 + i % 5, 20 + i % 11] for i in range(64)]
-    rollout = RolloutConfig(prompts_per_step=PROMPTS, samples_per_prompt=4, dynamic_sampling=True,
-                            max_sampling_rounds=rounds, sampling={"max_tokens": MAX_TOKENS})
+    rollout = RolloutConfig(
+        prompts_per_step=PROMPTS,
+        samples_per_prompt=4,
+        dynamic_sampling=True,
+        max_sampling_rounds=rounds,
+        sampling={"max_tokens": MAX_TOKENS},
+    )
     lines: list[str] = []
     with ScoringPool(verifier_file(tmp_path, reward), workers=1) as pool:
-        collector = RolloutCollector(rollout, algorithm or AlgorithmConfig(), RewardConfig(), runner, pool,
-                                     PromptSet(problems, prompts), EpochSampler(len(problems), seed=0), seed=0,
-                                     timer=StepTimer(), log=lines.append)
+        collector = RolloutCollector(
+            rollout,
+            algorithm or AlgorithmConfig(),
+            RewardConfig(),
+            runner,
+            pool,
+            PromptSet(problems, prompts),
+            EpochSampler(len(problems), seed=0),
+            seed=0,
+            timer=StepTimer(),
+            log=lines.append,
+        )
         batches = [collector.collect(step) for step in range(1, steps + 1)]
     return batches, lines
 
@@ -70,10 +90,14 @@ def test_dynamic_sampling_keeps_only_informative_groups_and_moves_the_data_posit
 
 @pytest.mark.slow
 def test_dynamic_sampling_says_in_one_line_when_it_cannot_fill_the_step(runner, tmp_path):
-    (rollouts,), lines = _collect(runner, tmp_path, "def always_one(response, answer):\n    return 1.0\n", steps=1, rounds=2)
+    (rollouts,), lines = _collect(
+        runner, tmp_path, "def always_one(response, answer):\n    return 1.0\n", steps=1, rounds=2
+    )
     assert rollouts.metrics["rollout/informative_groups"] == 0 and rollouts.metrics["rollout/sampling_rounds"] == 2
-    assert lines == [f"step 1: dynamic sampling found 0 of {PROMPTS} informative groups in 2 rounds ({2 * PROMPTS} prompts "
-                     "drawn); training on the last round's groups (no gradient but the KL term's); raise "
-                     "rollout.max_sampling_rounds for more"]
+    assert lines == [
+        f"step 1: dynamic sampling found 0 of {PROMPTS} informative groups in 2 rounds ({2 * PROMPTS} prompts "
+        "drawn); training on the last round's groups (no gradient but the KL term's); raise "
+        "rollout.max_sampling_rounds for more"
+    ]
     # the step still trains: on the last round's groups, whose advantages are all 0
     assert len(rollouts.batch.completion_ids) == PROMPTS * 4 and not rollouts.batch.advantages.any()

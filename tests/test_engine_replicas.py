@@ -37,7 +37,8 @@ def test_vllm_replicas_in_the_controller_process_are_refused_in_one_line():
     local = EngineConfig(replicas=2)
     assert unplaceable(local, on_ray=False) == (
         "engine.replicas=2: vLLM replicas run as Ray actors (placement.backend: ray); "
-        "on placement.backend: local only engine.backend: hf runs several engines")
+        "on placement.backend: local only engine.backend: hf runs several engines"
+    )
     assert unplaceable(local, on_ray=True) is None
     assert unplaceable(EngineConfig(backend="hf", replicas=2), on_ray=False) is None
     assert unplaceable(EngineConfig(), on_ray=False) is None
@@ -117,8 +118,9 @@ def test_vllm_replicas_as_ray_actors_sample_as_one_engine_and_each_serves_the_ad
 
     eos = AutoTokenizer.from_pretrained(model_dir).eos_token_id
     cluster = RayCluster(PlacementConfig(backend="ray", colocate=False), ranks=0, engines=2)
-    with start_engine("vllm", model_dir, replicas=2, lora_rank=8, max_model_len=64, kv_cache_gb=0.25,
-                      placement=cluster) as two:
+    with start_engine(
+        "vllm", model_dir, replicas=2, lora_rank=8, max_model_len=64, kv_cache_gb=0.25, placement=cluster
+    ) as two:
         assert isinstance(two, ReplicatedEngine) and all(isinstance(r, RayEngine) for r in two.replicas)
         expected = two.replicas[0].generate(prompts, 1, GREEDY)  # one engine, every prompt (vLLM: greedy is n=1)
         split = two.generate(prompts, 1, GREEDY)

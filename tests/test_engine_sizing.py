@@ -18,8 +18,15 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 
 def sized(longest, max_tokens=64, env=None, max_model_len=None, positions=None):
-    return context_length(longest, "data.jsonl: problem #3 (id x)", max_tokens=max_tokens, env=env,
-                          max_model_len=max_model_len, positions=positions, model="m")
+    return context_length(
+        longest,
+        "data.jsonl: problem #3 (id x)",
+        max_tokens=max_tokens,
+        env=env,
+        max_model_len=max_model_len,
+        positions=positions,
+        model="m",
+    )
 
 
 def test_the_rule():
@@ -36,10 +43,16 @@ def test_the_rule():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(positions=160), "data.jsonl: problem #3 (id x) has 100 prompt tokens: with rollout.sampling.max_tokens=64 "
-                              "that is 164, more than the model's max_position_embeddings=160 (m)"),
+        (
+            dict(positions=160),
+            "data.jsonl: problem #3 (id x) has 100 prompt tokens: with rollout.sampling.max_tokens=64 "
+            "that is 164, more than the model's max_position_embeddings=160 (m)",
+        ),
         (dict(max_model_len=128), "that is 164, more than engine.max_model_len=128 (m)"),
-        (dict(max_model_len=512, positions=256), "engine.max_model_len=512 exceeds the model's max_position_embeddings=256 (m)"),
+        (
+            dict(max_model_len=512, positions=256),
+            "engine.max_model_len=512 exceeds the model's max_position_embeddings=256 (m)",
+        ),
     ],
 )
 def test_what_cannot_fit_is_one_line(kwargs, message):
@@ -51,8 +64,16 @@ def test_what_cannot_fit_is_one_line(kwargs, message):
 @pytest.fixture(scope="module")
 def short_model(tmp_path_factory):
     """A tiny model built for 256 positions."""
-    return build_tiny_model(tmp_path_factory.mktemp("short") / "model", "qwen2", hidden_size=64, num_layers=1,
-                            num_heads=2, num_kv_heads=1, intermediate_size=128, max_position_embeddings=256)
+    return build_tiny_model(
+        tmp_path_factory.mktemp("short") / "model",
+        "qwen2",
+        hidden_size=64,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        intermediate_size=128,
+        max_position_embeddings=256,
+    )
 
 
 def _rows(path: Path, questions: list[str]) -> Path:
@@ -63,18 +84,34 @@ def _rows(path: Path, questions: list[str]) -> Path:
 def test_train_sizes_from_the_longest_prompt_of_both_sets_and_names_the_row(tmp_path, short_model):
     train = _rows(tmp_path / "train.jsonl", ["1+1", "2+2"])
     test = _rows(tmp_path / "test.jsonl", ["3+3", "x" * 80])
-    cfg = load_config(CONFIGS / "demo.yaml", [f"model.path={short_model}", f"data.train={train}", f"data.test={test}",
-                                              "engine.max_model_len=null", "rollout.sampling.max_tokens=40"])
+    cfg = load_config(
+        CONFIGS / "demo.yaml",
+        [
+            f"model.path={short_model}",
+            f"data.train={train}",
+            f"data.test={test}",
+            "engine.max_model_len=null",
+            "rollout.sampling.max_tokens=40",
+        ],
+    )
     tokenizer = build_char_tokenizer()
     sets = [load_prompt_set(cfg.data, cfg.data.train, tokenizer), load_prompt_set(cfg.data, cfg.data.test, tokenizer)]
     longest = max(len(p) for s in sets for p in s.prompts)
     assert longest == len(sets[1].prompts[1])  # the test set's second row
     assert sized_engine(cfg, sets).engine.max_model_len == longest + 40
-    long_answers = cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"sampling": cfg.rollout.sampling.model_copy(
-        update={"max_tokens": 256 - longest + 1})})})
-    with pytest.raises(ValueError, match=rf"^{test}: problem #2 \(id test-2\) has {longest} prompt tokens: with "
-                                         rf"rollout.sampling.max_tokens={256 - longest + 1} that is 257, more than the "
-                                         rf"model's max_position_embeddings=256 \({short_model}\)$"):
+    long_answers = cfg.model_copy(
+        update={
+            "rollout": cfg.rollout.model_copy(
+                update={"sampling": cfg.rollout.sampling.model_copy(update={"max_tokens": 256 - longest + 1})}
+            )
+        }
+    )
+    with pytest.raises(
+        ValueError,
+        match=rf"^{test}: problem #2 \(id test-2\) has {longest} prompt tokens: with "
+        rf"rollout.sampling.max_tokens={256 - longest + 1} that is 257, more than the "
+        rf"model's max_position_embeddings=256 \({short_model}\)$",
+    ):
         sized_engine(long_answers, sets)
 
 
@@ -82,15 +119,22 @@ def test_the_plan_applies_the_same_rule():
     """The plan has no data: a prompt as long as data.max_prompt_tokens allows is the one that must fit."""
     cfg = load_config(CONFIGS / "gsm8k_qwen2.5_0.5b_1gpu.yaml", ["engine.max_model_len=null"])
     make_plan(cfg)  # sized: no length to refuse (model.path is not on this machine: no positions to cap at)
-    with pytest.raises(PlanError, match=r"^a prompt of data.max_prompt_tokens=512 has 512 prompt tokens: with "
-                                        r"rollout.sampling.max_tokens=1024 that is 1536, more than engine.max_model_len=1000"):
+    with pytest.raises(
+        PlanError,
+        match=r"^a prompt of data.max_prompt_tokens=512 has 512 prompt tokens: with "
+        r"rollout.sampling.max_tokens=1024 that is 1536, more than engine.max_model_len=1000",
+    ):
         make_plan(load_config(CONFIGS / "gsm8k_qwen2.5_0.5b_1gpu.yaml", ["engine.max_model_len=1000"]))
 
 
 def test_rlvr_eval_names_a_prompt_too_long_for_the_model_in_one_line(tmp_path, short_model):
     rows = _rows(tmp_path / "long.jsonl", ["1+1", "y" * 300])
-    done = subprocess.run([sys.executable, "-m", "rlvr.cli", "eval", str(short_model), "--dataset", str(rows)],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", "eval", str(short_model), "--dataset", str(rows)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     lines = (done.stdout + done.stderr).strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {rows}: problem #2 (id long-2) has "), lines

@@ -64,7 +64,12 @@ def test_sampler_logprobs_match_a_forward_pass(engine, prompts, model_dir, tempe
     rollouts = engine.generate(prompts, 2, Sampling(temperature=temperature, max_tokens=10, seed=1))
     sequences = [r.prompt_ids + r.completion_ids for r in rollouts]
     lens = [len(r.prompt_ids) for r in rollouts]
-    assert logprob_gap([r.logprobs for r in rollouts], reference_logprobs(hf_model(model_dir), sequences, lens, temperature)) <= 1e-3
+    assert (
+        logprob_gap(
+            [r.logprobs for r in rollouts], reference_logprobs(hf_model(model_dir), sequences, lens, temperature)
+        )
+        <= 1e-3
+    )
     assert logprob_gap(engine.score(sequences, lens), reference_logprobs(hf_model(model_dir), sequences, lens)) <= 1e-4
 
 
@@ -77,8 +82,11 @@ def test_per_prompt_max_tokens(engine, prompts):
 def test_stop_string_kept_in_text(engine, prompts):
     sampled = engine.generate(prompts, 4, Sampling(temperature=1.0, max_tokens=20, seed=3))
     stop = next(r.text[2] for r in sampled if len(r.text) > 2)
-    stopped = [r for r in engine.generate(prompts, 4, Sampling(temperature=1.0, max_tokens=20, seed=3, stop=(stop,)))
-               if stop in r.text]
+    stopped = [
+        r
+        for r in engine.generate(prompts, 4, Sampling(temperature=1.0, max_tokens=20, seed=3, stop=(stop,)))
+        if stop in r.text
+    ]
     assert stopped and all(r.text.endswith(stop) and r.finish_reason == "stop" for r in stopped)
 
 
@@ -101,11 +109,15 @@ def test_update_lora_matches_peft_and_sync_check_catches_a_stale_engine(engine, 
     sequences, prompt_lens = probe_inputs(probe)
     engine_lp = engine.score(sequences, prompt_lens)
     assert check(logprob_gap(engine_lp, reference_logprobs(peft_model, sequences, prompt_lens)), step=1) <= 1e-4
-    with pytest.raises(RuntimeError, match=r"sync/logprob_gap=.* > 0.05 after the sync of step 2: the engine did not receive"):
+    with pytest.raises(
+        RuntimeError, match=r"sync/logprob_gap=.* > 0.05 after the sync of step 2: the engine did not receive"
+    ):
         check(logprob_gap(engine_lp, reference_logprobs(hf_model(model_dir), sequences, prompt_lens)), step=2)
 
 
-def test_weight_sync_probes_the_pushes_no_trained_gap_checks_and_holds_trained_gaps_to_the_threshold(engine, prompts, model_dir):
+def test_weight_sync_probes_the_pushes_no_trained_gap_checks_and_holds_trained_gaps_to_the_threshold(
+    engine, prompts, model_dir
+):
     from rlvr.sync.weights import WeightSync
     from rlvr.tracking.timing import StepTimer
     from rlvr.training.trainer import Trainer
@@ -121,8 +133,15 @@ def test_weight_sync_probes_the_pushes_no_trained_gap_checks_and_holds_trained_g
         assert sync.serving is not None and sync.serving.version == 4 and engine.policy_version == 4
         # check_every N: also every Nth step; a resumed run's first push is probed, whatever its step
         periodic = WeightSync(engine, trainer, probe, SyncCheck(0.05), StepTimer(), True, check_every=3)
-        assert [bool(periodic.push(step, 1e-6, used_unchecked=False)) for step in (7, 8, 9, 10)] == [True, False, True, False]
-        sync.push(5, trained_gap=float("nan"))  # the trainer's own non-finite logprobs: a skipped step, not a stale engine
+        assert [bool(periodic.push(step, 1e-6, used_unchecked=False)) for step in (7, 8, 9, 10)] == [
+            True,
+            False,
+            True,
+            False,
+        ]
+        sync.push(
+            5, trained_gap=float("nan")
+        )  # the trainer's own non-finite logprobs: a skipped step, not a stale engine
         with pytest.raises(RuntimeError, match=r"sync/sampler_trainer_gap=0.2 > 0.05 after the sync of step 5"):
             sync.push(6, trained_gap=0.2)
 
@@ -154,7 +173,9 @@ def test_an_engine_rebuilt_under_a_push_gets_that_push_probed(engine, prompts, m
     from rlvr.training.trainer import Trainer
 
     built = []
-    supervisor = EngineSupervisor(lambda: built.append(_DiesUnderItsNextPush(engine)) or built[-1], 1, log=lambda _: None)
+    supervisor = EngineSupervisor(
+        lambda: built.append(_DiesUnderItsNextPush(engine)) or built[-1], 1, log=lambda _: None
+    )
     probe = [(p, p[:4]) for p in prompts]
     with Trainer(rank_spec(model_dir, lora=dict(rank=4, alpha=8.0, target_modules="all-linear"))) as trainer:
         sync = WeightSync(supervisor, trainer, probe, SyncCheck(0.05), StepTimer(), lora=True)

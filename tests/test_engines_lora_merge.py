@@ -27,7 +27,9 @@ def test_merge_equals_peft_merge_and_unload(rslora):
         if "lora_B" in name:
             nn.init.normal_(p)  # peft starts B at zero: the merge would be the identity
     adapter = {
-        name.replace(".default.", "."): p.detach().clone() for name, p in peft_model.named_parameters() if "lora_" in name
+        name.replace(".default.", "."): p.detach().clone()
+        for name, p in peft_model.named_parameters()
+        if "lora_" in name
     }
     config = peft_model.peft_config["default"].to_dict()
     expected = peft_model.merge_and_unload().state_dict()
@@ -41,14 +43,21 @@ def test_merge_equals_peft_merge_and_unload(rslora):
 def test_merge_reloads_whole_the_modules_whose_layers_it_adapts():
     """vLLM fuses q, k and v (and their biases) into one layer: adapting q alone must reload k and v too."""
     base = {f"model.layers.0.self_attn.{p}.{t}": torch.randn(4, 4) for p in "qkvo" for t in ("weight", "bias")}
-    base |= {"model.layers.0.mlp.up.weight": torch.randn(4, 4), "model.layers.0.norm.weight": torch.ones(4),
-             "model.embed.weight": torch.randn(9, 4)}
-    adapter = {"base_model.model.model.layers.0.self_attn.q.lora_A.weight": torch.randn(2, 4),
-               "base_model.model.model.layers.0.self_attn.q.lora_B.weight": torch.randn(4, 2)}
+    base |= {
+        "model.layers.0.mlp.up.weight": torch.randn(4, 4),
+        "model.layers.0.norm.weight": torch.ones(4),
+        "model.embed.weight": torch.randn(9, 4),
+    }
+    adapter = {
+        "base_model.model.model.layers.0.self_attn.q.lora_A.weight": torch.randn(2, 4),
+        "base_model.model.model.layers.0.self_attn.q.lora_B.weight": torch.randn(4, 2),
+    }
     merged = dict(merged_weights(base, adapter, {"r": 2, "lora_alpha": 2}))
     assert set(merged) == {name for name in base if ".self_attn." in name}
     a, b = adapter.values()
-    torch.testing.assert_close(merged["model.layers.0.self_attn.q.weight"], base["model.layers.0.self_attn.q.weight"] + b @ a)
+    torch.testing.assert_close(
+        merged["model.layers.0.self_attn.q.weight"], base["model.layers.0.self_attn.q.weight"] + b @ a
+    )
     assert all(merged[n] is base[n] for n in merged if ".q." not in n or n.endswith("bias"))  # the rest as it is
 
 
@@ -61,7 +70,9 @@ def test_merge_refuses_what_it_cannot_merge():
     with pytest.raises(ValueError, match="not a LoRA A/B matrix"):
         merged_weights(base, {"base_model.model.embed.lora_embedding_A": a}, config)
     with pytest.raises(ValueError, match="not a weight of the base model"):
-        merged_weights(base, {"base_model.model.other.lora_A.weight": a, "base_model.model.other.lora_B.weight": b}, config)
+        merged_weights(
+            base, {"base_model.model.other.lora_A.weight": a, "base_model.model.other.lora_B.weight": b}, config
+        )
     with pytest.raises(ValueError, match="lacks its A or B"):
         merged_weights(base, {"base_model.model.up.lora_A.weight": a}, config)
 
@@ -80,16 +91,22 @@ def test_stochastic_rounding_to_bf16_keeps_what_nearest_rounding_loses():
     assert ((draws - target).abs() <= 2 * ulp[None]).all()  # one of the two bf16 neighbours
     change, kept = (target - weights), (draws.mean(0) - weights)
     assert abs(float((kept * change).sum() / (change * change).sum()) - 1.0) < 0.1  # unbiased, in aggregate
-    assert torch.equal(stochastic_round(target, torch.float16, generator), target.to(torch.float16))  # nearest elsewhere
+    assert torch.equal(
+        stochastic_round(target, torch.float16, generator), target.to(torch.float16)
+    )  # nearest elsewhere
 
 
 def test_a_bf16_merge_is_drawn_from_the_adapters_own_bytes():
     """The same adapter merges to the same weights (a resumed run, `rlvr eval --run`); another draws anew."""
     base = {"up.weight": torch.randn(8, 6)}
     # a change of a few bf16 ulps (~0.008 at 1): each weight's rounding is a real draw
-    adapter = {"base_model.model.up.lora_A.weight": 0.05 * torch.randn(4, 6),
-               "base_model.model.up.lora_B.weight": 0.05 * torch.randn(8, 4)}
+    adapter = {
+        "base_model.model.up.lora_A.weight": 0.05 * torch.randn(4, 6),
+        "base_model.model.up.lora_B.weight": 0.05 * torch.randn(8, 4),
+    }
     moved = adapter | {"base_model.model.up.lora_A.weight": adapter["base_model.model.up.lora_A.weight"] * (1 + 1e-6)}
     config = {"r": 4, "lora_alpha": 8}
-    first, again, other = (dict(merged_weights(base, a, config, torch.bfloat16))["up.weight"] for a in (adapter, dict(adapter), moved))
+    first, again, other = (
+        dict(merged_weights(base, a, config, torch.bfloat16))["up.weight"] for a in (adapter, dict(adapter), moved)
+    )
     assert first.dtype == torch.bfloat16 and torch.equal(first, again) and not torch.equal(first, other)

@@ -70,8 +70,11 @@ def test_stop_string_ends_the_completion_and_stays_in_text(engine, prompts):
     sampled = engine.generate(prompts, 8, Sampling(temperature=1.0, max_tokens=24, seed=3))
     # a character the samples do produce, so that the stop is reachable
     stop = next(r.text[3] for r in sampled if len(r.text) > 3)
-    stopped = [r for r in engine.generate(prompts, 8, Sampling(temperature=1.0, max_tokens=24, seed=3, stop=(stop,)))
-               if r.finish_reason == "stop" and stop in r.text]
+    stopped = [
+        r
+        for r in engine.generate(prompts, 8, Sampling(temperature=1.0, max_tokens=24, seed=3, stop=(stop,)))
+        if r.finish_reason == "stop" and stop in r.text
+    ]
     assert stopped
     for r in stopped:
         assert r.text.endswith(stop) and r.text.count(stop) == 1
@@ -88,8 +91,12 @@ def test_top_k_one_samples_the_greedy_completion(engine, prompts):
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_sampler_logprobs_match_transformers(engine, prompts, hf_model, temperature):
     rollouts = engine.generate(prompts, 2, Sampling(temperature=temperature, max_tokens=16, seed=4))
-    reference = reference_logprobs(hf_model, [r.prompt_ids + r.completion_ids for r in rollouts],
-                                   [len(r.prompt_ids) for r in rollouts], temperature)
+    reference = reference_logprobs(
+        hf_model,
+        [r.prompt_ids + r.completion_ids for r in rollouts],
+        [len(r.prompt_ids) for r in rollouts],
+        temperature,
+    )
     assert logprob_gap([r.logprobs for r in rollouts], reference) <= 1e-3
 
 

@@ -134,8 +134,12 @@ def test_same_version_twice_is_refused(engine, model_dir):
 
 def _named_tensors():
     g = torch.Generator().manual_seed(0)
-    return [("a", torch.randn(3, 5, generator=g)), ("b", torch.randn(7, generator=g).to(torch.bfloat16)),
-            ("c", torch.randn(4, 2, generator=g).t().contiguous()), ("d", torch.zeros(0, 3))]
+    return [
+        ("a", torch.randn(3, 5, generator=g)),
+        ("b", torch.randn(7, generator=g).to(torch.bfloat16)),
+        ("c", torch.randn(4, 2, generator=g).t().contiguous()),
+        ("d", torch.zeros(0, 3)),
+    ]
 
 
 @pytest.mark.parametrize("room", [True, False])

@@ -54,8 +54,10 @@ def test_a_full_fine_tuning_trainers_weights_pushed_to_vllm_give_its_logprobs(tm
     batch = random_train_batch()
     sequences = [p + c for p, c in zip(batch.prompt_ids, batch.completion_ids)]
     prompt_lens = [len(p) for p in batch.prompt_ids]
-    with Trainer(rank_spec(model_dir, lr=5e-2, lora=None)) as trainer, \
-            start_engine("vllm", model_dir, max_model_len=256, kv_cache_gb=1) as engine:
+    with (
+        Trainer(rank_spec(model_dir, lr=5e-2, lora=None)) as trainer,
+        start_engine("vllm", model_dir, max_model_len=256, kv_cache_gb=1) as engine,
+    ):
         before = trainer.logprobs(sequences, prompt_lens)
         trainer.train_step(batch)
         trained = trainer.logprobs(sequences, prompt_lens)

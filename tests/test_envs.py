@@ -28,7 +28,10 @@ def context(**env) -> EnvContext:
 
 def test_tool_calls_in_tags_or_hermes_json():
     assert tool_call("let me see <calc>347*56</calc>", "calc") == "347*56"
-    assert tool_call('<tool_call>{"name": "python", "arguments": {"code": "print(1)"}}</tool_call>', "python") == "print(1)"
+    assert (
+        tool_call('<tool_call>{"name": "python", "arguments": {"code": "print(1)"}}</tool_call>', "python")
+        == "print(1)"
+    )
     assert tool_call('<tool_call>{"name": "search", "arguments": {"q": "x"}}</tool_call>', "python") is None
     assert tool_call("<calc>1+2", "calc") == "1+2"  # cut off by the stop string: the block is still the call
     assert tool_call("the answer is \\boxed{3}", "calc") is None
@@ -85,7 +88,9 @@ def test_observations_are_rendered_alone_and_sampled_tokens_never_change(templat
     if template == "chatml":
         assert built == rendered
     else:  # ... but not what it gives the whole conversation at once: history was rewritten
-        assert built != rendered and "<think>big product</think>" not in rendered and "<think>big product</think>" in built
+        assert (
+            built != rendered and "<think>big product</think>" not in rendered and "<think>big product</think>" in built
+        )
 
 
 def test_a_turn_stopped_by_a_stop_string_gets_its_end_of_turn_appended():

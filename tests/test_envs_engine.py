@@ -32,7 +32,9 @@ GSM8K_ROW = Problem(id="g", question="Tom has 3 apples and buys 4 more. How many
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("m") / "tiny", "qwen2", hidden_size=128, num_layers=2, intermediate_size=256)
+    return build_tiny_model(
+        tmp_path_factory.mktemp("m") / "tiny", "qwen2", hidden_size=128, num_layers=2, intermediate_size=256
+    )
 
 
 @pytest.mark.slow
@@ -85,15 +87,21 @@ def test_a_skyrl_environment_streams_fully_asynchronously_and_resumes_exactly(tm
     and resumed, the run's metrics equal an uninterrupted one's line for line. (Both checkpoint
     every step: a checkpoint drains the stream and probes the push, and the stopped run checkpoints
     where it stops.) gsm8k_multi_turn's turns through the real engine are checked token by token above."""
+
     def config(name):
-        return small_config(tmp_path, name, 3, env={"name": "skyrl:searchcode", "max_turns": 2},
-                            rollout={"mode": "async", "max_staleness": 2, "sampling": {"max_tokens": 24, "stop": list(STOP)}},
-                            checkpoint={"every": 1, "keep": 1},
-                            # the untrained model never answers: DAPO's length penalty gives each group rewards that differ
-                            algorithm={"overlong_penalty": {"buffer": 20}},
-                            # the tool's limit in CPU time, which load does not change; a wall-clock limit a loaded
-                            # machine could reach would answer one run's call with a timeout and not the other's
-                            sandbox={"wall_s": 60, "cpu_s": 5})
+        return small_config(
+            tmp_path,
+            name,
+            3,
+            env={"name": "skyrl:searchcode", "max_turns": 2},
+            rollout={"mode": "async", "max_staleness": 2, "sampling": {"max_tokens": 24, "stop": list(STOP)}},
+            checkpoint={"every": 1, "keep": 1},
+            # the untrained model never answers: DAPO's length penalty gives each group rewards that differ
+            algorithm={"overlong_penalty": {"buffer": 20}},
+            # the tool's limit in CPU time, which load does not change; a wall-clock limit a loaded
+            # machine could reach would answer one run's call with a timeout and not the other's
+            sandbox={"wall_s": 60, "cpu_s": 5},
+        )
 
     reference = train(config("reference"))
     assert reference.returncode == 0, reference.stdout[-3000:]
@@ -102,7 +110,9 @@ def test_a_skyrl_environment_streams_fully_asynchronously_and_resumes_exactly(tm
     assert all(row["env/turns_mean"] > 1 and row["grad_norm"] > 0 for row in rows)
     assert all(row["rollout/staleness_max"] <= 2 for row in rows) and rows[-1]["rollout/staleness_max"] >= 1
     assert [row["rollout/groups_from"] for row in rows] == [0] + [row["rollout/groups_to"] for row in rows[:-1]]
-    assert rows[0]["sync/sampler_trainer_gap"] <= 1e-3  # step 1 is on-policy: the trainer scored the sampled tokens in place
+    assert (
+        rows[0]["sync/sampler_trainer_gap"] <= 1e-3
+    )  # step 1 is on-policy: the trainer scored the sampled tokens in place
     assert rows[-1]["sync/logprob_gap"] <= 1e-3  # the probe, on the push the after-evaluation uses
     after = [json.loads(line) for line in (tmp_path / "reference" / "eval" / "after.jsonl").read_text().splitlines()]
     assert after and any(row["turns"] and row["turns"] > 1 for row in after)  # transcripts of several turns

@@ -145,7 +145,15 @@ def test_flat_eval_metrics_names():
 
 def _rows():
     return [
-        SampleRow(problem_id=pid, sample=i % 4, response=f"... {x}", extracted=x, reward=float(r), status="ok", answer=REFERENCES[pid])
+        SampleRow(
+            problem_id=pid,
+            sample=i % 4,
+            response=f"... {x}",
+            extracted=x,
+            reward=float(r),
+            status="ok",
+            answer=REFERENCES[pid],
+        )
         for i, (pid, r, x) in enumerate(zip(IDS, REWARDS, EXTRACTED))
     ]
 
@@ -171,7 +179,9 @@ def test_sample_index_orders_rows_within_a_problem(tmp_path):
 
 def test_minimal_rows_from_another_tool(tmp_path):
     path = tmp_path / "other.jsonl"
-    path.write_text('{"problem_id": 7, "reward": 1, "extracted": "x"}\n{"problem_id": 7, "reward": 0.0, "extracted": null}\n')
+    path.write_text(
+        '{"problem_id": 7, "reward": 1, "extracted": "x"}\n{"problem_id": 7, "reward": 0.0, "extracted": null}\n'
+    )
     s = metrics_from_rollouts(path, [2])
     assert s["n_problems"] == 1 and s["pass@2"] == 1.0 and s["problems"][0]["id"] == "7"
 
@@ -180,12 +190,24 @@ def test_minimal_rows_from_another_tool(tmp_path):
     ("bad_line", "message"),
     [
         ('{"problem_id": "p", "extracted": "a"}', r"s.jsonl:2: missing field 'reward'"),
-        ('{"problem_id": "p", "reward": "1", "extracted": "a"}', r"s.jsonl:2: field 'reward' must be a finite number, got '1'"),
-        ('{"problem_id": "p", "reward": 1, "extracted": 3}', r"s.jsonl:2: field 'extracted' must be a string or null, got 3"),
-        ('{"problem_id": null, "reward": 1, "extracted": "a"}', r"s.jsonl:2: field 'problem_id' must be a string or an integer"),
-        ('{"problem_id": "p", "reward": 1, "extracted": "a", "sample": 0}', r"s.jsonl:2: problem 'p' sample 0 already given on line 1"),
+        (
+            '{"problem_id": "p", "reward": "1", "extracted": "a"}',
+            r"s.jsonl:2: field 'reward' must be a finite number, got '1'",
+        ),
+        (
+            '{"problem_id": "p", "reward": 1, "extracted": 3}',
+            r"s.jsonl:2: field 'extracted' must be a string or null, got 3",
+        ),
+        (
+            '{"problem_id": null, "reward": 1, "extracted": "a"}',
+            r"s.jsonl:2: field 'problem_id' must be a string or an integer",
+        ),
+        (
+            '{"problem_id": "p", "reward": 1, "extracted": "a", "sample": 0}',
+            r"s.jsonl:2: problem 'p' sample 0 already given on line 1",
+        ),
         ('{"problem_id": "p", "reward": 1,', r"s.jsonl:2: not valid JSON"),
-        ('[1, 2]', r"s.jsonl:2: expected a JSON object, got list"),
+        ("[1, 2]", r"s.jsonl:2: expected a JSON object, got list"),
     ],
 )
 def test_bad_rows_name_file_line_and_field(tmp_path, bad_line, message):
@@ -233,14 +255,20 @@ def test_paired_difference_by_hand():
 
     # three problems, two samples each; a fourth problem only the second evaluation scored
     before = (["a", "a", "b", "b", "c", "c"], [0.0, 0.0, 1.0, 0.0, 1.0, 1.0], [None, "1", "2", "3", "4", "4"])
-    after = (["a", "a", "b", "b", "c", "c", "d", "d"], [1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0], ["5", "1", "2", "2", "4", "4", "6", "6"])
+    after = (
+        ["a", "a", "b", "b", "c", "c", "d", "d"],
+        [1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+        ["5", "1", "2", "2", "4", "4", "6", "6"],
+    )
     paired = paired_difference(before, after, [1, 2])
     assert paired["n_problems"] == 3
     # avg: per problem 0.5, 0.5, 0 -> mean 1/3, sd sqrt(1/12), se sqrt(1/12)/sqrt(3) = 1/6
     assert paired["difference"]["avg@2"] == pytest.approx(1 / 3)
     assert paired["stderr"]["avg@2"] == pytest.approx(1 / 6)
     # pass@2: a 0 -> 1, b 1 -> 1, c 1 -> 1; maj@1 (first sample's answer): a 0 -> 1, b 1 -> 1, c 1 -> 1
-    assert paired["difference"]["pass@2"] == pytest.approx(1 / 3) and paired["difference"]["maj@1"] == pytest.approx(1 / 3)
+    assert paired["difference"]["pass@2"] == pytest.approx(1 / 3) and paired["difference"]["maj@1"] == pytest.approx(
+        1 / 3
+    )
     # the paired error is the spread of the differences, not of the scores: equal moves give zero
     same = paired_difference(before, (before[0], [r + 0.5 for r in before[1]], before[2]), [1])
     assert same["difference"]["avg@1"] == pytest.approx(0.5) and same["stderr"]["avg@1"] == pytest.approx(0.0)

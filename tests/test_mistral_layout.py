@@ -53,7 +53,9 @@ def test_mistral4_is_a_causal_lm_saved_one_linear_per_expert():
         model = AutoModelForCausalLM.from_config(tiny_config("mistral4", vocab_size=320))
     assert type(model).__name__ == "Mistral4ForCausalLM"
     names = to_disk(model, {k: v for k, v in model.state_dict().items() if ".experts." in k and "shared" not in k})
-    assert "model.layers.1.mlp.experts.7.gate_proj.weight" in names and not any(k.endswith("gate_up_proj") for k in names)
+    assert "model.layers.1.mlp.experts.7.gate_proj.weight" in names and not any(
+        k.endswith("gate_up_proj") for k in names
+    )
 
 
 def test_config_carries_what_vllm_computes(mistral_dir):
@@ -72,7 +74,9 @@ def test_config_carries_what_vllm_computes(mistral_dir):
     # llama-4 scaling and YaRN, the rope's own numbers as vLLM's rope reads them
     rope = config.rope_parameters
     assert rope["llama_4_scaling_beta"] == adapted["llama_4_scaling"]["beta"] == 0.1
-    assert rope["original_max_position_embeddings"] == adapted["llama_4_scaling"]["original_max_position_embeddings"] == 16
+    assert (
+        rope["original_max_position_embeddings"] == adapted["llama_4_scaling"]["original_max_position_embeddings"] == 16
+    )
     # all but mscale_all_dim: with attention_factor 1 vLLM leaves the softmax scale alone, and
     # transformers would scale it by mscale^2 whenever the key is there
     assert rope["attention_factor"] == 1.0 and adapted["rope_parameters"]["mscale_all_dim"] == 1
@@ -104,7 +108,9 @@ def test_a_config_vllm_refuses_is_one_line(mistral_dir, tmp_path):
     params = json.loads((bad / PARAMS_FILE).read_text())
     del params["llama_4_scaling"]
     (bad / PARAMS_FILE).write_text(json.dumps(params))
-    with pytest.raises(MistralLayoutError, match=r"params.json: vLLM cannot read it: MistralLarge3 expect llama4 scaling") as err:
+    with pytest.raises(
+        MistralLayoutError, match=r"params.json: vLLM cannot read it: MistralLarge3 expect llama4 scaling"
+    ) as err:
         check_model_folder(bad)
     assert "\n" not in str(err.value)
     params["llama_4_scaling"] = {"original_max_position_embeddings": 32, "beta": 0.1}
@@ -123,21 +129,34 @@ def test_dense_params_is_mistral():
               "vocab_size": 300, "rope_theta": 1e6, "max_position_embeddings": 256}  # fmt: skip
     config = config_from_params(params, "params.json")
     assert type(config).__name__ == "MistralConfig"
-    assert (config.hidden_size, config.num_key_value_heads, config.head_dim, config.rope_parameters["rope_theta"]) == (64, 2, 16, 1e6)
+    assert (config.hidden_size, config.num_key_value_heads, config.head_dim, config.rope_parameters["rope_theta"]) == (
+        64,
+        2,
+        16,
+        1e6,
+    )
     with pytest.raises(MistralLayoutError, match="Ministral 3"):
-        config_from_params({**params, "llama_4_scaling": {"original_max_position_embeddings": 16, "beta": 0.1}}, "params.json")
+        config_from_params(
+            {**params, "llama_4_scaling": {"original_max_position_embeddings": 16, "beta": 0.1}}, "params.json"
+        )
 
 
 def test_a_folder_of_neither_layout_is_one_line_exit_2(tmp_path):
     (tmp_path / "params.json").write_text("{}")
     assert not is_mistral_folder(tmp_path)
-    with pytest.raises(ModelFolderError, match="not a Hugging Face model folder .no config.json. nor one in Mistral's layout .no params.json with consolidated"):
+    with pytest.raises(
+        ModelFolderError,
+        match="not a Hugging Face model folder .no config.json. nor one in Mistral's layout .no params.json with consolidated",
+    ):
         check_model_folder(tmp_path)
     done = subprocess.run([sys.executable, "-m", "rlvr.cli", "import", str(tmp_path), str(tmp_path / "out")],
                           capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 2, done.stderr
     lines = (done.stdout + done.stderr).strip().splitlines()
-    assert len(lines) == 1 and "nor a folder in Mistral's layout (no config.json, no params.json with consolidated" in lines[0], lines
+    assert (
+        len(lines) == 1
+        and "nor a folder in Mistral's layout (no config.json, no params.json with consolidated" in lines[0]
+    ), lines
 
 
 @pytest.mark.slow
@@ -167,9 +186,15 @@ def test_trainer_logits_equal_in_every_layout_float_and_nvfp4(mistral_dir, tmp_p
         subprocess.run([*rlvr, "quantize", str(folder), str(out)], check=True, capture_output=True)
         quantized[name] = load_quantized_model(out)(input_ids=ids).logits
     assert is_mistral_folder(tmp_path / "mistral-nvfp4")
-    assert "model.layers.1.mlp.experts.0.gate_proj.weight_packed" in safe_open(tmp_path / "fused-nvfp4" / "model.safetensors", "pt").keys()
+    assert (
+        "model.layers.1.mlp.experts.0.gate_proj.weight_packed"
+        in safe_open(tmp_path / "fused-nvfp4" / "model.safetensors", "pt").keys()
+    )
     # in vLLM's (= transformers') names: vLLM's weight mapper leaves them as they are, and matches them
-    assert json.loads((tmp_path / "mistral-nvfp4" / PARAMS_FILE).read_text())["quantization"]["ignore"][:2] == ["lm_head", "model.layers.1.mlp.gate"]
+    assert json.loads((tmp_path / "mistral-nvfp4" / PARAMS_FILE).read_text())["quantization"]["ignore"][:2] == [
+        "lm_head",
+        "model.layers.1.mlp.gate",
+    ]
     assert (quantized["mistral"] - logits).abs().max() > 1e-3  # 4-bit moved them
     for name, values in quantized.items():
         assert (values - quantized["mistral"]).abs().max() <= 1e-5, name
@@ -228,7 +253,9 @@ def test_a_dense_mistral_folder_reads_as_the_hf_model(tmp_path):
         if key == "lm_head.weight":
             continue  # tied
         if ".q_proj." in key or ".k_proj." in key:
-            tensor = _interleave_rope_rows(tensor, c.num_attention_heads if ".q_proj." in key else c.num_key_value_heads)
+            tensor = _interleave_rope_rows(
+                tensor, c.num_attention_heads if ".q_proj." in key else c.num_key_value_heads
+            )
         name = key.replace("model.layers", "layers")
         for hf_part, mistral_part in _DENSE_NAMES.items():
             name = re.sub(rf"(^|\.){re.escape(hf_part)}\.", rf"\g<1>{mistral_part}.", name)
@@ -248,7 +275,9 @@ def test_the_image_encoder_is_left_out(mistral_dir, tmp_path):
     folder = tmp_path / "multimodal"
     shutil.copytree(mistral_dir, folder)
     params = json.loads((folder / PARAMS_FILE).read_text())
-    (folder / PARAMS_FILE).write_text(json.dumps({**params, "vision_encoder": {"hidden_size": 32, "image_token_id": 10}}))
+    (folder / PARAMS_FILE).write_text(
+        json.dumps({**params, "vision_encoder": {"hidden_size": 32, "image_token_id": 10}})
+    )
     save_file({"vision_encoder.patch_conv.weight": torch.ones(32, 3, 4, 4), "patch_merger.merging_layer.weight": torch.ones(32, 128)},
               folder / "consolidated-vision.safetensors")  # fmt: skip
     ids = torch.arange(3, 43).view(1, -1)

@@ -27,10 +27,10 @@ SIZES = dict(hidden_size=64, num_heads=2, num_layers=2, intermediate_size=128)
 # UTF-8, and mistral-common (Mistral folder) and the tokenizer transformers converts from the
 # same tekken.json (imported folder) replace them differently (one U+FFFD per byte, or one per
 # run); ASCII bytes decode to themselves in both, so this reward reads the same text from either.
-ASCII_DIGIT_SHARE = '''
+ASCII_DIGIT_SHARE = """
 def ascii_digit_share(response, answer):
     return sum(c.isdigit() for c in response) / max(1, sum(c.isascii() for c in response))
-'''
+"""
 
 
 def cover_the_vocab(folder: Path) -> None:
@@ -43,8 +43,10 @@ def cover_the_vocab(folder: Path) -> None:
     vocab_size = json.loads((folder / "params.json").read_text())["vocab_size"]
     extra = vocab_size - config["default_vocab_size"]
     pairs = [bytes([ord("a") + i // 26, ord("a") + i % 26]) for i in range(extra)]
-    tekken["vocab"] += [{"rank": 256 + i, "token_bytes": base64.b64encode(pair).decode(), "token_str": None}
-                        for i, pair in enumerate(pairs)]
+    tekken["vocab"] += [
+        {"rank": 256 + i, "token_bytes": base64.b64encode(pair).decode(), "token_str": None}
+        for i, pair in enumerate(pairs)
+    ]
     config.update(num_vocab_tokens=256 + extra, default_vocab_size=vocab_size)
     tekken_file.write_text(json.dumps(tekken))
 
@@ -63,8 +65,15 @@ def test_three_rl_steps_on_nvfp4_equal_between_layouts(tmp_path, layouts):
     metrics = {}
     for layout, path in layouts.items():
         path = quantize_checkpoint(path, tmp_path / f"{layout}-nvfp4")
-        config = small_config(tmp_path, layout, 3, reward=ASCII_DIGIT_SHARE, engine={"backend": "hf"},
-                              data={"chat_template": False}, trainer={"routing_replay": True, "ranks": 1})
+        config = small_config(
+            tmp_path,
+            layout,
+            3,
+            reward=ASCII_DIGIT_SHARE,
+            engine={"backend": "hf"},
+            data={"chat_template": False},
+            trainer={"routing_replay": True, "ranks": 1},
+        )
         # after small_config, which builds the demo's own model (and task) at the model.path it is given
         done = train(config, f"model.path={path}", "data.test=null")  # no evaluation: the steps are the check
         assert done.returncode == 0, done.stdout[-3000:]

@@ -99,7 +99,9 @@ def test_every_expert_projection_is_packed_and_compressed_tensors_reads_back_rlv
     assert {p for p in prefixes if ".experts." in p} == expected_experts
     # attention (MLA's q_a/q_b/kv_a/kv_b/o too) and shared experts are packed; routers, norms and
     # embeddings stay float (the tied head is the embedding)
-    float_matrices = {k for k, v in files.items() if v.ndim == 2 and v.is_floating_point() and v.dtype != torch.float8_e4m3fn}
+    float_matrices = {
+        k for k, v in files.items() if v.ndim == 2 and v.is_floating_point() and v.dtype != torch.float8_e4m3fn
+    }
     assert float_matrices == {f"{r}.weight" for r in routers} | {"model.embed_tokens.weight"}
     if arch == "deepseek_v3":
         mla = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
@@ -149,7 +151,12 @@ def test_compressed_tensors_written_moe_checkpoint_loads_packed_to_its_values(ar
             global_scale = generate_gparam(value.min(), value.max())
             groups = value.unflatten(-1, (-1, nvfp4.GROUP_SIZE))
             scale, zero = calculate_qparams(groups.amin(-1), groups.amax(-1), SCHEME.weights, global_scale=global_scale)
-            state = {"weight": value, "weight_scale": scale, "weight_global_scale": global_scale, "weight_zero_point": zero}
+            state = {
+                "weight": value,
+                "weight_scale": scale,
+                "weight_global_scale": global_scale,
+                "weight_zero_point": zero,
+            }
             compressed = NVFP4PackedCompressor.compress(state, SCHEME)
             compressed["input_global_scale"] = generate_gparam(torch.tensor(-3.0), torch.tensor(3.0))
             tensors.update({f"{prefix}.{k}": v for k, v in compressed.items()})
@@ -240,7 +247,9 @@ def test_only_experts_that_received_tokens_dequantize_and_backward_keeps_no_floa
     experts = model.get_submodule(packed_experts_names(model)[0])
     dequantized_rows = []
     real = nvfp4.dequantize
-    monkeypatch.setattr(nvfp4, "dequantize", lambda packed, *rest: dequantized_rows.append(packed.data_ptr()) or real(packed, *rest))
+    monkeypatch.setattr(
+        nvfp4, "dequantize", lambda packed, *rest: dequantized_rows.append(packed.data_ptr()) or real(packed, *rest)
+    )
     hidden = torch.randn(5, as_bytes(experts.gate_up_proj_weight_packed).shape[2] * 2, requires_grad=True)
     top_k_index = torch.tensor([[1, 3]] * 5)
     saved = []
@@ -278,8 +287,9 @@ def _expert_shards(rank: int, world_size: int, port: int, model_dir: str, out) -
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         skeleton = Skeleton.from_checkpoint(model_dir, torch.float32)
-        policy = TokenLogprobs(apply_lora(skeleton.model, 4, 8.0, 0.0, "all-linear", target_experts=True),
-                               TrainerConfig().logits_chunk_mb)
+        policy = TokenLogprobs(
+            apply_lora(skeleton.model, 4, 8.0, 0.0, "all-linear", target_experts=True), TrainerConfig().logits_chunk_mb
+        )
         shard_and_load(policy, skeleton, init_device_mesh("cpu", (world_size,)), torch.float32, "cpu")
         ids = torch.arange(4, 20).unsqueeze(0)
         logprobs, _ = policy(ids, torch.arange(16).unsqueeze(0), torch.arange(15), ids[0, 1:])
@@ -317,7 +327,9 @@ def test_trainer_on_packed_moe_matches_float_on_one_and_two_ranks(arch, nvfp4_di
     batch = random_train_batch()
     sequences = [p + c for p, c in zip(batch.prompt_ids, batch.completion_ids)]
     prompt_lens = [len(p) for p in batch.prompt_ids]
-    expected = reference_logprobs(AutoModelForCausalLM.from_pretrained(dequantized_dir, dtype=torch.float32), sequences, prompt_lens)
+    expected = reference_logprobs(
+        AutoModelForCausalLM.from_pretrained(dequantized_dir, dtype=torch.float32), sequences, prompt_lens
+    )
     lora = dict(rank=4, alpha=8.0, dropout=0.0, target_modules="all-linear", target_experts=True)
     results = {}
     for ranks in (1, 2):
@@ -362,10 +374,20 @@ def test_peft_is_left_unpatched_after_models_get_lora_in_threads():
 
     from rlvr.models.tiny import tiny_config
 
-    originals = (transformers_weight_conversion.convert_peft_config_for_transformers, LoraModel._replace_module,
-                 BaseTunerLayer._get_base_layer_device_and_dtype)
+    originals = (
+        transformers_weight_conversion.convert_peft_config_for_transformers,
+        LoraModel._replace_module,
+        BaseTunerLayer._get_base_layer_device_and_dtype,
+    )
     config = tiny_config("deepseek_v3", vocab_size=64, **SIZES)
     with ThreadPoolExecutor(4) as pool:
-        list(pool.map(lambda _: apply_lora(AutoModelForCausalLM.from_config(config), 4, 8.0, 0.0, "all-linear"), range(8)))
-    assert (transformers_weight_conversion.convert_peft_config_for_transformers, LoraModel._replace_module,
-            BaseTunerLayer._get_base_layer_device_and_dtype) == originals
+        list(
+            pool.map(
+                lambda _: apply_lora(AutoModelForCausalLM.from_config(config), 4, 8.0, 0.0, "all-linear"), range(8)
+            )
+        )
+    assert (
+        transformers_weight_conversion.convert_peft_config_for_transformers,
+        LoraModel._replace_module,
+        BaseTunerLayer._get_base_layer_device_and_dtype,
+    ) == originals

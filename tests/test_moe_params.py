@@ -25,7 +25,9 @@ def _formula(c) -> tuple[int, int]:
         dense, moe = c.first_k_dense_replace, N - c.first_k_dense_replace
         expert, experts, top_k = 3 * H * c.moe_intermediate_size, c.n_routed_experts, c.num_experts_per_tok
         shared = c.n_shared_experts * expert
-        fixed = embeddings + N * (attention + 2 * H) + dense * 3 * H * c.intermediate_size + moe * (experts * H + shared)
+        fixed = (
+            embeddings + N * (attention + 2 * H) + dense * 3 * H * c.intermediate_size + moe * (experts * H + shared)
+        )
     else:
         d = c.head_dim or H // c.num_attention_heads
         attention = H * d * (2 * c.num_attention_heads + 2 * c.num_key_value_heads)

@@ -124,8 +124,14 @@ def test_vllm_routed_experts_become_rollout_routes_of_the_moe_blocks(model_dir):
     assert engine._moe_blocks == [1, 2] and engine._num_experts == 8  # layer 0 is dense
     prompt, completion = [5, 6, 7], [8, 9]
     experts = np.arange(4 * 3 * 2).reshape(4, 3, 2).astype(np.uint8)  # [positions, 3 blocks, top-2]
-    sample = SimpleNamespace(index=0, finish_reason="stop", token_ids=completion, text="", routed_experts=experts,
-                             logprobs=SimpleNamespace(token_ids=completion, logprobs=[-1.0, -1.0]))
+    sample = SimpleNamespace(
+        index=0,
+        finish_reason="stop",
+        token_ids=completion,
+        text="",
+        routed_experts=experts,
+        logprobs=SimpleNamespace(token_ids=completion, logprobs=[-1.0, -1.0]),
+    )
     (rollout,) = engine._rollouts(Request(0, prompt, 1, Sampling()), SimpleNamespace(request_id="r", outputs=[sample]))
     assert rollout.routes.dtype == torch.uint8
     assert torch.equal(rollout.routes.long(), torch.from_numpy(experts[:, 1:].astype(np.int64)))

@@ -47,7 +47,10 @@ def _load(model_dir, perturb_routers: float = 0.0):
 def _experts_inputs(model):
     """Capture what each experts module is called with: (top_k_index, top_k_weights) per layer."""
     seen = []
-    handles = [layer.experts.register_forward_pre_hook(lambda _m, args: seen.append((args[1], args[2]))) for layer in moe_layers(model)]
+    handles = [
+        layer.experts.register_forward_pre_hook(lambda _m, args: seen.append((args[1], args[2])))
+        for layer in moe_layers(model)
+    ]
     return seen, handles
 
 
@@ -124,7 +127,9 @@ def _expected_gate_weights(layer, hidden, index):
 
 
 def test_record_and_replay_through_lora_wrappers_on_a_packed_base(model_dir, tmp_path):
-    model = apply_lora(load_quantized_model(quantize_checkpoint(model_dir, tmp_path)), 4, 8.0, 0.0, "all-linear", target_experts=True)
+    model = apply_lora(
+        load_quantized_model(quantize_checkpoint(model_dir, tmp_path)), 4, 8.0, 0.0, "all-linear", target_experts=True
+    )
     assert [layer.experts_name for layer in moe_layers(model)] == packed_experts_names(model)
     with torch.no_grad(), record_routing(model) as record:
         logits = model(IDS).logits
@@ -176,7 +181,9 @@ def test_routes_of_the_wrong_length_are_refused(model_dir):
 
 
 def test_expert_load_max_over_mean():
-    choices = torch.tensor([[[0, 1], [0, 1]], [[0, 2], [2, 3]], [[0, 3], [1, 0]], [[0, 1], [3, 2]]])  # [4 tokens, 2 layers, 2]
+    choices = torch.tensor(
+        [[[0, 1], [0, 1]], [[0, 2], [2, 3]], [[0, 3], [1, 0]], [[0, 1], [3, 2]]]
+    )  # [4 tokens, 2 layers, 2]
     # layer 0: counts 4, 2, 1, 1 (mean 2) -> 2.0; layer 1: 2, 2, 2, 2 -> 1.0
     assert expert_load_max_over_mean(expert_counts(choices, num_experts=4)).tolist() == [2.0, 1.0]
     assert expert_counts(torch.tensor([[[0, -1]]]), num_experts=2).tolist() == [[1.0, 0.0]]  # -1: no choice
@@ -189,7 +196,9 @@ def test_row_routes_follow_packed_rows_with_shared_prompts():
     sequences = [prompt + [2, 3], [5, 6, 4], prompt + [1, 2, 3], prompt + [6]]
     prompt_lens = [3, 2, 3, 3]
     # each sequence's routes [positions, 2 layers, top-2] hold 100 * sequence + position
-    routes = {i: torch.tensor([[[100 * i + p, 1], [100 * i + p, 2]] for p in range(len(s))]) for i, s in enumerate(sequences)}
+    routes = {
+        i: torch.tensor([[[100 * i + p, 1], [100 * i + p, 2]] for p in range(len(s))]) for i, s in enumerate(sequences)
+    }
     routes[3] = routes[3][:-1]  # a sampler returns no routes for the last token (never fed back)
     for share in (True, False):
         (micro_batch,) = plan(sequences, prompt_lens, world_size=1, token_budget=64, share_prompts=share)[0]

@@ -29,8 +29,9 @@ def logs(*ratios):
 # Row 1: ratios (2, 1.5, pad, pad)      product 3, geometric mean sqrt(3)
 # Row 2: ratios (1.0005, 0.9995, 1.0004, pad)   geometric mean within 0.1% of 1
 SAMPLER = torch.tensor([[-1.0, -2.0, -3.0, -0.5], [-0.7, -1.1, 9.0, 9.0], [-2.0, -0.3, -0.9, 9.0]], dtype=torch.float64)
-LOG_RATIO = torch.tensor([logs(0.4, 1, 4, 6), logs(2, 1.5) + [0.0, 0.0], logs(1.0005, 0.9995, 1.0004) + [0.0]],
-                         dtype=torch.float64)
+LOG_RATIO = torch.tensor(
+    [logs(0.4, 1, 4, 6), logs(2, 1.5) + [0.0, 0.0], logs(1.0005, 0.9995, 1.0004) + [0.0]], dtype=torch.float64
+)
 TRAINER = SAMPLER + LOG_RATIO
 TRAINER[1, 2:] = -50.0  # padded positions hold junk
 TRAINER[2, 3] = 40.0
@@ -91,8 +92,9 @@ def trainer_loss(algorithm: AlgorithmConfig, agg: str = "token_mean", old: torch
     rank = SimpleNamespace(spec=SimpleNamespace(algorithm=algorithm.model_copy(update={"agg": agg})))
     lp = TRAINER.clone().requires_grad_()
     advantages = torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
-    loss, _, is_weights, kept = _Rank._loss(rank, None, lp, lp.detach() if old is None else old, SAMPLER, advantages,
-                                            MASK, SimpleNamespace(max_len=4))
+    loss, _, is_weights, kept = _Rank._loss(
+        rank, None, lp, lp.detach() if old is None else old, SAMPLER, advantages, MASK, SimpleNamespace(max_len=4)
+    )
     loss.backward()
     return loss, lp.grad, is_weights, kept
 
@@ -118,9 +120,12 @@ def test_trainer_rejects_responses_and_keeps_the_denominator():
 
 
 def test_trainer_sequence_masked_tis():
-    _, grad, weights, kept = trainer_loss(AlgorithmConfig(tis_cap=2.0, tis_level="sequence",
-                                                          rejection=RejectionConfig(level="sequence", low=0.5, high=2.0)),
-                                          agg="seq_mean_token_mean")
+    _, grad, weights, kept = trainer_loss(
+        AlgorithmConfig(
+            tis_cap=2.0, tis_level="sequence", rejection=RejectionConfig(level="sequence", low=0.5, high=2.0)
+        ),
+        agg="seq_mean_token_mean",
+    )
     assert kept.tolist() == [[False] * 4, [False] * 4, [True, True, True, False]]
     w = 1.0005 * 0.9995 * 1.0004
     assert grad[2, :3].tolist() == pytest.approx([-0.5 * w / 3 / 3] * 3)  # / 3 tokens / 3 rows
@@ -132,8 +137,12 @@ def test_bad_values_are_one_line_errors_exit_2():
     import sys
 
     def train(*overrides):
-        return subprocess.run([sys.executable, "-m", "rlvr.cli", "train", "configs/demo.yaml", "--dry-run", *overrides],
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "rlvr.cli", "train", "configs/demo.yaml", "--dry-run", *overrides],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     for overrides, named in [
         (["algorithm.masked_is.low=6"], "algorithm.masked_is: low=6.0 must be below high=5.0"),
@@ -170,8 +179,9 @@ def test_masked_is_matches_verl_icepop(verl_corr, seed):
     trainer, sampler, mask = random_logprobs(seed, spread=0.6)
     zeroed = 0
     for level, (low, high) in [("token", (0.5, 5.0)), ("token", (0.8, 1.3)), ("sequence", (0.2, 4.0))]:
-        theirs, _ = verl_corr.compute_rollout_correction_weights(trainer - sampler, mask.double(), rollout_is=level,
-                                                                 rollout_is_threshold=f"{low}_{high}")
+        theirs, _ = verl_corr.compute_rollout_correction_weights(
+            trainer - sampler, mask.double(), rollout_is=level, rollout_is_threshold=f"{low}_{high}"
+        )
         ours = masked_is_weights(trainer, sampler, mask, low=low, high=high, level=level)
         assert torch.where(mask, ours - theirs, 0.0).abs().max().item() < 1e-9, (level, low, high)
         zeroed += int((mask & (ours == 0)).sum())
@@ -186,8 +196,9 @@ def test_rejection_matches_verl_rollout_rs(verl_corr, seed):
     rejected = 0
     for level, option in [("token", "token_k1"), ("sequence", "seq_sum_k1"), ("geometric", "seq_mean_k1")]:
         for lo, hi in [(0.7, 1.6), (0.95, 1.02), (0.5, 2.0)]:
-            theirs, _ = verl_corr.compute_rollout_rejection_mask(trainer - sampler, mask.double(), rollout_rs=option,
-                                                                 rollout_rs_threshold=f"{lo}_{hi}")
+            theirs, _ = verl_corr.compute_rollout_rejection_mask(
+                trainer - sampler, mask.double(), rollout_rs=option, rollout_rs_threshold=f"{lo}_{hi}"
+            )
             ours = off_policy_keep_mask(trainer, sampler, mask, low=1 / hi, high=1 / lo, level=level)
             assert torch.equal(ours, theirs.bool()), (level, lo, hi)
             rejected += int((mask & ~ours).sum())
@@ -201,8 +212,14 @@ def test_sequence_masked_tis_matches_verl_decoupled_seq_is_rs(verl_corr, seed):
     preset = RolloutCorrectionConfig.decoupled_seq_is_rs()  # sequence TIS cap 2, seq_sum_k1 "0.5_2.0"
     trainer, sampler, mask = random_logprobs(seed, spread=0.3)
     weights, kept, _ = verl_corr.compute_rollout_correction_and_rejection_mask(
-        trainer, sampler, mask.double(), rollout_is=preset.rollout_is, rollout_is_threshold=preset.rollout_is_threshold,
-        rollout_rs=preset.rollout_rs, rollout_rs_threshold=preset.rollout_rs_threshold)
+        trainer,
+        sampler,
+        mask.double(),
+        rollout_is=preset.rollout_is,
+        rollout_is_threshold=preset.rollout_is_threshold,
+        rollout_rs=preset.rollout_rs,
+        rollout_rs_threshold=preset.rollout_rs_threshold,
+    )
     ours = truncated_is_weights(trainer, sampler, mask, cap=2.0, level="sequence")
     assert torch.where(mask, ours - weights.batch["rollout_is_weights"], 0.0).abs().max().item() < 1e-9
     our_kept = off_policy_keep_mask(trainer, sampler, mask, low=0.5, high=2.0, level="sequence")
@@ -246,8 +263,15 @@ def test_dppo_loss_matches_verl(verl_core, divergence, delta, seed):
     from rlvr.algorithms import policy_loss
 
     # the authors' example: symmetric delta, clip_ratio_c 10000 (no truncation of the ratio)
-    config = ActorConfig(strategy="fsdp", rollout_n=1, ppo_micro_batch_size_per_gpu=1, clip_ratio=delta,
-                         clip_ratio_low=delta, clip_ratio_high=delta, clip_ratio_c=10000.0)
+    config = ActorConfig(
+        strategy="fsdp",
+        rollout_n=1,
+        ppo_micro_batch_size_per_gpu=1,
+        clip_ratio=delta,
+        clip_ratio_low=delta,
+        clip_ratio_high=delta,
+        clip_ratio_c=10000.0,
+    )
     gen = torch.Generator().manual_seed(seed)
     old = -2.5 * torch.rand(8, 12, generator=gen, dtype=torch.float64)
     new = old + 0.5 * torch.randn(8, 12, generator=gen, dtype=torch.float64)
@@ -258,8 +282,9 @@ def test_dppo_loss_matches_verl(verl_core, divergence, delta, seed):
     theirs, their_metrics = loss_fn(old, theirs_lp, adv[:, None].expand(8, 12), mask.double(), "token-mean", config)
     theirs.backward()
     ours_lp = new.clone().requires_grad_()
-    ours, metrics = policy_loss(f"dppo_{divergence}", ours_lp, old, adv, mask, clip_low=0.2, clip_high=0.2,
-                                dppo_delta=delta, agg="token_mean")
+    ours, metrics = policy_loss(
+        f"dppo_{divergence}", ours_lp, old, adv, mask, clip_low=0.2, clip_high=0.2, dppo_delta=delta, agg="token_mean"
+    )
     ours.backward()
     assert abs(ours.item() - theirs.item()) < 1e-9
     assert torch.where(mask, ours_lp.grad - theirs_lp.grad, 0.0).abs().max().item() < 1e-9

@@ -27,7 +27,9 @@ def plan_of(config: Path, *overrides: str):
 
 @pytest.mark.parametrize("config", [SMALL, MEDIUM, LARGE], ids=lambda p: p.stem)
 def test_shipped_config_passes_dry_run(config):
-    out = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", str(config), "--dry-run"], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", "train", str(config), "--dry-run"], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "GB per device" in out.stdout and "fits placement.gpu_memory_gb=" in out.stdout
 
@@ -44,13 +46,22 @@ def test_eight_gpu_plan_splits_tp4_engine_from_four_ranks():
     plan = plan_of(MEDIUM)
     assert (plan.fsdp_world, plan.engine_tp, plan.gpus_used) == (4, 4, 8)
     assert [(d.gpu, d.engine_rank, d.trainer_rank) for d in plan.devices] == [
-        (0, 0, None), (1, 1, None), (2, 2, None), (3, 3, None), (4, None, 0), (5, None, 1), (6, None, 2), (7, None, 3)
+        (0, 0, None),
+        (1, 1, None),
+        (2, 2, None),
+        (3, 3, None),
+        (4, None, 0),
+        (5, None, 1),
+        (6, None, 2),
+        (7, None, 3),
     ]
 
 
 def test_colocated_engine_shares_the_first_ranks_gpus():
     plan = plan_of(MEDIUM, "placement.colocate=true", "trainer.ranks=8")
-    assert [(d.gpu, d.engine_rank, d.trainer_rank) for d in plan.devices] == [(g, g if g < 4 else None, g) for g in range(8)]
+    assert [(d.gpu, d.engine_rank, d.trainer_rank) for d in plan.devices] == [
+        (g, g if g < 4 else None, g) for g in range(8)
+    ]
     shared, alone = plan.devices[0], plan.devices[4]
     assert shared.total == alone.total + sum(shared.memory[k] for k in ("engine weights", "KV cache", "LoRA slot"))
 
@@ -103,11 +114,21 @@ def test_nvfp4_bytes_and_per_device_figures_by_hand():
     root = 2 * row[32768] * 12288 * 2 + row[12288] * 2
     assert rank["base shard"] == 88 * block + root
     # LoRA in float32: A [32, in] (one row on rank 0), B [out, 32]
-    pairs = [(12288, 12288), (12288, 1024), (12288, 1024), (12288, 12288), (12288, 28672), (12288, 28672), (28672, 12288)]
+    pairs = [
+        (12288, 12288),
+        (12288, 1024),
+        (12288, 1024),
+        (12288, 12288),
+        (12288, 28672),
+        (12288, 28672),
+        (28672, 12288),
+    ]
     lora = 88 * sum(row[32] * inputs + row[outputs] * 32 for inputs, outputs in pairs) * 4
     assert rank["trainable"] == rank["optimizer"] == 2 * lora  # value + gradient; AdamW's two moments
     lora_block = sum(32 * (inputs + outputs) for inputs, outputs in pairs) * 2  # gathered in bf16
-    assert rank["gathered"] == 2 * ((12288 * 12288 * 2 + 12288 * 1024 * 2 + 3 * 12288 * 28672) * nvfp4 + 2 * 12288 * 2 + lora_block)
+    assert rank["gathered"] == 2 * (
+        (12288 * 12288 * 2 + 12288 * 1024 * 2 + 3 * 12288 * 28672) * nvfp4 + 2 * 12288 * 2 + lora_block
+    )
     # checkpointed: block inputs for every layer + one block's saved tensors
     tokens = 18432
     one_block = 2 * (6 * 12288 + 3 * 12288 + 3 * 1024 + 4 * 28672)
@@ -122,8 +143,9 @@ def test_config_json_wins_and_matches_the_real_model(tmp_path):
     from rlvr.models.tiny import build_tiny_model
     from rlvr.quant.checkpoint import quantize_checkpoint
 
-    path = build_tiny_model(tmp_path / "llama", "llama", hidden_size=128, num_layers=2, intermediate_size=256,
-                            tie_word_embeddings=False)
+    path = build_tiny_model(
+        tmp_path / "llama", "llama", hidden_size=128, num_layers=2, intermediate_size=256, tie_word_embeddings=False
+    )
     arch = read_architecture(load_config(SMALL, [f"model.path={path}"]))  # config.json over model.estimate
     assert arch.source.endswith("config.json") and arch.hidden == 128 and not arch.nvfp4
     assert arch.params == AutoModelForCausalLM.from_pretrained(path).num_parameters()
@@ -151,19 +173,38 @@ def test_missing_architecture_prints_placement_without_memory():
     "overrides, message",
     [
         (["trainer.ranks=60"], "need 68 GPUs; nodes=8 x gpus_per_node=8 has 64"),
-        (["placement.gpu_memory_gb=80"], "node 0 GPU 0 needs ~137.8 GB (KV cache 128.8, engine weights 8.8, LoRA slot 0.1)"),
-        (["placement.gpu_memory_gb=60", "engine.kv_cache_gb=40", "trainer.ranks=2"],
-         "node 1 GPU 0 needs ~91.5 GB (activations 48.3, base shard 35.1, trainable 2.2), over placement.gpu_memory_gb=60"),
-        (["placement.engine_gpus=4"], "placement.engine_gpus=4 must equal engine.replicas x engine.tensor_parallel_size = 1 x 8"),
-        (["engine.replicas=2"], "placement.engine_gpus=8 must equal engine.replicas x engine.tensor_parallel_size = 2 x 8"),
-        (["engine.replicas=2", "placement.engine_gpus=16", "trainer.ranks=49"],
-         "placement: 49 trainer ranks + 16 engine GPUs need 65 GPUs; nodes=8 x gpus_per_node=8 has 64"),
-        (["engine.replicas=2", "placement.backend=local", "placement.nodes=1"], "engine.replicas=2: vLLM replicas run as Ray actors"),
+        (
+            ["placement.gpu_memory_gb=80"],
+            "node 0 GPU 0 needs ~137.8 GB (KV cache 128.8, engine weights 8.8, LoRA slot 0.1)",
+        ),
+        (
+            ["placement.gpu_memory_gb=60", "engine.kv_cache_gb=40", "trainer.ranks=2"],
+            "node 1 GPU 0 needs ~91.5 GB (activations 48.3, base shard 35.1, trainable 2.2), over placement.gpu_memory_gb=60",
+        ),
+        (
+            ["placement.engine_gpus=4"],
+            "placement.engine_gpus=4 must equal engine.replicas x engine.tensor_parallel_size = 1 x 8",
+        ),
+        (
+            ["engine.replicas=2"],
+            "placement.engine_gpus=8 must equal engine.replicas x engine.tensor_parallel_size = 2 x 8",
+        ),
+        (
+            ["engine.replicas=2", "placement.engine_gpus=16", "trainer.ranks=49"],
+            "placement: 49 trainer ranks + 16 engine GPUs need 65 GPUs; nodes=8 x gpus_per_node=8 has 64",
+        ),
+        (
+            ["engine.replicas=2", "placement.backend=local", "placement.nodes=1"],
+            "engine.replicas=2: vLLM replicas run as Ray actors",
+        ),
         (["engine.tensor_parallel_size=16", "placement.engine_gpus=16"], "a TP group stays on one node"),
         (["placement.backend=local"], "the local backend runs on one machine"),
         (["trainer.micro_batch_tokens=8192"], "trainer.micro_batch_tokens=8192 < the longest sequence"),
-        (["engine.max_model_len=4096"], "a prompt of data.max_prompt_tokens=2048 has 2048 prompt tokens: with "
-         "rollout.sampling.max_tokens=16384 that is 18432, more than engine.max_model_len=4096"),
+        (
+            ["engine.max_model_len=4096"],
+            "a prompt of data.max_prompt_tokens=2048 has 2048 prompt tokens: with "
+            "rollout.sampling.max_tokens=16384 that is 18432, more than engine.max_model_len=4096",
+        ),
     ],
 )
 def test_plans_that_cannot_run_are_refused(overrides, message):
@@ -178,7 +219,9 @@ def test_tp_must_divide_the_heads():
 
 def test_cli_reports_a_plan_error_in_one_line_with_exit_2():
     out = subprocess.run(
-        [sys.executable, "-m", "rlvr.cli", "train", str(LARGE), "--dry-run", "trainer.ranks=60"], capture_output=True, text=True
+        [sys.executable, "-m", "rlvr.cli", "train", str(LARGE), "--dry-run", "trainer.ranks=60"],
+        capture_output=True,
+        text=True,
     )
     assert out.returncode == 2
     (line,) = [text for text in out.stdout.splitlines() if "plan error" in text]
@@ -189,19 +232,30 @@ SEED = CONFIGS / "aime_mistral_large3_nvfp4_ray.yaml"
 
 
 def test_seed_moe_config_plans_experts_mla_and_fits_8_nodes_of_4_gb200():
-    out = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", str(SEED), "--dry-run"], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", "train", str(SEED), "--dry-run"], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "673.42B parameters" in out.stdout and "39.95B active per token" in out.stdout
     assert "MLA, KV latent 512 + RoPE key 64" in out.stdout and "fits placement.gpu_memory_gb=186" in out.stdout
     assert "32 whole experts per GPU" in out.stdout and "over 4 ranks, 32 of 128 per rank" in out.stdout
     assert "fits placement.host_memory_gb=960" in out.stdout and "balance: split" in out.stdout
     plan = plan_of(SEED)
-    assert (plan.fsdp_world, plan.engine_tp, plan.engine_replicas, plan.gpus_used, plan.nodes, plan.gpus_per_node) == \
-        (8, 4, 6, 32, 8, 4)
+    assert (plan.fsdp_world, plan.engine_tp, plan.engine_replicas, plan.gpus_used, plan.nodes, plan.gpus_per_node) == (
+        8,
+        4,
+        6,
+        32,
+        8,
+        4,
+    )
     # one engine per node on nodes 0-5, the trainer's two HSDP replicas on nodes 6 and 7
-    assert [(d.node, d.gpu, d.engine_replica, d.engine_rank) for d in plan.devices if d.engine_rank is not None] == \
-        [(node, gpu, node, gpu) for node in range(6) for gpu in range(4)]
-    assert [(d.node, d.gpu) for d in plan.devices if d.trainer_rank is not None] == [(n, g) for n in (6, 7) for g in range(4)]
+    assert [(d.node, d.gpu, d.engine_replica, d.engine_rank) for d in plan.devices if d.engine_rank is not None] == [
+        (node, gpu, node, gpu) for node in range(6) for gpu in range(4)
+    ]
+    assert [(d.node, d.gpu) for d in plan.devices if d.trainer_rank is not None] == [
+        (n, g) for n in (6, 7) for g in range(4)
+    ]
     assert "engines 0-5, TP rank 0-3" in out.stdout and "generate 912 s (6 engines of TP 4" in out.stdout
 
 
@@ -210,39 +264,55 @@ def test_the_seed_layout_is_faster_than_one_engine_more_or_one_fewer():
     from rlvr.planning.step_time import step_time
 
     def step(replicas: int, ranks: int) -> float:
-        cfg = load_config(SEED, [f"engine.replicas={replicas}", f"trainer.ranks={ranks}", f"placement.engine_gpus={4 * replicas}"])
+        cfg = load_config(
+            SEED, [f"engine.replicas={replicas}", f"trainer.ranks={ranks}", f"placement.engine_gpus={4 * replicas}"]
+        )
         t = step_time(cfg, read_architecture(cfg))
         return max(t.generate, t.train + t.sync)  # split, generating one step ahead
 
     assert step(6, 8) < min(step(5, 12), step(7, 4))
     assert step(1, 28) / step(6, 8) > 5  # the one-engine layout the seed config had
-    out = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", str(SEED), "--dry-run"], capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", "train", str(SEED), "--dry-run"], capture_output=True, text=True
+    )
     (balance,) = [line for line in out.stdout.splitlines() if line.startswith("balance:")]
-    assert balance.endswith(f"with engine.replicas=7 and trainer.ranks=4 (placement.engine_gpus=28) a step would take "
-                            f"~{step(7, 4):,.0f} s")
+    assert balance.endswith(
+        f"with engine.replicas=7 and trainer.ranks=4 (placement.engine_gpus=28) a step would take ~{step(7, 4):,.0f} s"
+    )
 
 
 @pytest.mark.parametrize("shard_ranks, base_shard_gb, experts_per_rank", [("4", 95.39, 32), ("null", 47.70, 16)])
 def test_seed_base_shard_follows_trainer_shard_ranks(shard_ranks, base_shard_gb, experts_per_rank):
     """HSDP shards each parameter over shard_ranks ranks, each replica a whole copy: 4 ranks hold
     a quarter of the 382 GB base; FSDP over all 8 an eighth (16 of 128 experts)."""
-    out = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", str(SEED), "--dry-run", f"trainer.shard_ranks={shard_ranks}"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", "train", str(SEED), "--dry-run", f"trainer.shard_ranks={shard_ranks}"],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"{experts_per_rank} of 128 per rank" in out.stdout
     (row,) = [line for line in out.stdout.splitlines() if line.startswith("base shard")]
     assert float(row.split()[-1]) == base_shard_gb
-    assert round(rank_bytes(load_config(SEED, [f"trainer.shard_ranks={shard_ranks}"]), 0)["base_shard"] / GB, 2) == base_shard_gb
+    assert (
+        round(rank_bytes(load_config(SEED, [f"trainer.shard_ranks={shard_ranks}"]), 0)["base_shard"] / GB, 2)
+        == base_shard_gb
+    )
 
 
 def test_host_memory_too_small_exits_2_with_one_line():
-    out = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", str(SEED), "--dry-run", "placement.host_memory_gb=400"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", "train", str(SEED), "--dry-run", "placement.host_memory_gb=400"],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 2
     (line,) = [text for text in out.stdout.splitlines() if "plan error" in text]
     # nodes 6-7: 4 ranks x (95.39 GB shard + one 23.1 GB block)
-    assert line == (f"plan error: {SEED}: node 6 needs ~474.0 GB of host memory while loading (4 trainer ranks), "
-                    "over placement.host_memory_gb=400")
+    assert line == (
+        f"plan error: {SEED}: node 6 needs ~474.0 GB of host memory while loading (4 trainer ranks), "
+        "over placement.host_memory_gb=400"
+    )
 
 
 def test_moe_estimate_counts_as_transformers_builds_the_model():
@@ -290,17 +360,30 @@ def _measured_rank_bytes(model, rank: int, shards: int, dtype_bytes: int) -> dic
     for param in {id(p): p for p in model.parameters()}.values():
         rows = shard_rows(param.shape[0], shards, rank % shards)
         local[param.requires_grad] += rows * param.nbytes / param.shape[0]
-    gathered = max(sum(p.numel() * dtype_bytes if p.requires_grad else p.nbytes for p in block.parameters())
-                   for block in decoder_blocks(model))
-    return {"base_shard": local[False], "gathered": 2 * gathered, "trainable": 2 * local[True], "optimizer": 2 * local[True]}
+    gathered = max(
+        sum(p.numel() * dtype_bytes if p.requires_grad else p.nbytes for p in block.parameters())
+        for block in decoder_blocks(model)
+    )
+    return {
+        "base_shard": local[False],
+        "gathered": 2 * gathered,
+        "trainable": 2 * local[True],
+        "optimizer": 2 * local[True],
+    }
 
 
 @pytest.mark.parametrize(
     "arch_name, quantized, lora",
-    [("deepseek_v3", True, ["lora.target_modules=all-linear"]),
-     ("deepseek_v3", True, ["lora.target_modules=[q_b_proj,kv_a_proj_with_mqa,down_proj]", "lora.target_experts=true"]),
-     ("llama", False, ["lora.target_modules=[q_proj,v_proj,up_proj]"]),
-     ("llama", False, [])],
+    [
+        ("deepseek_v3", True, ["lora.target_modules=all-linear"]),
+        (
+            "deepseek_v3",
+            True,
+            ["lora.target_modules=[q_b_proj,kv_a_proj_with_mqa,down_proj]", "lora.target_experts=true"],
+        ),
+        ("llama", False, ["lora.target_modules=[q_proj,v_proj,up_proj]"]),
+        ("llama", False, []),
+    ],
     ids=["moe-nvfp4-all-linear", "moe-nvfp4-experts", "dense-lora", "dense-full"],
 )
 def test_rank_bytes_match_the_real_module_tree(tmp_path, arch_name, quantized, lora):
@@ -315,15 +398,24 @@ def test_rank_bytes_match_the_real_module_tree(tmp_path, arch_name, quantized, l
     from rlvr.quant.skeleton import Skeleton
     from rlvr.training.policy import apply_lora
 
-    path = build_tiny_model(tmp_path / arch_name, arch_name, hidden_size=64, num_layers=3, intermediate_size=128,
-                            tie_word_embeddings=False)
+    path = build_tiny_model(
+        tmp_path / arch_name, arch_name, hidden_size=64, num_layers=3, intermediate_size=128, tie_word_embeddings=False
+    )
     if quantized:
         path = quantize_checkpoint(path, tmp_path / "nvfp4")
     lora_keys = [f"trainer.{item}" for item in ["lora.rank=4", "lora.dropout=0", *lora]] if lora else []
     for ranks, shard_ranks in [(5, "null"), (3, "null"), (6, "2"), (1, "null")]:
-        cfg = load_config(SMALL, [f"model.path={path}", "model.dtype=bfloat16", f"trainer.ranks={ranks}",
-                                  f"trainer.shard_ranks={shard_ranks}", "trainer.lora=null" if not lora else "trainer.lora.rank=4",
-                                  *lora_keys])
+        cfg = load_config(
+            SMALL,
+            [
+                f"model.path={path}",
+                "model.dtype=bfloat16",
+                f"trainer.ranks={ranks}",
+                f"trainer.shard_ranks={shard_ranks}",
+                "trainer.lora=null" if not lora else "trainer.lora.rank=4",
+                *lora_keys,
+            ],
+        )
         model = Skeleton.from_checkpoint(path, torch.bfloat16).model  # on meta: shapes and dtypes only
         cfg = with_engine_lora_targets(cfg)  # as the run resolves them: MLA's all-linear drops kv_b_proj
         if cfg.trainer.lora:
@@ -358,14 +450,23 @@ def test_train_and_sync_time_by_hand():
     t = step_time(cfg, arch)
     assert t.train_compute == pytest.approx((linear + attention) / (4 * 1979e12 / 2), rel=1e-12)
     two = step_time(load_config(MEDIUM, ["placement.gpu=h100", "trainer.mini_batches=2"]), arch)
-    assert two.train_compute == pytest.approx(t.train_compute + (2 * multiplied * sequences * length * 2
-                                              + 2 * 28 * 256 * length**2 / 2 * 28 * sequences * 2) / (4 * 1979e12 / 2), rel=1e-12)
+    assert two.train_compute == pytest.approx(
+        t.train_compute
+        + (2 * multiplied * sequences * length * 2 + 2 * 28 * 256 * length**2 / 2 * 28 * sequences * 2)
+        / (4 * 1979e12 / 2),
+        rel=1e-12,
+    )
     # the adapter in float32 over one 400 Gb/s NIC
     assert t.sync == pytest.approx(arch.adapter_params(cfg.trainer.lora) * 4 / 50e9, rel=1e-12)
     assert t.generate > 0 and t.waves == -(-sequences // t.decoded_at_once)
 
 
-CPU = ["placement.gpus_per_node=0", "model.dtype=float32", "trainer.micro_batch_tokens=4096", "trainer.gradient_checkpointing=false"]
+CPU = [
+    "placement.gpus_per_node=0",
+    "model.dtype=float32",
+    "trainer.micro_batch_tokens=4096",
+    "trainer.gradient_checkpointing=false",
+]
 
 
 def test_a_cpu_rank_counts_its_logits_chunk_and_its_process():
@@ -389,14 +490,32 @@ def test_a_cpu_run_that_would_not_fit_this_machine_is_refused_in_one_line():
     plan = plan_of(SMALL, *CPU)
     need = sum(d.total for d in plan.devices)
     too_small = f"placement.host_memory_gb={int(need / GB) - 1}"
-    out = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", str(SMALL), "--dry-run", *CPU, too_small],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", "train", str(SMALL), "--dry-run", *CPU, too_small],
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 2
     (line,) = [text for text in out.stdout.splitlines() if "plan error" in text]
-    assert re.fullmatch(rf"plan error: {re.escape(str(SMALL))}: the run's processes on this machine need ~{need / GB:.1f} GB "
-                        rf"\(activations [\d.]+, KV cache [\d.]+, [a-z ]+ [\d.]+\), over {too_small.replace('.', '[.]')}", line)
-    fits = subprocess.run([sys.executable, "-m", "rlvr.cli", "train", str(SMALL), "--dry-run", *CPU,
-                           f"placement.host_memory_gb={int(need / GB) + 1}"], capture_output=True, text=True)
+    assert re.fullmatch(
+        rf"plan error: {re.escape(str(SMALL))}: the run's processes on this machine need ~{need / GB:.1f} GB "
+        rf"\(activations [\d.]+, KV cache [\d.]+, [a-z ]+ [\d.]+\), over {too_small.replace('.', '[.]')}",
+        line,
+    )
+    fits = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rlvr.cli",
+            "train",
+            str(SMALL),
+            "--dry-run",
+            *CPU,
+            f"placement.host_memory_gb={int(need / GB) + 1}",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert fits.returncode == 0 and f"All processes {need / GB:.1f} GB: fits placement.host_memory_gb" in fits.stdout
 
 
@@ -416,7 +535,9 @@ def test_cpu_step_time_by_hand(monkeypatch):
 
     monkeypatch.setattr("rlvr.planning.step_time.allowed_cores", lambda: list(range(8)))
     asked = []
-    cpu = load_config(SMALL, ["placement.gpus_per_node=0", "placement.gpu=null", "trainer.ranks=2", "engine.num_threads=3"])
+    cpu = load_config(
+        SMALL, ["placement.gpus_per_node=0", "placement.gpu=null", "trainer.ranks=2", "engine.num_threads=3"]
+    )
     arch = read_architecture(cpu)
     t = step_time(cpu, arch, lambda threads: asked.append(threads) or _rates(threads))
     assert sorted(asked) == [3, 8] and (t.engine_threads, t.trainer_threads) == (3, 8)
@@ -455,8 +576,9 @@ def test_cpu_plan_is_timed_only_with_rates_and_says_it_is_the_bound():
     assert "at this CPU's measured peaks" in line and "the bound" in line
     assert f"generate {plan.step.generate:.2f} s" in line and f"sync {plan.step.sync:.2f} s" in line
     assert "balance: the engine and the ranks share the cores" in out.getvalue()
-    half = make_plan(load_config(SMALL, ["placement.gpus_per_node=0", "placement.gpu=null", "model.dtype=float16"]),
-                     cpu_rates=_rates)
+    half = make_plan(
+        load_config(SMALL, ["placement.gpus_per_node=0", "placement.gpu=null", "model.dtype=float16"]), cpu_rates=_rates
+    )
     assert half.step is None and any("only float32 and bfloat16" in note for note in half.notes)
 
 
@@ -471,9 +593,18 @@ def test_cpu_split_cores_time_each_side_on_its_own_and_overlap(monkeypatch):
 
     monkeypatch.setattr("rlvr.planning.step_time.allowed_cores", lambda: list(range(8)))
     monkeypatch.setattr("rlvr.planning.plan.allowed_cores", lambda: list(range(8)))
-    cfg = load_config(SMALL, ["placement.gpus_per_node=0", "placement.gpu=null", "placement.colocate=false",
-                              "placement.engine_gpus=0", "placement.engine_cpus=2", "trainer.ranks=2",
-                              "rollout.max_staleness=1"])
+    cfg = load_config(
+        SMALL,
+        [
+            "placement.gpus_per_node=0",
+            "placement.gpu=null",
+            "placement.colocate=false",
+            "placement.engine_gpus=0",
+            "placement.engine_cpus=2",
+            "trainer.ranks=2",
+            "rollout.max_staleness=1",
+        ],
+    )
     asked = []
     plan = make_plan(cfg, cpu_rates=lambda threads: asked.append(threads) or _rates(threads))
     t = plan.step
@@ -481,5 +612,7 @@ def test_cpu_split_cores_time_each_side_on_its_own_and_overlap(monkeypatch):
     out = io.StringIO()
     print_plan(plan, cfg, Console(file=out, width=400))
     (balance,) = [line for line in out.getvalue().splitlines() if line.startswith("balance:")]
-    assert balance.startswith(f"balance: split cores (placement.engine_cpus), generating one step ahead: a step takes "
-                              f"~{max(t.generate, t.train + t.sync):.2f} s")
+    assert balance.startswith(
+        f"balance: split cores (placement.engine_cpus), generating one step ahead: a step takes "
+        f"~{max(t.generate, t.train + t.sync):.2f} s"
+    )

@@ -107,7 +107,16 @@ def test_hf_engine_and_eval_drive_the_eval_bars(model_dir, prompts, pool):
         console = terminal()
         problems = [Problem(id=str(i), question="q", answer="1") for i in range(len(prompts))]
         with RunProgress(console) as progress:
-            evaluate(engine, pool, problems, prompts, n=2, ks=[1, 2], sampling=Sampling(max_tokens=4, seed=0), progress=progress)
+            evaluate(
+                engine,
+                pool,
+                problems,
+                prompts,
+                n=2,
+                ks=[1, 2],
+                sampling=Sampling(max_tokens=4, seed=0),
+                progress=progress,
+            )
     assert shown(console, "eval generate", "6/6") and shown(console, "eval score", "6/6")
 
 

@@ -27,13 +27,21 @@ def install_like_pip(site: Path, wheels: PartWheels, pieces: list[bytes], versio
         info = site / f"{package}-{version or wheels.version}.dist-info"
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version or wheels.version}\n")
-        (info / "RECORD").write_text(f"{package}/__init__.py,,\n{package}/data/part{number:02d}.bin,,\n{info.name}/RECORD,,\n")
+        (info / "RECORD").write_text(
+            f"{package}/__init__.py,,\n{package}/data/part{number:02d}.bin,,\n{info.name}/RECORD,,\n"
+        )
 
 
 def pinned(pieces: list[bytes], prefix: str = "rlvr-test-part") -> PartWheels:
     whole = b"".join(pieces)
-    return PartWheels(gguf_name="model.gguf", wheel_prefix=prefix, version="1.0.0", count=len(pieces),
-                      size=len(whole), sha256=hashlib.sha256(whole).hexdigest())
+    return PartWheels(
+        gguf_name="model.gguf",
+        wheel_prefix=prefix,
+        version="1.0.0",
+        count=len(pieces),
+        size=len(whole),
+        sha256=hashlib.sha256(whole).hexdigest(),
+    )
 
 
 PIECES = [os.urandom(1000), os.urandom(1), os.urandom(4093)]
@@ -88,7 +96,7 @@ def test_a_tiny_published_model_is_built_then_every_step_is_skipped(tmp_path, mo
 
     _, gguf_path = tiny_llama_gguf(tmp_path, "Q8_0")
     whole = gguf_path.read_bytes()
-    pieces = [whole[: len(whole) // 3], whole[len(whole) // 3:]]
+    pieces = [whole[: len(whole) // 3], whole[len(whole) // 3 :]]
     wheels = pinned(pieces)
     install_like_pip(tmp_path / "site", wheels, pieces)
     monkeypatch.syspath_prepend(tmp_path / "site")
@@ -115,8 +123,13 @@ def test_a_tiny_published_model_is_built_then_every_step_is_skipped(tmp_path, mo
 
 def fetch(*args, site: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "rlvr.cli", "fetch", *map(str, args)], capture_output=True, text=True,
-                          timeout=300, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", "fetch", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
 
 
 def test_rlvr_fetch_refuses_pieces_that_are_not_the_published_file(tmp_path):
@@ -127,9 +140,13 @@ def test_rlvr_fetch_refuses_pieces_that_are_not_the_published_file(tmp_path):
     assert done.returncode == 2, done.stdout + done.stderr
     errors = [line for line in done.stdout.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
-    assert errors[0] == (f"error: {tmp_path / 'qwen' / wheels.gguf_name}: the pieces give {8 * wheels.count} bytes with sha256 "
-                         f"{hashlib.sha256(b'not qwen' * wheels.count).hexdigest()}, not the pinned 491,400,064 bytes "
-                         f"with sha256 {wheels.sha256}; refused and deleted")
+    assert errors[0] == (
+        f"error: {tmp_path / 'qwen' / wheels.gguf_name}: the pieces give {8 * wheels.count} bytes with sha256 "
+        f"{hashlib.sha256(b'not qwen' * wheels.count).hexdigest()}, not the pinned 491,400,064 bytes "
+        f"with sha256 {wheels.sha256}; refused and deleted"
+    )
     assert list((tmp_path / "qwen").iterdir()) == []
-    with pytest.raises(ValueError, match=r"^'qwen9' is not a published model; known: qwen2.5-coder-0.5b, qwen2.5-coder-1.5b$"):
+    with pytest.raises(
+        ValueError, match=r"^'qwen9' is not a published model; known: qwen2.5-coder-0.5b, qwen2.5-coder-1.5b$"
+    ):
         build_published_model("qwen9", tmp_path / "other")

@@ -39,7 +39,9 @@ NO_BNB = "bitsandbytes is not installed (pip install bitsandbytes): the cross-ch
 
 @pytest.fixture(scope="module")
 def base_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("base"), "qwen2", hidden_size=128, num_layers=2, intermediate_size=256)
+    return build_tiny_model(
+        tmp_path_factory.mktemp("base"), "qwen2", hidden_size=128, num_layers=2, intermediate_size=256
+    )
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +90,10 @@ def test_round_trip_packing_and_rounding():
 def test_config_is_the_one_transformers_writes(nf4_dir):
     config = json.loads((nf4_dir / "config.json").read_text())["quantization_config"]
     expected = BitsAndBytesConfig(
-        load_in_4bit=True, bnb_4bit_quant_type="nf4", llm_int8_skip_modules=["lm_head"], bnb_4bit_compute_dtype=torch.float32
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        llm_int8_skip_modules=["lm_head"],
+        bnb_4bit_compute_dtype=torch.float32,
     )
     assert config == expected.to_dict()
     assert quantized_format(nf4_dir) == "nf4"
@@ -111,7 +116,9 @@ def test_packed_model_computes_like_its_dequantized_float_model_and_lora_trains_
     with torch.no_grad():
         assert_close_scaled(packed(ids).logits, float_model(ids).logits)
 
-    config = prepare_lora_config(LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False), packed)
+    config = prepare_lora_config(
+        LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False), packed
+    )
     peft_packed = get_peft_model(packed, config)
     peft_float = get_peft_model(float_model, LoraConfig(r=4, lora_alpha=8, target_modules=config.target_modules))
     lora_state = {key: value for key, value in peft_packed.state_dict().items() if "lora_" in key}
@@ -142,7 +149,10 @@ def test_bad_checkpoints_fail_with_the_file_and_tensor_named(nf4_dir, tmp_path):
     tensors = load_file(broken / "model.safetensors")
     del tensors["model.layers.1.mlp.up_proj.weight.absmax"]
     save_file(tensors, broken / "model.safetensors")
-    with pytest.raises(ValueError, match=r"model\.safetensors: model\.layers\.1\.mlp\.up_proj: has weight\.quant_state\.bitsandbytes__nf4 but no weight\.absmax"):
+    with pytest.raises(
+        ValueError,
+        match=r"model\.safetensors: model\.layers\.1\.mlp\.up_proj: has weight\.quant_state\.bitsandbytes__nf4 but no weight\.absmax",
+    ):
         load_quantized_model(broken)
 
     config = json.loads((broken / "config.json").read_text())
@@ -152,10 +162,12 @@ def test_bad_checkpoints_fail_with_the_file_and_tensor_named(nf4_dir, tmp_path):
         dequantized_state_dict(broken)
 
 
-
 def test_a_linear_with_a_partial_block_per_row_is_refused_with_its_name(tmp_path):
     narrow = build_tiny_model(tmp_path / "narrow", "qwen2", hidden_size=96, num_layers=1, intermediate_size=128)
-    with pytest.raises(ValueError, match=r"narrow: model\.layers\.0\.self_attn\.q_proj has 96 input features, not a multiple of 64; add"):
+    with pytest.raises(
+        ValueError,
+        match=r"narrow: model\.layers\.0\.self_attn\.q_proj has 96 input features, not a multiple of 64; add",
+    ):
         quantize_checkpoint(narrow, tmp_path / "out", format="nf4")
     assert not (tmp_path / "out").exists()
 
@@ -169,7 +181,9 @@ def test_vllm_has_no_bitsandbytes_method_so_every_engine_gets_the_dequantized_vi
         ModelConfig(model=str(nf4_dir))
     view = served_model_path(str(nf4_dir))
     assert view == f"{nf4_dir}.dequantized"
-    assert "quantization_config" not in json.loads((nf4_dir.parent / f"{nf4_dir.name}.dequantized" / "config.json").read_text())
+    assert "quantization_config" not in json.loads(
+        (nf4_dir.parent / f"{nf4_dir.name}.dequantized" / "config.json").read_text()
+    )
 
 
 # --------------------------------------------------------------------------- bitsandbytes itself
@@ -216,8 +230,14 @@ def test_a_checkpoint_bitsandbytes_wrote_loads_in_rlvr_to_its_values(base_dir, t
     tensors, expected = {}, {}
     for key, value in source.state_dict().items():
         prefix = key.removesuffix(".weight")
-        if key.endswith(".weight") and isinstance(source.get_submodule(prefix), torch.nn.Linear) and prefix != "lm_head":
-            packed, state = bnb_functional.quantize_4bit(value, blocksize=64, quant_type="nf4", compress_statistics=False)
+        if (
+            key.endswith(".weight")
+            and isinstance(source.get_submodule(prefix), torch.nn.Linear)
+            and prefix != "lm_head"
+        ):
+            packed, state = bnb_functional.quantize_4bit(
+                value, blocksize=64, quant_type="nf4", compress_statistics=False
+            )
             tensors[key] = packed
             tensors.update({f"{key}.{k}": v for k, v in state.as_dict(packed=True).items()})
             expected[prefix] = bnb_functional.dequantize_4bit(packed, state)

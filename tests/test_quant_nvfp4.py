@@ -40,7 +40,9 @@ SCHEME = preset_name_to_scheme("NVFP4", ["Linear"])
 
 @pytest.fixture(scope="module")
 def base_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("base"), "qwen2", hidden_size=128, num_layers=2, intermediate_size=256)
+    return build_tiny_model(
+        tmp_path_factory.mktemp("base"), "qwen2", hidden_size=128, num_layers=2, intermediate_size=256
+    )
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +55,12 @@ def ct_compress(weight: torch.Tensor) -> dict[str, torch.Tensor]:
     global_scale = generate_gparam(weight.min(), weight.max())
     groups = weight.unflatten(-1, (-1, nvfp4.GROUP_SIZE))
     scale, zero_point = calculate_qparams(groups.amin(-1), groups.amax(-1), SCHEME.weights, global_scale=global_scale)
-    state = {"weight": weight, "weight_scale": scale, "weight_global_scale": global_scale, "weight_zero_point": zero_point}
+    state = {
+        "weight": weight,
+        "weight_scale": scale,
+        "weight_global_scale": global_scale,
+        "weight_zero_point": zero_point,
+    }
     return NVFP4PackedCompressor.compress(state, SCHEME)
 
 
@@ -66,7 +73,10 @@ def ct_dequantize_fp32(packed: torch.Tensor, scale: torch.Tensor, global_scale: 
 
 def ct_quantization_config(scheme) -> QuantizationConfig:
     return QuantizationConfig(
-        config_groups={"group_0": scheme}, format="nvfp4-pack-quantized", quantization_status="compressed", ignore=["lm_head"]
+        config_groups={"group_0": scheme},
+        format="nvfp4-pack-quantized",
+        quantization_status="compressed",
+        ignore=["lm_head"],
     )
 
 
@@ -75,7 +85,9 @@ def test_quantize_is_bit_equal_to_compressed_tensors_compressor():
     weight = torch.randn(32, 64) * 0.02
     # every rounding tie (scale 1 in this group: its amax is 6 and so is the tensor's), signs,
     # negative values that round to zero (packed as -0), and an all-zero group
-    weight[0, :16] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0] * 2) * torch.tensor([1.0] * 8 + [-1.0] * 8)
+    weight[0, :16] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0] * 2) * torch.tensor(
+        [1.0] * 8 + [-1.0] * 8
+    )
     weight[1, :16] = -1e-6
     weight[2, 16:32] = 0.0
     ours = nvfp4.quantize(weight)
@@ -84,7 +96,9 @@ def test_quantize_is_bit_equal_to_compressed_tensors_compressor():
     assert torch.equal(ours.weight_scale.view(torch.uint8), theirs["weight_scale"].view(torch.uint8))
     assert torch.equal(ours.weight_global_scale, theirs["weight_global_scale"])
     dequantized = nvfp4.dequantize(ours.weight_packed, ours.weight_scale, ours.weight_global_scale)
-    assert torch.equal(dequantized, ct_dequantize_fp32(*(theirs[k] for k in ("weight_packed", "weight_scale", "weight_global_scale"))))
+    assert torch.equal(
+        dequantized, ct_dequantize_fp32(*(theirs[k] for k in ("weight_packed", "weight_scale", "weight_global_scale")))
+    )
     ties_to_even = torch.tensor([0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 6.0])
     assert torch.equal(dequantized[0, :16], torch.cat([ties_to_even, -ties_to_even]))
 
@@ -109,7 +123,9 @@ def test_rlvr_checkpoint_decompresses_with_compressed_tensors_to_the_values_rlvr
     names = quantized_linear_names(model_fp32)
     assert len(names) == 2 * 7  # every Linear of both blocks; lm_head ignored
     for name in names:
-        stored = {key.removeprefix(f"{name}."): value for key, value in files.items() if key.startswith(f"{name}.weight_")}
+        stored = {
+            key.removeprefix(f"{name}."): value for key, value in files.items() if key.startswith(f"{name}.weight_")
+        }
         # the decompressor itself returns bfloat16: rlvr in bf16 must give exactly those values
         theirs_bf16 = NVFP4PackedCompressor.decompress(stored, scheme)["weight"]
         assert torch.equal(model_bf16.get_submodule(name).dequantized_weight(), theirs_bf16)
@@ -123,7 +139,11 @@ def test_compressed_tensors_checkpoint_loads_in_rlvr_to_its_values(base_dir, tmp
     tensors, expected = {}, {}
     for key, value in source.state_dict().items():
         prefix = key.removesuffix(".weight")
-        if key.endswith(".weight") and isinstance(source.get_submodule(prefix), torch.nn.Linear) and prefix != "lm_head":
+        if (
+            key.endswith(".weight")
+            and isinstance(source.get_submodule(prefix), torch.nn.Linear)
+            and prefix != "lm_head"
+        ):
             compressed = ct_compress(value)
             compressed["input_global_scale"] = generate_gparam(torch.tensor(-3.0), torch.tensor(3.0))
             tensors.update({f"{prefix}.{k}": v for k, v in compressed.items()})
@@ -152,14 +172,18 @@ def test_layers_reading_one_input_share_a_weight_global_scale(nvfp4_dir):
     scale = {name: layer.get_submodule(name).weight_global_scale.item() for name in names}
     assert scale["self_attn.q_proj"] == scale["self_attn.k_proj"] == scale["self_attn.v_proj"]
     assert scale["mlp.gate_proj"] == scale["mlp.up_proj"]
-    assert len({scale["self_attn.q_proj"], scale["self_attn.o_proj"], scale["mlp.gate_proj"], scale["mlp.down_proj"]}) == 4
+    assert (
+        len({scale["self_attn.q_proj"], scale["self_attn.o_proj"], scale["mlp.gate_proj"], scale["mlp.down_proj"]}) == 4
+    )
     assert all(layer.get_submodule(n).input_global_scale.item() != 1.0 for n in scale)  # calibrated
 
 
 def test_lora_on_packed_base_trains_like_lora_on_the_dequantized_float_model(nvfp4_dir, tmp_path):
     torch.manual_seed(0)
     packed = load_quantized_model(nvfp4_dir)
-    config = prepare_lora_config(LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False), packed)
+    config = prepare_lora_config(
+        LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False), packed
+    )
     peft_packed = get_peft_model(packed, config)
     float_model = AutoModelForCausalLM.from_pretrained(write_dequantized_checkpoint(nvfp4_dir, tmp_path / "float"))
     peft_float = get_peft_model(float_model, LoraConfig(r=4, lora_alpha=8, target_modules=config.target_modules))
@@ -173,9 +197,13 @@ def test_lora_on_packed_base_trains_like_lora_on_the_dequantized_float_model(nvf
     trainable = {name for name, p in peft_packed.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in name for name in trainable)
     # the packed tensors are frozen parameters (FSDP2 shards parameters only) in their own dtypes
-    frozen = dict(peft_packed.named_buffers()) | {n: p for n, p in peft_packed.named_parameters() if not p.requires_grad}
+    frozen = dict(peft_packed.named_buffers()) | {
+        n: p for n, p in peft_packed.named_parameters() if not p.requires_grad
+    }
     assert {frozen[f"{name}.weight_packed"].dtype for name in quantized_linear_names(peft_packed)} == {STORAGE_DTYPE}
-    assert {frozen[f"{name}.weight_scale"].dtype for name in quantized_linear_names(peft_packed)} == {torch.float8_e4m3fn}
+    assert {frozen[f"{name}.weight_scale"].dtype for name in quantized_linear_names(peft_packed)} == {
+        torch.float8_e4m3fn
+    }
     frozen_before = {name: t.clone() for name, t in frozen.items()}
     optimizer = torch.optim.AdamW([p for p in peft_packed.parameters() if p.requires_grad], lr=1e-2)
     losses = []
@@ -188,7 +216,10 @@ def test_lora_on_packed_base_trains_like_lora_on_the_dequantized_float_model(nvf
     assert losses[-1] < losses[0]
     assert {name for name, p in peft_packed.named_parameters() if p.grad is not None} == trainable
     # byte for byte: the packed bytes' float16 view holds NaN patterns, which equal nothing
-    assert all(torch.equal(t.reshape(-1).view(torch.uint8), frozen_before[name].reshape(-1).view(torch.uint8)) for name, t in frozen.items())
+    assert all(
+        torch.equal(t.reshape(-1).view(torch.uint8), frozen_before[name].reshape(-1).view(torch.uint8))
+        for name, t in frozen.items()
+    )
 
 
 def test_backward_does_not_keep_float_weights(nvfp4_dir):
@@ -208,7 +239,9 @@ def test_gradient_checkpointing_recomputes_a_packed_layer_to_the_same_gradient(n
     gradients equal those without checkpointing."""
     torch.manual_seed(0)
     model = load_quantized_model(nvfp4_dir)
-    config = prepare_lora_config(LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False), model)
+    config = prepare_lora_config(
+        LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False), model
+    )
     model = get_peft_model(model, config)
     ids = torch.randint(4, 200, (2, 12))
 
@@ -263,7 +296,9 @@ def test_a_folder_saved_with_save_pretrained_alone_quantizes_calibrated_on_its_v
     assert len(names) == 2 * 7
     for name in names:
         stored = {k.removeprefix(f"{name}."): v for k, v in files.items() if k.startswith(f"{name}.weight_")}
-        assert torch.equal(NVFP4PackedCompressor.decompress(stored, scheme)["weight"], model.get_submodule(name).dequantized_weight())
+        assert torch.equal(
+            NVFP4PackedCompressor.decompress(stored, scheme)["weight"], model.get_submodule(name).dequantized_weight()
+        )
         assert files[f"{name}.input_global_scale"].item() != 1.0  # calibrated
 
 
@@ -273,7 +308,9 @@ def test_vllm_reads_the_config_as_nvfp4_and_has_no_cpu_kernel_for_it(nvfp4_dir):
     from vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors import CompressedTensorsConfig
     from vllm.platforms import current_platform
 
-    config = CompressedTensorsConfig.from_config(json.loads((nvfp4_dir / "config.json").read_text())["quantization_config"])
+    config = CompressedTensorsConfig.from_config(
+        json.loads((nvfp4_dir / "config.json").read_text())["quantization_config"]
+    )
     scheme = config.target_scheme_map["Linear"]
     assert config.ignore == ["lm_head"]
     assert config._is_nvfp4_format(scheme["weights"]) and config._is_nvfp4_format(scheme["input_activations"])
@@ -317,7 +354,19 @@ def test_an_fp8_release_is_refused_in_one_line(tmp_path):
     reads: the folder is refused, naming its config, before anything loads."""
     from rlvr.quant.formats import read_quantization_config
 
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "deepseek_v3", "quantization_config": {
-        "quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}}))
-    with pytest.raises(ValueError, match=r"config.json: quant_method is 'fp8', not 'compressed-tensors' or 'bitsandbytes'$"):
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "deepseek_v3",
+                "quantization_config": {
+                    "quant_method": "fp8",
+                    "activation_scheme": "dynamic",
+                    "weight_block_size": [128, 128],
+                },
+            }
+        )
+    )
+    with pytest.raises(
+        ValueError, match=r"config.json: quant_method is 'fp8', not 'compressed-tensors' or 'bitsandbytes'$"
+    ):
         read_quantization_config(tmp_path)

@@ -40,7 +40,9 @@ def test_plan_colocates_the_engine_with_rank_0_and_splits_it_off_on_request():
 
 
 def test_plan_gives_each_engine_replica_a_bundle_of_its_tp_group_or_a_rank_to_share():
-    split = plan(PlacementConfig(backend="ray", colocate=False, nodes=3, gpus_per_node=4, engine_gpus=8), ranks=4, engines=2)
+    split = plan(
+        PlacementConfig(backend="ray", colocate=False, nodes=3, gpus_per_node=4, engine_gpus=8), ranks=4, engines=2
+    )
     assert split.bundles == [{"CPU": 1.0, "GPU": 4.0}] * 2 + [{"CPU": 1.0, "GPU": 1.0}] * 4
     assert split.engines == [Slot(0, 1.0, 4.0), Slot(1, 1.0, 4.0)] and [s.bundle for s in split.ranks] == [2, 3, 4, 5]
     colocated = plan(PlacementConfig(backend="ray", gpus_per_node=2), ranks=2, engines=2)
@@ -63,9 +65,16 @@ def workspace(tmp_path_factory):
 
 def _run(workspace: Path, name: str, placement: dict, env: dict | None = None) -> Path:
     """The 2-step run with `placement` (and `env`); the model and task are built by the first run."""
-    config = small_config(workspace, name, 2, reward=DIGIT_SHARE, placement=placement, trainer={"ranks": 2},
-                          rollout={"sampling": {"max_tokens": 24}},
-                          demo={"base_format": "hf", "model": {"num_layers": 2, "intermediate_size": 256}})
+    config = small_config(
+        workspace,
+        name,
+        2,
+        reward=DIGIT_SHARE,
+        placement=placement,
+        trainer={"ranks": 2},
+        rollout={"sampling": {"max_tokens": 24}},
+        demo={"base_format": "hf", "model": {"num_layers": 2, "intermediate_size": 256}},
+    )
     done = train(config, env=env)
     assert done.returncode == 0, done.stdout[-3000:]
     summary = json.loads((workspace / name / "summary.json").read_text())
@@ -101,11 +110,30 @@ def ray_head():
     """`ray start --head` in a temp dir of its own, on a free port; yields its address. Killing its
     process group stops exactly this cluster (`ray stop` would stop every Ray on the machine)."""
     temp_dir = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))  # short: Ray's socket paths have a length limit
-    head = subprocess.Popen([str(RAY), "start", "--head", "--block", "--port", "0", "--temp-dir", str(temp_dir),
-                             "--num-cpus", "2", "--include-dashboard", "false", "--disable-usage-stats",
-                             "--object-store-memory", str(500 << 20)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                            env=NO_AUTH)
+    head = subprocess.Popen(
+        [
+            str(RAY),
+            "start",
+            "--head",
+            "--block",
+            "--port",
+            "0",
+            "--temp-dir",
+            str(temp_dir),
+            "--num-cpus",
+            "2",
+            "--include-dashboard",
+            "false",
+            "--disable-usage-stats",
+            "--object-store-memory",
+            str(500 << 20),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        env=NO_AUTH,
+    )
     address_file = temp_dir / "ray_current_cluster"
     try:
         deadline = time.monotonic() + 120
@@ -156,8 +184,10 @@ def test_a_killed_rank_or_engine_stops_the_run_with_one_line(tmp_path, backend):
     from rlvr.orchestration.ray_placement import EngineError, RayCluster
 
     cluster = RayCluster.shared(PlacementConfig(backend="ray"), ranks=2)
-    with Trainer(spec, launch=cluster.launch_ranks) as trainer, \
-            start_engine("vllm", tiny, placement=cluster, max_model_len=64, kv_cache_gb=0.25) as engine:
+    with (
+        Trainer(spec, launch=cluster.launch_ranks) as trainer,
+        start_engine("vllm", tiny, placement=cluster, max_model_len=64, kv_cache_gb=0.25) as engine,
+    ):
         assert engine.score(*probe)[0] == pytest.approx(trainer.logprobs(*probe)[0], abs=1e-4)
         assert (engine.pending, engine.policy_version) == (0, 0)  # the engine's properties, through the actor
         ray.kill(trainer._ranks[1]._actor)

@@ -22,30 +22,49 @@ RLVR = Path(sys.executable).parent / "rlvr"
 
 
 def _trainer(node_of_rank: list[int]) -> list[dict]:
-    return [{"role": "trainer", "rank": rank, "node": node, "bundle": rank, "gpus": [rank % 4],
-             "executor_backend": None} for rank, node in enumerate(node_of_rank)]
+    return [
+        {"role": "trainer", "rank": rank, "node": node, "bundle": rank, "gpus": [rank % 4], "executor_backend": None}
+        for rank, node in enumerate(node_of_rank)
+    ]
 
 
 def test_a_replica_across_nodes_and_an_engine_whose_workers_leave_its_actor_fail_the_placement():
-    cfg = load_config(SEED, ["placement.nodes=3", "trainer.ranks=4", "trainer.shard_ranks=2", "engine.replicas=1",
-                             "placement.engine_gpus=4"])
+    cfg = load_config(
+        SEED,
+        [
+            "placement.nodes=3",
+            "trainer.ranks=4",
+            "trainer.shard_ranks=2",
+            "engine.replicas=1",
+            "placement.engine_gpus=4",
+        ],
+    )
     engine = {"role": "engine", "rank": 0, "node": 2, "bundle": 4, "gpus": [0, 1, 2, 3], "executor_backend": "mp"}
     assert placement_failures(cfg, _trainer([0, 0, 0, 0]) + [engine]) == []
     straddling = _trainer([0, 1, 1, 1])
     assert placement_failures(cfg, straddling + [engine]) == ["HSDP replica of ranks 0-1 spans nodes [0, 1]"]
-    assert placement_failures(cfg, _trainer([1, 0, 0, 0]) + [engine])[0] == \
-        "trainer ranks are not ordered by node: nodes [1, 0, 0, 0]"
+    assert (
+        placement_failures(cfg, _trainer([1, 0, 0, 0]) + [engine])[0]
+        == "trainer ranks are not ordered by node: nodes [1, 0, 0, 0]"
+    )
     ray_executor = {**engine, "executor_backend": "ray"}
     assert placement_failures(cfg, _trainer([0, 0, 0, 0]) + [ray_executor]) == [
-        "engine 0: vLLM resolves executor 'ray', whose workers leave the engine's actor"]
+        "engine 0: vLLM resolves executor 'ray', whose workers leave the engine's actor"
+    ]
     two_of_four = {**engine, "gpus": [0, 1]}
     assert placement_failures(cfg, _trainer([0, 0, 0, 0]) + [two_of_four]) == [
-        "engine 0: its actor holds GPUs [0, 1] of node 2, not its TP group of 4"]
+        "engine 0: its actor holds GPUs [0, 1] of node 2, not its TP group of 4"
+    ]
 
 
 def test_measured_bytes_pass_within_two_percent_of_the_plan():
-    rows = [{"rank": 0, "planned": {"base_shard": 100e9, "trainable": 1e9},
-             "measured": {"base_shard": 101.9e9, "trainable": 1e9}}]
+    rows = [
+        {
+            "rank": 0,
+            "planned": {"base_shard": 100e9, "trainable": 1e9},
+            "measured": {"base_shard": 101.9e9, "trainable": 1e9},
+        }
+    ]
     assert byte_failures(rows) == []
     rows[0]["measured"]["base_shard"] = 102.1e9
     assert byte_failures(rows) == ["rank 0: base_shard measured 102.100 GB, planned 100.000 GB (beyond 2%)"]
@@ -54,9 +73,16 @@ def test_measured_bytes_pass_within_two_percent_of_the_plan():
     assert rehearsed_ranks(28) == [0, 14, 27] and rehearsed_ranks(1) == [0]
 
 
-SMALL = ["placement.nodes=2", "placement.gpus_per_node=2", "placement.engine_gpus=1", "engine.tensor_parallel_size=1",
-         "engine.replicas=1",
-         "engine.expert_parallel=false", "trainer.ranks=3", "trainer.shard_ranks=null"]
+SMALL = [
+    "placement.nodes=2",
+    "placement.gpus_per_node=2",
+    "placement.engine_gpus=1",
+    "engine.tensor_parallel_size=1",
+    "engine.replicas=1",
+    "engine.expert_parallel=false",
+    "trainer.ranks=3",
+    "trainer.shard_ranks=null",
+]
 
 
 @pytest.mark.slow
@@ -75,22 +101,37 @@ def test_a_tp1_engine_gets_one_gpu_and_vllms_single_process_executor():
 
 @pytest.mark.slow
 def test_a_colocated_engine_wider_than_one_gpu_is_refused_in_one_line():
-    with pytest.raises(ValueError, match=r"^engine.tensor_parallel_size=2: the engine's slot has 1 GPU\(s\) "
-                                         r"\(colocated, it shares a trainer rank's GPU: use placement.colocate: false"):
-        place(load_config(SEED, [*SMALL, "placement.nodes=1", "placement.colocate=true",
-                                 "engine.tensor_parallel_size=2", "trainer.ranks=2"]))
+    with pytest.raises(
+        ValueError,
+        match=r"^engine.tensor_parallel_size=2: the engine's slot has 1 GPU\(s\) "
+        r"\(colocated, it shares a trainer rank's GPU: use placement.colocate: false",
+    ):
+        place(
+            load_config(
+                SEED,
+                [
+                    *SMALL,
+                    "placement.nodes=1",
+                    "placement.colocate=true",
+                    "engine.tensor_parallel_size=2",
+                    "trainer.ranks=2",
+                ],
+            )
+        )
 
 
 def test_rehearse_stops_with_one_line_and_exit_2_on_a_bad_config_or_plan(tmp_path):
     bad_key = subprocess.run([str(RLVR), "rehearse", str(SEED), "placement.gpus=4"], capture_output=True, text=True)
     assert bad_key.returncode == 2 and len(bad_key.stdout.strip().splitlines()) == 1, bad_key.stdout
     assert "placement.gpus" in bad_key.stdout
-    unplaceable = subprocess.run([str(RLVR), "rehearse", str(SEED), "placement.engine_gpus=2"],
-                                 capture_output=True, text=True)
+    unplaceable = subprocess.run(
+        [str(RLVR), "rehearse", str(SEED), "placement.engine_gpus=2"], capture_output=True, text=True
+    )
     assert unplaceable.returncode == 2, unplaceable.stdout
     assert unplaceable.stdout.strip().splitlines() == [
         f"plan error: {SEED}: placement.engine_gpus=2 must equal engine.replicas x engine.tensor_parallel_size = 6 x 4 "
-        "(split placement: each engine's GPUs are its TP group)"]
+        "(split placement: each engine's GPUs are its TP group)"
+    ]
 
 
 @pytest.mark.slow
@@ -107,8 +148,12 @@ def test_rehearse_places_the_seed_run_and_its_shards_as_planned(tmp_path):
     assert all(set(row["measured"]) >= set(row["planned"]) for row in report["ranks"])
     assert done.stdout.strip().splitlines()[-1] == "ok"
     # the placement, from the report: each TP engine in one actor, the ranks node by node
-    ranks, per_node, tp, replicas = (cfg.trainer.ranks, cfg.placement.gpus_per_node, cfg.engine.tensor_parallel_size,
-                                      cfg.engine.replicas)
+    ranks, per_node, tp, replicas = (
+        cfg.trainer.ranks,
+        cfg.placement.gpus_per_node,
+        cfg.engine.tensor_parallel_size,
+        cfg.engine.replicas,
+    )
     assert tp > 1 and replicas > 1 and not cfg.placement.colocate
     actors = report["actors"]
     trainer = [a for a in actors if a["role"] == "trainer"]
@@ -118,20 +163,27 @@ def test_rehearse_places_the_seed_run_and_its_shards_as_planned(tmp_path):
     assert all(a["cuda_visible_devices"] == ",".join(map(str, range(tp))) for a in engines)
     assert {a["executor_backend"] for a in engines} == {"mp"}  # vLLM left alone resolves "ray" in a placement group
     # The ranks fill the nodes after the engines', node after node, GPU after GPU.
-    slots = [(node, gpu) for node in range(cfg.placement.nodes) for gpu in range(per_node)][tp * replicas:][:ranks]
+    slots = [(node, gpu) for node in range(cfg.placement.nodes) for gpu in range(per_node)][tp * replicas :][:ranks]
     assert [(a["rank"], a["node"], a["gpus"]) for a in trainer] == [(r, n, [g]) for r, (n, g) in enumerate(slots)]
     assert all(a["cuda_visible_devices"] == str(a["gpus"][0]) for a in trainer)
     assert len({a["rendezvous"] for a in trainer}) == 1
     assert sorted(a["bundle"] for a in actors) == list(range(ranks + replicas))
     for shard_ranks in ["null", per_node, per_node // 2]:
         assert placement_failures(load_config(SEED, [f"trainer.shard_ranks={shard_ranks}"]), actors) == []
-    assert placement_failures(load_config(SEED, ["engine.replicas=7", "placement.engine_gpus=28", "trainer.ranks=4"]),
-                              actors)[0] == "6 engine actor(s) placed for engine.replicas=7"
+    assert (
+        placement_failures(
+            load_config(SEED, ["engine.replicas=7", "placement.engine_gpus=28", "trainer.ranks=4"]), actors
+        )[0]
+        == "6 engine actor(s) placed for engine.replicas=7"
+    )
     doubled = engines[:-1] + [{**engines[-1], "node": engines[0]["node"]}]  # the last engine on the first's GPUs
     assert placement_failures(cfg, trainer + doubled) == ["two actors hold the same GPU"]
     lines = summary_lines({"ok": True, "actors": actors, "ranks": [], "failures": []})
-    assert lines[-1 - replicas:-1] == [f"engine {r}: node {r}, GPUs {','.join(map(str, range(tp)))}, executor mp"
-                                       for r in range(replicas)]
-    assert lines[0] == f"trainer ranks 0-{per_node - 1}: node {replicas}, GPUs 0,1,2,3, rendezvous {trainer[0]['rendezvous']}"
+    assert lines[-1 - replicas : -1] == [
+        f"engine {r}: node {r}, GPUs {','.join(map(str, range(tp)))}, executor mp" for r in range(replicas)
+    ]
+    assert (
+        lines[0]
+        == f"trainer ranks 0-{per_node - 1}: node {replicas}, GPUs 0,1,2,3, rendezvous {trainer[0]['rendezvous']}"
+    )
     assert lines[-1] == "ok"
-

@@ -41,7 +41,9 @@ def _make_run(run_dir: Path, steps: int = 12) -> Path:
             }
             if step % 4 == 0:
                 rewards = [1, 0, 0, 1] + [0, 0, 0, float(step > 0)]
-                evaluated = summarize(["a"] * 4 + ["b"] * 4, rewards, ["1", "2", "2", "1", None, "x", "x", "7"], None, [1, 4])
+                evaluated = summarize(
+                    ["a"] * 4 + ["b"] * 4, rewards, ["1", "2", "2", "1", None, "x", "x", "7"], None, [1, 4]
+                )
                 metrics.update(flat_eval_metrics(evaluated, "eval/toy"))
                 metrics["time/eval"] = 0.5
             logger.log(step, metrics)

@@ -89,8 +89,11 @@ def _setting(root, changes: dict, steps: int = STEPS, assets=None):
 # drained stream and must sample, drop and train exactly what the reference did. (A synchronous
 # run's exact resume is the SIGTERM test's.)
 ASYNC_STEPS = 4
-ASYNC = {"rollout": {**CHANGES["rollout"], "mode": "async", "max_staleness": 2}, "trainer": CHANGES["trainer"],
-         "checkpoint": {"every": 2}}
+ASYNC = {
+    "rollout": {**CHANGES["rollout"], "mode": "async", "max_staleness": 2},
+    "trainer": CHANGES["trainer"],
+    "checkpoint": {"every": 2},
+}
 
 
 @pytest.mark.slow
@@ -120,7 +123,9 @@ def _kill_and_resume(path, run_dir, kill_after: int, delay: float) -> None:
     metrics = run_dir / "metrics.jsonl"
     deadline = time.time() + 600
     while time.time() < deadline and victim.poll() is None:
-        steps_done = sum('"reward/mean"' in line for line in metrics.read_text().splitlines()) if metrics.exists() else 0
+        steps_done = (
+            sum('"reward/mean"' in line for line in metrics.read_text().splitlines()) if metrics.exists() else 0
+        )
         if steps_done >= kill_after:
             break
         time.sleep(0.2)
@@ -150,7 +155,9 @@ def test_one_step_off_rollouts_lag_one_version_and_sigterm_resumes_to_the_same_m
     # they come from the policy one update behind the trainer's, so the sampler's logprobs differ.
     assert rows[0]["sync/sampler_trainer_gap"] <= 1e-3
     assert all(row["sync/sampler_trainer_gap"] > 1e-3 for row in rows[1:])
-    assert any(row["rollout/sampled_groups"] > row["rollout/informative_groups"] for row in rows)  # dynamic sampling refilled
+    assert any(
+        row["rollout/sampled_groups"] > row["rollout/informative_groups"] for row in rows
+    )  # dynamic sampling refilled
     run_dir = root / "terminated"
     path = config(run_dir, checkpoint_every=STEPS)  # the stop must write its own checkpoint
     victim = start_training(path)

@@ -10,9 +10,25 @@ from rlvr.rewards import get_verifier
 
 CASES = [json.loads(line) for line in (Path(__file__).parent / "data" / "verifier_cases.jsonl").open()]
 CATEGORIES = {
-    "fraction_decimal", "radical", "pi", "interval", "set_tuple", "degree", "percent", "text_units",
-    "thousands", "matrix", "equation", "expression", "extraction", "hedging", "aime", "gsm8k",
-    "exact", "regex", "adversarial",
+    "fraction_decimal",
+    "radical",
+    "pi",
+    "interval",
+    "set_tuple",
+    "degree",
+    "percent",
+    "text_units",
+    "thousands",
+    "matrix",
+    "equation",
+    "expression",
+    "extraction",
+    "hedging",
+    "aime",
+    "gsm8k",
+    "exact",
+    "regex",
+    "adversarial",
 }
 
 

@@ -48,7 +48,7 @@ def test_scans_never_raise_on_any_text(text):
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.integers(-10**9, 10**9), plain)
+@given(st.integers(-(10**9), 10**9), plain)
 def test_last_number_and_hashes(n, noise):
     noise = "".join(ch for ch in noise if not ch.isdigit() and ch not in "-.,")
     assert last_number(f"1 then {noise} {n}") == str(n)

@@ -63,14 +63,18 @@ def test_a_hundred_thousand_different_boxes_are_a_hedge(monkeypatch):
     from rlvr.rewards import verifiers
 
     calls = []
-    monkeypatch.setattr(verifiers, "normalize", lambda text, *a, real=verifiers.normalize: calls.append(text) or real(text, *a))
+    monkeypatch.setattr(
+        verifiers, "normalize", lambda text, *a, real=verifiers.normalize: calls.append(text) or real(text, *a)
+    )
     response = "".join(f"\\boxed{{{i}}}" for i in range(100_000)) + "\\boxed{5}"
     for name in ("math", "aime", "gsm8k"):
         assert get_verifier(name)(response, "5").reward == 0, name
     assert len(calls) < 10
 
 
-@pytest.mark.parametrize("text", ["1" + " " * 200_000 + "2", "1" + " \t" * 100_000 + "x", "$ " * 100_000], ids=["spaces", "tabs", "dollars"])
+@pytest.mark.parametrize(
+    "text", ["1" + " " * 200_000 + "2", "1" + " \t" * 100_000 + "x", "$ " * 100_000], ids=["spaces", "tabs", "dollars"]
+)
 def test_long_runs_normalise_in_linear_time(text):
     """Found while preparing the campaign: a list-comma pattern with a leading `\\s*` and a loop
     peeling one `$` per pass were quadratic (20,000 spaces: 9.9 s). At 200,000 characters a

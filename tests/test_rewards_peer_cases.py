@@ -23,7 +23,13 @@ def want(case):
 
 def test_set_covers_every_source_and_beats_the_target():
     assert {c["source"] for c in CASES} == {
-        "Math-Verify", "lighteval", "NeMo-Skills", "hendrycks-MATH", "Qwen2.5-Math", "TRL", "verl"
+        "Math-Verify",
+        "lighteval",
+        "NeMo-Skills",
+        "hendrycks-MATH",
+        "Qwen2.5-Math",
+        "TRL",
+        "verl",
     }
     assert all(c["licence"] and c["origin"] for c in CASES)
     plain = [c for c in BOXED if not c["judgment"]]

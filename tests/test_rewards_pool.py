@@ -90,7 +90,9 @@ def test_empty_batch_and_length_mismatch(pool):
         pool.score(["a"], [])
 
 
-@pytest.mark.parametrize("name, status", [("hang_in_c", "timeout"), ("spin", "timeout"), ("crash", "error"), ("hog_memory", "error")])
+@pytest.mark.parametrize(
+    "name, status", [("hang_in_c", "timeout"), ("spin", "timeout"), ("crash", "error"), ("hog_memory", "error")]
+)
 def test_bad_item_is_contained_and_the_rest_go_on(pool, name, status):
     pool.wait_ready()  # replacing the last test's killed worker takes a start-up
     started = time.monotonic()
@@ -146,14 +148,17 @@ def test_a_worker_killed_from_outside_is_replaced_and_its_item_retried_once_each
         first, second = (int(pid) for pid in pids.read_text().split())
         assert first != second  # the item ran again, on the replacement
         assert [(s.reward, s.status) for s in scores] == [(1.0, "ok"), (1.0, "ok")]
-        assert lines[1:] == [f"scoring worker (pid {first}) died (exit code -9) scoring item 0; replaced, the item is retried"]
+        assert lines[1:] == [
+            f"scoring worker (pid {first}) died (exit code -9) scoring item 0; replaced, the item is retried"
+        ]
 
         lines.clear()  # a worker that dies on the item's retry too: the item is the response's fault
         scores = pool.score(["x", "\\boxed{3}"], ["x", "3"], [custom("crash"), "math"])
         assert [(s.reward, s.status) for s in scores] == [(0.0, "error"), (1.0, "ok")]
         assert [line.split(") died (")[1] for line in lines] == [
             "exit code 3) scoring item 0; replaced, the item is retried",
-            "exit code 3) retrying item 0; the item scores status 'error'"]
+            "exit code 3) retrying item 0; the item scores status 'error'",
+        ]
 
 
 def _kill_first_reporter(pids: Path) -> None:

@@ -161,7 +161,10 @@ def test_ignore_case_and_normalisation():
     assert reward("\\boxed{\\frac{\\pi}{2}}", "\\frac{\\pi}{2}", ignore_case=False) == 1
     assert reward("\\boxed{x \\in [-2,7]}", "-2 \\\\le x \\\\le 7") == 1  # doubled escapes
     assert reward("\\boxed{-2 \\le x \\le 7}", "x \\in [-2,7]") == 1  # both directions
-    assert reward("\\boxed{\\begin{pmatrix}1\\\\\\frac{1}{2}\\end{pmatrix}}", "\\begin{pmatrix}1 \\\\ 0.5\\end{pmatrix}") == 1
+    assert (
+        reward("\\boxed{\\begin{pmatrix}1\\\\\\frac{1}{2}\\end{pmatrix}}", "\\begin{pmatrix}1 \\\\ 0.5\\end{pmatrix}")
+        == 1
+    )
     assert normalize("12 $ and $13") == normalize("12\\text{ and }13")
     assert normalize("185\\") == "185"
 

@@ -54,7 +54,9 @@ def run_score(*args):
 def test_cli_options_reach_the_verifier_and_bad_ones_are_one_line(tmp_path):
     src, out = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     write_lines(src, [json.dumps({"response": "The answer is 5.", "answer": "5"})])
-    done = run_score(src, "-o", out, "--verifier", "math", "--workers", "1", "--option", "extract=boxed,answer,last_number")
+    done = run_score(
+        src, "-o", out, "--verifier", "math", "--workers", "1", "--option", "extract=boxed,answer,last_number"
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(out.read_text())["reward"] == 1.0
     plain = run_score(src, "-o", out, "--workers", "1")
@@ -64,7 +66,12 @@ def test_cli_options_reach_the_verifier_and_bad_ones_are_one_line(tmp_path):
     deep.parent.mkdir()
     piped = run_score(src, "-o", deep, "--workers", "1")
     summary = [line for line in piped.stderr.splitlines() if line.strip()]
-    assert piped.returncode == 0 and len(summary) == 1 and summary[0].startswith("scored 1 rows -> ") and len(summary[0]) > 80
+    assert (
+        piped.returncode == 0
+        and len(summary) == 1
+        and summary[0].startswith("scored 1 rows -> ")
+        and len(summary[0]) > 80
+    )
     for option, message in [
         ("colour=red", "unknown option 'colour'"),
         ("percent=half", "option percent='half': choose from either, ratio, number"),

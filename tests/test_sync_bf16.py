@@ -32,8 +32,10 @@ def test_bf16_noise_passes_the_sync_check_and_a_stale_push_fails_it(tmp_path):
     prompts = [tokenizer.encode(text) for text in ("abc", "hello world", "12+7=")]
     probe = [(p, p[:3]) for p in prompts]
     sequences, prompt_lens = probe_inputs(probe)
-    with (start_engine("vllm", model_dir, dtype="auto", max_model_len=256, kv_cache_gb=0.25, lora_rank=8) as engine,
-          Trainer(rank_spec(model_dir, dtype="auto", lr=5e-2, lora=LORA)) as trainer):
+    with (
+        start_engine("vllm", model_dir, dtype="auto", max_model_len=256, kv_cache_gb=0.25, lora_rank=8) as engine,
+        Trainer(rank_spec(model_dir, dtype="auto", lr=5e-2, lora=LORA)) as trainer,
+    ):
         assert engine.merge_lora  # the CPU default: the path whose rounding this is about
         sync = WeightSync(engine, trainer, probe, SyncCheck(THRESHOLD), StepTimer(), lora=True)
         gaps = []

@@ -22,7 +22,9 @@ def test_counting_problems_split_by_seed_without_overlap():
     questions = [p.question for p in train + test]
     assert len(set(questions)) == len(questions)  # distinct, so no test problem is trained on
     for p in train + test:
-        start, step, count = map(int, re.fullmatch(r"What is (\d+)\+(\d+)\*(\d+)\? Answer in \\boxed\{\}\.", p.question).groups())
+        start, step, count = map(
+            int, re.fullmatch(r"What is (\d+)\+(\d+)\*(\d+)\? Answer in \\boxed\{\}\.", p.question).groups()
+        )
         assert 0 <= start <= 99 and 2 <= step <= 9 and 1 <= count <= 32
         assert p.answer == str(start + step * count)
     with pytest.raises(ValueError, match="pool"):
@@ -49,4 +51,3 @@ def test_a_counting_solution_derives_its_answer_step_by_step():
             assert (index, left, left + right) == (k, value, total)
             value = total
         assert str(value) == p.answer and verify(worked, p.answer).reward == 1.0
-

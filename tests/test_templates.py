@@ -45,9 +45,12 @@ def test_auto_is_each_problems_own_template(tmp_path):
 
 def test_inline_text_and_system_prompt():
     # braces in the question and in the template other than {question} are left alone
-    assert chat_messages(PROBLEM, "Q: {question}\nA: {answer}") == [{"role": "user", "content": f"Q: {QUESTION}\nA: {{answer}}"}]
+    assert chat_messages(PROBLEM, "Q: {question}\nA: {answer}") == [
+        {"role": "user", "content": f"Q: {QUESTION}\nA: {{answer}}"}
+    ]
     assert chat_messages(PROBLEM, "plain", system_prompt="Be brief.") == [
-        {"role": "system", "content": "Be brief."}, {"role": "user", "content": QUESTION},
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": QUESTION},
     ]
     # the system prompt replaces a built-in template's own
     assert chat_messages(PROBLEM, "boxed_system", system_prompt="Be brief.")[0]["content"] == "Be brief."
@@ -57,7 +60,10 @@ def test_inline_text_and_system_prompt():
 def test_a_real_chat_template_renders_them():
     tokenizer = build_char_tokenizer()
     text = build_prompt(PROBLEM, tokenizer, "Q: {question}", system_prompt="Be brief.")
-    assert text == f"<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nQ: {QUESTION}<|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        text
+        == f"<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nQ: {QUESTION}<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_rows_with_their_own_messages_keep_them():
@@ -77,8 +83,14 @@ def test_rows_with_their_own_messages_keep_them():
 
 def test_config_accepts_names_and_inline_text_and_rejects_the_rest(tmp_path):
     config = tmp_path / "c.yaml"
-    for written, read in [("auto", "auto"), *((name, name) for name in TEMPLATES), ("Q: {question}\\nA:", "Q: {question}\nA:")]:
-        config.write_text(f'model: {{path: m}}\ndata: {{train: gsm8k, template: "{written}", system_prompt: "Be brief."}}\n')
+    for written, read in [
+        ("auto", "auto"),
+        *((name, name) for name in TEMPLATES),
+        ("Q: {question}\\nA:", "Q: {question}\nA:"),
+    ]:
+        config.write_text(
+            f'model: {{path: m}}\ndata: {{train: gsm8k, template: "{written}", system_prompt: "Be brief."}}\n'
+        )
         cfg = load_config(config)
         assert (cfg.data.template, cfg.data.system_prompt) == (read, "Be brief.")
     config.write_text("model: {path: m}\ndata: {train: gsm8k, template: fancy}\n")

@@ -28,11 +28,17 @@ TOKENS = list(range(5, 29))  # one fixed sequence: the SL loop learns it
 def test_a_bad_serve_config_is_one_line_and_exit_2(tmp_path):
     config = tmp_path / "serve.yaml"
     config.write_text("engine:\n  kv_cache_gbb: 1\n")
-    done = subprocess.run([sys.executable, "-m", "rlvr.cli", "serve", "--config", str(config)], capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "COLUMNS": "200"})
+    done = subprocess.run(
+        [sys.executable, "-m", "rlvr.cli", "serve", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     assert done.returncode == 2
     assert done.stdout.strip().splitlines() == [
-        f"error: {config}: unknown key 'engine.kv_cache_gbb'; did you mean engine.kv_cache_gb?"]
+        f"error: {config}: unknown key 'engine.kv_cache_gbb'; did you mean engine.kv_cache_gb?"
+    ]
 
 
 def test_sessions_end_when_finished_or_silent():
@@ -43,6 +49,7 @@ def test_sessions_end_when_finished_or_silent():
 
     server = TinkerServer(ServeConfig(session_timeout_s=11))
     with TestClient(server.app) as client:
+
         def heartbeat(session_id: str):
             return client.post("/api/v1/session_heartbeat", json={"session_id": session_id})
 
@@ -62,12 +69,17 @@ def serving(folder: Path, checkpoints: Path | None = None):
     """`rlvr serve` as a subprocess on a free port, its checkpoints under `checkpoints` (default
     `folder`/checkpoints), sessions ending 30 s after their client is last heard from; yields its URL."""
     config = folder / "serve.yaml"
-    config.write_text(f"checkpoint_dir: {checkpoints or folder / 'checkpoints'}\nlog_every_s: 1\nsession_timeout_s: 30\n"
-                      "engine:\n  max_model_len: 128\n  kv_cache_gb: 0.25\n")
+    config.write_text(
+        f"checkpoint_dir: {checkpoints or folder / 'checkpoints'}\nlog_every_s: 1\nsession_timeout_s: 30\n"
+        "engine:\n  max_model_len: 128\n  kv_cache_gb: 0.25\n"
+    )
     port = free_port()
     with open(folder / "server.log", "w") as log:
-        process = subprocess.Popen([sys.executable, "-m", "rlvr.cli", "serve", "--port", str(port), "--config", str(config)],
-                                   stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "rlvr.cli", "serve", "--port", str(port), "--config", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             url = f"http://127.0.0.1:{port}"
             deadline = time.monotonic() + 120
@@ -78,7 +90,9 @@ def serving(folder: Path, checkpoints: Path | None = None):
                     break
                 except OSError:
                     if process.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError(f"rlvr serve did not come up:\n{(folder / 'server.log').read_text()[-3000:]}")
+                        raise RuntimeError(
+                            f"rlvr serve did not come up:\n{(folder / 'server.log').read_text()[-3000:]}"
+                        )
                     time.sleep(0.5)
             yield url
         finally:
@@ -88,8 +102,15 @@ def serving(folder: Path, checkpoints: Path | None = None):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("model"), "qwen2", hidden_size=64, num_layers=2, num_heads=2,
-                            num_kv_heads=1, intermediate_size=128)
+    return build_tiny_model(
+        tmp_path_factory.mktemp("model"),
+        "qwen2",
+        hidden_size=64,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        intermediate_size=128,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +129,10 @@ def training(server):
 
 def _datum(tokens: list[int], **inputs) -> types.Datum:
     """model_input[i] predicts target_tokens[i]: the sequence and itself shifted by one."""
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens[:-1]),
-                       loss_fn_inputs={"target_tokens": np.array(tokens[1:], dtype=np.int64), **inputs})
+    return types.Datum(
+        model_input=types.ModelInput.from_ints(tokens[:-1]),
+        loss_fn_inputs={"target_tokens": np.array(tokens[1:], dtype=np.int64), **inputs},
+    )
 
 
 def _logprobs(training, tokens: list[int]) -> np.ndarray:
@@ -122,8 +145,9 @@ def _logprobs(training, tokens: list[int]) -> np.ndarray:
 def test_smoke_path_losses_are_sums_and_sampling_is_seeded(training):
     n = len(TOKENS) - 1
     weights = np.linspace(-0.5, 2.0, n).astype(np.float32)  # any floats, negatives included
-    result = training.forward_backward([_datum(TOKENS, weights=weights), _datum(TOKENS[:9], weights=np.ones(8, np.float32))],
-                                       "cross_entropy").result()
+    result = training.forward_backward(
+        [_datum(TOKENS, weights=weights), _datum(TOKENS[:9], weights=np.ones(8, np.float32))], "cross_entropy"
+    ).result()
     first, second = (np.asarray(out["logprobs"].tolist()) for out in result.loss_fn_outputs)
     assert first.shape == (n,) and second.shape == (8,)
     assert np.all(first < 0)
@@ -204,8 +228,9 @@ def test_malformed_request_is_refused_and_leaves_the_model_alone(server, trainin
     with pytest.raises(tinker.BadRequestError, match="outside the vocabulary"):
         training.forward_backward([bad], "cross_entropy").result()
     with pytest.raises(tinker.BadRequestError, match="needs loss_fn_inputs\\['advantages'\\]"):
-        training.forward_backward([_datum(TOKENS, weights=np.ones(len(TOKENS) - 1, np.float32))],
-                                  "importance_sampling").result()
+        training.forward_backward(
+            [_datum(TOKENS, weights=np.ones(len(TOKENS) - 1, np.float32))], "importance_sampling"
+        ).result()
     # the refused calls left no gradient behind, and the calls after them still take their turn
     training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
     np.testing.assert_array_equal(_logprobs(training, TOKENS), before)
@@ -217,7 +242,9 @@ def test_save_state_writes_peft_and_loads_back(server, training):
     path = training.save_state("first").result().path
     folder = server[2] / training.model_id.replace(":", "_") / "first"
     assert path == f"tinker://{training.model_id}/weights/first"
-    assert (folder / "adapter" / "adapter_model.safetensors").is_file() and (folder / "adapter" / "adapter_config.json").is_file()
+    assert (folder / "adapter" / "adapter_model.safetensors").is_file() and (
+        folder / "adapter" / "adapter_config.json"
+    ).is_file()
     with pytest.raises(tinker.RequestFailedError, match="exists"):
         training.save_state("first").result()
     weights = np.ones(len(TOKENS) - 1, dtype=np.float32)
@@ -248,15 +275,34 @@ def test_cookbook_arithmetic_recipe_runs_unmodified(tmp_path, model_dir):
 
     with serving(tmp_path) as url:
         done = subprocess.run(
-            [sys.executable, "-m", "tinker_cookbook.recipes.math_rl.train", f"base_url={url}", f"model_name={model_dir}",
-             "renderer_name=role_colon", "env=arithmetic", "loss_fn=importance_sampling", "groups_per_batch=4",
-             "group_size=4", "max_steps=3", "eval_every=0", "save_every=0", "lora_rank=8", f"log_path={tmp_path / 'run'}",
-             "behavior_if_log_dir_exists=delete"],
-            env={**os.environ, "TINKER_API_KEY": "tml-dummy"}, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+            [
+                sys.executable,
+                "-m",
+                "tinker_cookbook.recipes.math_rl.train",
+                f"base_url={url}",
+                f"model_name={model_dir}",
+                "renderer_name=role_colon",
+                "env=arithmetic",
+                "loss_fn=importance_sampling",
+                "groups_per_batch=4",
+                "group_size=4",
+                "max_steps=3",
+                "eval_every=0",
+                "save_every=0",
+                "lora_rank=8",
+                f"log_path={tmp_path / 'run'}",
+                "behavior_if_log_dir_exists=delete",
+            ],
+            env={**os.environ, "TINKER_API_KEY": "tml-dummy"},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     steps = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [step["step"] for step in steps if "env/all/reward/total" in step] == [0, 1, 2]
-    final, = (tmp_path / "checkpoints").glob("*/final")  # the recipe's closing save_state
+    (final,) = (tmp_path / "checkpoints").glob("*/final")  # the recipe's closing save_state
     assert (final / "adapter" / "adapter_model.safetensors").is_file()
 
 
@@ -265,8 +311,11 @@ def test_requests_are_logged_by_kind_not_one_by_one(server, training):
     log = server[3]
 
     def forward_backward_lines() -> list[int]:
-        return [int(line.split(": ")[2].split()[0]) for line in log.read_text().splitlines()
-                if line.startswith("rlvr serve: forward_backward: ")]
+        return [
+            int(line.split(": ")[2].split()[0])
+            for line in log.read_text().splitlines()
+            if line.startswith("rlvr serve: forward_backward: ")
+        ]
 
     time.sleep(1.5)  # what earlier tests sent is logged by now
     before = len(forward_backward_lines())
@@ -302,8 +351,11 @@ def test_fair_queue_takes_each_session_in_turn():
 @pytest.mark.slow
 def test_two_clients_train_their_own_adapters(server, training):
     """A second session's model on the same server: its own adapter, its steps leave the first model alone."""
-    other = tinker.ServiceClient(base_url=server[0], api_key="tml-dummy").create_lora_training_client(
-        base_model=server[1], rank=8, seed=1).result()
+    other = (
+        tinker.ServiceClient(base_url=server[0], api_key="tml-dummy")
+        .create_lora_training_client(base_model=server[1], rank=8, seed=1)
+        .result()
+    )
     first_before = _logprobs(training, TOKENS)
     other_before = _logprobs(other, TOKENS)
     weights = np.ones(len(TOKENS) - 1, dtype=np.float32)
@@ -317,10 +369,17 @@ def test_two_clients_train_their_own_adapters(server, training):
 
 @pytest.mark.slow
 def test_out_of_order_seq_id_is_refused(server, training):
-    body = {"model_id": training.model_id, "seq_id": 1, "type": "optim_step",
-            "adam_params": {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12}}
-    request = urllib.request.Request(f"{server[0]}/api/v1/optim_step", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json", "X-API-Key": "tml-dummy"})
+    body = {
+        "model_id": training.model_id,
+        "seq_id": 1,
+        "type": "optim_step",
+        "adam_params": {"learning_rate": 1e-3, "beta1": 0.9, "beta2": 0.95, "eps": 1e-12},
+    }
+    request = urllib.request.Request(
+        f"{server[0]}/api/v1/optim_step",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", "X-API-Key": "tml-dummy"},
+    )
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=30)
     assert refused.value.code == 400
@@ -350,8 +409,11 @@ def test_a_vanished_client_s_session_expires_and_its_model_closes(server, tmp_pa
     client.wait()
 
     def info() -> int:
-        request = urllib.request.Request(f"{server[0]}/api/v1/get_info", data=json.dumps({"model_id": model_id}).encode(),
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"{server[0]}/api/v1/get_info",
+            data=json.dumps({"model_id": model_id}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=30):
                 return 200
@@ -364,7 +426,9 @@ def test_a_vanished_client_s_session_expires_and_its_model_closes(server, tmp_pa
     deadline = time.monotonic() + 120
     while expired not in server[3].read_text() and time.monotonic() < deadline:
         time.sleep(1)
-    assert f"closing {model_id}" in next(line for line in server[3].read_text().splitlines() if line.startswith(expired))
+    assert f"closing {model_id}" in next(
+        line for line in server[3].read_text().splitlines() if line.startswith(expired)
+    )
     assert info() == 400
 
 
@@ -409,7 +473,9 @@ def test_same_script_same_numbers_and_a_saved_state_resumes_after_a_restart(serv
     (tmp_path / "resume.py").write_text(RESUME)
 
     def run(script: str, *args: str) -> dict:
-        done = subprocess.run([sys.executable, str(tmp_path / script), *args], capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [sys.executable, str(tmp_path / script), *args], capture_output=True, text=True, timeout=600
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(done.stdout.strip().splitlines()[-1])
 

@@ -56,7 +56,9 @@ def test_prompts_are_the_ids_vllm_renders(tokenizer, vllm_tokenizer, system_prom
     expected = vllm_tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     assert encode_prompt(PROBLEM, tokenizer, data) == expected
     assert Renderer(tokenizer, data).prompt(PROBLEM, messages) == expected
-    assert expected[0] == vllm_tokenizer.bos_token_id and expected[-1] == vllm_tokenizer.convert_tokens_to_ids("[/INST]")
+    assert expected[0] == vllm_tokenizer.bos_token_id and expected[-1] == vllm_tokenizer.convert_tokens_to_ids(
+        "[/INST]"
+    )
     # without the chat template: the text's own tokens, as vLLM encodes a prompt without special tokens
     plain = DataConfig(train="gsm8k", template="boxed", system_prompt=system_prompt, chat_template=False)
     text = "\n\n".join(m["content"] for m in messages)
@@ -69,7 +71,9 @@ def test_a_turn_then_an_observation_is_the_whole_chat_vllm_renders(tokenizer, vl
     renderer = Renderer(tokenizer, data)
     first = [{"role": "user", "content": "Compute 6*7 with the tool."}]
     reply, observation = "call: 6*7", [{"role": "user", "content": "tool says 42"}]
-    sampled = vllm_tokenizer.encode(reply, add_special_tokens=False) + ([vllm_tokenizer.eos_token_id] if ended_turn else [])
+    sampled = vllm_tokenizer.encode(reply, add_special_tokens=False) + (
+        [vllm_tokenizer.eos_token_id] if ended_turn else []
+    )
     ids = renderer.prompt(PROBLEM, first) + sampled + renderer.observation(observation, ended_turn=ended_turn)
     whole = first + [{"role": "assistant", "content": reply}] + observation
     assert ids == vllm_tokenizer.apply_chat_template(whole, add_generation_prompt=True)

@@ -9,8 +9,18 @@ from rlvr.training.report import RoutingSums, TrainReport, step_metrics
 
 
 def _report(tokens: float, entropy: float, gap: float, **extra) -> TrainReport:
-    report = TrainReport(loss=0.5 * tokens, tokens=tokens, entropy_sum=entropy, sampler_gap_sum=gap, grad_norm=2.0,
-                         skipped=1.0, updates=3.0, lr=1e-4, seconds=tokens / 10, **extra)
+    report = TrainReport(
+        loss=0.5 * tokens,
+        tokens=tokens,
+        entropy_sum=entropy,
+        sampler_gap_sum=gap,
+        grad_norm=2.0,
+        skipped=1.0,
+        updates=3.0,
+        lr=1e-4,
+        seconds=tokens / 10,
+        **extra,
+    )
     return report
 
 

@@ -17,8 +17,11 @@ LORA = dict(rank=4, alpha=8.0, dropout=0.0, target_modules="all-linear")
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return str(build_tiny_model(tmp_path_factory.mktemp("m") / "tiny", "qwen2", hidden_size=64, num_layers=2,
-                                intermediate_size=128))
+    return str(
+        build_tiny_model(
+            tmp_path_factory.mktemp("m") / "tiny", "qwen2", hidden_size=64, num_layers=2, intermediate_size=128
+        )
+    )
 
 
 def test_packing_scores_each_completion_token_once_and_balances_ranks():
@@ -67,8 +70,9 @@ def _each_layout(model_path: str, reference_model, layouts=LAYOUTS) -> dict[tupl
     expected = reference_logprobs(reference_model, sequences, prompt_lens)
     results = {}
     for ranks, shard_ranks in layouts:
-        spec = rank_spec(model_path, lr=1e-2, lora=LORA, ranks=ranks, shard_ranks=shard_ranks,
-                         micro_batch_tokens=14)  # 14 splits group 1
+        spec = rank_spec(
+            model_path, lr=1e-2, lora=LORA, ranks=ranks, shard_ranks=shard_ranks, micro_batch_tokens=14
+        )  # 14 splits group 1
         with Trainer(spec) as trainer:
             lp = trainer.logprobs(sequences, prompt_lens)
             metrics = trainer.train_step(batch)
@@ -98,8 +102,12 @@ def _packed_layer_bytes(stored: dict[str, torch.Tensor], base_format: str) -> in
         layers = {key.removesuffix(".weight_packed") for key in stored if key.endswith(".weight_packed")}
         return sum(t.nbytes for key, t in stored.items() if key.rsplit(".", 1)[0] in layers)
     layers = {key.removesuffix(".weight.absmax") for key in stored if key.endswith(".weight.absmax")}
-    return sum(stored[f"{layer}.{part}"].nbytes for layer in layers for part in ("weight", "weight.absmax", "bias")
-               if f"{layer}.{part}" in stored)
+    return sum(
+        stored[f"{layer}.{part}"].nbytes
+        for layer in layers
+        for part in ("weight", "weight.absmax", "bias")
+        if f"{layer}.{part}" in stored
+    )
 
 
 @pytest.mark.slow
@@ -134,14 +142,17 @@ def test_a_checkpoint_of_replicas_resumes_on_shards(tiny, tmp_path):
             saved = trainer.adapter().tensors
             trainer.train_step(batch)
             after[shard_ranks] = (saved, trainer.adapter().tensors)
-    for (a, b) in zip(after[1], after[None]):
+    for a, b in zip(after[1], after[None]):
         for name in a:
             torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.slow
 def test_a_rank_error_reaches_the_controller_with_its_traceback(tmp_path):
-    with pytest.raises(TrainerError, match=r"trainer rank 0 failed:(.|\n)*does not appear to have a file named config.json|trainer rank 0 failed"):
+    with pytest.raises(
+        TrainerError,
+        match=r"trainer rank 0 failed:(.|\n)*does not appear to have a file named config.json|trainer rank 0 failed",
+    ):
         Trainer(rank_spec(tmp_path / "missing")).wait_started()
 
 
@@ -177,7 +188,9 @@ def test_a_cpu_rank_keeps_freed_activations_for_the_next_step():
         pytest.skip("keep_freed_memory tunes glibc's allocator; this libc is another")
 
     def faults_per_step(mode: str) -> int:
-        out = subprocess.run([sys.executable, "-c", _PAGE_FAULTS_PER_STEP, mode], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", _PAGE_FAULTS_PER_STEP, mode], capture_output=True, text=True, check=True
+        )
         return int(out.stdout.split()[-1])
 
     assert faults_per_step("glibc") > 8000  # every one of the 8 x 4 MiB = 8192 pages, every step
@@ -228,7 +241,9 @@ def test_a_lora_step_over_a_real_vocabulary_holds_one_logits_chunk(tmp_path):
     from rlvr.training.logits_memory import working_bytes
 
     vocab, budget_mb = 151936, 128
-    path = build_tiny_model(tmp_path / "m", "qwen2", vocab_size=vocab, hidden_size=64, num_layers=2, intermediate_size=128)
+    path = build_tiny_model(
+        tmp_path / "m", "qwen2", vocab_size=vocab, hidden_size=64, num_layers=2, intermediate_size=128
+    )
     g = torch.Generator().manual_seed(0)
     inputs = [torch.randint(4, 250, (64,), generator=g).tolist() for _ in range(32)]
     targets = [x[1:] + [5] for x in inputs]

@@ -29,8 +29,11 @@ def test_mini_batches_hold_whole_groups_in_order():
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    return str(build_tiny_model(tmp_path_factory.mktemp("m") / "tiny", "qwen2", hidden_size=64, num_layers=2,
-                                intermediate_size=128))
+    return str(
+        build_tiny_model(
+            tmp_path_factory.mktemp("m") / "tiny", "qwen2", hidden_size=64, num_layers=2, intermediate_size=128
+        )
+    )
 
 
 @pytest.mark.slow
@@ -54,7 +57,9 @@ def test_mini_batches_and_epochs_agree_on_one_and_two_ranks(tiny):
     batch = grpo_train_batch(groups=6, seed=1)
     results = {}
     for ranks in (1, 2):
-        with Trainer(rank_spec(tiny, lr=2e-2, lora=LORA, ranks=ranks, mini_batches=3, epochs=2, micro_batch_tokens=40)) as t:
+        with Trainer(
+            rank_spec(tiny, lr=2e-2, lora=LORA, ranks=ranks, mini_batches=3, epochs=2, micro_batch_tokens=40)
+        ) as t:
             metrics = t.train_step(batch)
             results[ranks] = (metrics, t.adapter().tensors)
     (m1, a1), (m2, a2) = results[1], results[2]
@@ -71,10 +76,14 @@ def test_a_masked_response_trains_as_if_it_were_not_there(tiny):
     dropped = 5
     masked = replace(batch, loss_mask=[[int(i != dropped)] * len(c) for i, c in enumerate(batch.completion_ids)])
     keep = [i for i in range(len(batch)) if i != dropped]
-    without = replace(batch, prompt_ids=[batch.prompt_ids[i] for i in keep],
-                      completion_ids=[batch.completion_ids[i] for i in keep],
-                      sampler_logprobs=[batch.sampler_logprobs[i] for i in keep],
-                      advantages=batch.advantages[keep], group=batch.group[keep])
+    without = replace(
+        batch,
+        prompt_ids=[batch.prompt_ids[i] for i in keep],
+        completion_ids=[batch.completion_ids[i] for i in keep],
+        sampler_logprobs=[batch.sampler_logprobs[i] for i in keep],
+        advantages=batch.advantages[keep],
+        group=batch.group[keep],
+    )
     adapters = []
     for b in (masked, without):
         with Trainer(rank_spec(tiny, lr=2e-2, lora=LORA)) as trainer:

@@ -60,7 +60,9 @@ def test_trl_config_matches_rlvr_step(tmp_path, generation):
     from trl import GRPOConfig
 
     cfg = bench_config(tmp_path)
-    args = GRPOConfig(**trl_config_kwargs(cfg, steps=8, output_dir=str(tmp_path / "trl"), threads=2, generation=generation))
+    args = GRPOConfig(
+        **trl_config_kwargs(cfg, steps=8, output_dir=str(tmp_path / "trl"), threads=2, generation=generation)
+    )
     assert args.per_device_train_batch_size == 16 * 8 and args.num_generations == 8
     assert args.generation_batch_size == 128 and args.steps_per_generation == 1 and args.num_iterations == 1
     assert args.max_completion_length == 256 and args.temperature == 1.0 and args.top_p == 1.0 and args.top_k == 0
@@ -95,9 +97,13 @@ def test_trl_steps_through_the_same_learning_rates(tmp_path, schedule):
     cfg = bench_config(tmp_path, f"trainer.schedule={schedule}")
     kwargs = trl_config_kwargs(cfg, steps=8, output_dir=str(tmp_path), threads=2, generation="vllm")
     optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=kwargs["learning_rate"])
-    trl = get_scheduler(kwargs["lr_scheduler_type"], optimizer, num_warmup_steps=kwargs["warmup_steps"], num_training_steps=8)
+    trl = get_scheduler(
+        kwargs["lr_scheduler_type"], optimizer, num_warmup_steps=kwargs["warmup_steps"], num_training_steps=8
+    )
     for step in range(8):
-        assert trl.get_last_lr()[0] == pytest.approx(kwargs["learning_rate"] * lr_factor(cfg.trainer, 8, step), abs=1e-12)
+        assert trl.get_last_lr()[0] == pytest.approx(
+            kwargs["learning_rate"] * lr_factor(cfg.trainer, 8, step), abs=1e-12
+        )
         optimizer.step()
         trl.step()
 
@@ -118,7 +124,9 @@ def test_trl_gets_rlvr_prompts_in_rlvr_order(tmp_path, chat):
     for row, i in zip(rows, order):
         # what TRL tokenizes: the chat template applied to the messages, or the string as it is
         if chat:
-            ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+            ids = tokenizer.apply_chat_template(
+                row["prompt"], add_generation_prompt=True, tokenize=True, return_dict=True
+            )["input_ids"]
         else:
             ids = tokenizer(text=[row["prompt"]])["input_ids"][0]
         assert ids == encode_prompt(problems[i], tokenizer, cfg.data)
@@ -128,9 +136,12 @@ def test_scaling_points_double_one_axis_at_a_time():
     points = vs_trl.scaling_points(16, 8, 64, doublings=2)
     assert points[0] == {"axis": "base", "prompts": 16, "samples": 8, "max_tokens": 64}
     assert [(p["axis"], p["prompts"], p["samples"], p["max_tokens"]) for p in points[1:]] == [
-        ("prompts", 32, 8, 64), ("prompts", 64, 8, 64),
-        ("samples", 16, 16, 64), ("samples", 16, 32, 64),
-        ("max_tokens", 16, 8, 128), ("max_tokens", 16, 8, 256),
+        ("prompts", 32, 8, 64),
+        ("prompts", 64, 8, 64),
+        ("samples", 16, 16, 64),
+        ("samples", 16, 32, 64),
+        ("max_tokens", 16, 8, 128),
+        ("max_tokens", 16, 8, 256),
     ]
 
 
@@ -165,8 +176,9 @@ def test_longtail_workload_draws_the_counting_task_and_extends_its_test_split(tm
     from rlvr.data.datasets import load_problems
 
     workload = vs_trl.WORKLOADS["longtail"]
-    overrides = vs_trl.bench_overrides(str(tmp_path), str(tmp_path / "run"), 8, 16, 8, workload.max_tokens, 4,
-                                       list(workload.overrides))
+    overrides = vs_trl.bench_overrides(
+        str(tmp_path), str(tmp_path / "run"), 8, 16, 8, workload.max_tokens, 4, list(workload.overrides)
+    )
     cfg = load_config(ROOT / "configs" / "demo.yaml", overrides + [f"data.test={tmp_path}/task/test.jsonl"])
     vs_trl.ensure_task(cfg, workload)
     train = load_problems(cfg.data.train)
@@ -191,9 +203,17 @@ def test_seed_summary_reads_per_seed_results_as_written_to_json():
     def run(base, rlvr, trl, step_ratio):
         # as json.loads gives it back: the curves' step keys are strings
         curves = {"rlvr": {"0": base, "4": rlvr[0], "8": rlvr[1]}, "trl": {"0": base, "4": trl[0], "8": trl[1]}}
-        return {"step_ratio": step_ratio, "rlvr_step_s": 1.0, "trl_step_s": step_ratio, "base_avg8": base,
-                "rlvr_avg8_after": rlvr[1], "trl_avg8_after": trl[1], "steps": 8, "avg8_curves": curves,
-                "step_seconds": {"rlvr": [1.0] * 8, "trl": [step_ratio] * 8}}
+        return {
+            "step_ratio": step_ratio,
+            "rlvr_step_s": 1.0,
+            "trl_step_s": step_ratio,
+            "base_avg8": base,
+            "rlvr_avg8_after": rlvr[1],
+            "trl_avg8_after": trl[1],
+            "steps": 8,
+            "avg8_curves": curves,
+            "step_seconds": {"rlvr": [1.0] * 8, "trl": [step_ratio] * 8},
+        }
 
     per_seed = {1: run(0.10, (0.20, 0.30), (0.12, 0.20), 4.0), 0: run(0.10, (0.11, 0.20), (0.15, 0.30), 6.0)}
     summary = vs_trl.seed_summary({s: json.loads(json.dumps(r)) for s, r in per_seed.items()}, target=None)
@@ -215,8 +235,10 @@ def test_seeds_vary_the_run_on_the_one_model_and_task(tmp_path):
     write_jsonl(train, tmp_path / "task" / "train.jsonl")
     overrides = vs_trl.bench_overrides(str(tmp_path), str(tmp_path / "run"), 3, 4, 8, 256, 1, [])
     built = load_config(ROOT / "configs" / "demo.yaml", overrides)
-    seeded = {s: load_config(ROOT / "configs" / "demo.yaml", vs_trl.seed_run_overrides(overrides, str(tmp_path / "run"), s))
-              for s in (0, 1)}
+    seeded = {
+        s: load_config(ROOT / "configs" / "demo.yaml", vs_trl.seed_run_overrides(overrides, str(tmp_path / "run"), s))
+        for s in (0, 1)
+    }
     tokenizer = build_char_tokenizer()
     orders = {}
     for s, cfg in seeded.items():
@@ -231,10 +253,13 @@ def test_accuracy_by_count_buckets_held_out_samples_by_steps(tmp_path):
     from rlvr.data.synthetic import counting_question, write_jsonl
     from rlvr.records import Problem
 
-    problems = [Problem(id=f"p{b}", question=counting_question(5, 3, b), answer=str(5 + 3 * b)) for b in (1, 2, 4, 7, 20)]
+    problems = [
+        Problem(id=f"p{b}", question=counting_question(5, 3, b), answer=str(5 + 3 * b)) for b in (1, 2, 4, 7, 20)
+    ]
     write_jsonl(problems, tmp_path / "test.jsonl")
     rewards = {"p1": [1, 1], "p2": [1, 0], "p4": [0, 0], "p7": [1, 0], "p20": [0, 0]}
-    (tmp_path / "run.jsonl").write_text("".join(
-        json.dumps({"problem_id": pid, "reward": float(r)}) + "\n" for pid, rs in rewards.items() for r in rs))
+    (tmp_path / "run.jsonl").write_text(
+        "".join(json.dumps({"problem_id": pid, "reward": float(r)}) + "\n" for pid, rs in rewards.items() for r in rs)
+    )
     table = vs_trl.accuracy_by_count(str(tmp_path / "test.jsonl"), tmp_path, ["run"])
     assert table == {"run": {"b=1": 1.0, "b=2": 0.5, "b=3-4": 0.0, "b=5-8": 0.5, "b=17-32": 0.0}}  # no b in 9-16

@@ -8,8 +8,19 @@ import torch
 from rlvr.training import wire
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.int64,
-                                   torch.uint8, torch.bool, torch.complex64])
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.float32,
+        torch.bfloat16,
+        torch.float16,
+        torch.float8_e4m3fn,
+        torch.int64,
+        torch.uint8,
+        torch.bool,
+        torch.complex64,
+    ],
+)
 def test_tensors_of_every_dtype_cross_the_pipe_bit_for_bit(dtype):
     source = (torch.randn(3, 5) * 10).to(dtype)
     message = ("ok", {"t": source, "view": source.t(), "scalar": source[1, 2], "empty": source[:0], "nested": [source]})

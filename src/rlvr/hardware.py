@@ -69,7 +69,7 @@ def native_bf16(device: str) -> str | None:
 
 
 def local_device(gpus_per_node: int = 0) -> str:
-    """"cuda" where this machine, or the placement (`placement.gpus_per_node`), has GPUs; else "cpu"."""
+    """ "cuda" where this machine, or the placement (`placement.gpus_per_node`), has GPUs; else "cpu"."""
     return "cuda" if gpus_per_node or torch.cuda.is_available() else "cpu"
 
 
@@ -79,12 +79,16 @@ def compute_dtype(requested: str, device: str) -> ComputeDtype:
     if requested != "auto":
         return ComputeDtype(requested, "model.dtype")
     native = native_bf16(device)
-    return ComputeDtype("bfloat16", native) if native else ComputeDtype("float32", f"{device.upper()} without native bf16")
+    return (
+        ComputeDtype("bfloat16", native) if native else ComputeDtype("float32", f"{device.upper()} without native bf16")
+    )
 
 
 # -------------------------------------------------------------------- what the CPU sustains
 
-CALIBRATION_MATMUL = 2048  # large enough for oneDNN's blocked kernels to reach their rate, ~0.1 s in float32 on one core
+CALIBRATION_MATMUL = (
+    2048  # large enough for oneDNN's blocked kernels to reach their rate, ~0.1 s in float32 on one core
+)
 CALIBRATION_COPY_BYTES = 256 << 20  # far past the caches (a few MB per core, ~100 MB of L3 on big parts)
 CALIBRATION_LOOPBACK_BYTES = 64 << 20
 CALIBRATION_REPEATS = 3  # the best of these, after a warm-up: a neighbour's burst slows one, rarely all
@@ -134,8 +138,13 @@ def _machine_key(threads: int) -> str:
     return f"{capabilities.get('cpu_name', 'unknown CPU')} | flags {digest} | {threads} threads | torch {torch.__version__}"
 
 
-def matmul_flops(dtype: torch.dtype, threads: int, rows: int = CALIBRATION_MATMUL, inner: int = CALIBRATION_MATMUL,
-                 columns: int = CALIBRATION_MATMUL) -> float:
+def matmul_flops(
+    dtype: torch.dtype,
+    threads: int,
+    rows: int = CALIBRATION_MATMUL,
+    inner: int = CALIBRATION_MATMUL,
+    columns: int = CALIBRATION_MATMUL,
+) -> float:
     """The best FLOP/s of a (rows x inner) @ (inner x columns) torch matmul in `dtype` on `threads`
     threads: square and large, the peak `cpu_rates` keeps; at a layer's shape, what it gets."""
     a, b = torch.randn(rows, inner).to(dtype), torch.randn(inner, columns).to(dtype)
@@ -181,8 +190,11 @@ def _loopback_bytes_per_s() -> float:
     """One direction of a TCP connection over 127.0.0.1, as gloo's transport uses between ranks."""
     payload = memoryview(bytearray(CALIBRATION_LOOPBACK_BYTES))
     chunk = bytearray(1 << 20)
-    with socket.create_server(("127.0.0.1", 0)) as server, \
-            socket.create_connection(server.getsockname()) as sender, server.accept()[0] as receiver:
+    with (
+        socket.create_server(("127.0.0.1", 0)) as server,
+        socket.create_connection(server.getsockname()) as sender,
+        server.accept()[0] as receiver,
+    ):
 
         def transfer() -> None:
             thread = threading.Thread(target=sender.sendall, args=(payload,))

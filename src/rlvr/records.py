@@ -109,7 +109,10 @@ class LoraAdapter:
         # and gives the reader a view of it there. torch's own reduction copies a tensor through
         # torch.save into the pickle, and back out of it, twice on each side. So tensors rebuilt
         # from Ray may be read-only memory: an engine copies what it keeps (rlvr.engines).
-        tensors = {name: (str(t.dtype).removeprefix("torch."), tuple(t.shape), _bytes_of(t)) for name, t in self.tensors.items()}
+        tensors = {
+            name: (str(t.dtype).removeprefix("torch."), tuple(t.shape), _bytes_of(t))
+            for name, t in self.tensors.items()
+        }
         return _rebuild_adapter, (tensors, self.config, self.version)
 
 
@@ -135,8 +138,10 @@ def _rebuild_adapter(tensors: dict, config: dict, version: int) -> LoraAdapter:
 
     with warnings.catch_warnings():  # views of Ray's object store are not writable: meant, see above
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        rebuilt = {name: torch.from_numpy(data).view(getattr(torch, dtype)).view(shape)
-                   for name, (dtype, shape, data) in tensors.items()}
+        rebuilt = {
+            name: torch.from_numpy(data).view(getattr(torch, dtype)).view(shape)
+            for name, (dtype, shape, data) in tensors.items()
+        }
     return LoraAdapter(rebuilt, config, version)
 
 

@@ -79,8 +79,12 @@ def logprobs_and_entropy(
     if flat.shape[0] <= chunk_size:  # one chunk: no slice, whose backward would hold a second [tokens, V] gradient
         picked, entropy = _LogprobsAndEntropy.apply(flat, flat_ids, temperature)
     else:
-        parts = [_LogprobsAndEntropy.apply(flat[start : start + chunk_size], flat_ids[start : start + chunk_size], temperature)
-                 for start in range(0, flat.shape[0], chunk_size)]
+        parts = [
+            _LogprobsAndEntropy.apply(
+                flat[start : start + chunk_size], flat_ids[start : start + chunk_size], temperature
+            )
+            for start in range(0, flat.shape[0], chunk_size)
+        ]
         picked, entropy = torch.cat([p for p, _ in parts]), torch.cat([e for _, e in parts])
     return picked.reshape(ids.shape), entropy.reshape(ids.shape)
 

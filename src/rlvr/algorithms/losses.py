@@ -58,7 +58,9 @@ def aggregate(per_token: Tensor, mask: Tensor, mode: str, max_len: int | None = 
     raise ValueError(f"unknown loss aggregation {mode!r}; choose one of {AGGREGATIONS}")
 
 
-def dppo_keep_mask(logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, *, divergence: str, delta: float) -> Tensor:
+def dppo_keep_mask(
+    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, *, divergence: str, delta: float
+) -> Tensor:
     """DPPO's trust region (Qi et al. 2026, "Rethinking the Trust Region in LLM Reinforcement
     Learning", arXiv:2602.04879): bool [B, T], False where the token's update is masked.
 
@@ -166,8 +168,9 @@ def policy_loss(
         per_token = -clipped.detach() * advantages * logprobs
         low, high = ratio < 1.0 - clip_low, ratio > 1.0 + clip_high
     elif name.startswith("dppo"):
-        keep = dppo_keep_mask(logprobs, old_logprobs, advantages, divergence=name.removeprefix("dppo_"),
-                              delta=dppo_delta)
+        keep = dppo_keep_mask(
+            logprobs, old_logprobs, advantages, divergence=name.removeprefix("dppo_"), delta=dppo_delta
+        )
         per_token = torch.where(keep, -ratio.detach() * advantages * logprobs, 0.0)
         low, high = ~keep & (advantages <= 0), ~keep & (advantages > 0)
     elif name == "sapo":
@@ -188,6 +191,7 @@ def policy_loss(
     loss = aggregate(per_token, valid, agg, max_len)
 
     with torch.no_grad():
+
         def token_mean(x: Tensor) -> Tensor:
             return aggregate(x.to(logprobs.dtype), valid, "token_mean")
 

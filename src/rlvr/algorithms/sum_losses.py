@@ -32,16 +32,29 @@ SUM_LOSS_INPUTS = {
 DEFAULT_CLIP_THRESHOLDS = (0.8, 1.2)
 
 
-def sum_loss(name: str, logprobs: Tensor, inputs: dict[str, Tensor], mask: Tensor,
-             clip_thresholds: tuple[float, float] = DEFAULT_CLIP_THRESHOLDS) -> Tensor:
+def sum_loss(
+    name: str,
+    logprobs: Tensor,
+    inputs: dict[str, Tensor],
+    mask: Tensor,
+    clip_thresholds: tuple[float, float] = DEFAULT_CLIP_THRESHOLDS,
+) -> Tensor:
     """The loss `name` summed over the tokens `mask` keeps (padding); `inputs` as SUM_LOSS_INPUTS says."""
     if name == "cross_entropy":
         return aggregate(-inputs["weights"] * logprobs, mask, "token_sum")
     if name not in SUM_LOSSES:
         raise ValueError(f"unknown loss {name!r}; choose one of {SUM_LOSSES}")
-    low, high = (math.inf, math.inf) if name == "importance_sampling" else (1 - clip_thresholds[0], clip_thresholds[1] - 1)
+    low, high = (
+        (math.inf, math.inf) if name == "importance_sampling" else (1 - clip_thresholds[0], clip_thresholds[1] - 1)
+    )
     loss, _ = policy_loss(
-        "cispo" if name == "cispo" else "ppo", logprobs, inputs["logprobs"], inputs["advantages"], mask,
-        clip_low=low, clip_high=high, agg="token_sum",
+        "cispo" if name == "cispo" else "ppo",
+        logprobs,
+        inputs["logprobs"],
+        inputs["advantages"],
+        mask,
+        clip_low=low,
+        clip_high=high,
+        agg="token_sum",
     )
     return loss

@@ -52,7 +52,9 @@ class CheckpointStore:
             shutil.rmtree(tmp, ignore_errors=True)
             previous = self.latest(verbose=False)
             kept = f"; the previous checkpoint {previous.name} is intact" if previous else ""
-            raise CheckpointError(f"checkpoint of step {step} failed in {self.root}: {err.strerror or err}{kept}") from err
+            raise CheckpointError(
+                f"checkpoint of step {step} failed in {self.root}: {err.strerror or err}{kept}"
+            ) from err
         self._prune()
         return final
 

@@ -84,21 +84,28 @@ def _read_file(path: Path) -> Iterator[tuple[int, object]]:
             raise ValueError(f"{path}: reading Parquet needs pyarrow (pip install 'rlvr[data]')") from None
         yield from enumerate(pq.read_table(path).to_pylist(), 1)
         return
-    raise ValueError(f"{path}: unsupported file type {suffix!r}; use {', '.join(FILE_SUFFIXES)}, a datasets folder or a built-in name")
+    raise ValueError(
+        f"{path}: unsupported file type {suffix!r}; use {', '.join(FILE_SUFFIXES)}, a datasets folder or a built-in name"
+    )
 
 
 def _read_saved_dataset(path: Path) -> Iterator[tuple[int, object]]:
     """The rows of a folder written by `Dataset.save_to_disk`, numbered from 1."""
     if (path / "dataset_dict.json").is_file():
         splits = sorted(p.name for p in path.iterdir() if (p / "state.json").is_file())
-        raise ValueError(f"{path}: a DatasetDict with splits {', '.join(splits)}; give one split's folder, e.g. {path / splits[0]}"
-                         if splits else f"{path}: a DatasetDict folder without any split")
+        raise ValueError(
+            f"{path}: a DatasetDict with splits {', '.join(splits)}; give one split's folder, e.g. {path / splits[0]}"
+            if splits
+            else f"{path}: a DatasetDict folder without any split"
+        )
     if not (path / "state.json").is_file():
         raise ValueError(f"{path}: a folder, but not one written by datasets' save_to_disk (no state.json)")
     try:
         from datasets import load_from_disk
     except ImportError:
-        raise ValueError(f"{path}: reading a datasets folder needs the datasets package (pip install 'rlvr[data]')") from None
+        raise ValueError(
+            f"{path}: reading a datasets folder needs the datasets package (pip install 'rlvr[data]')"
+        ) from None
     try:
         dataset = load_from_disk(str(path))
     except (OSError, ValueError, KeyError) as err:
@@ -139,7 +146,9 @@ def load_problems(
     problems: list[Problem] = []
     for row_no, row in rows:
         try:
-            problem = row_to_problem(row, f"{path}:{row_no}", source, row_no, problem_field=problem_field, answer_field=answer_field)
+            problem = row_to_problem(
+                row, f"{path}:{row_no}", source, row_no, problem_field=problem_field, answer_field=answer_field
+            )
         except EmptyAnswer:
             if builtin and builtin.drop_empty_answers:
                 continue

@@ -47,7 +47,9 @@ def load_humaneval(path: str | Path | None = None, *, limit: int | None = None) 
             if missing:
                 raise ValueError(f'{path}:{line_no}: missing field "{missing[0]}"')
             meta = {"entry_point": task["entry_point"], "source": NAME, "verifier": "code", "template": "code"}
-            problems.append(Problem(id=task["task_id"], question=task["prompt"], answer=humaneval_tests(task), meta=meta))
+            problems.append(
+                Problem(id=task["task_id"], question=task["prompt"], answer=humaneval_tests(task), meta=meta)
+            )
             if limit is not None and len(problems) >= limit:
                 break
     return problems

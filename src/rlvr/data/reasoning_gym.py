@@ -33,7 +33,7 @@ def is_reasoning_gym_spec(source: str) -> bool:
 
 def parse_spec(spec: str) -> tuple[str, dict]:
     """`reasoning_gym:TASK?k=v&...` as (TASK, {k: v}), values parsed as YAML."""
-    task, _, query = spec[len(PREFIX):].partition("?")
+    task, _, query = spec[len(PREFIX) :].partition("?")
     options = {}
     for item in filter(None, query.split("&")):
         key, sep, text = item.partition("=")
@@ -42,7 +42,9 @@ def parse_spec(spec: str) -> tuple[str, dict]:
         try:
             options[key] = yaml.safe_load(text)
         except yaml.YAMLError:
-            raise ValueError(f"{spec}: cannot read the value of {key!r} ({text!r}) as YAML; quote odd items, e.g. ['*']") from None
+            raise ValueError(
+                f"{spec}: cannot read the value of {key!r} ({text!r}) as YAML; quote odd items, e.g. ['*']"
+            ) from None
     if not task:
         raise ValueError(f"{spec}: no task name after {PREFIX!r}")
     return task, options
@@ -53,7 +55,9 @@ def task_config(spec: str) -> tuple[str, dict]:
     try:
         from reasoning_gym.factory import DATASETS
     except ImportError:
-        raise ValueError(f"{spec}: reasoning-gym tasks need the reasoning-gym package (pip install 'rlvr[data]')") from None
+        raise ValueError(
+            f"{spec}: reasoning-gym tasks need the reasoning-gym package (pip install 'rlvr[data]')"
+        ) from None
     task, options = parse_spec(spec)
     if task not in DATASETS:
         close = difflib.get_close_matches(task, list(DATASETS), n=1)
@@ -86,7 +90,9 @@ def reference(task: str, config: dict, index: int) -> str:
 def draws_overlap(train_spec: str, test_spec: str) -> bool:
     """Whether two specs share entries: the same task and options, overlapping seed ranges."""
     (task_a, a), (task_b, b) = task_config(train_spec), task_config(test_spec)
-    same_options = {k: v for k, v in a.items() if k not in ("seed", "size")} == {k: v for k, v in b.items() if k not in ("seed", "size")}
+    same_options = {k: v for k, v in a.items() if k not in ("seed", "size")} == {
+        k: v for k, v in b.items() if k not in ("seed", "size")
+    }
     if task_a != task_b or not same_options or "seed" not in a:
         return False
     sizes = [c.get("size", _default_size(task_a)) for c in (a, b)]

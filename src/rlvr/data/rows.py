@@ -86,7 +86,7 @@ def _pick(row: dict, given: str | None, candidates: tuple[str, ...], where: str,
     for name in candidates:
         if _get(row, name) is not _MISSING:
             return name
-    raise ValueError(f'{where}: missing {role} field (looked for {", ".join(map(repr, candidates))})')
+    raise ValueError(f"{where}: missing {role} field (looked for {', '.join(map(repr, candidates))})")
 
 
 def verifier_for_source(source: str) -> str | None:
@@ -101,12 +101,18 @@ def _messages(value: list, where: str, field: str) -> tuple[dict, ...]:
     messages = []
     for i, message in enumerate(value, 1):
         if not isinstance(message, dict):
-            raise ValueError(f'{where}: field "{field}": message {i} is {type(message).__name__}, expected an object with role and content')
+            raise ValueError(
+                f'{where}: field "{field}": message {i} is {type(message).__name__}, expected an object with role and content'
+            )
         role, content = message.get("role"), message.get("content")
         if role not in ROLES:
-            raise ValueError(f'{where}: field "{field}": message {i} has role {role!r}; expected one of {", ".join(ROLES)}')
+            raise ValueError(
+                f'{where}: field "{field}": message {i} has role {role!r}; expected one of {", ".join(ROLES)}'
+            )
         if not isinstance(content, str):
-            raise ValueError(f'{where}: field "{field}": message {i} has no text content (got {type(content).__name__})')
+            raise ValueError(
+                f'{where}: field "{field}": message {i} has no text content (got {type(content).__name__})'
+            )
         messages.append({"role": role, "content": content})
     if not any(m["role"] == "user" for m in messages):
         raise ValueError(f'{where}: field "{field}": no user message')
@@ -141,7 +147,9 @@ def row_to_problem(
         messages = _messages(question, where, q_key)
         question = next(m["content"] for m in reversed(messages) if m["role"] == "user")
     elif not isinstance(question, (str, int, float)) or isinstance(question, bool):
-        raise ValueError(f'{where}: field "{q_key}" is {type(question).__name__}; expected text or a list of chat messages')
+        raise ValueError(
+            f'{where}: field "{q_key}" is {type(question).__name__}; expected text or a list of chat messages'
+        )
     raw_answer = _get(row, a_key)
     answer = _reference(raw_answer) if raw_answer is not None else ""
     if not answer:

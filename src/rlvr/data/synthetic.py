@@ -91,7 +91,9 @@ def counting_problems(
         if (s, a, b) in seen:
             continue
         seen.add((s, a, b))
-        problems.append(Problem(id=f"count-{len(problems)}", question=counting_question(s, a, b), answer=str(s + a * b)))
+        problems.append(
+            Problem(id=f"count-{len(problems)}", question=counting_question(s, a, b), answer=str(s + a * b))
+        )
     return problems[:train_size], problems[train_size:]
 
 

@@ -45,8 +45,10 @@ TEMPLATES: dict[str, Template] = {
     # leaves the stub's fence untagged and starts the answer with "```python" itself; with no
     # answer prefix, a 0.5B coder copied the untagged fence and put "python" on the program's first
     # line (111 of 164 HumanEval answers), so the fence here is tagged.
-    "code": Template("Please provide a self-contained Python script that solves the following problem in a markdown "
-                     "code block:\n```python\n{question}\n```"),
+    "code": Template(
+        "Please provide a self-contained Python script that solves the following problem in a markdown "
+        "code block:\n```python\n{question}\n```"
+    ),
 }
 AUTO = "auto"
 DEFAULT_TEMPLATE = "boxed"  # what `auto` gives a problem that names no template of its own

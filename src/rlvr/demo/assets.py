@@ -44,8 +44,10 @@ def ensure_demo_assets(cfg: RunConfig, console) -> dict | None:
     if built != spec.model.arch:  # a folder built for another arch would be trained silently instead
         from rlvr.config import ConfigError
 
-        raise ConfigError(f"{model_dir} holds a {built} model, not demo.model.arch={spec.model.arch}: give the demo "
-                          f"its own model.path (e.g. model.path=artifacts/demo_{spec.model.arch}/model) or delete the folder")
+        raise ConfigError(
+            f"{model_dir} holds a {built} model, not demo.model.arch={spec.model.arch}: give the demo "
+            f"its own model.path (e.g. model.path=artifacts/demo_{spec.model.arch}/model) or delete the folder"
+        )
     record = _record_path(model_dir)
     return json.loads(record.read_text()) if record.is_file() else None
 
@@ -71,7 +73,8 @@ def _worked_example(problem, tokenizer, cfg: RunConfig, use_tool: bool) -> tuple
     expression = question_expression(problem.question)
     call = tokenizer(f"<calc>{expression}</calc>", add_special_tokens=False).input_ids  # stopped at </calc>: no EOS
     observation = Renderer(tokenizer, cfg.data).observation(
-        [{"role": cfg.env.observation_role, "content": Calculator.evaluate(expression)}], ended_turn=False)
+        [{"role": cfg.env.observation_role, "content": Calculator.evaluate(expression)}], ended_turn=False
+    )
     final = tokenizer(f"\\boxed{{{problem.answer}}}", add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
     return prompt, call + observation + final, [1] * len(call) + [0] * len(observation) + [1] * len(final)
 
@@ -87,9 +90,17 @@ def _build_model(cfg: RunConfig, model_dir: Path, console) -> None:
     m, w = spec.model, spec.warm_start
 
     def build(folder: Path, seed: int) -> None:
-        build_tiny_model(folder, m.arch, seed=seed, hidden_size=m.hidden_size, num_layers=m.num_layers,
-                         num_heads=m.num_heads, num_kv_heads=m.num_kv_heads, intermediate_size=m.intermediate_size,
-                         max_position_embeddings=m.max_position_embeddings)
+        build_tiny_model(
+            folder,
+            m.arch,
+            seed=seed,
+            hidden_size=m.hidden_size,
+            num_layers=m.num_layers,
+            num_heads=m.num_heads,
+            num_kv_heads=m.num_kv_heads,
+            intermediate_size=m.intermediate_size,
+            max_position_embeddings=m.max_position_embeddings,
+        )
 
     build(staging, cfg.seed)
     tokenizer = load_tokenizer(staging)
@@ -99,14 +110,21 @@ def _build_model(cfg: RunConfig, model_dir: Path, console) -> None:
     if held_out >= len(problems):
         from rlvr.config import ConfigError
 
-        raise ConfigError(f"demo.warm_start.check.rows={held_out} leaves none of data.train's {len(problems)} rows "
-                          f"({cfg.data.train}) for the warm start")
+        raise ConfigError(
+            f"demo.warm_start.check.rows={held_out} leaves none of data.train's {len(problems)} rows "
+            f"({cfg.data.train}) for the warm start"
+        )
     examples = problems[: min(w.examples, len(problems) - held_out)]
-    pairs = [_worked_example(p, tokenizer, cfg, use_tool=k < w.tool_calls * len(examples)) for k, p in enumerate(examples)]
-    copy_pairs = [_worked_example(p, tokenizer, cfg, use_tool=True) for p in examples] if w.tool_calls and w.copy_first else None
+    pairs = [
+        _worked_example(p, tokenizer, cfg, use_tool=k < w.tool_calls * len(examples)) for k, p in enumerate(examples)
+    ]
+    copy_pairs = (
+        [_worked_example(p, tokenizer, cfg, use_tool=True) for p in examples] if w.tool_calls and w.copy_first else None
+    )
     if w.steps:
-        record = warm_start_until_ready(cfg, build, pairs, copy_pairs, tokenizer, problems[len(problems) - held_out :],
-                                        staging, console)
+        record = warm_start_until_ready(
+            cfg, build, pairs, copy_pairs, tokenizer, problems[len(problems) - held_out :], staging, console
+        )
     else:
         record = {"ready": None, "steps": 0, "seed": cfg.seed}
     shutil.rmtree(model_dir, ignore_errors=True)  # a half-built folder without config.json

@@ -46,8 +46,9 @@ class Attempt:
         return len(self.missing), max(window[0] - self.skills.accuracy, self.skills.accuracy - window[1], 0.0)
 
 
-def warm_start_until_ready(cfg: RunConfig, build_model, pairs, copy_pairs, tokenizer, check_problems, staging: Path,
-                           console) -> dict:
+def warm_start_until_ready(
+    cfg: RunConfig, build_model, pairs, copy_pairs, tokenizer, check_problems, staging: Path, console
+) -> dict:
     """Warm-start `staging` (built from cfg.seed; `build_model(folder, seed)` rebuilds it for a new
     attempt) on `pairs` (rlvr.training.sft), checked on `check_problems`; returns the record summary.json keeps: every attempt's checks,
     and which one the run starts from. With `copy_pairs` (the tool-calling answers alone), each
@@ -75,18 +76,32 @@ def warm_start_until_ready(cfg: RunConfig, build_model, pairs, copy_pairs, token
                         attempt.missing = shortfalls(attempt.skills, check)
                         attempt.checks.append({"step": attempt.steps, "phase": phase, **attempt.skills.as_dict()})
                         missing = attempt.missing if phase == "mix" else shortfalls(attempt.skills, check, window=False)
-                        verdict = ("ready" if phase == "mix" else "copies: ready") if not missing else "; ".join(missing)
+                        verdict = (
+                            ("ready" if phase == "mix" else "copies: ready") if not missing else "; ".join(missing)
+                        )
                         label = f" ({phase})" if len(phases) > 1 else ""
-                        console.print(f"warm start check, step {attempt.steps}{label}: "
-                                      f"{attempt.skills.describe(check.samples)} ({verdict})", highlight=False)
+                        console.print(
+                            f"warm start check, step {attempt.steps}{label}: "
+                            f"{attempt.skills.describe(check.samples)} ({verdict})",
+                            highlight=False,
+                        )
                         # trained from scratch on the mix, accuracy only rises: past the window it will not come back.
                         # After the copy phase it falls instead, from always calling to the mix's call rate
                         overshot = len(phases) == 1 and attempt.skills.accuracy > check.base_window[1]
                         return not missing or overshot
 
-                    losses = warm_start(staging, phase_pairs, steps=spec.steps - attempt.steps, batch_size=spec.batch_size,
-                                        lr=spec.lr, seed=attempt.seed, pad_id=tokenizer.pad_token_id, progress=advance,
-                                        check=judge if checker is not None else None, check_every=check.every if check else 0)
+                    losses = warm_start(
+                        staging,
+                        phase_pairs,
+                        steps=spec.steps - attempt.steps,
+                        batch_size=spec.batch_size,
+                        lr=spec.lr,
+                        seed=attempt.seed,
+                        pad_id=tokenizer.pad_token_id,
+                        progress=advance,
+                        check=judge if checker is not None else None,
+                        check_every=check.every if check else 0,
+                    )
                     attempt.loss = losses[-1] if losses else attempt.loss
                     if checker is None:
                         attempt.steps, attempt.missing = len(losses), []
@@ -95,8 +110,11 @@ def warm_start_until_ready(cfg: RunConfig, build_model, pairs, copy_pairs, token
             if not attempt.missing:
                 break
             shutil.copytree(staging, _kept(staging, index), dirs_exist_ok=True)
-            console.print(f"warm start, seed {attempt.seed}: not ready after {attempt.steps} steps "
-                          f"({'; '.join(attempt.missing)})", highlight=False)
+            console.print(
+                f"warm start, seed {attempt.seed}: not ready after {attempt.steps} steps "
+                f"({'; '.join(attempt.missing)})",
+                highlight=False,
+            )
     finally:
         if checker is not None:
             checker.close()
@@ -111,10 +129,16 @@ def warm_start_until_ready(cfg: RunConfig, build_model, pairs, copy_pairs, token
     start = attempts[chosen]
     if start.skills is not None:
         if start.missing:
-            console.print(f"[yellow]warning:[/yellow] no warm start was ready in {len(attempts)} attempts; RL starts from "
-                          f"the closest (seed {start.seed}: {'; '.join(start.missing)})", highlight=False)
-        console.print(f"warm start: {start.skills.describe(check.samples)} after {start.steps:,} steps "
-                      f"(seed {start.seed}, attempt {chosen + 1} of {len(attempts)})", highlight=False)
+            console.print(
+                f"[yellow]warning:[/yellow] no warm start was ready in {len(attempts)} attempts; RL starts from "
+                f"the closest (seed {start.seed}: {'; '.join(start.missing)})",
+                highlight=False,
+            )
+        console.print(
+            f"warm start: {start.skills.describe(check.samples)} after {start.steps:,} steps "
+            f"(seed {start.seed}, attempt {chosen + 1} of {len(attempts)})",
+            highlight=False,
+        )
     return {
         "ready": not start.missing if check is not None else None,  # None: trained `steps` steps, unchecked
         "seed": start.seed,
@@ -122,8 +146,10 @@ def warm_start_until_ready(cfg: RunConfig, build_model, pairs, copy_pairs, token
         "final_loss": None if start.loss is None else round(start.loss, 4),
         "skills": None if start.skills is None else start.skills.as_dict(),
         "base_window": None if check is None else list(check.base_window),
-        "attempts": [{"seed": a.seed, "steps": a.steps, "ready": not a.missing, "missing": a.missing, "checks": a.checks}
-                     for a in attempts],
+        "attempts": [
+            {"seed": a.seed, "steps": a.steps, "ready": not a.missing, "missing": a.missing, "checks": a.checks}
+            for a in attempts
+        ],
     }
 
 
@@ -161,12 +187,21 @@ class _Checker:
             self._remove_copies()
             quantize_checkpoint(self.staging, self.quantized, format=cfg.demo.base_format)
             served = write_dequantized_checkpoint(self.quantized, self.view)
-        engine = HFEngine(cfg.model.model_copy(update={"path": str(served)}),
-                          cfg.engine.model_copy(update={"hf_batch_size": len(self.problems) * check.samples}), seed=cfg.seed)
+        engine = HFEngine(
+            cfg.model.model_copy(update={"path": str(served)}),
+            cfg.engine.model_copy(update={"hf_batch_size": len(self.problems) * check.samples}),
+            seed=cfg.seed,
+        )
         try:
             runner = TrajectoryRunner(engine, self.renderer, cfg.env, self.context, cfg.engine.max_model_len)
-            rows = scored_samples(EnvironmentEngine(runner, self.problems), self.pool, self.problems, self.prompts,
-                                  n=check.samples, sampling=held_out_sampling(cfg.eval, cfg.rollout.sampling, cfg.seed))
+            rows = scored_samples(
+                EnvironmentEngine(runner, self.problems),
+                self.pool,
+                self.problems,
+                self.prompts,
+                n=check.samples,
+                sampling=held_out_sampling(cfg.eval, cfg.rollout.sampling, cfg.seed),
+            )
         finally:
             engine.close()
         return measure(rows, {p.id: p.question for p in self.problems})

@@ -47,7 +47,9 @@ def make_engine(
     return engines[0] if len(engines) == 1 else ReplicatedEngine(engines)
 
 
-def _start_here(model: ModelConfig, engine: EngineConfig, *, seed: int, lora_rank: int | None, sleep_mode: bool) -> Engine:
+def _start_here(
+    model: ModelConfig, engine: EngineConfig, *, seed: int, lora_rank: int | None, sleep_mode: bool
+) -> Engine:
     served = model.model_copy(update={"path": served_model_path(model.path, native_nvfp4=engine.backend == "vllm")})
     if engine.backend == "vllm":
         from rlvr.engines.vllm_engine import VLLMEngine

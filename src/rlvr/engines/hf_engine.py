@@ -100,8 +100,9 @@ class HFEngine(Engine):
         done = []
         for (_, n, ignore_eos), group in kinds.items():
             seed = group[0].sampling.seed
-            rollouts = self.generate([r.prompt for r in group], n, [replace(r.sampling, seed=seed) for r in group],
-                                     ignore_eos=ignore_eos)
+            rollouts = self.generate(
+                [r.prompt for r in group], n, [replace(r.sampling, seed=seed) for r in group], ignore_eos=ignore_eos
+            )
             done += [(r.key, rollouts[i * n : (i + 1) * n]) for i, r in enumerate(group)]
         return done
 
@@ -181,7 +182,9 @@ class HFEngine(Engine):
         for start in range(0, len(sequences), self.batch_size):
             batch = sequences[start : start + self.batch_size]
             width = max(len(s) for s in batch)
-            ids = torch.tensor([s + [self.tokenizer.pad_token_id] * (width - len(s)) for s in batch], device=self.device)
+            ids = torch.tensor(
+                [s + [self.tokenizer.pad_token_id] * (width - len(s)) for s in batch], device=self.device
+            )
             mask = torch.tensor([[1] * len(s) + [0] * (width - len(s)) for s in batch], device=self.device)
             logits = self.model(input_ids=ids, attention_mask=mask).logits
             for row, seq in enumerate(batch):

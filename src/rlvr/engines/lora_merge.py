@@ -41,7 +41,10 @@ def content_seed(tensors: dict[str, torch.Tensor]) -> int:
 
 
 def merged_weights(
-    base: dict[str, torch.Tensor], lora: dict[str, torch.Tensor], config: dict, dtype: torch.dtype | None = None,
+    base: dict[str, torch.Tensor],
+    lora: dict[str, torch.Tensor],
+    config: dict,
+    dtype: torch.dtype | None = None,
 ) -> list[tuple[str, torch.Tensor]]:
     """The weights a PEFT LoRA adapter changes, merged: the adapted linear weights replaced by
     W + scale * B @ A (scale = alpha / r, or alpha / sqrt(r) with rsLoRA), computed in float32
@@ -66,7 +69,9 @@ def merged_weights(
     for key in sorted(factors):  # one draw order for a seed, whatever order the adapter lists its tensors in
         pair = factors[key]
         if key not in base or set(pair) != {"A", "B"}:
-            raise ValueError(f"adapter adapts {key!r}, which is not a weight of the base model or lacks its A or B matrix")
+            raise ValueError(
+                f"adapter adapts {key!r}, which is not a weight of the base model or lacks its A or B matrix"
+            )
         w, into = base[key], dtype or base[key].dtype
         # the base weight as the trainer holds it in `into` (rounded to nearest), then the adapter's
         # change on top: the stochastic rounding's noise scales with the change, not with the weight

@@ -40,7 +40,9 @@ class UnappliedLoraTarget(UserError, ValueError):
     """An explicit `lora.target_modules` entry the engine would not apply."""
 
 
-def engine_lora_targets(requested: str | list[str], linear_names: Iterable[str], uses_mla: bool) -> tuple[list[str], dict[str, str]]:
+def engine_lora_targets(
+    requested: str | list[str], linear_names: Iterable[str], uses_mla: bool
+) -> tuple[list[str], dict[str, str]]:
     """(the targets to adapt, {dropped module: why}) for `lora.target_modules` = `requested`.
 
     `linear_names`: the leaf names of the model's Linear layers ("all-linear" resolves to them);
@@ -52,7 +54,9 @@ def engine_lora_targets(requested: str | list[str], linear_names: Iterable[str],
         return [n for n in names if n not in unapplied], {n: unapplied[n] for n in names if n in unapplied}
     refused = [n for n in requested if n in unapplied]
     if refused:
-        raise UnappliedLoraTarget(f"lora.target_modules: {refused[0]} cannot be trained with LoRA here: {unapplied[refused[0]]}")
+        raise UnappliedLoraTarget(
+            f"lora.target_modules: {refused[0]} cannot be trained with LoRA here: {unapplied[refused[0]]}"
+        )
     return list(requested), {}
 
 

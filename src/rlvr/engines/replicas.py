@@ -40,8 +40,10 @@ def unplaceable(engine: EngineConfig, on_ray: bool) -> str | None:
     if engine.replicas > 1 and engine.backend == "vllm" and not on_ray:
         # In-process (the CPU default) a vLLM engine initialises torch.distributed and vLLM's
         # process-wide state in the controller, which several cannot share; an actor each can.
-        return (f"engine.replicas={engine.replicas}: vLLM replicas run as Ray actors (placement.backend: ray); "
-                "on placement.backend: local only engine.backend: hf runs several engines")
+        return (
+            f"engine.replicas={engine.replicas}: vLLM replicas run as Ray actors (placement.backend: ray); "
+            "on placement.backend: local only engine.backend: hf runs several engines"
+        )
     return None
 
 
@@ -114,8 +116,11 @@ class ReplicatedEngine(Engine):
             return [replace(r, prompt_index=r.prompt_index + start) for r in rollouts]
 
         runs = spans(len(prompts), len(self.replicas))
-        return [r for part in self._together([(run, replica, *span) for replica, span in zip(self.replicas, runs)])
-                for r in part]
+        return [
+            r
+            for part in self._together([(run, replica, *span) for replica, span in zip(self.replicas, runs)])
+            for r in part
+        ]
 
     def submit(self, requests: Sequence[Request], **options) -> None:
         """Each request, whole, to the replica with the fewest samples pending; a replica that is
@@ -170,8 +175,12 @@ class ReplicatedEngine(Engine):
         """Each replica scores a contiguous run of the sequences."""
         self._settle("score")
         runs = spans(len(sequences), len(self.replicas))
-        parts = self._together([(lambda r, a, b: r.score(sequences[a:b], prompt_lens[a:b]), replica, *span)
-                                for replica, span in zip(self.replicas, runs)])
+        parts = self._together(
+            [
+                (lambda r, a, b: r.score(sequences[a:b], prompt_lens[a:b]), replica, *span)
+                for replica, span in zip(self.replicas, runs)
+            ]
+        )
         return [scores for part in parts for scores in part]
 
     def score_each(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[list[float]]]:

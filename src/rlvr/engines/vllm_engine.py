@@ -157,7 +157,13 @@ class VLLMEngine(Engine):
     name = "vllm"  # what summary.json reports as the engine that ran
 
     def __init__(
-        self, model: ModelConfig, engine: EngineConfig, *, seed: int, lora_rank: int | None = None, sleep_mode: bool = False
+        self,
+        model: ModelConfig,
+        engine: EngineConfig,
+        *,
+        seed: int,
+        lora_rank: int | None = None,
+        sleep_mode: bool = False,
     ):
         on_gpu = _on_gpu()
         model_path = model.path
@@ -245,8 +251,11 @@ class VLLMEngine(Engine):
             torch.set_num_threads = set_num_threads
         self.tokenizer = self._llm.get_tokenizer()
         # see the module's docstring: how requests in flight cross an update
-        self._preempts_in_flight = (self.in_process and not (self.enable_lora and not self.merge_lora)
-                                    and not self._llm.llm_engine.vllm_config.scheduler_config.async_scheduling)
+        self._preempts_in_flight = (
+            self.in_process
+            and not (self.enable_lora and not self.merge_lora)
+            and not self._llm.llm_engine.vllm_config.scheduler_config.async_scheduling
+        )
         if not self.in_process:
             self._watch_engine_core()
 
@@ -280,10 +289,13 @@ class VLLMEngine(Engine):
         samplings = [sampling] * len(prompts) if isinstance(sampling, Sampling) else list(sampling)
         if len(samplings) != len(prompts):
             raise ValueError(f"got {len(samplings)} samplings for {len(prompts)} prompts")
-        self.submit([
-            Request(i, prompt, n, s if s.seed is None else replace(s, seed=s.seed + i * n))
-            for i, (prompt, s) in enumerate(zip(prompts, samplings))
-        ], ignore_eos=ignore_eos)
+        self.submit(
+            [
+                Request(i, prompt, n, s if s.seed is None else replace(s, seed=s.seed + i * n))
+                for i, (prompt, s) in enumerate(zip(prompts, samplings))
+            ],
+            ignore_eos=ignore_eos,
+        )
         finished: dict[int, list[Rollout]] = {}
         while len(finished) < len(prompts):
             for key, rollouts in self.poll():
@@ -302,8 +314,12 @@ class VLLMEngine(Engine):
     def _add(self, flight: _Flight) -> None:
         request_id = f"rlvr-{next(self._request_ids)}"
         params = self._sampling_params(flight.request.sampling, flight.request.n, flight.ignore_eos)
-        self._call("submit", lambda: self._llm.llm_engine.add_request(
-            request_id, {"prompt_token_ids": list(flight.request.prompt)}, params, lora_request=self._lora_request))
+        self._call(
+            "submit",
+            lambda: self._llm.llm_engine.add_request(
+                request_id, {"prompt_token_ids": list(flight.request.prompt)}, params, lora_request=self._lora_request
+            ),
+        )
         self._pending[request_id] = flight
 
     def poll(self) -> list[tuple[Hashable, list[Rollout]]]:
@@ -366,8 +382,11 @@ class VLLMEngine(Engine):
         """One sample of `submitted`, put back together from its tokens before an update (`prefix`) and
         its continuation's rollout (`rest`). A stop string across the seam ends it there: vLLM did not
         see it (see `spanning_stop_end`), and the continuation's tokens after it are dropped."""
-        ids, logprobs, versions = (prefix.completion_ids + rest.completion_ids, prefix.logprobs + rest.logprobs,
-                                   prefix.versions + rest.versions)
+        ids, logprobs, versions = (
+            prefix.completion_ids + rest.completion_ids,
+            prefix.logprobs + rest.logprobs,
+            prefix.versions + rest.versions,
+        )
         finish_reason, routes = rest.finish_reason, rest.routes
         if not submitted.sampling.stop:
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -375,8 +394,9 @@ class VLLMEngine(Engine):
             text = prefix.text + rest.text
             end = spanning_stop_end(text, len(prefix.text), submitted.sampling.stop)
             if end is not None:
-                kept = len(prefix.completion_ids) + self._tokens_spelling(prefix.completion_ids, rest.completion_ids,
-                                                                          end - len(prefix.text))
+                kept = len(prefix.completion_ids) + self._tokens_spelling(
+                    prefix.completion_ids, rest.completion_ids, end - len(prefix.text)
+                )
                 ids, logprobs, versions, text = ids[:kept], logprobs[:kept], versions[:kept], text[:end]
                 finish_reason, routes = "stop", None if routes is None else routes[: len(submitted.prompt) + kept - 1]
         return Rollout(0, list(submitted.prompt), ids, logprobs, finish_reason, text, routes=routes, versions=versions)
@@ -471,9 +491,12 @@ class VLLMEngine(Engine):
         # vLLM's LoRA layers keep serving a running request the adapter it started with
         continuations = self._abort_in_flight("update_lora", adapter.version)
         with shipped(named, self.in_process) as tensors:
-            self._call("update_lora", lambda: self._llm.collective_rpc("rlvr_add_lora", args=(lora_id, tensors, config)))
-        previous, self._lora_request = self._lora_request, LoRARequest(
-            f"rlvr-v{adapter.version}", lora_id, IN_MEMORY_LORA_PATH
+            self._call(
+                "update_lora", lambda: self._llm.collective_rpc("rlvr_add_lora", args=(lora_id, tensors, config))
+            )
+        previous, self._lora_request = (
+            self._lora_request,
+            LoRARequest(f"rlvr-v{adapter.version}", lora_id, IN_MEMORY_LORA_PATH),
         )
         if previous is not None:
             self._call("update_lora", lambda: self._llm.llm_engine.remove_lora(previous.lora_int_id))
@@ -547,11 +570,18 @@ class VLLMEngine(Engine):
         if not self._pending:
             return []
         processor = self._llm.llm_engine.output_processor
-        running = {(state.external_req_id, state.request_index): state
-                   for state in processor.request_states.values() if state.external_req_id in self._pending}
-        finished = {(parent.external_req_id, sample.index): sample  # samples whose siblings still run
-                    for parent in processor.parent_requests.values() if parent.external_req_id in self._pending
-                    for sample in parent.output_aggregator if sample is not None}
+        running = {
+            (state.external_req_id, state.request_index): state
+            for state in processor.request_states.values()
+            if state.external_req_id in self._pending
+        }
+        finished = {
+            (parent.external_req_id, sample.index): sample  # samples whose siblings still run
+            for parent in processor.parent_requests.values()
+            if parent.external_req_id in self._pending
+            for sample in parent.output_aggregator
+            if sample is not None
+        }
         flights, self._pending = self._pending, {}
         self._call(operation, lambda: self._llm.llm_engine.abort_request(list(flights)))
         continuations = []
@@ -576,22 +606,31 @@ class VLLMEngine(Engine):
         if flat.token_ids != ids:
             raise RuntimeError(f"vLLM request {state.external_req_id}: logprobs do not follow the sampled tokens")
         before = flight.prefix or _Partial([], [], [], "")
-        return _Partial(before.completion_ids + ids, before.logprobs + list(flat.logprobs),
-                        before.versions + [self.policy_version] * len(ids),
-                        before.text + (state.detokenizer.output_text if flight.request.sampling.stop else ""))
+        return _Partial(
+            before.completion_ids + ids,
+            before.logprobs + list(flat.logprobs),
+            before.versions + [self.policy_version] * len(ids),
+            before.text + (state.detokenizer.output_text if flight.request.sampling.stop else ""),
+        )
 
     @staticmethod
-    def _continuation(flight: _Flight, submitted: Request, origin: str, sample: int, seen: _Partial,
-                      version: int) -> _Flight:
+    def _continuation(
+        flight: _Flight, submitted: Request, origin: str, sample: int, seen: _Partial, version: int
+    ) -> _Flight:
         """Sample `sample` of `submitted` (sent to vLLM as `origin`) going on from `seen` under `version`, as
         `flight` ran it: the same stop strings, what is left of max_tokens, its own seed moved on by the version."""
         sampling = flight.request.sampling
         own_seed = None if sampling.seed is None else sampling.seed + (0 if flight.origin else sample)
-        request = Request(submitted.key, list(submitted.prompt) + seen.completion_ids, 1, replace(
-            sampling,
-            max_tokens=submitted.sampling.max_tokens - len(seen.completion_ids),
-            seed=None if own_seed is None else continuation_seed(own_seed, version),
-        ))
+        request = Request(
+            submitted.key,
+            list(submitted.prompt) + seen.completion_ids,
+            1,
+            replace(
+                sampling,
+                max_tokens=submitted.sampling.max_tokens - len(seen.completion_ids),
+                seed=None if own_seed is None else continuation_seed(own_seed, version),
+            ),
+        )
         return _Flight(request, flight.ignore_eos, origin, sample, seen)
 
     # -- lifetime ---------------------------------------------------------------------------

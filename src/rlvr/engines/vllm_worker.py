@@ -39,7 +39,9 @@ class WeightSyncExtension:
         vLLM then keeps every other layer as it is, warning once per layer and once more with the
         list of names that nothing was loaded for. That is the intent here, so those two loggers
         are held at errors for the call."""
-        quiet = [logging.getLogger(f"vllm.model_executor.model_loader.reload.{name}") for name in ("layerwise", "inplace")]
+        quiet = [
+            logging.getLogger(f"vllm.model_executor.model_loader.reload.{name}") for name in ("layerwise", "inplace")
+        ]
         levels = [logger.level for logger in quiet]
         for logger in quiet:
             logger.setLevel(logging.ERROR)

@@ -36,8 +36,10 @@ def make_env(name: str, problem: Problem, context: EnvContext) -> Environment:
     if name.startswith("skyrl:"):
         return SkyRLEnv(name.removeprefix("skyrl:"), problem, context)
     if name not in ENVIRONMENTS:
-        raise ValueError(f"env.name={name!r} (problem {problem.id!r}): unknown environment; known: "
-                         f"{', '.join(sorted(ENVIRONMENTS))}, or skyrl:ID for a skyrl-gym environment")
+        raise ValueError(
+            f"env.name={name!r} (problem {problem.id!r}): unknown environment; known: "
+            f"{', '.join(sorted(ENVIRONMENTS))}, or skyrl:ID for a skyrl-gym environment"
+        )
     return ENVIRONMENTS[name](problem, context)
 
 

@@ -56,8 +56,12 @@ class ToolEnv:
         output, ok = self.run(call)
         if len(output) > self.config.max_observation_chars:
             output = output[: self.config.max_observation_chars] + "\n[output truncated]"
-        return EnvStep([{"role": self.config.observation_role, "content": output}], done=False, tool_calls=1,
-                       tool_errors=0 if ok else 1)
+        return EnvStep(
+            [{"role": self.config.observation_role, "content": output}],
+            done=False,
+            tool_calls=1,
+            tool_errors=0 if ok else 1,
+        )
 
     def run(self, call: str) -> tuple[str, bool]:
         """The tool's output for `call`, and whether it succeeded."""
@@ -126,7 +130,9 @@ class CodeTestsEnv:
         from rlvr.rewards.code_tests import CodeTests
 
         self.tests, self.config = problem.answer, context.config
-        self.verifier = CodeTests(fraction=bool(context.config.options.get("fraction", False)), pool=context.sandbox_pool())
+        self.verifier = CodeTests(
+            fraction=bool(context.config.options.get("fraction", False)), pool=context.sandbox_pool()
+        )
 
     def reset(self, problem: Problem):
         return None
@@ -136,16 +142,24 @@ class CodeTestsEnv:
         if score.reward >= 1.0 or self.config.max_turns == 1:
             return EnvStep(reward=score.reward, done=True)
         feedback = f"The tests did not pass ({score.status}): {score.detail or 'no program found'}"
-        return EnvStep([{"role": self.config.observation_role, "content": feedback[: self.config.max_observation_chars]}],
-                       reward=score.reward, done=False)
+        return EnvStep(
+            [{"role": self.config.observation_role, "content": feedback[: self.config.max_observation_chars]}],
+            reward=score.reward,
+            done=False,
+        )
 
     def close(self) -> None:
         pass
 
 
 _OPERATORS = {
-    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
 }
 _MAX_DIGITS = 1000
 

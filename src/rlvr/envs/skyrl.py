@@ -22,10 +22,14 @@ class SkyRLEnv:
             import skyrl_gym
             from omegaconf import OmegaConf
         except ImportError:
-            raise ValueError(f"env.name=skyrl:{env_id}: needs the skyrl-gym package (pip install 'rlvr[envs]')") from None
+            raise ValueError(
+                f"env.name=skyrl:{env_id}: needs the skyrl-gym package (pip install 'rlvr[envs]')"
+            ) from None
         if env_id not in skyrl_gym.registry:
-            raise ValueError(f"env.name=skyrl:{env_id}: not a skyrl-gym environment; registered: "
-                             f"{', '.join(sorted(skyrl_gym.registry))}")
+            raise ValueError(
+                f"env.name=skyrl:{env_id}: not a skyrl-gym environment; registered: "
+                f"{', '.join(sorted(skyrl_gym.registry))}"
+            )
         extras = {
             "reward_spec": {"method": "rule", "ground_truth": problem.answer},
             "extra_info": dict(problem.meta),
@@ -43,8 +47,13 @@ class SkyRLEnv:
         calls, errors = self._tool_calls, self._tool_errors
         out = self.env.step(action)
         observation = [{"role": m["role"], "content": m["content"]} for m in out.get("observations") or []]
-        return EnvStep(observation, reward=float(out["reward"]), done=bool(out["done"]),
-                       tool_calls=self._tool_calls - calls, tool_errors=self._tool_errors - errors)
+        return EnvStep(
+            observation,
+            reward=float(out["reward"]),
+            done=bool(out["done"]),
+            tool_calls=self._tool_calls - calls,
+            tool_errors=self._tool_errors - errors,
+        )
 
     def close(self) -> None:
         self.env.close()

@@ -90,7 +90,6 @@ def check_ks(ks: list[int]) -> list[int]:
     return sorted(set(ks))
 
 
-
 def _samples_by_problem(
     problem_ids: list[str], rewards: list[float], extracted: list[str | None], ks: list[int]
 ) -> dict[str, list[tuple[float, str | None]]]:
@@ -218,8 +217,6 @@ def flat_eval_metrics(summary: dict, prefix: str) -> dict[str, float]:
     "eval/aime24/n_problems"; the per-problem table stays out (it lives in the sample file).
     """
     metrics = {f"{prefix}/{key}": value for key, value in summary.items() if "@" in key}
-    metrics.update(
-        {f"{prefix}/stderr/{key}": value for key, value in summary["stderr"].items() if value is not None}
-    )
+    metrics.update({f"{prefix}/stderr/{key}": value for key, value in summary["stderr"].items() if value is not None})
     metrics[f"{prefix}/n_problems"] = summary["n_problems"]
     return metrics

@@ -57,7 +57,11 @@ PLOTS = (
     PlotSpec("entropy", "Policy entropy", r"^policy/entropy$"),
     PlotSpec("kl", "KL to the reference policy", r"^policy/kl$"),
     PlotSpec("clip_fraction", "Clip fraction", r"^policy/clip_fraction$"),
-    PlotSpec("logprob_gap", "Engine-trainer logprob gap: each step's rollouts, the sync probe", r"^sync/(sampler_trainer_gap|logprob_gap)$"),
+    PlotSpec(
+        "logprob_gap",
+        "Engine-trainer logprob gap: each step's rollouts, the sync probe",
+        r"^sync/(sampler_trainer_gap|logprob_gap)$",
+    ),
     PlotSpec("time", "Time per step", r"^time/", stacked=True, ylabel="seconds"),
 )
 
@@ -115,7 +119,9 @@ def _draw(spec: PlotSpec, series: Series) -> bytes | None:
             stderr = series.get(re.sub(r"^(eval/[^/]+)/", r"\1/stderr/", key)) if EVAL_METRIC.match(key) else None
             marker = "o" if len(steps) <= 30 else None
             if stderr:
-                ax.errorbar(steps, values, yerr=[stderr.get(s, 0.0) for s in steps], label=key, marker=marker, capsize=3)
+                ax.errorbar(
+                    steps, values, yerr=[stderr.get(s, 0.0) for s in steps], label=key, marker=marker, capsize=3
+                )
             else:
                 ax.plot(steps, values, label=key, marker=marker)
     ax.set_title(spec.title)
@@ -152,9 +158,7 @@ def _eval_table(series: Series) -> str:
                 stderr = series.get(f"eval/{set_name}/stderr/{m}", {}).get(step)
                 cells.append(f"<td>{_value_with_error(value, stderr)}</td>")
             body.append(f"<tr><td>{step}</td>{''.join(cells)}</tr>")
-        parts.append(
-            f"<h3>{html.escape(set_name)}</h3><table><tr><th>step</th>{header}</tr>{''.join(body)}</table>"
-        )
+        parts.append(f"<h3>{html.escape(set_name)}</h3><table><tr><th>step</th>{header}</tr>{''.join(body)}</table>")
     return "".join(parts)
 
 
@@ -179,8 +183,7 @@ def _sample_file_section(path: Path, run_dir: Path) -> str:
     problem_rows = "".join(
         "<tr>"
         + "".join(
-            f"<td>{html.escape(str(v))}</td>"
-            for v in (p["id"], f"{p['c']}/{p['n']}", p["majority"], p["reference"])
+            f"<td>{html.escape(str(v))}</td>" for v in (p["id"], f"{p['c']}/{p['n']}", p["majority"], p["reference"])
         )
         + "</tr>"
         for p in summary["problems"]

@@ -126,6 +126,7 @@ def read_samples(path: str | Path) -> list[SampleRow]:
         ordered.extend(group)
     return ordered
 
+
 def summarize_rows(rows: list[SampleRow], ks: list[int]) -> dict:
     """summarize() over sample rows; references come from the rows' "answer" fields."""
     references = {r.problem_id: r.answer for r in rows if r.answer is not None}
@@ -145,6 +146,7 @@ def metrics_from_rollouts(path: str | Path, ks: list[int]) -> dict:
 
 def paired_rows(before: list[SampleRow], after: list[SampleRow], ks: list[int]) -> dict:
     """paired_difference() of two evaluations' sample rows (after - before, paired by problem)."""
+
     def columns(rows: list[SampleRow]) -> tuple[list[str], list[float], list[str | None]]:
         return [r.problem_id for r in rows], [r.reward for r in rows], [r.extracted for r in rows]
 

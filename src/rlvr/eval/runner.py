@@ -19,7 +19,9 @@ from rlvr.tracking.progress import Advance, RunProgress, phase
 
 
 class Generates(Protocol):
-    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling, *, progress: Advance | None) -> list[Rollout]: ...
+    def generate(
+        self, prompts: list[list[int]], n: int, sampling: Sampling, *, progress: Advance | None
+    ) -> list[Rollout]: ...
 
 
 class Scores(Protocol):
@@ -29,7 +31,9 @@ class Scores(Protocol):
 def held_out_sampling(eval: EvalConfig, sampling: SamplingConfig, seed: int) -> Sampling:
     """How a run's held-out evaluation samples: the training rollouts' length and stop strings,
     the evaluation's temperature, no nucleus, the run's seed (`rlvr eval --run` samples so too)."""
-    return Sampling(temperature=eval.temperature, top_p=1.0, max_tokens=sampling.max_tokens, stop=tuple(sampling.stop), seed=seed)
+    return Sampling(
+        temperature=eval.temperature, top_p=1.0, max_tokens=sampling.max_tokens, stop=tuple(sampling.stop), seed=seed
+    )
 
 
 def _group_by_prompt(rollouts: list[Rollout], n_prompts: int, n: int) -> list[list[Rollout]]:
@@ -37,7 +41,9 @@ def _group_by_prompt(rollouts: list[Rollout], n_prompts: int, n: int) -> list[li
     groups: list[list[Rollout]] = [[] for _ in range(n_prompts)]
     for rollout in rollouts:
         if not 0 <= rollout.prompt_index < n_prompts:
-            raise ValueError(f"engine returned a rollout for prompt {rollout.prompt_index}, but only {n_prompts} were given")
+            raise ValueError(
+                f"engine returned a rollout for prompt {rollout.prompt_index}, but only {n_prompts} were given"
+            )
         groups[rollout.prompt_index].append(rollout)
     for index, group in enumerate(groups):
         if len(group) != n:
@@ -101,9 +107,16 @@ def scored_samples(
     verify = [k for k, (_, _, r) in enumerate(ordered) if r.reward is None]
     rows = [ordered[k][0] for k in verify]
     named = [p.meta.get("verifier") for p in rows]  # a row's own verifier (data_source, a built-in set's)
-    verified = scorer.score([ordered[k][2].text for k in verify], [p.answer for p in rows],
-                            verifiers=named if any(named) else None,
-                            progress=phase(progress, "eval score", len(verify))) if verify else []
+    verified = (
+        scorer.score(
+            [ordered[k][2].text for k in verify],
+            [p.answer for p in rows],
+            verifiers=named if any(named) else None,
+            progress=phase(progress, "eval score", len(verify)),
+        )
+        if verify
+        else []
+    )
     if len(verified) != len(verify):
         raise ValueError(f"scorer returned {len(verified)} scores for {len(verify)} responses")
     scores = [Score(r.reward, "ok") if r.reward is not None else None for _, _, r in ordered]

@@ -53,18 +53,37 @@ def evaluate_model(
         room = positions - prompt_set.longest()[1]
         sampling = replace(sampling, max_tokens=max(1, min(sampling.max_tokens, room)))
     # one answer per prompt (env None): evaluate() samples no later turns
-    context = engine_context([prompt_set], max_tokens=sampling.max_tokens, env=None,
-                             max_model_len=engine.max_model_len, positions=positions, model=model.path)
+    context = engine_context(
+        [prompt_set],
+        max_tokens=sampling.max_tokens,
+        env=None,
+        max_model_len=engine.max_model_len,
+        positions=positions,
+        model=model.path,
+    )
     engine = engine.model_copy(update={"max_model_len": context})
     lora_rank = int(lora.config.get("r", 16)) if lora is not None else None
-    with make_engine(model, engine, seed=seed, lora_rank=lora_rank) as served, ScoringPool(
-        reward.verifier, workers=reward.workers, timeout_s=reward.timeout_s, memory_limit_mb=reward.memory_limit_mb,
-        options=reward.options,
-    ) as pool:
+    with (
+        make_engine(model, engine, seed=seed, lora_rank=lora_rank) as served,
+        ScoringPool(
+            reward.verifier,
+            workers=reward.workers,
+            timeout_s=reward.timeout_s,
+            memory_limit_mb=reward.memory_limit_mb,
+            options=reward.options,
+        ) as pool,
+    ):
         if lora is not None:
             served.update_lora(lora)
         samples_path.parent.mkdir(parents=True, exist_ok=True)
         return evaluate(
-            served, pool, prompt_set.problems, prompt_set.prompts, n=n, ks=ks, sampling=sampling,
-            samples_path=str(samples_path), progress=progress,
+            served,
+            pool,
+            prompt_set.problems,
+            prompt_set.prompts,
+            n=n,
+            ks=ks,
+            sampling=sampling,
+            samples_path=str(samples_path),
+            progress=progress,
         )

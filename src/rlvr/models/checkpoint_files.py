@@ -15,9 +15,18 @@ from rlvr.models.multimodal import text_model_names
 
 # safetensors' dtype names (the header's), for checking a header without reading the tensor
 _DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64, "I32": torch.int32,
-    "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
 }
 
 Rows = slice | None  # rows [start, stop) of dim 0; None: the whole tensor (and 0-d tensors)
@@ -48,7 +57,9 @@ class CheckpointFiles:
 
     def _hf_name(self, handle, key: str) -> str | None:
         stored = handle.get_slice(key)
-        mapped = self._names.to_hf(key, torch.empty(stored.get_shape(), dtype=_DTYPES[stored.get_dtype()], device="meta"))
+        mapped = self._names.to_hf(
+            key, torch.empty(stored.get_shape(), dtype=_DTYPES[stored.get_dtype()], device="meta")
+        )
         return None if mapped is None else mapped[0]
 
     def __contains__(self, key: str) -> bool:

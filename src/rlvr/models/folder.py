@@ -20,7 +20,14 @@ from rlvr.models.mistral_layout import (
     weight_files,
 )
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "spiece.model", TOKENIZER_FILE)
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+    "spiece.model",
+    TOKENIZER_FILE,
+)
 
 
 class ModelFolderError(UserError, ValueError):
@@ -38,7 +45,9 @@ def check_model_folder(path: str | Path, *, key: str = "model.path", need_tokeni
         raise ModelFolderError(f"{where}: no such file or folder")
     if folder.is_file():
         if folder.suffix.lower() == ".gguf":
-            raise ModelFolderError(f"{where}: a GGUF file, not a model folder; convert it first: rlvr import {path} OUT_DIR")
+            raise ModelFolderError(
+                f"{where}: a GGUF file, not a model folder; convert it first: rlvr import {path} OUT_DIR"
+            )
         raise ModelFolderError(f"{where}: a file, not a Hugging Face model folder")
     config_file = folder / "config.json"
     if is_mistral_folder(folder):
@@ -46,8 +55,10 @@ def check_model_folder(path: str | Path, *, key: str = "model.path", need_tokeni
     elif not config_file.is_file():
         gguf = sorted(folder.glob("*.gguf"))
         hint = f"; it holds {gguf[0].name}: rlvr import {gguf[0]} OUT_DIR" if gguf else ""
-        raise ModelFolderError(f"{where}: not a Hugging Face model folder (no config.json) nor one in Mistral's "
-                               f"layout (no {PARAMS_FILE} with {WEIGHTS_PATTERN}){hint}")
+        raise ModelFolderError(
+            f"{where}: not a Hugging Face model folder (no config.json) nor one in Mistral's "
+            f"layout (no {PARAMS_FILE} with {WEIGHTS_PATTERN}){hint}"
+        )
     else:
         try:
             config = json.loads(config_file.read_text())
@@ -56,8 +67,10 @@ def check_model_folder(path: str | Path, *, key: str = "model.path", need_tokeni
         _check_architecture(config, config_file)
     _check_weights(folder, where)
     if need_tokenizer and not any((folder / name).is_file() for name in TOKENIZER_FILES):
-        raise ModelFolderError(f"{where}: no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...); rlvr needs the "
-                               "model's tokenizer to encode prompts: save it with tokenizer.save_pretrained(folder)")
+        raise ModelFolderError(
+            f"{where}: no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...); rlvr needs the "
+            "model's tokenizer to encode prompts: save it with tokenizer.save_pretrained(folder)"
+        )
 
 
 def _check_architecture(config: dict, config_file: Path) -> None:
@@ -68,8 +81,10 @@ def _check_architecture(config: dict, config_file: Path) -> None:
     if not model_type:
         raise ModelFolderError(f"{config_file}: no model_type; transformers cannot tell which architecture it is")
     if model_type not in CONFIG_MAPPING:
-        raise ModelFolderError(f"{config_file}: model_type {model_type!r} is not an architecture transformers "
-                               f"{transformers.__version__} knows (models that need trust_remote_code are not supported)")
+        raise ModelFolderError(
+            f"{config_file}: model_type {model_type!r} is not an architecture transformers "
+            f"{transformers.__version__} knows (models that need trust_remote_code are not supported)"
+        )
 
 
 def _check_weights(folder: Path, where: str) -> None:
@@ -78,8 +93,10 @@ def _check_weights(folder: Path, where: str) -> None:
     files = weight_files(folder)
     if not files:
         if any(folder.glob("pytorch_model*.bin")):
-            raise ModelFolderError(f"{where}: weights in pytorch_model*.bin only; rlvr reads safetensors: load the model "
-                                   "and save_pretrained it again (safe_serialization is the default)")
+            raise ModelFolderError(
+                f"{where}: weights in pytorch_model*.bin only; rlvr reads safetensors: load the model "
+                "and save_pretrained it again (safe_serialization is the default)"
+            )
         raise ModelFolderError(f"{where}: no weights (*.safetensors)")
     for file in files:
         try:

@@ -37,8 +37,10 @@ def _check_source(source: Path) -> None:
     if source.is_dir():
         if (source / "config.json").is_file():
             raise ValueError(f"{source} is already an HF model folder: use it as model.path, no import needed")
-        raise ValueError(f"{source}: neither an HF model folder nor a GGUF file, nor a folder in Mistral's layout "
-                         "(no config.json, no params.json with consolidated*.safetensors)")
+        raise ValueError(
+            f"{source}: neither an HF model folder nor a GGUF file, nor a folder in Mistral's layout "
+            "(no config.json, no params.json with consolidated*.safetensors)"
+        )
     if not is_gguf_file(source):
         hint = "; give the folder that holds it" if source.suffix in (".safetensors", ".bin", ".json") else ""
         raise ValueError(f"{source}: not a GGUF file (it does not start with the bytes 'GGUF'){hint}")
@@ -82,7 +84,9 @@ def import_gguf(source: str | Path, out: str | Path, dtype: str = "float32") -> 
             folder, gguf_file=name, dtype=getattr(torch, dtype), quantization_config=GgufConfig(dequantize=True)
         )
     except (ValueError, KeyError, OSError) as err:
-        raise ValueError(f"{source}: transformers cannot load this {architecture!r} GGUF as a causal LM ({_first_line(err)})") from None
+        raise ValueError(
+            f"{source}: transformers cannot load this {architecture!r} GGUF as a causal LM ({_first_line(err)})"
+        ) from None
 
     partial = out.with_name(f".{out.name}.importing")
     shutil.rmtree(partial, ignore_errors=True)

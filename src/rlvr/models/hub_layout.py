@@ -52,7 +52,9 @@ def disk_name(model: nn.Module, key: str, shape: torch.Size) -> str:
 def expert_pieces(model: nn.Module, key: str, shape: torch.Size) -> list[ExpertPiece]:
     """Where each row of the fused experts parameter `key` (`[E, rows, in]`) lives on disk."""
     experts, rows = shape[0], shape[1]
-    index = (torch.arange(experts * rows, dtype=torch.float64).view(experts, rows, 1) * 2 + torch.arange(2)).contiguous()
+    index = (
+        torch.arange(experts * rows, dtype=torch.float64).view(experts, rows, 1) * 2 + torch.arange(2)
+    ).contiguous()
     pieces = []
     for name, stored in disk_tensors(model, key, index).items():
         first = int(stored.reshape(-1)[0]) // 2

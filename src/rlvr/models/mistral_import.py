@@ -29,7 +29,11 @@ def import_mistral(source: str | Path, out: str | Path) -> Path:
     files = CheckpointFiles(source)
     out.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(out)
-    save_file({key: files.read(key).contiguous() for key in files.keys()}, out / "model.safetensors", metadata={"format": "pt"})
+    save_file(
+        {key: files.read(key).contiguous() for key in files.keys()},
+        out / "model.safetensors",
+        metadata={"format": "pt"},
+    )
     if (source / TOKENIZER_FILE).is_file():
         (out / TOKENIZER_FILE).write_bytes((source / TOKENIZER_FILE).read_bytes())
         _save_hf_tokenizer(out / TOKENIZER_FILE, out)

@@ -91,7 +91,9 @@ def adapted_config(params: dict, where: str) -> dict:
     try:
         return adapt_config_dict(copy.deepcopy(params), defaults={}).to_dict()
     except (AssertionError, ValueError, KeyError, TypeError) as err:
-        raise MistralLayoutError(f"{where}: vLLM cannot read it: {str(err).splitlines()[0] or type(err).__name__}") from None
+        raise MistralLayoutError(
+            f"{where}: vLLM cannot read it: {str(err).splitlines()[0] or type(err).__name__}"
+        ) from None
 
 
 def hf_config(path: str | Path):
@@ -110,13 +112,17 @@ def config_from_params(params: dict, where: str):
     elif architecture == "MistralForCausalLM":
         config = _mistral_config(adapted, where)
     else:
-        raise MistralLayoutError(f"{where}: vLLM reads it as {architecture}; rlvr reads Mistral's layout for Mistral Large 3 "
-                                 "(MLA with shared experts) and dense Mistral models only")
+        raise MistralLayoutError(
+            f"{where}: vLLM reads it as {architecture}; rlvr reads Mistral's layout for Mistral Large 3 "
+            "(MLA with shared experts) and dense Mistral models only"
+        )
     quantization = adapted.get("quantization_config")
     if quantization:
         if quantization.get("quant_method") == "fp8":
-            raise MistralLayoutError(f"{where}: FP8 weights (quantization.qformat_weight fp8_e4m3); rlvr reads "
-                                     "NVFP4 (compressed-tensors) or float Mistral checkpoints")
+            raise MistralLayoutError(
+                f"{where}: FP8 weights (quantization.qformat_weight fp8_e4m3); rlvr reads "
+                "NVFP4 (compressed-tensors) or float Mistral checkpoints"
+            )
         config.quantization_config = quantization
     return config
 
@@ -149,7 +155,8 @@ def _mistral4_config(adapted: dict, where: str):
     if rope.get("original_max_position_embeddings", original) != original:
         raise MistralLayoutError(
             f"{where}: yarn.original_max_position_embeddings {rope['original_max_position_embeddings']} differs from "
-            f"llama_4_scaling's {original}; transformers' mistral4 reads one value for both")
+            f"llama_4_scaling's {original}; transformers' mistral4 reads one value for both"
+        )
     rope.update(original_max_position_embeddings=original, llama_4_scaling_beta=float(scaling["beta"]))
     if rope.get("attention_factor") == 1.0:
         # yarn.apply_scale false: vLLM's MLA then takes rope type deepseek_llama_scaling and leaves
@@ -165,11 +172,17 @@ def _mistral_config(adapted: dict, where: str):
     from transformers import MistralConfig
 
     if adapted.get("llama_4_scaling"):
-        raise MistralLayoutError(f"{where}: a dense model with llama_4_scaling (Ministral 3); transformers' mistral has no "
-                                 "llama-4 query scaling, so rlvr reads such a model from its Hugging Face layout only")
+        raise MistralLayoutError(
+            f"{where}: a dense model with llama_4_scaling (Ministral 3); transformers' mistral has no "
+            "llama-4 query scaling, so rlvr reads such a model from its Hugging Face layout only"
+        )
     if adapted.get("layer_types") and len(set(adapted["layer_types"])) > 1:
-        raise MistralLayoutError(f"{where}: sliding_window differs between layers; transformers' mistral takes one window")
-    return MistralConfig(**_fields(MistralConfig, adapted), rope_parameters=_rope(adapted), architectures=["MistralForCausalLM"])
+        raise MistralLayoutError(
+            f"{where}: sliding_window differs between layers; transformers' mistral takes one window"
+        )
+    return MistralConfig(
+        **_fields(MistralConfig, adapted), rope_parameters=_rope(adapted), architectures=["MistralForCausalLM"]
+    )
 
 
 def params_from_config(config, quantization: dict | None = None) -> dict:
@@ -224,8 +237,9 @@ class TensorNames:
         if self.dense:
             from vllm.model_executor.models.mistral import MistralForCausalLM
 
-            hf_name, tensor = MistralForCausalLM.maybe_remap_mistral(SimpleNamespace(
-                config=self.config, mistral_mapping=MistralForCausalLM.mistral_mapping), name, tensor)
+            hf_name, tensor = MistralForCausalLM.maybe_remap_mistral(
+                SimpleNamespace(config=self.config, mistral_mapping=MistralForCausalLM.mistral_mapping), name, tensor
+            )
         else:
             hf_name = _mla_mapper().map_name(name)
         if hf_name is None or (hf_name == name and not hf_name.startswith(("model.", "lm_head."))):
@@ -253,11 +267,15 @@ def _mla_mapper():
     from vllm.model_executor.models.mistral_large_3 import MistralLarge3ForCausalLM
 
     mapper = MistralLarge3ForCausalLM.hf_to_vllm_mapper
-    others = [k for k in ("orig_to_new_prefix", "orig_to_new_substr", "orig_to_new_stacked", "orig_to_new_renaming")
-              if getattr(mapper, k, None)]
+    others = [
+        k
+        for k in ("orig_to_new_prefix", "orig_to_new_substr", "orig_to_new_stacked", "orig_to_new_renaming")
+        if getattr(mapper, k, None)
+    ]
     if others:  # a vLLM whose mapper rlvr's reverse does not cover: say so rather than write wrong names
-        raise MistralLayoutError(f"vLLM's MistralLarge3ForCausalLM.hf_to_vllm_mapper uses {others}; rlvr inverts regex "
-                                 "and suffix maps only")
+        raise MistralLayoutError(
+            f"vLLM's MistralLarge3ForCausalLM.hf_to_vllm_mapper uses {others}; rlvr inverts regex and suffix maps only"
+        )
     return mapper
 
 
@@ -272,11 +290,15 @@ def _invert_pattern(pattern: str, replacement: str) -> tuple[re.Pattern, str]:
     literals, groups = pieces[0::2], pieces[1::2]
     source_literals = [re.sub(r"\\(.)", r"\1", lit) for lit in literals]
     if any(re.search(r"[\\()\[\]*+?|^$]", lit) for lit in source_literals):
-        raise MistralLayoutError(f"vLLM's Mistral mapping pattern {pattern!r} is not a plain name pattern rlvr can invert")
+        raise MistralLayoutError(
+            f"vLLM's Mistral mapping pattern {pattern!r} is not a plain name pattern rlvr can invert"
+        )
     refs = [int(n) for n in re.findall(r"\\(\d)", replacement)]
     parts = re.split(r"\\\d", replacement)
     inverse = "".join(re.escape(p) + (f"({groups[refs[i] - 1]})" if i < len(refs) else "") for i, p in enumerate(parts))
-    template = "".join(lit + (f"\\{refs.index(k + 1) + 1}" if k < len(groups) else "") for k, lit in enumerate(source_literals))
+    template = "".join(
+        lit + (f"\\{refs.index(k + 1) + 1}" if k < len(groups) else "") for k, lit in enumerate(source_literals)
+    )
     return re.compile(rf"\A{inverse}\Z"), template
 
 
@@ -298,8 +320,14 @@ def _reverse(hf_name: str) -> list[str]:
 # --------------------------------------------------------------------------- writing
 
 
-def write_mistral_folder(tensors: dict[str, torch.Tensor], config, out_dir: str | Path, *,
-                         quantization: dict | None = None, tokenizer_file: Path | None = None) -> Path:
+def write_mistral_folder(
+    tensors: dict[str, torch.Tensor],
+    config,
+    out_dir: str | Path,
+    *,
+    quantization: dict | None = None,
+    tokenizer_file: Path | None = None,
+) -> Path:
     """A Mistral folder of `tensors` (HF on-disk names, experts one Linear each): params.json of
     `config` (with `quantization`), consolidated.safetensors under Mistral's names, and
     `tokenizer_file` copied as tekken.json.

@@ -82,7 +82,9 @@ def moe_layers(model: nn.Module) -> list[MoELayer]:
             router = routers[0]
             # the decorator keeps the model config on the experts module
             top_k = getattr(router, "top_k", None) or experts.config.num_experts_per_tok
-            layers.append(MoELayer(names[id(router)], router, names[id(experts)], experts, int(top_k), int(experts.num_experts)))
+            layers.append(
+                MoELayer(names[id(router)], router, names[id(experts)], experts, int(top_k), int(experts.num_experts))
+            )
     return layers
 
 

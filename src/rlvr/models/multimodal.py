@@ -30,11 +30,20 @@ from pathlib import Path
 # config.json section -> the vLLM modalities its encoder takes (Qwen-VL towers take video too)
 HF_ENCODER_CONFIGS = {"vision_config": ("image", "video"), "audio_config": ("audio",)}
 HF_ENCODER_PREFIXES = ("vision_tower.", "multi_modal_projector.", "audio_tower.")
-MISTRAL_ENCODER_PREFIXES = ("vision_encoder.", "vision_language_adapter.", "patch_merger.", "pre_mm_projector_norm.",
-                            "whisper_encoder.", "audio_language_adapter.")
+MISTRAL_ENCODER_PREFIXES = (
+    "vision_encoder.",
+    "vision_language_adapter.",
+    "patch_merger.",
+    "pre_mm_projector_norm.",
+    "whisper_encoder.",
+    "audio_language_adapter.",
+)
 # language-model prefixes of a multimodal HF checkpoint -> the text causal LM's own names
-HF_TEXT_PREFIXES = {"language_model.model.": "model.", "language_model.lm_head.": "lm_head.",
-                    "model.language_model.": "model."}
+HF_TEXT_PREFIXES = {
+    "language_model.model.": "model.",
+    "language_model.lm_head.": "lm_head.",
+    "model.language_model.": "model.",
+}
 
 
 def read_model_config(model_dir: str | Path) -> dict:
@@ -69,8 +78,17 @@ def text_config(config: dict) -> dict:
 
 # the length keys vLLM 0.32 reads from a text config; it takes the smallest one present
 # (`ModelArchConfigConvertorBase.derive_max_model_len_and_key`)
-LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
-               "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+LENGTH_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_target_positions",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
 # what vLLM's `adapt_config_dict` puts in a params.json that names no length
 MISTRAL_DEFAULT_POSITIONS = 128_000
 

@@ -40,7 +40,9 @@ def count_parameters(model: nn.Module) -> ParamCounts:
         sum(p.numel() for p in layer.experts.parameters()) * layer.top_k // layer.num_experts for layer in layers
     )
     embedding_modules = [model.get_input_embeddings(), model.get_output_embeddings()]
-    embeddings = sum(p.numel() for p in {id(p): p for m in embedding_modules if m is not None for p in m.parameters()}.values())
+    embeddings = sum(
+        p.numel() for p in {id(p): p for m in embedding_modules if m is not None for p in m.parameters()}.values()
+    )
     return ParamCounts(
         total=total,
         active=total - routed + routed_active,

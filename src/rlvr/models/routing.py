@@ -52,7 +52,9 @@ class _ExpertChoice(TorchFunctionMode):
             return func(*args, **kwargs)
         scores, k = args[0], kwargs.get("k", args[1] if len(args) > 1 else None)
         dim = kwargs.get("dim", args[2] if len(args) > 2 else -1)
-        is_choice = scores.ndim == 2 and scores.shape[1] == self.layer.num_experts and k == self.layer.top_k and dim in (-1, 1)
+        is_choice = (
+            scores.ndim == 2 and scores.shape[1] == self.layer.num_experts and k == self.layer.top_k and dim in (-1, 1)
+        )
         own = func(*args, **kwargs)
         if not is_choice:
             return own
@@ -98,7 +100,10 @@ class RoutingRecord:
         """`[batch_size, positions, moe_layers, k]` for forwards over `[batch_size, T_i]` inputs
         (a generate loop: the prompt forward, then one forward per new token)."""
         steps = zip(*self.calls, strict=True)
-        return torch.cat([torch.stack(step, dim=1).view(batch_size, -1, len(self.layers), step[0].shape[-1]) for step in steps], dim=1)
+        return torch.cat(
+            [torch.stack(step, dim=1).view(batch_size, -1, len(self.layers), step[0].shape[-1]) for step in steps],
+            dim=1,
+        )
 
 
 @contextmanager
@@ -125,9 +130,9 @@ def _watch_routers(model: nn.Module, routes: torch.Tensor | None, every_call: bo
 def record_routing(model: nn.Module):
     """Context manager: within it, every forward of `model` records its routers' top-k choices.
 
-        with record_routing(model) as record:
-            model.generate(ids, ...)
-        routes = record.per_sequence(batch_size=ids.shape[0])  # [B, positions, layers, k]
+    with record_routing(model) as record:
+        model.generate(ids, ...)
+    routes = record.per_sequence(batch_size=ids.shape[0])  # [B, positions, layers, k]
     """
     return _watch_routers(model, None, every_call=True)
 

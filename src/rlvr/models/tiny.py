@@ -68,19 +68,37 @@ _ARCH_EXTRAS: dict[str, dict] = {
     # rope dims), layer 0 dense, later layers 8 routed experts (top-2 within 1 of 2 groups) and
     # 1 shared expert; no multi-token-prediction layer. Sizes scaled from hidden_size below.
     "deepseek_v3": {
-        "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1,
-        "first_k_dense_replace": 1, "num_nextn_predict_layers": 0, "routed_scaling_factor": 2.5,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "n_group": 2,
+        "topk_group": 1,
+        "first_k_dense_replace": 1,
+        "num_nextn_predict_layers": 0,
+        "routed_scaling_factor": 2.5,
     },  # fmt: skip
     # Mistral Large 3 as vLLM serves it (rlvr.models.mistral_layout): the same MLA and MoE shape,
     # softmax routing, llama-4 query scaling past 16 positions and YaRN (attention factor 1, as
     # Mistral's `apply_scale: false`, hence no mscale_all_dim: rlvr.models.mistral_layout; factor:
     # max_position_embeddings 1024 over 16), so that short test sequences cross the scaling steps
     "mistral4": {
-        "n_routed_experts": 8, "n_shared_experts": 1, "num_experts_per_tok": 2, "n_group": 1, "topk_group": 1,
-        "first_k_dense_replace": 1, "routed_scaling_factor": 2.0, "tie_word_embeddings": False,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "n_group": 1,
+        "topk_group": 1,
+        "first_k_dense_replace": 1,
+        "routed_scaling_factor": 2.0,
+        "tie_word_embeddings": False,
         "rope_parameters": {
-            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 64.0, "original_max_position_embeddings": 16,
-            "beta_fast": 32.0, "beta_slow": 1.0, "attention_factor": 1.0, "llama_4_scaling_beta": 0.1,
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 64.0,
+            "original_max_position_embeddings": 16,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "attention_factor": 1.0,
+            "llama_4_scaling_beta": 0.1,
         },
     },  # fmt: skip
 }
@@ -125,8 +143,13 @@ def tiny_config(
     if arch not in _ARCH_EXTRAS:
         raise ValueError(f"unknown tiny architecture {arch!r}; known: {', '.join(sorted(_ARCH_EXTRAS))}")
     scaled = _scaled_extras(arch, hidden_size, num_heads, intermediate_size)
-    extras = {"num_key_value_heads": num_kv_heads, "tie_word_embeddings": tie_word_embeddings,
-              **copy.deepcopy(_ARCH_EXTRAS[arch]), **scaled, **arch_sizes}
+    extras = {
+        "num_key_value_heads": num_kv_heads,
+        "tie_word_embeddings": tie_word_embeddings,
+        **copy.deepcopy(_ARCH_EXTRAS[arch]),
+        **scaled,
+        **arch_sizes,
+    }
     return AutoConfig.for_model(
         arch,
         vocab_size=vocab_size,
@@ -190,7 +213,9 @@ def build_tiny_mistral_folder(out_dir: str | Path, *, seed: int = 0, **sizes) ->
     out_dir.mkdir(parents=True, exist_ok=True)
     tokens = write_byte_tekken(out_dir / TOKENIZER_FILE)
     # mistral-common's default control tokens: <unk> 0, <s> 1, </s> 2, ..., <pad> 11
-    config = tiny_config("mistral4", vocab_size=-(-tokens // 64) * 64, pad_token_id=11, bos_token_id=1, eos_token_id=2, **sizes)
+    config = tiny_config(
+        "mistral4", vocab_size=-(-tokens // 64) * 64, pad_token_id=11, bos_token_id=1, eos_token_id=2, **sizes
+    )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     return write_mistral_folder(to_disk(model, model.state_dict()), config, out_dir)

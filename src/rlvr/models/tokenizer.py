@@ -60,5 +60,8 @@ def has_chat_template(tokenizer) -> bool:
 def chat_ids(tokenizer, messages: list[dict], *, add_generation_prompt: bool = True) -> list[int]:
     """The conversation's token ids, ready for the assistant's next turn when `add_generation_prompt`
     (mistral-common always ends a conversation that way and takes the flag as a no-op)."""
-    return list(tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt,
-                                              return_dict=False))
+    return list(
+        tokenizer.apply_chat_template(
+            messages, tokenize=True, add_generation_prompt=add_generation_prompt, return_dict=False
+        )
+    )

@@ -3,7 +3,6 @@ what a checkpoint must remember (run_state.py), the evaluation schedule (evaluat
 processes go (ray_placement.py; what each holds is rlvr.planning's) and what keeps the engine
 running (engine_supervisor.py)."""
 
-
 from rlvr.errors import UserError
 
 

@@ -70,13 +70,17 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.model.path)
     train_set = load_prompt_set(cfg.data, cfg.data.train, tokenizer)
-    test_set = load_prompt_set(cfg.data, cfg.data.test, tokenizer, limit=cfg.eval.max_problems) if cfg.data.test else None
+    test_set = (
+        load_prompt_set(cfg.data, cfg.data.test, tokenizer, limit=cfg.eval.max_problems) if cfg.data.test else None
+    )
     cfg = sized_engine(cfg, [train_set, *([test_set] if test_set else [])])
     cfg = with_engine_lora_targets(cfg, log)
     shared = test_set.shared_with(train_set) if test_set is not None else 0
     if shared:
-        log(f"note: {shared} of the {len(test_set.problems)} test problems also occur in data.train (the same prompt): "
-            "held-out figures include them")
+        log(
+            f"note: {shared} of the {len(test_set.problems)} test problems also occur in data.train (the same prompt): "
+            "held-out figures include them"
+        )
     timer = StepTimer()
     checkpoints = RunCheckpoints(cfg, timer, log)
     resume_from = checkpoints.resumable() if resume else None
@@ -90,14 +94,40 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     context = EnvContext(cfg.env, cfg.sandbox)
     stack.callback(context.close)
     # fully asynchronous, every rollout (evaluations too) advances at fixed engine steps: see Episodes
-    runner = TrajectoryRunner(engine, Renderer(tokenizer, cfg.data), cfg.env, context, cfg.engine.max_model_len,
-                              fixed_order=cfg.rollout.mode == "async")
+    runner = TrajectoryRunner(
+        engine,
+        Renderer(tokenizer, cfg.data),
+        cfg.env,
+        context,
+        cfg.engine.max_model_len,
+        fixed_order=cfg.rollout.mode == "async",
+    )
     stream = build_stream(cfg, runner, train_set, sampler, stack) if cfg.rollout.mode == "async" else None
-    collector = RolloutCollector(cfg.rollout, cfg.algorithm, cfg.reward, runner, pool, train_set, sampler,
-                                 seed=cfg.seed, timer=timer, progress=progress, log=log, stream=stream)
+    collector = RolloutCollector(
+        cfg.rollout,
+        cfg.algorithm,
+        cfg.reward,
+        runner,
+        pool,
+        train_set,
+        sampler,
+        seed=cfg.seed,
+        timer=timer,
+        progress=progress,
+        log=log,
+        stream=stream,
+    )
     source = make_source(cfg.rollout.mode, collector, engine, stream, timer)
-    sync = WeightSync(engine, trainer, train_set.probe(tokenizer), SyncCheck(cfg.engine.sync_threshold(planned_dtype(cfg).name)), timer,
-                      lora=cfg.trainer.lora is not None, check_every=cfg.engine.sync_check_every, route=source)
+    sync = WeightSync(
+        engine,
+        trainer,
+        train_set.probe(tokenizer),
+        SyncCheck(cfg.engine.sync_threshold(planned_dtype(cfg).name)),
+        timer,
+        lora=cfg.trainer.lora is not None,
+        check_every=cfg.engine.sync_check_every,
+        route=source,
+    )
     return Run(
         cfg=cfg,
         trainer=trainer,
@@ -106,8 +136,17 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
         source=source,
         sync=sync,
         # where test prompts also occur in data.train, the evaluation also reports those never drawn
-        evaluation=Evaluation(cfg, runner, pool, test_set, timer, progress, log,
-                              train_set=train_set if shared else None, sampler=sampler if shared else None),
+        evaluation=Evaluation(
+            cfg,
+            runner,
+            pool,
+            test_set,
+            timer,
+            progress,
+            log,
+            train_set=train_set if shared else None,
+            sampler=sampler if shared else None,
+        ),
         checkpoints=checkpoints,
         resume_from=resume_from,
         logger=logger,
@@ -118,8 +157,9 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     )
 
 
-def build_stream(cfg: RunConfig, runner: TrajectoryRunner, train_set: PromptSet, sampler: EpochSampler,
-                 stack: ExitStack) -> AsyncGroups:
+def build_stream(
+    cfg: RunConfig, runner: TrajectoryRunner, train_set: PromptSet, sampler: EpochSampler, stack: ExitStack
+) -> AsyncGroups:
     """The fully asynchronous rollout stream: it draws the prompts in the sampler's order, and
     keeps prompts_per_step x max(K, 1) groups in flight. A group is then drawn at most K steps
     before the step that trains it (rollouts generated one step ahead count one), so that only
@@ -134,10 +174,15 @@ def build_stream(cfg: RunConfig, runner: TrajectoryRunner, train_set: PromptSet,
 
     rollout = cfg.rollout
     episodes = stack.enter_context(Episodes(runner))
-    return AsyncGroups(episodes, draw, samples=rollout.samples_per_prompt,
-                       sampling=replace(training_sampling(rollout.sampling), seed=cfg.seed * 100_003),
-                       max_staleness=rollout.max_staleness,
-                       capacity=rollout.prompts_per_step * max(rollout.max_staleness, 1), version=None)
+    return AsyncGroups(
+        episodes,
+        draw,
+        samples=rollout.samples_per_prompt,
+        sampling=replace(training_sampling(rollout.sampling), seed=cfg.seed * 100_003),
+        max_staleness=rollout.max_staleness,
+        capacity=rollout.prompts_per_step * max(rollout.max_staleness, 1),
+        version=None,
+    )
 
 
 def place_on_cores(cfg: RunConfig, stack: ExitStack, log=print) -> CpuSplit | None:
@@ -166,8 +211,15 @@ def build_trainer(cfg: RunConfig, cores: CpuSplit | None = None):
     from rlvr.training.worker import RankSpec
 
     split = cores is not None and cores.split
-    spec = RankSpec(model=cfg.model, trainer=cfg.trainer, algorithm=cfg.algorithm, seed=cfg.seed, total_steps=cfg.steps,
-                    threads=cores.rank_threads if split else 0, cores=cores.ranks if split else None)
+    spec = RankSpec(
+        model=cfg.model,
+        trainer=cfg.trainer,
+        algorithm=cfg.algorithm,
+        seed=cfg.seed,
+        total_steps=cfg.steps,
+        threads=cores.rank_threads if split else 0,
+        cores=cores.ranks if split else None,
+    )
     return Trainer(spec, launch=_ray_cluster(cfg).launch_ranks if cfg.placement.backend == "ray" else None)
 
 
@@ -183,7 +235,9 @@ def build_engine(cfg: RunConfig, log=print, cores: CpuSplit | None = None):
 
     def start():
         return make_engine(
-            cfg.model, engine, seed=cfg.seed,
+            cfg.model,
+            engine,
+            seed=cfg.seed,
             lora_rank=cfg.trainer.lora.rank if cfg.trainer.lora else None,
             # colocated, the engine frees its device memory while the ranks train (GPU engines only)
             sleep_mode=cfg.placement.colocate,
@@ -198,8 +252,14 @@ def build_scoring_pool(cfg: RunConfig, log=print):
     from rlvr.rewards import ScoringPool
 
     r = cfg.reward
-    return ScoringPool(r.verifier, workers=r.workers, timeout_s=r.timeout_s, memory_limit_mb=r.memory_limit_mb,
-                       options=r.options, log=log)
+    return ScoringPool(
+        r.verifier,
+        workers=r.workers,
+        timeout_s=r.timeout_s,
+        memory_limit_mb=r.memory_limit_mb,
+        options=r.options,
+        log=log,
+    )
 
 
 def sized_engine(cfg: RunConfig, prompt_sets: list[PromptSet]) -> RunConfig:
@@ -207,9 +267,14 @@ def sized_engine(cfg: RunConfig, prompt_sets: list[PromptSet]) -> RunConfig:
     said here in rlvr's words before anything starts, not by vLLM once the ranks are up."""
     from rlvr.models.multimodal import max_positions
 
-    context = engine_context(prompt_sets, max_tokens=cfg.rollout.sampling.max_tokens, env=cfg.env,
-                             max_model_len=cfg.engine.max_model_len, positions=max_positions(cfg.model.path),
-                             model=cfg.model.path)
+    context = engine_context(
+        prompt_sets,
+        max_tokens=cfg.rollout.sampling.max_tokens,
+        env=cfg.env,
+        max_model_len=cfg.engine.max_model_len,
+        positions=max_positions(cfg.model.path),
+        model=cfg.model.path,
+    )
     return cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"max_model_len": context})})
 
 

@@ -108,7 +108,9 @@ class EngineSupervisor:
                         f"{died}; engine.max_restarts={self.max_restarts} restarts used up, the run stops"
                     ) from died
                 self.restarts += 1
-                self._log(f"{died}; restarting the engine ({self.restarts}/{self.max_restarts}) and retrying {operation}")
+                self._log(
+                    f"{died}; restarting the engine ({self.restarts}/{self.max_restarts}) and retrying {operation}"
+                )
                 self._restart()
 
     def _restart(self) -> None:

@@ -20,8 +20,18 @@ from rlvr.tracking.timing import StepTimer
 class Evaluation:
     """Runs the test set's trajectories through the run's environment (single_turn: one completion)."""
 
-    def __init__(self, cfg: RunConfig, runner: TrajectoryRunner, pool, test_set: PromptSet | None, timer: StepTimer,
-                 progress=None, log=print, train_set: PromptSet | None = None, sampler: EpochSampler | None = None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        runner: TrajectoryRunner,
+        pool,
+        test_set: PromptSet | None,
+        timer: StepTimer,
+        progress=None,
+        log=print,
+        train_set: PromptSet | None = None,
+        sampler: EpochSampler | None = None,
+    ):
         self.cfg, self.pool, self.test_set = cfg, pool, test_set
         # given where test prompts also occur in data.train: the after-evaluation then also reports
         # the test problems never drawn for training (`unseen`), the figure that is held out in fact
@@ -48,8 +58,14 @@ class Evaluation:
         self.folder.mkdir(parents=True, exist_ok=True)
         with self.timer("eval"):
             result = evaluate(
-                self.engine, self.pool, self.test_set.problems, self.test_set.prompts, n=self.cfg.eval.n,
-                ks=self.cfg.eval.k, sampling=held_out_sampling(self.cfg.eval, self.cfg.rollout.sampling, self.cfg.seed), samples_path=str(self.folder / f"{tag}.jsonl"),
+                self.engine,
+                self.pool,
+                self.test_set.problems,
+                self.test_set.prompts,
+                n=self.cfg.eval.n,
+                ks=self.cfg.eval.k,
+                sampling=held_out_sampling(self.cfg.eval, self.cfg.rollout.sampling, self.cfg.seed),
+                samples_path=str(self.folder / f"{tag}.jsonl"),
                 progress=self.progress,
             )
         if tag == "after":  # both evaluations' samples, read once for the pairing and the unseen split
@@ -66,21 +82,27 @@ class Evaluation:
         keys = [f"{m}@{k}" for k in self.cfg.eval.k for m in ("avg", "pass", "maj")]
         headline = {k: round(float(result[k]), 4) for k in keys if k in result}
         k = max(self.cfg.eval.k)
-        self.log(f"eval {tag}: avg@{k} {headline[f'avg@{k}']:.3f}  pass@{k} {headline[f'pass@{k}']:.3f}  "
-                 f"maj@{k} {headline[f'maj@{k}']:.3f}  ({result['n_problems']} problems x {self.cfg.eval.n})")
+        self.log(
+            f"eval {tag}: avg@{k} {headline[f'avg@{k}']:.3f}  pass@{k} {headline[f'pass@{k}']:.3f}  "
+            f"maj@{k} {headline[f'maj@{k}']:.3f}  ({result['n_problems']} problems x {self.cfg.eval.n})"
+        )
         if paired := result.get("paired"):
             headline |= {f"paired/{key}": round(value, 4) for key, value in paired["difference"].items()}
             headline |= {f"paired/stderr/{key}": round(se, 4) for key, se in paired["stderr"].items() if se is not None}
-            changes = "  ".join(f"{key} {paired['difference'][key]:+.3f}" + _spread(paired["stderr"][key])
-                                 for key in (f"avg@{k}", f"pass@{k}", f"maj@{k}"))
+            changes = "  ".join(
+                f"{key} {paired['difference'][key]:+.3f}" + _spread(paired["stderr"][key])
+                for key in (f"avg@{k}", f"pass@{k}", f"maj@{k}")
+            )
             self.log(f"  after - before, paired over the same {paired['n_problems']} problems: {changes}")
         if unseen := result.get("unseen"):
             for when, figures in unseen.items():
                 headline |= {f"unseen_{when}/{key}": round(float(figures[key]), 4) for key in keys if key in figures}
             before = f"{headline[f'unseen_before/avg@{k}']:.3f} -> " if "before" in unseen else ""
             spread = _spread(unseen["after"]["stderr"].get(f"avg@{k}"))
-            self.log(f"  on the {unseen['after']['n_problems']} test problems never drawn for training: avg@{k} {before}"
-                     f"{headline[f'unseen_after/avg@{k}']:.3f}{spread}")
+            self.log(
+                f"  on the {unseen['after']['n_problems']} test problems never drawn for training: avg@{k} {before}"
+                f"{headline[f'unseen_after/avg@{k}']:.3f}{spread}"
+            )
         return headline
 
     def _saved_rows(self) -> dict:
@@ -102,15 +124,19 @@ class Evaluation:
         from rlvr.eval.rollouts_file import summarize_rows
 
         drawn = {tuple(self.train_set.prompts[i]) for i in self.sampler.drawn()}
-        unseen = {p.id for p, prompt in zip(self.test_set.problems, self.test_set.prompts) if tuple(prompt) not in drawn}
+        unseen = {
+            p.id for p, prompt in zip(self.test_set.problems, self.test_set.prompts) if tuple(prompt) not in drawn
+        }
         out = {}
         for when, all_rows in saved.items():
             rows = [row for row in all_rows if row.problem_id in unseen]
             if rows:
-                out[when] = {key: value for key, value in summarize_rows(rows, self.cfg.eval.k).items() if key != "problems"}
+                out[when] = {
+                    key: value for key, value in summarize_rows(rows, self.cfg.eval.k).items() if key != "problems"
+                }
         return out if "after" in out else {}
 
 
 def _spread(stderr: float | None) -> str:
-    """" ± se", or nothing where too few problems give a standard error."""
+    """ " ± se", or nothing where too few problems give a standard error."""
     return "" if stderr is None else f" ± {stderr:.3f}"

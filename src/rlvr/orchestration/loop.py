@@ -53,14 +53,19 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print, notes:
             # ahead) needs the sync probe.
             trained_gap = metrics.get("sync/sampler_trainer_gap") if run.source.push_checked_by_next_step else None
             used_unchecked = run.source.push_used_unchecked(saving) or run.evaluation.uses_push_of(step)
-            metrics |= run.sync.push(step, trained_gap, used_unchecked) | current.metrics | {"engine/restarts": run.engine.restarts}
+            metrics |= (
+                run.sync.push(step, trained_gap, used_unchecked)
+                | current.metrics
+                | {"engine/restarts": run.engine.restarts}
+            )
             skips.check(step, metrics)
             if run.evaluation.due(step):
                 metrics |= _prefixed("eval/", run.evaluation.run(f"step{step}"))
             if saving:
                 rollouts = run.source.state()
-                run.checkpoints.save(RunState(step, rollouts.data_position, state.eval_before), run.trainer, run.sync,
-                                     rollouts)
+                run.checkpoints.save(
+                    RunState(step, rollouts.data_position, state.eval_before), run.trainer, run.sync, rollouts
+                )
             _log_step(run, step, metrics, current, step_start)
             if stopping:
                 log(f"{stop_signal[0]}: stopped after step {step}, checkpoint written; continue with --resume")
@@ -89,8 +94,13 @@ def _begin(run: Run, summary: dict) -> RunState:
         run.logger.truncate_after(state.step, redone="eval_after/")  # a run killed in its final eval does it again
         run.log(f"resuming from {run.resume_from} (step {state.step})")
         summary["resumed_after_step"] = state.step
-        run.source.restore(run.resume_from, run.checkpoints.saved_rollouts(run.resume_from), state.step,
-                           run.cfg.steps, serve=run.sync.serve)
+        run.source.restore(
+            run.resume_from,
+            run.checkpoints.saved_rollouts(run.resume_from),
+            state.step,
+            run.cfg.steps,
+            serve=run.sync.serve,
+        )
         run.sync.push(step=state.step)
     summary.update(_describe(run))
     if run.resume_from is None:
@@ -126,7 +136,10 @@ def _train(run: Run, current: StepRollouts, step: int, stop_signal: list) -> dic
 def _log_step(run: Run, step: int, metrics: dict, current: StepRollouts, step_start: float) -> None:
     step_seconds = time.perf_counter() - step_start
     generated = sum(len(c) for c in current.batch.completion_ids)
-    metrics |= run.timer.pop_metrics() | {"time/step": step_seconds, "throughput/tokens_per_s": generated / step_seconds}
+    metrics |= run.timer.pop_metrics() | {
+        "time/step": step_seconds,
+        "throughput/tokens_per_s": generated / step_seconds,
+    }
     run.logger.log(step, metrics)
     if run.progress is not None:
         run.progress(step, metrics)
@@ -136,9 +149,11 @@ def _describe(run: Run) -> dict:
     """What ran, for summary.json; says so when packed attention was asked for but not possible."""
     cfg, trainer, started = run.cfg, run.trainer, run.trainer.wait_started()
     if cfg.trainer.attention == "packed" and not started.packed_attention:
-        run.log(f"trainer.attention: packed is not available for {cfg.model.path} (its attention does not dispatch "
-                "through transformers' AttentionInterface): training with sdpa's block-diagonal mask and a prompt "
-                "copy per sample")
+        run.log(
+            f"trainer.attention: packed is not available for {cfg.model.path} (its attention does not dispatch "
+            "through transformers' AttentionInterface): training with sdpa's block-diagonal mask and a prompt "
+            "copy per sample"
+        )
     compute = planned_dtype(cfg)
     return {
         "compute_dtype": compute.name,
@@ -158,8 +173,11 @@ def _cores_used(run: Run) -> dict:
 
     from rlvr.affinity import process_cores
 
-    return {"split": run.cores.split, "controller": {"cores": process_cores(), "threads": torch.get_num_threads()},
-            "ranks": run.trainer.placement()}
+    return {
+        "split": run.cores.split,
+        "controller": {"cores": process_cores(), "threads": torch.get_num_threads()},
+        "ranks": run.trainer.placement(),
+    }
 
 
 class _SkipGuard:
@@ -172,7 +190,9 @@ class _SkipGuard:
         limit = self.run.cfg.trainer.max_consecutive_skips
         self.in_a_row = self.in_a_row + 1 if metrics["skipped"] else 0
         if self.in_a_row:
-            self.run.log(f"step {step}: grad_norm={metrics['grad_norm']}, optimizer step skipped ({self.in_a_row} in a row)")
+            self.run.log(
+                f"step {step}: grad_norm={metrics['grad_norm']}, optimizer step skipped ({self.in_a_row} in a row)"
+            )
         if self.in_a_row >= limit:
             self.run.logger.log(step, metrics | self.run.timer.pop_metrics())
             raise RunStopped(

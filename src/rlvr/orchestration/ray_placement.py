@@ -86,8 +86,10 @@ def plan(placement: PlacementConfig, ranks: int, engines: int = 1) -> Plan:
     bundles = [dict(unit) for _ in range(ranks)]
     if placement.colocate:
         if engines > ranks:
-            raise ValueError(f"engine.replicas={engines}: colocated, each engine shares a trainer rank's bundle, and "
-                             f"trainer.ranks={ranks}")
+            raise ValueError(
+                f"engine.replicas={engines}: colocated, each engine shares a trainer rank's bundle, and "
+                f"trainer.ranks={ranks}"
+            )
         half = [Slot(i, 0.5, 0.5 if gpus else 0.0) for i in range(engines)]
         rank_slots = half + [Slot(i, 1.0, 1.0 if gpus else 0.0) for i in range(engines, ranks)]
         engine_slots = half
@@ -96,12 +98,15 @@ def plan(placement: PlacementConfig, ranks: int, engines: int = 1) -> Plan:
         if gpus and not engine_gpus:
             raise ValueError("placement.engine_gpus: split placement (colocate: false) on GPUs needs engine_gpus >= 1")
         if gpus and engine_gpus % engines:
-            raise ValueError(f"placement.engine_gpus={engine_gpus} does not split into engine.replicas={engines} "
-                             "engines of equal size")
+            raise ValueError(
+                f"placement.engine_gpus={engine_gpus} does not split into engine.replicas={engines} "
+                "engines of equal size"
+            )
         each = engine_gpus // engines
         if gpus and each > gpus:
-            raise ValueError(f"placement.engine_gpus={engine_gpus}: {each} per engine, more than one node's "
-                             f"gpus_per_node={gpus}")
+            raise ValueError(
+                f"placement.engine_gpus={engine_gpus}: {each} per engine, more than one node's gpus_per_node={gpus}"
+            )
         # The engines' bundles first: PACK places them first, so they fill the first nodes, as in the plan.
         bundles[:0] = [{"CPU": 1.0, "GPU": float(each)} if gpus else {"CPU": 1.0} for _ in range(engines)]
         rank_slots = [Slot(i, 1.0, 1.0 if gpus else 0.0) for i in range(engines, ranks + engines)]
@@ -129,7 +134,11 @@ class RayCluster:
         """The run's cluster, connected (and its placement group reserved) by the first caller."""
         if cls._current is None:
             cls._current = cls(placement, ranks, engines)
-        elif (cls._current.placement, cls._current.world_size, len(cls._current.plan.engines)) != (placement, ranks, engines):
+        elif (cls._current.placement, cls._current.world_size, len(cls._current.plan.engines)) != (
+            placement,
+            ranks,
+            engines,
+        ):
             raise ValueError("placement: a Ray placement for another configuration is still open in this process")
         return cls._current
 
@@ -207,9 +216,7 @@ class RayCluster:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=slot.bundle)
-        return ray.remote(cls).options(
-            num_cpus=slot.num_cpus, num_gpus=slot.num_gpus, scheduling_strategy=strategy
-        )
+        return ray.remote(cls).options(num_cpus=slot.num_cpus, num_gpus=slot.num_gpus, scheduling_strategy=strategy)
 
     def close(self) -> None:
         """Remove the placement group and disconnect now, whatever actors are left (a rehearsal's)."""
@@ -263,9 +270,12 @@ class RayCluster:
             self._abandon([])
             raise ValueError(
                 f"engine.tensor_parallel_size={tp}: the engine's slot has {gpus} GPU(s)"
-                + (" (colocated, it shares a trainer rank's GPU: use placement.colocate: false with engine_gpus="
-                   f"{tp * len(self.plan.engines)})" if self.placement.colocate
-                   else f" (placement.engine_gpus={self.placement.engine_gpus} over {len(self.plan.engines)} engine(s))")
+                + (
+                    " (colocated, it shares a trainer rank's GPU: use placement.colocate: false with engine_gpus="
+                    f"{tp * len(self.plan.engines)})"
+                    if self.placement.colocate
+                    else f" (placement.engine_gpus={self.placement.engine_gpus} over {len(self.plan.engines)} engine(s))"
+                )
             )
         actor = self._actor(EngineActor, slot).remote()
         try:
@@ -297,6 +307,7 @@ class RayCluster:
             raise
         finally:
             self._release()
+
 
 @dataclass(frozen=True)
 class Placed:

@@ -42,8 +42,11 @@ def simulated_cluster(placement: PlacementConfig, cpus: float) -> Iterator[str]:
     from ray.cluster_utils import Cluster
 
     gpus = placement.gpus_per_node
-    node = {"num_cpus": gpus or math.ceil(cpus / placement.nodes), "num_gpus": gpus,
-            "object_store_memory": NODE_OBJECT_STORE_BYTES}
+    node = {
+        "num_cpus": gpus or math.ceil(cpus / placement.nodes),
+        "num_gpus": gpus,
+        "object_store_memory": NODE_OBJECT_STORE_BYTES,
+    }
     cluster = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
     try:
         for _ in range(placement.nodes - 1):
@@ -72,15 +75,23 @@ def place(cfg: RunConfig) -> list[dict]:
         _record(placed, "trainer", rank, nodes, rendezvous=f"{host}:{port}", executor_backend=None)
         for rank, placed in enumerate(trainer)
     ]
-    return trainer_records + [_record(engine, "engine", replica, nodes, rendezvous=None,
-                                      executor_backend=engine.where["executor_backend"])
-                              for replica, engine in enumerate(engines)]
+    return trainer_records + [
+        _record(engine, "engine", replica, nodes, rendezvous=None, executor_backend=engine.where["executor_backend"])
+        for replica, engine in enumerate(engines)
+    ]
 
 
 def _record(placed, role: str, rank: int, nodes: dict[str, int], **extra) -> dict:
     where = placed.where
-    return {"role": role, "rank": rank, "node": nodes[where["node_id"]], "bundle": placed.bundle,
-            "gpus": where["gpus"], "cuda_visible_devices": where["cuda_visible_devices"], **extra}
+    return {
+        "role": role,
+        "rank": rank,
+        "node": nodes[where["node_id"]],
+        "bundle": placed.bundle,
+        "gpus": where["gpus"],
+        "cuda_visible_devices": where["cuda_visible_devices"],
+        **extra,
+    }
 
 
 def placement_failures(cfg: RunConfig, actors: list[dict]) -> list[str]:
@@ -92,11 +103,15 @@ def placement_failures(cfg: RunConfig, actors: list[dict]) -> list[str]:
         failures.append(f"{len(engines)} engine actor(s) placed for engine.replicas={cfg.engine.replicas}")
     for engine in engines:
         if gpus_per_node and len(engine["gpus"]) != tp:
-            failures.append(f"engine {engine['rank']}: its actor holds GPUs {engine['gpus']} of node {engine['node']}, "
-                            f"not its TP group of {tp}")
+            failures.append(
+                f"engine {engine['rank']}: its actor holds GPUs {engine['gpus']} of node {engine['node']}, "
+                f"not its TP group of {tp}"
+            )
         if cfg.engine.backend == "vllm" and engine["executor_backend"] not in EXECUTORS_IN_ACTOR:
-            failures.append(f"engine {engine['rank']}: vLLM resolves executor {engine['executor_backend']!r}, "
-                            "whose workers leave the engine's actor")
+            failures.append(
+                f"engine {engine['rank']}: vLLM resolves executor {engine['executor_backend']!r}, "
+                "whose workers leave the engine's actor"
+            )
     trainer = [a for a in actors if a["role"] == "trainer"]
     nodes = [a["node"] for a in trainer]
     if nodes != sorted(nodes):
@@ -104,10 +119,12 @@ def placement_failures(cfg: RunConfig, actors: list[dict]) -> list[str]:
     shard_ranks = cfg.trainer.shard_ranks or cfg.trainer.ranks
     if gpus_per_node and shard_ranks <= gpus_per_node:
         for first in range(0, len(trainer), shard_ranks):
-            replica = trainer[first:first + shard_ranks]
+            replica = trainer[first : first + shard_ranks]
             if len({a["node"] for a in replica}) > 1:
-                failures.append(f"HSDP replica of ranks {first}-{first + shard_ranks - 1} spans nodes "
-                                f"{sorted({a['node'] for a in replica})}")
+                failures.append(
+                    f"HSDP replica of ranks {first}-{first + shard_ranks - 1} spans nodes "
+                    f"{sorted({a['node'] for a in replica})}"
+                )
     # colocated, an engine shares its trainer rank's GPU by design; split, no GPU has two holders
     holders = trainer if cfg.placement.colocate else trainer + engines
     used = [(a["node"], gpu) for a in holders for gpu in a["gpus"]]
@@ -130,8 +147,9 @@ def compare_bytes(cfg: RunConfig) -> list[dict]:
     ranks = rehearsed_ranks(cfg.trainer.ranks)
     # the trainer's LoRA as the run resolves it (the plan counts it so): not kv_b_proj on MLA
     measured = measure_ranks(with_engine_lora_targets(cfg, log=lambda line: None), ranks)
-    return [{"rank": rank, "planned": rank_bytes(cfg, rank), "measured": bytes_}
-            for rank, bytes_ in zip(ranks, measured)]
+    return [
+        {"rank": rank, "planned": rank_bytes(cfg, rank), "measured": bytes_} for rank, bytes_ in zip(ranks, measured)
+    ]
 
 
 def byte_failures(ranks: list[dict]) -> list[str]:
@@ -142,8 +160,10 @@ def byte_failures(ranks: list[dict]) -> list[str]:
             if measured is None:
                 failures.append(f"rank {row['rank']}: {name} was not measured")
             elif abs(measured - planned) > TOLERANCE * abs(planned):
-                failures.append(f"rank {row['rank']}: {name} measured {measured / 1e9:.3f} GB, planned "
-                                f"{planned / 1e9:.3f} GB (beyond {TOLERANCE:.0%})")
+                failures.append(
+                    f"rank {row['rank']}: {name} measured {measured / 1e9:.3f} GB, planned "
+                    f"{planned / 1e9:.3f} GB (beyond {TOLERANCE:.0%})"
+                )
     return failures
 
 
@@ -152,8 +172,7 @@ def rehearse(cfg: RunConfig) -> dict:
     actors = place(cfg)
     ranks = compare_bytes(cfg)
     failures = placement_failures(cfg, actors) + byte_failures(ranks)
-    return {"ok": not failures, "nodes": cfg.placement.nodes, "actors": actors, "ranks": ranks,
-            "failures": failures}
+    return {"ok": not failures, "nodes": cfg.placement.nodes, "actors": actors, "ranks": ranks, "failures": failures}
 
 
 def summary_lines(report: dict) -> list[str]:
@@ -165,13 +184,22 @@ def summary_lines(report: dict) -> list[str]:
         who = f"{'engine' if role == 'engine' else 'trainer rank'}{'s' * (len(group) > 1)} {numbers}"  # an engine's: its replica
         gpus = [gpu for a in group for gpu in a["gpus"]]
         line = f"{who}: node {node}" + (f", GPUs {','.join(map(str, gpus))}" if gpus else "")
-        line += f", executor {group[0]['executor_backend']}" if role == "engine" else f", rendezvous {group[0]['rendezvous']}"
+        line += (
+            f", executor {group[0]['executor_backend']}"
+            if role == "engine"
+            else f", rendezvous {group[0]['rendezvous']}"
+        )
         lines.append(line)
     if report["ranks"]:
-        gaps = [(abs(row["measured"].get(name, 0) - planned) / planned if planned else 0.0, row["rank"], name)
-                for row in report["ranks"] for name, planned in row["planned"].items()]
+        gaps = [
+            (abs(row["measured"].get(name, 0) - planned) / planned if planned else 0.0, row["rank"], name)
+            for row in report["ranks"]
+            for name, planned in row["planned"].items()
+        ]
         gap, rank, name = max(gaps)
-        lines.append(f"bytes of ranks {', '.join(str(row['rank']) for row in report['ranks'])} against the plan: "
-                     f"largest gap {gap:.2%} (rank {rank}, {name})")
+        lines.append(
+            f"bytes of ranks {', '.join(str(row['rank']) for row in report['ranks'])} against the plan: "
+            f"largest gap {gap:.2%} (rank {rank}, {name})"
+        )
     lines.append("ok" if report["ok"] else f"not ok: {report['failures'][0]}")
     return lines

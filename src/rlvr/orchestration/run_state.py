@@ -47,6 +47,7 @@ class RunCheckpoints:
 
     def save(self, state: RunState, trainer, sync: WeightSync, rollouts: SavedRollouts) -> None:
         """The trainer, the served adapter, and what the rollout source keeps (`rollouts`)."""
+
         def write_parts(folder: Path) -> None:
             (folder / "trainer").mkdir()
             trainer.save(folder / "trainer")

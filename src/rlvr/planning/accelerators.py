@@ -49,8 +49,15 @@ def cpu_accelerator(rates: CpuRates, dtype: str, tensor_parallel_size: int) -> A
     Trainer ranks talk through gloo over loopback, within the node and beyond alike; there is no
     host link to cross (the memory is the host's)."""
     loopback = rates.loopback_bytes_per_s
-    return Accelerator(rates.matmul_flops(dtype), rates.memory_bytes_per_s, loopback, rates.memory_bytes_per_s, loopback,
-                       VLLM_CPU_MAX_NUM_SEQS * tensor_parallel_size, cpu=True)
+    return Accelerator(
+        rates.matmul_flops(dtype),
+        rates.memory_bytes_per_s,
+        loopback,
+        rates.memory_bytes_per_s,
+        loopback,
+        VLLM_CPU_MAX_NUM_SEQS * tensor_parallel_size,
+        cpu=True,
+    )
 
 
 ACCELERATORS = {

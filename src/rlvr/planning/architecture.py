@@ -156,10 +156,18 @@ class Architecture:
         """The attention's Linear layers, (input, output) widths."""
         h, heads = self.hidden, self.num_heads
         if self.mla is None:
-            return {"q_proj": (h, self.q_width), "k_proj": (h, self.kv_width), "v_proj": (h, self.kv_width),
-                    "o_proj": (self.q_width, h)}
+            return {
+                "q_proj": (h, self.q_width),
+                "k_proj": (h, self.kv_width),
+                "v_proj": (h, self.kv_width),
+                "o_proj": (self.q_width, h),
+            }
         m = self.mla
-        query = {"q_a_proj": (h, m.q_rank), "q_b_proj": (m.q_rank, self.q_width)} if m.q_rank else {"q_proj": (h, self.q_width)}
+        query = (
+            {"q_a_proj": (h, m.q_rank), "q_b_proj": (m.q_rank, self.q_width)}
+            if m.q_rank
+            else {"q_proj": (h, self.q_width)}
+        )
         return query | {
             "kv_a_proj_with_mqa": (h, m.kv_rank + m.rope),
             "kv_b_proj": (m.kv_rank, heads * (m.nope + m.v_head_dim)),
@@ -202,7 +210,11 @@ class Architecture:
         """The weights an NVFP4 checkpoint packs: every Linear of the decoder blocks, routed and
         shared experts included (routers, norms, embeddings and lm_head stay in float)."""
         moe = self.moe_layers * self._moe_mlp_params if self.moe_layers else 0
-        return self.num_layers * self._attention_linear_params + (self.num_layers - self.moe_layers) * self._dense_mlp_params + moe
+        return (
+            self.num_layers * self._attention_linear_params
+            + (self.num_layers - self.moe_layers) * self._dense_mlp_params
+            + moe
+        )
 
     @property
     def embedding_params(self) -> int:
@@ -225,7 +237,10 @@ class Architecture:
     def weight_bytes(self, dtype_bytes: int, nvfp4: bool | None = None) -> float:
         """All weights; the blocks' Linear layers and experts packed when NVFP4 (the default: as stored)."""
         nvfp4 = self.nvfp4 if nvfp4 is None else nvfp4
-        return self.packed_params * (NVFP4_BITS / 8 if nvfp4 else dtype_bytes) + (self.params - self.packed_params) * dtype_bytes
+        return (
+            self.packed_params * (NVFP4_BITS / 8 if nvfp4 else dtype_bytes)
+            + (self.params - self.packed_params) * dtype_bytes
+        )
 
     def routed_bytes(self, dtype_bytes: int, nvfp4: bool | None = None) -> float:
         nvfp4 = self.nvfp4 if nvfp4 is None else nvfp4
@@ -247,8 +262,10 @@ class Architecture:
             for name, (inputs, outputs) in named.items():
                 shapes.append(ParamShape(outputs, inputs, weight, full))
                 if name in adapted:
-                    shapes += [ParamShape(lora.rank, inputs, LORA_DTYPE_BYTES, True),
-                               ParamShape(outputs, lora.rank, LORA_DTYPE_BYTES, True)]
+                    shapes += [
+                        ParamShape(lora.rank, inputs, LORA_DTYPE_BYTES, True),
+                        ParamShape(outputs, lora.rank, LORA_DTYPE_BYTES, True),
+                    ]
             return shapes
 
         latent_norms = (self.mla.q_rank, self.mla.kv_rank) if self.mla else ()
@@ -259,15 +276,21 @@ class Architecture:
             units.append(Unit("dense block", self.num_layers - self.moe_layers, tuple(dense)))
         if self.moe_layers:
             e, h = self.experts, self.hidden
-            moe = [ParamShape(e.count, h, b, full),  # the router's gate
-                   ParamShape(e.count, 2 * e.width * h, weight, full),  # gate and up fused: [E, 2 x width, hidden]
-                   ParamShape(e.count, h * e.width, weight, full)]  # down: [E, hidden, width]
+            moe = [
+                ParamShape(e.count, h, b, full),  # the router's gate
+                ParamShape(e.count, 2 * e.width * h, weight, full),  # gate and up fused: [E, 2 x width, hidden]
+                ParamShape(e.count, h * e.width, weight, full),
+            ]  # down: [E, hidden, width]
             if e.shared_width:
                 moe += linears(self.mlp_linears(e.shared_width))
             if lora and lora.target_experts:
                 pairs = lora.rank * e.count
-                moe += [ParamShape(pairs, h, b, True), ParamShape(2 * e.width, pairs, b, True),
-                        ParamShape(pairs, e.width, b, True), ParamShape(h, pairs, b, True)]
+                moe += [
+                    ParamShape(pairs, h, b, True),
+                    ParamShape(2 * e.width, pairs, b, True),
+                    ParamShape(pairs, e.width, b, True),
+                    ParamShape(h, pairs, b, True),
+                ]
             units.append(Unit("MoE block", self.moe_layers, tuple(attention + moe)))
         head = [] if self.tie_word_embeddings else [ParamShape(self.vocab_size, self.hidden, b, full)]
         units.append(Unit("root", 1, (ParamShape(self.vocab_size, self.hidden, b, full), *vectors(self.hidden), *head)))
@@ -287,8 +310,11 @@ class Architecture:
 
         e = self.experts
         shared = adapted(self.mlp_linears(e.shared_width)) if e and e.shared_width else 0
-        return (self.num_layers * adapted(self.attention_linears()) + self.moe_layers * shared
-                + (self.num_layers - self.moe_layers) * adapted(self.mlp_linears(self.intermediate_size)))
+        return (
+            self.num_layers * adapted(self.attention_linears())
+            + self.moe_layers * shared
+            + (self.num_layers - self.moe_layers) * adapted(self.mlp_linears(self.intermediate_size))
+        )
 
     def block_bytes(self, dtype_bytes: int, lora: LoraConfig | None = None) -> float:
         """The largest decoder block unsharded, as FSDP2 gathers it (ParamShape.gathered_bytes)."""
@@ -303,7 +329,9 @@ class Architecture:
 
     def activation_bytes(self, tokens: int, dtype_bytes: int, checkpointing: bool) -> float:
         """What the decoder blocks keep for backward over `tokens` tokens (rlvr.planning.plan)."""
-        per_token_layer = dtype_bytes * (6 * self.hidden + 3 * self.q_width + 3 * self.kv_width + 4 * self.active_mlp_width)
+        per_token_layer = dtype_bytes * (
+            6 * self.hidden + 3 * self.q_width + 3 * self.kv_width + 4 * self.active_mlp_width
+        )
         if checkpointing:
             return tokens * self.num_layers * self.hidden * dtype_bytes + tokens * per_token_layer
         return tokens * self.num_layers * per_token_layer
@@ -341,8 +369,13 @@ def _experts_from_config(text: dict) -> Experts | None:
 def _mla_from_config(text: dict) -> LatentAttention | None:
     if not text.get("kv_lora_rank"):
         return None
-    return LatentAttention(kv_rank=text["kv_lora_rank"], q_rank=text.get("q_lora_rank"), nope=text["qk_nope_head_dim"],
-                           rope=text["qk_rope_head_dim"], v_head_dim=text["v_head_dim"])
+    return LatentAttention(
+        kv_rank=text["kv_lora_rank"],
+        q_rank=text.get("q_lora_rank"),
+        nope=text["qk_nope_head_dim"],
+        rope=text["qk_rope_head_dim"],
+        v_head_dim=text["v_head_dim"],
+    )
 
 
 def read_architecture(cfg: RunConfig) -> Architecture:
@@ -388,12 +421,22 @@ def read_architecture(cfg: RunConfig) -> Architecture:
         raise NoArchitecture(f"no {config_path} and no model.estimate in the config")
     experts = None
     if e.num_experts:
-        experts = Experts(count=e.num_experts, top_k=e.num_experts_per_tok, width=e.moe_intermediate_size,
-                          shared_width=e.num_shared_experts * e.moe_intermediate_size, first_dense=e.first_dense_layers)
+        experts = Experts(
+            count=e.num_experts,
+            top_k=e.num_experts_per_tok,
+            width=e.moe_intermediate_size,
+            shared_width=e.num_shared_experts * e.moe_intermediate_size,
+            first_dense=e.first_dense_layers,
+        )
     mla = None
     if e.kv_lora_rank:
-        mla = LatentAttention(kv_rank=e.kv_lora_rank, q_rank=e.q_lora_rank, nope=e.qk_nope_head_dim,
-                              rope=e.qk_rope_head_dim, v_head_dim=e.v_head_dim)
+        mla = LatentAttention(
+            kv_rank=e.kv_lora_rank,
+            q_rank=e.q_lora_rank,
+            nope=e.qk_nope_head_dim,
+            rope=e.qk_rope_head_dim,
+            v_head_dim=e.v_head_dim,
+        )
     return Architecture(
         hidden=e.hidden_size,
         num_layers=e.num_layers,
@@ -408,4 +451,3 @@ def read_architecture(cfg: RunConfig) -> Architecture:
         experts=experts,
         mla=mla,
     )
-

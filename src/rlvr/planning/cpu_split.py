@@ -77,26 +77,34 @@ def cpu_split(cfg: RunConfig, allowed: list[int]) -> CpuSplit:
         engine_threads = cpu_threads(cfg.engine, len(allowed))
     else:
         if not own:
-            problems.append(f"placement.engine_cpus={wanted} leaves none of the {len(allowed)} cores this run may use "
-                            f"({core_list(allowed)}) to the trainer ranks, which share the engine's")
+            problems.append(
+                f"placement.engine_cpus={wanted} leaves none of the {len(allowed)} cores this run may use "
+                f"({core_list(allowed)}) to the trainer ranks, which share the engine's"
+            )
         engine_threads = cfg.engine.num_threads or len(controller)
         if engine_threads > len(controller):
-            problems.append(f"engine.num_threads={engine_threads} on the engine's {len(controller)} "
-                            f"core{'s' * (len(controller) != 1)}")
+            problems.append(
+                f"engine.num_threads={engine_threads} on the engine's {len(controller)} "
+                f"core{'s' * (len(controller) != 1)}"
+            )
     left = left or allowed
     per_rank = rank_threads(len(left), ranks)
     if own and len(left) % ranks == 0:
         share = len(left) // ranks
-        rank_cores = [left[i * share:(i + 1) * share] for i in range(ranks)]
+        rank_cores = [left[i * share : (i + 1) * share] for i in range(ranks)]
     else:
         rank_cores = [left] * ranks
     if ranks * per_rank > len(left):
-        problems.append(f"trainer.ranks={ranks} ({ranks * per_rank} threads) on {len(left)} "
-                        f"core{'s' * (len(left) != 1)} ({core_list(left)})")
+        problems.append(
+            f"trainer.ranks={ranks} ({ranks * per_rank} threads) on {len(left)} "
+            f"core{'s' * (len(left) != 1)} ({core_list(left)})"
+        )
     overlapping = cfg.rollout.max_staleness > 0  # generation runs while the ranks train
     if wanted is None and overlapping and engine_threads + ranks * per_rank > len(allowed):
-        problems.append(f"the engine's {engine_threads} thread{'s' * (engine_threads != 1)} and trainer.ranks={ranks} "
-                        f"x {per_rank} run at once (rollout.mode: {cfg.rollout.mode}) on {len(allowed)} cores; "
-                        "placement.colocate: false with placement.engine_cpus gives each its own")
+        problems.append(
+            f"the engine's {engine_threads} thread{'s' * (engine_threads != 1)} and trainer.ranks={ranks} "
+            f"x {per_rank} run at once (rollout.mode: {cfg.rollout.mode}) on {len(allowed)} cores; "
+            "placement.colocate: false with placement.engine_cpus gives each its own"
+        )
     warning = f"cores oversubscribed: {'; '.join(problems)}" if problems else None
     return CpuSplit(wanted is not None, controller, rank_cores, engine_threads, per_rank, warning)

@@ -193,10 +193,25 @@ def make_plan(cfg: RunConfig, cpu_rates: Callable[[int], CpuRates] | None = None
     try:
         arch = read_architecture(cfg)
     except NoArchitecture as why:
-        return Plan(p.backend, p.colocate, p.nodes, p.gpus_per_node, tp, cfg.engine.replicas, ranks, gpus_used, devices,
-                    None, str(why), notes, cores=cores)
+        return Plan(
+            p.backend,
+            p.colocate,
+            p.nodes,
+            p.gpus_per_node,
+            tp,
+            cfg.engine.replicas,
+            ranks,
+            gpus_used,
+            devices,
+            None,
+            str(why),
+            notes,
+            cores=cores,
+        )
     if arch.num_heads % tp:
-        raise PlanError(f"engine.tensor_parallel_size={tp} does not divide the model's {arch.num_heads} attention heads")
+        raise PlanError(
+            f"engine.tensor_parallel_size={tp} does not divide the model's {arch.num_heads} attention heads"
+        )
     host = _estimate(cfg, arch, devices, notes)
     timed = None
     if p.gpu and p.gpus_per_node:
@@ -205,10 +220,27 @@ def make_plan(cfg: RunConfig, cpu_rates: Callable[[int], CpuRates] | None = None
         if planned_dtype(cfg).name in ("float32", "bfloat16"):
             timed = step_time(cfg, arch, cpu_rates)
         else:
-            notes.append(f"time per step: not estimated (only float32 and bfloat16 matmuls are measured on CPU, "
-                         f"model.dtype is {cfg.model.dtype})")
-    plan = Plan(p.backend, p.colocate, p.nodes, p.gpus_per_node, tp, cfg.engine.replicas, ranks, gpus_used, devices, arch,
-                None, notes, host, timed, cores)
+            notes.append(
+                f"time per step: not estimated (only float32 and bfloat16 matmuls are measured on CPU, "
+                f"model.dtype is {cfg.model.dtype})"
+            )
+    plan = Plan(
+        p.backend,
+        p.colocate,
+        p.nodes,
+        p.gpus_per_node,
+        tp,
+        cfg.engine.replicas,
+        ranks,
+        gpus_used,
+        devices,
+        arch,
+        None,
+        notes,
+        host,
+        timed,
+        cores,
+    )
     _check_fit(cfg, plan)
     _check_host(cfg, plan)
     return plan
@@ -222,15 +254,22 @@ def _check_lengths(cfg: RunConfig) -> None:
     from rlvr.rollout.prompts import context_length
 
     try:
-        context = context_length(cfg.data.max_prompt_tokens, f"a prompt of data.max_prompt_tokens={cfg.data.max_prompt_tokens}",
-                                 max_tokens=cfg.rollout.sampling.max_tokens, env=cfg.env,
-                                 max_model_len=cfg.engine.max_model_len, positions=max_positions(cfg.model.path),
-                                 model=cfg.model.path)
+        context = context_length(
+            cfg.data.max_prompt_tokens,
+            f"a prompt of data.max_prompt_tokens={cfg.data.max_prompt_tokens}",
+            max_tokens=cfg.rollout.sampling.max_tokens,
+            env=cfg.env,
+            max_model_len=cfg.engine.max_model_len,
+            positions=max_positions(cfg.model.path),
+            model=cfg.model.path,
+        )
     except ValueError as why:
         raise PlanError(str(why)) from None
     if cfg.trainer.micro_batch_tokens < context:
-        raise PlanError(f"trainer.micro_batch_tokens={cfg.trainer.micro_batch_tokens} < the longest sequence (the engine's "
-                        f"max_model_len {context} for a prompt of data.max_prompt_tokens={cfg.data.max_prompt_tokens})")
+        raise PlanError(
+            f"trainer.micro_batch_tokens={cfg.trainer.micro_batch_tokens} < the longest sequence (the engine's "
+            f"max_model_len {context} for a prompt of data.max_prompt_tokens={cfg.data.max_prompt_tokens})"
+        )
 
 
 def _gpu_devices(cfg: RunConfig) -> list[Device]:
@@ -243,11 +282,15 @@ def _gpu_devices(cfg: RunConfig) -> list[Device]:
             f"engine.tensor_parallel_size={tp} > placement.gpus_per_node={per_node}: a TP group stays on one node"
         )
     engines_per_node = per_node // tp
-    engine_slots = {(r // engines_per_node, (r % engines_per_node) * tp + t): (r, t) for r in range(replicas) for t in range(tp)}
+    engine_slots = {
+        (r // engines_per_node, (r % engines_per_node) * tp + t): (r, t) for r in range(replicas) for t in range(tp)
+    }
     grid = [(node, gpu) for node in range(p.nodes + ranks + replicas) for gpu in range(per_node)]  # more than enough
     if p.colocate:
         rank_slots = grid[:ranks]
-        what = f"{ranks} trainer ranks sharing with " + (f"a TP-{tp} engine" if replicas == 1 else f"{replicas} TP-{tp} engines")
+        what = f"{ranks} trainer ranks sharing with " + (
+            f"a TP-{tp} engine" if replicas == 1 else f"{replicas} TP-{tp} engines"
+        )
     else:
         if p.engine_gpus != replicas * tp:
             raise PlanError(
@@ -260,8 +303,10 @@ def _gpu_devices(cfg: RunConfig) -> list[Device]:
     if used[-1][0] >= p.nodes:
         needed = used[-1][0] * per_node + used[-1][1] + 1  # GPUs up to the last one used, idle ones between included
         within = ", each engine within one node" if per_node % tp else ""
-        raise PlanError(f"placement: {what} need {needed} GPUs{within}; nodes={p.nodes} x gpus_per_node={per_node} "
-                        f"has {p.nodes * per_node}")
+        raise PlanError(
+            f"placement: {what} need {needed} GPUs{within}; nodes={p.nodes} x gpus_per_node={per_node} "
+            f"has {p.nodes * per_node}"
+        )
     devices = {slot: Device(node=slot[0], gpu=slot[1]) for slot in used}
     for slot, (replica, tp_rank) in engine_slots.items():
         devices[slot].engine_replica, devices[slot].engine_rank = replica, tp_rank
@@ -312,7 +357,8 @@ def _estimate(cfg: RunConfig, arch: Architecture, devices: list[Device], notes: 
             device.memory |= {k: v for k, v in trainer.items() if v}
         if cfg.placement.gpus_per_node:
             loading = (engine["engine weights"] if device.engine_rank is not None else 0.0) + (
-                shard["base_shard"] + arch.block_bytes(b) if device.trainer_rank is not None else 0.0)
+                shard["base_shard"] + arch.block_bytes(b) if device.trainer_rank is not None else 0.0
+            )
             host[device.node] = host.get(device.node, 0.0) + loading
     return host
 
@@ -321,8 +367,11 @@ def _note_experts(cfg: RunConfig, arch: Architecture, notes: list[str]) -> None:
     e, tp = arch.experts, cfg.engine.tensor_parallel_size
     shards = cfg.trainer.shard_ranks or cfg.trainer.ranks
     if cfg.engine.backend == "vllm":
-        how = (f"expert parallel: {e.count} / {tp} = {e.count / tp:g} whole experts per GPU and layer"
-               if cfg.engine.expert_parallel else f"tensor parallel: every expert split {tp} ways (engine.expert_parallel: false)")
+        how = (
+            f"expert parallel: {e.count} / {tp} = {e.count / tp:g} whole experts per GPU and layer"
+            if cfg.engine.expert_parallel
+            else f"tensor parallel: every expert split {tp} ways (engine.expert_parallel: false)"
+        )
         notes.append(f"engine MoE: {how}")
     per_rank = math.ceil(e.count / shards)
     holders = math.ceil(e.count / per_rank)
@@ -340,9 +389,11 @@ def _note_encoders(cfg: RunConfig, notes: list[str]) -> None:
     found = modalities(read_model_config(cfg.model.path))
     if found:
         tensors, size = encoder_weight_bytes(cfg.model.path)
-        notes.append(f"multimodal checkpoint ({', '.join(found)}), run text-only: the trainer builds the language model "
-                     f"alone and the engine gets limit_mm_per_prompt 0, with which vLLM builds no encoder; its "
-                     f"{tensors} encoder tensors ({size / GB:.2f} GB) are counted on neither")
+        notes.append(
+            f"multimodal checkpoint ({', '.join(found)}), run text-only: the trainer builds the language model "
+            f"alone and the engine gets limit_mm_per_prompt 0, with which vLLM builds no encoder; its "
+            f"{tensors} encoder tensors ({size / GB:.2f} GB) are counted on neither"
+        )
 
 
 def _note_kv(cfg: RunConfig, arch: Architecture, notes: list[str]) -> None:
@@ -379,15 +430,19 @@ def _check_host(cfg: RunConfig, plan: Plan) -> None:
     if not cfg.placement.gpus_per_node:  # CPU only: every process of the run holds host memory, all the run long
         need, parts = all_devices_bytes(plan)
         if need > capacity * GB:
-            raise PlanError(f"the run's processes on this machine need ~{need / GB:.1f} GB ({parts}), "
-                            f"over placement.host_memory_gb={capacity:g}")
+            raise PlanError(
+                f"the run's processes on this machine need ~{need / GB:.1f} GB ({parts}), "
+                f"over placement.host_memory_gb={capacity:g}"
+            )
         return
     if not plan.host:
         return
     node, need = max(plan.host.items(), key=lambda kv: kv[1])
     if need > capacity * GB:
-        raise PlanError(f"node {node} needs ~{need / GB:.1f} GB of host memory while loading ({_host_parts(plan, node)}), "
-                        f"over placement.host_memory_gb={capacity:g}")
+        raise PlanError(
+            f"node {node} needs ~{need / GB:.1f} GB of host memory while loading ({_host_parts(plan, node)}), "
+            f"over placement.host_memory_gb={capacity:g}"
+        )
 
 
 def all_devices_bytes(plan: Plan) -> tuple[float, str]:
@@ -421,7 +476,9 @@ def print_plan(plan: Plan, cfg: RunConfig, console) -> None:
 
     if plan.gpus_per_node:
         layout = "colocated" if plan.colocate else "split"
-        say(f"placement: {plan.backend}, {layout}; {plan.nodes} node(s) x {plan.gpus_per_node} GPUs, {plan.gpus_used} used")
+        say(
+            f"placement: {plan.backend}, {layout}; {plan.nodes} node(s) x {plan.gpus_per_node} GPUs, {plan.gpus_used} used"
+        )
     else:
         say(f"placement: {plan.backend}, CPU only: the engine in the controller process, one process per rank")
         say(plan.cores.describe())
@@ -432,7 +489,9 @@ def print_plan(plan: Plan, cfg: RunConfig, console) -> None:
     shards = cfg.trainer.shard_ranks or plan.fsdp_world
     mesh = f"HSDP, {plan.fsdp_world // shards} replicas x {shards} shards" if shards < plan.fsdp_world else "FSDP2"
     engines = f"{plan.engine_replicas} replicas x " if plan.engine_replicas > 1 else ""
-    say(f"engine: {cfg.engine.backend}, {engines}tensor parallel {plan.engine_tp}; trainer: world size {plan.fsdp_world} ({mesh}), {tuned}")
+    say(
+        f"engine: {cfg.engine.backend}, {engines}tensor parallel {plan.engine_tp}; trainer: world size {plan.fsdp_world} ({mesh}), {tuned}"
+    )
     arch = plan.architecture
     if arch is None:
         say(f"memory: not estimated ({plan.unknown})")
@@ -443,13 +502,17 @@ def print_plan(plan: Plan, cfg: RunConfig, console) -> None:
         say(f"model: {arch.params / 1e9:.2f}B parameters (from {arch.source}), weights {weights:.2f} GB in {form}")
         if arch.experts:
             e = arch.experts
-            say(f"MoE: {arch.active_params / 1e9:.2f}B active per token; {arch.moe_layers} MoE layers of {e.count} routed "
+            say(
+                f"MoE: {arch.active_params / 1e9:.2f}B active per token; {arch.moe_layers} MoE layers of {e.count} routed "
                 f"experts (top {e.top_k}) + {e.shared_width // e.width if e.shared_width else 0} shared; routed experts "
                 f"{arch.routed_params / 1e9:.2f}B parameters, {arch.routed_bytes(b) / GB:.2f} GB"
-                + (" in NVFP4" if arch.nvfp4 else ""))
+                + (" in NVFP4" if arch.nvfp4 else "")
+            )
         if arch.mla:
-            say(f"attention: MLA, KV latent {arch.mla.kv_rank} + RoPE key {arch.mla.rope} values per token and layer "
-                f"(per-head keys and values would take {arch.num_heads} x {arch.mla.nope + arch.mla.rope + arch.mla.v_head_dim})")
+            say(
+                f"attention: MLA, KV latent {arch.mla.kv_rank} + RoPE key {arch.mla.rope} values per token and layer "
+                f"(per-head keys and values would take {arch.num_heads} x {arch.mla.nope + arch.mla.rope + arch.mla.v_head_dim})"
+            )
     groups = _groups(plan.devices)
     table = Table(show_edge=False, pad_edge=False)
     table.add_column("GB per device")
@@ -468,16 +531,21 @@ def print_plan(plan: Plan, cfg: RunConfig, console) -> None:
         checkpointing = "on" if cfg.trainer.gradient_checkpointing else "off"
         if plan.gpus_per_node:
             capacity = cfg.placement.gpu_memory_gb
-            fit = f"Largest device {largest / GB:.1f} GB: " + (f"fits placement.gpu_memory_gb={capacity:g}" if capacity
-                                                              else "no device capacity checked")
+            fit = f"Largest device {largest / GB:.1f} GB: " + (
+                f"fits placement.gpu_memory_gb={capacity:g}" if capacity else "no device capacity checked"
+            )
             unseen = "CUDA context and allocator slack not counted"
         else:
             capacity, (together, _) = cfg.placement.host_memory_gb, all_devices_bytes(plan)
-            fit = f"All processes {together / GB:.1f} GB: " + (f"fits placement.host_memory_gb={capacity:g}" if capacity
-                                                              else "placement.host_memory_gb not set: not checked")
+            fit = f"All processes {together / GB:.1f} GB: " + (
+                f"fits placement.host_memory_gb={capacity:g}"
+                if capacity
+                else "placement.host_memory_gb not set: not checked"
+            )
             unseen = "the controller's and the engine's own process not counted"
-        chunk = chunk_tokens(cfg.trainer.logits_chunk_mb * 1e6, arch.vocab_size, compute_bytes(cfg),
-                             arch.softcapped_logits)
+        chunk = chunk_tokens(
+            cfg.trainer.logits_chunk_mb * 1e6, arch.vocab_size, compute_bytes(cfg), arch.softcapped_logits
+        )
         say(
             f"GB = 1e9 bytes, per device; activations for one micro-batch of {cfg.trainer.micro_batch_tokens:,} tokens "
             f"(gradient checkpointing {checkpointing}), logits for {chunk:,} scored tokens at a time "
@@ -486,14 +554,24 @@ def print_plan(plan: Plan, cfg: RunConfig, console) -> None:
     if plan.host:
         runs: list[list[int]] = []  # successive nodes alike
         for node in sorted(plan.host):
-            alike = runs and (plan.host[runs[-1][-1]], _host_parts(plan, runs[-1][-1])) == (plan.host[node], _host_parts(plan, node))
+            alike = runs and (plan.host[runs[-1][-1]], _host_parts(plan, runs[-1][-1])) == (
+                plan.host[node],
+                _host_parts(plan, node),
+            )
             runs[-1].append(node) if alike else runs.append([node])
-        per_node = ", ".join(f"node{'s' * (len(r) > 1)} {_span(r)}: {plan.host[r[0]] / GB:.1f} ({_host_parts(plan, r[0])})"
-                             for r in runs)
+        per_node = ", ".join(
+            f"node{'s' * (len(r) > 1)} {_span(r)}: {plan.host[r[0]] / GB:.1f} ({_host_parts(plan, r[0])})" for r in runs
+        )
         capacity = cfg.placement.host_memory_gb
-        fit = f"fits placement.host_memory_gb={capacity:g}" if capacity else "placement.host_memory_gb not set: not checked"
-        say(f"host memory while loading, GB per node (each rank reads only its shard; an engine worker its weights): "
-            f"{per_node}; {fit}")
+        fit = (
+            f"fits placement.host_memory_gb={capacity:g}"
+            if capacity
+            else "placement.host_memory_gb not set: not checked"
+        )
+        say(
+            f"host memory while loading, GB per node (each rank reads only its shard; an engine worker its weights): "
+            f"{per_node}; {fit}"
+        )
     if plan.step:
         _print_step(plan, cfg, say)
 
@@ -504,46 +582,62 @@ def _print_step(plan: Plan, cfg: RunConfig, say) -> None:
     if t.engine_device.cpu:
         _print_cpu_step(plan, cfg, longest, say)
         return
-    say(f"time per step at {cfg.placement.gpu.upper()} nominal peaks, every sample {longest:,} tokens long (an upper "
+    say(
+        f"time per step at {cfg.placement.gpu.upper()} nominal peaks, every sample {longest:,} tokens long (an upper "
         f"bound; rlvr.planning.step_time): generate {t.generate:,.0f} s ({t.engines} engine{'s' * (t.engines > 1)} of "
         f"TP {plan.engine_tp}: {t.decoded_at_once} sequences at once{' each' * (t.engines > 1)}, {t.waves} waves), train {t.train:,.0f} s (compute {t.train_compute:,.0f} s, "
-        f"FSDP2 communication {t.train_communication:,.0f} s), sync {t.sync:.1f} s")
+        f"FSDP2 communication {t.train_communication:,.0f} s), sync {t.sync:.1f} s"
+    )
     busy = t.train + t.sync
     ratio = t.generate / busy
     if plan.colocate or not cfg.rollout.max_staleness:
         layout = "colocated" if plan.colocate else "split without rollout.max_staleness"
         idle = plan.gpus_used - plan.engine_tp * plan.engine_replicas
-        say(f"balance: {layout}, the phases take turns: a step takes ~{t.generate + busy:,.0f} s"
-            + (f"; {idle} GPUs outside the engines idle while they generate ({t.generate:,.0f} s)" if idle else ""))
+        say(
+            f"balance: {layout}, the phases take turns: a step takes ~{t.generate + busy:,.0f} s"
+            + (f"; {idle} GPUs outside the engines idle while they generate ({t.generate:,.0f} s)" if idle else "")
+        )
         return
     if ratio >= 1:
-        say(f"balance: split, generating one step ahead: a step takes ~{t.generate:,.0f} s; the trainer waits "
-            f"{t.generate - busy:,.0f} s of it for rollouts (idle {1 - 1 / ratio:.0%})" + _moved(plan, cfg, +1))
+        say(
+            f"balance: split, generating one step ahead: a step takes ~{t.generate:,.0f} s; the trainer waits "
+            f"{t.generate - busy:,.0f} s of it for rollouts (idle {1 - 1 / ratio:.0%})" + _moved(plan, cfg, +1)
+        )
     else:
-        say(f"balance: split, generating one step ahead: a step takes ~{busy:,.0f} s; the engines wait "
-            f"{busy - t.generate:,.0f} s of it for the trainer (idle {1 - ratio:.0%})" + _moved(plan, cfg, -1))
+        say(
+            f"balance: split, generating one step ahead: a step takes ~{busy:,.0f} s; the engines wait "
+            f"{busy - t.generate:,.0f} s of it for the trainer (idle {1 - ratio:.0%})" + _moved(plan, cfg, -1)
+        )
 
 
 def _print_cpu_step(plan: Plan, cfg: RunConfig, longest: int, say) -> None:
     t, dtype = plan.step, planned_dtype(cfg).name
     engines = f"{t.engines} engines" if t.engines > 1 else "the engine"
-    say(f"time per step at this CPU's measured peaks, every sample {longest:,} tokens long (the bound: a run takes longer; "
+    say(
+        f"time per step at this CPU's measured peaks, every sample {longest:,} tokens long (the bound: a run takes longer; "
         f"rlvr.planning.step_time): generate {t.generate:.2f} s ({engines} on {t.engine_threads} thread"
         f"{'s' * (t.engine_threads > 1)} at {t.engine_device.matmul_flops / 1e9:,.0f} GFLOP/s {dtype} and "
         f"{t.engine_device.memory_bytes_per_s / 1e9:.1f} GB/s: {t.decoded_at_once} sequences at once, {t.waves} "
         f"wave{'s' * (t.waves > 1)}), train {t.train:.2f} s ({cfg.trainer.ranks} rank{'s' * (cfg.trainer.ranks > 1)} "
         f"on {t.trainer_threads} thread{'s' * (t.trainer_threads > 1)} at {t.trainer_device.matmul_flops / 1e9:,.0f} "
-        f"GFLOP/s: compute {t.train_compute:.2f} s, gloo {t.train_communication:.2f} s), sync {t.sync:.2f} s")
+        f"GFLOP/s: compute {t.train_compute:.2f} s, gloo {t.train_communication:.2f} s), sync {t.sync:.2f} s"
+    )
     cached = f"rates measured once, cached in {cpu_rates_cache()}: delete it to measure again"
     busy = t.train + t.sync
     if plan.cores.split and cfg.rollout.max_staleness:
-        waiting = (f"the ranks wait {t.generate - busy:.2f} s of it for rollouts" if t.generate >= busy
-                   else f"the engine waits {busy - t.generate:.2f} s of it for the ranks")
-        say(f"balance: split cores (placement.engine_cpus), generating one step ahead: a step takes "
-            f"~{max(t.generate, busy):.2f} s; {waiting} ({cached})")
+        waiting = (
+            f"the ranks wait {t.generate - busy:.2f} s of it for rollouts"
+            if t.generate >= busy
+            else f"the engine waits {busy - t.generate:.2f} s of it for the ranks"
+        )
+        say(
+            f"balance: split cores (placement.engine_cpus), generating one step ahead: a step takes "
+            f"~{max(t.generate, busy):.2f} s; {waiting} ({cached})"
+        )
         return
-    why = ("split cores without rollout.max_staleness" if plan.cores.split
-           else "the engine and the ranks share the cores")
+    why = (
+        "split cores without rollout.max_staleness" if plan.cores.split else "the engine and the ranks share the cores"
+    )
     say(f"balance: {why}, so the phases take turns: a step takes ~{t.generate + busy:.2f} s ({cached})")
 
 
@@ -553,12 +647,18 @@ def _moved(plan: Plan, cfg: RunConfig, engines: int) -> str:
     replicas, ranks = plan.engine_replicas + engines, plan.fsdp_world - engines * plan.engine_tp
     if replicas < 1 or ranks < (cfg.trainer.shard_ranks or 1):
         return ""
-    moved = cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"replicas": replicas}),
-                                   "trainer": cfg.trainer.model_copy(update={"ranks": ranks})})
+    moved = cfg.model_copy(
+        update={
+            "engine": cfg.engine.model_copy(update={"replicas": replicas}),
+            "trainer": cfg.trainer.model_copy(update={"ranks": ranks}),
+        }
+    )
     t = step_time(moved, plan.architecture)
     step = max(t.generate, t.train + t.sync)
-    return (f"; with engine.replicas={replicas} and trainer.ranks={ranks} (placement.engine_gpus="
-            f"{replicas * plan.engine_tp}) a step would take ~{step:,.0f} s")
+    return (
+        f"; with engine.replicas={replicas} and trainer.ranks={ranks} (placement.engine_gpus="
+        f"{replicas * plan.engine_tp}) a step would take ~{step:,.0f} s"
+    )
 
 
 def _gb(value: float | None) -> str:
@@ -580,7 +680,7 @@ def _groups(devices: list[Device]) -> list[list[Device]]:
             runs.append([d])
     groups: list[list[Device]] = []
     for run in runs:
-        previous = groups[-1][-len(run):] if groups else None  # the previous node's run, if as long
+        previous = groups[-1][-len(run) :] if groups else None  # the previous node's run, if as long
         if previous and previous[-1].node + 1 == run[0].node and _run_shape(previous) == _run_shape(run):
             groups[-1].extend(run)
         else:
@@ -609,8 +709,11 @@ def _runs(group: list[Device]) -> str:
     if group[0].engine_rank is not None:
         replicas = _span([d.engine_replica for d in group])
         engines = f"engines {replicas}" if "-" in replicas else "engine" if replicas == "0" else f"engine {replicas}"
-        parts.append(f"controller + {engines}" if group[0].gpu is None
-                     else f"{engines}{',' * (engines != 'engine')} TP rank {_span([d.engine_rank for d in group])}")
+        parts.append(
+            f"controller + {engines}"
+            if group[0].gpu is None
+            else f"{engines}{',' * (engines != 'engine')} TP rank {_span([d.engine_rank for d in group])}"
+        )
     if group[0].trainer_rank is not None:
         ranks = _span([d.trainer_rank for d in group])
         parts.append(f"trainer rank{'s' if '-' in ranks else ''} {ranks}")

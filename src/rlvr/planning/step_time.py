@@ -113,19 +113,41 @@ def step_time(cfg: RunConfig, arch: Architecture, cpu_rates: Callable[[int], Cpu
     prompt, response = cfg.data.max_prompt_tokens, cfg.rollout.sampling.max_tokens
     sequences = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
     multiplied = arch.active_params - (0 if arch.tie_word_embeddings else arch.vocab_size * arch.hidden)
-    generate, at_once, waves = _generate(cfg, arch, engine_device, b, multiplied, prompt, response,
-                                         math.ceil(sequences / engines))
+    generate, at_once, waves = _generate(
+        cfg, arch, engine_device, b, multiplied, prompt, response, math.ceil(sequences / engines)
+    )
     if engine_device.cpu:
         generate *= engines  # the replicas take turns on the cores
     compute, communication = _train(cfg, arch, trainer_device, b, multiplied, sequences, prompt + response)
     train = compute + communication if trainer_device.cpu else max(compute, communication)
     sync, loaded = _sync(cfg, arch, engine_device, b, engines)
-    return StepTime(generate, train, sync, at_once, waves, compute, communication, engines, engine_device, trainer_device,
-                    engine_threads, trainer_threads, loaded)
+    return StepTime(
+        generate,
+        train,
+        sync,
+        at_once,
+        waves,
+        compute,
+        communication,
+        engines,
+        engine_device,
+        trainer_device,
+        engine_threads,
+        trainer_threads,
+        loaded,
+    )
 
 
-def _generate(cfg: RunConfig, arch: Architecture, device: Accelerator, b: int, multiplied: int, prompt: int,
-              response: int, sequences: int) -> tuple[float, int, int]:
+def _generate(
+    cfg: RunConfig,
+    arch: Architecture,
+    device: Accelerator,
+    b: int,
+    multiplied: int,
+    prompt: int,
+    response: int,
+    sequences: int,
+) -> tuple[float, int, int]:
     tp = 1 if device.cpu else cfg.engine.tensor_parallel_size  # on CPU the TP workers share the cores and the memory
     kv_per_token = arch.kv_bytes_per_token(tp, b)
     fit = int(cfg.engine.kv_cache_gb * GiB // (kv_per_token * (prompt + response)))
@@ -147,8 +169,9 @@ def _generate(cfg: RunConfig, arch: Architecture, device: Accelerator, b: int, m
     return prefill + waves * response * decode_step, at_once, waves
 
 
-def _train(cfg: RunConfig, arch: Architecture, device: Accelerator, b: int, multiplied: int, sequences: int,
-           length: int) -> tuple[float, float]:
+def _train(
+    cfg: RunConfig, arch: Architecture, device: Accelerator, b: int, multiplied: int, sequences: int, length: int
+) -> tuple[float, float]:
     t, p = cfg.trainer, cfg.placement
     update = 2 + t.gradient_checkpointing + (t.lora is None)  # forward, recomputation, backward (x2 full)
     attention_update = 1 + t.gradient_checkpointing + 2
@@ -167,7 +190,9 @@ def _train(cfg: RunConfig, arch: Architecture, device: Accelerator, b: int, mult
     micro_batches = math.ceil(sequences * length / t.ranks / t.micro_batch_tokens)
     units = arch.units(b, t.lora)
     gathered = sum(u.count * u.gathered_bytes(b) for u in units)
-    gradients = sum(u.count * param.numel * 4 for u in units for param in u.params if param.trainable)  # reduce_dtype float32
+    gradients = sum(
+        u.count * param.numel * 4 for u in units for param in u.params if param.trainable
+    )  # reduce_dtype float32
     gathers = 2 * t.epochs + extra_forwards
     moved = micro_batches * (gathers * gathered + t.epochs * gradients) * (shards - 1) / shards
     if device.cpu:

@@ -151,12 +151,18 @@ def calibration_inputs(model_dir: Path, vocab_size: int, texts: Sequence[str]) -
     if ids and all(ids):
         return [torch.tensor([x]) for x in ids], "tokenizer"
     if not vocab_size:
-        raise ValueError(f"{model_dir}: cannot calibrate NVFP4 activation scales: {reason} and config.json has no vocab_size")
+        raise ValueError(
+            f"{model_dir}: cannot calibrate NVFP4 activation scales: {reason} and config.json has no vocab_size"
+        )
     generator = torch.Generator().manual_seed(0)
-    return [torch.randint(0, vocab_size, (1, CALIBRATION_TOKENS), generator=generator) for _ in texts], f"vocabulary ({reason})"
+    return [
+        torch.randint(0, vocab_size, (1, CALIBRATION_TOKENS), generator=generator) for _ in texts
+    ], f"vocabulary ({reason})"
 
 
-def _calibrate(model: nn.Module, linears: dict[str, nn.Linear], experts: dict[str, nn.Module], inputs: Sequence[torch.Tensor]):
+def _calibrate(
+    model: nn.Module, linears: dict[str, nn.Linear], experts: dict[str, nn.Module], inputs: Sequence[torch.Tensor]
+):
     """Run `inputs` through `model`. Returns the input amax of each Linear, the groups of Linears
     that read the very same input tensor, and each experts module's input amax per projection
     `[E]`.
@@ -188,7 +194,9 @@ def _calibrate(model: nn.Module, linears: dict[str, nn.Linear], experts: dict[st
             gate_up, down = expert_projections(module)
             seen = {
                 gate_up: x.abs().amax().float().expand(module.num_experts),
-                down: torch.stack([expert_hidden(module, e, x).abs().amax().float() for e in range(module.num_experts)]),
+                down: torch.stack(
+                    [expert_hidden(module, e, x).abs().amax().float() for e in range(module.num_experts)]
+                ),
             }
             for projection, amax in seen.items():
                 key = (name, projection)
@@ -253,7 +261,9 @@ def _plan(model: nn.Module, model_dir: Path, ignore: Sequence[str], multiple: in
         return disk_name(model, f"{name}.weight", module.weight.shape).removesuffix(".weight")
 
     routers = [
-        disk(name, m) for name, m in model.named_modules() if in_router(name) and isinstance(getattr(m, "weight", None), nn.Parameter)
+        disk(name, m)
+        for name, m in model.named_modules()
+        if in_router(name) and isinstance(getattr(m, "weight", None), nn.Parameter)
     ]
     linears, linear_disk = {}, {}
     embedding_weights = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
@@ -274,14 +284,21 @@ def _plan(model: nn.Module, model_dir: Path, ignore: Sequence[str], multiple: in
 
     experts, expert_disk = {}, {}
     for layer in layers if pack_experts else []:
-        pieces = {p: expert_pieces(model, f"{layer.experts_name}.{p}", getattr(layer.experts, p).shape) for p in expert_projections(layer.experts)}
+        pieces = {
+            p: expert_pieces(model, f"{layer.experts_name}.{p}", getattr(layer.experts, p).shape)
+            for p in expert_projections(layer.experts)
+        }
         ignored = [piece.prefix for ps in pieces.values() for piece in ps if is_ignored(piece.prefix, ignore)]
         if ignored and len(ignored) < sum(map(len, pieces.values())):
-            raise ValueError(f"{model_dir}: ignore names {ignored[0]} but not every expert of {layer.experts_name}; ignore all or none")
+            raise ValueError(
+                f"{model_dir}: ignore names {ignored[0]} but not every expert of {layer.experts_name}; ignore all or none"
+            )
         if ignored:
             continue
         if layer.experts.has_bias:
-            raise ValueError(f"{model_dir}: {layer.experts_name} has biases, which rlvr does not pack; add its experts to ignore")
+            raise ValueError(
+                f"{model_dir}: {layer.experts_name} has biases, which rlvr does not pack; add its experts to ignore"
+            )
         for projection, ps in pieces.items():
             columns = getattr(layer.experts, projection).shape[-1]
             if columns % multiple:
@@ -323,8 +340,10 @@ def quantize_checkpoint(
     model_dir, out_dir = Path(model_dir), Path(out_dir)
     mistral = is_mistral_folder(model_dir)
     if mistral and format != "nvfp4":
-        raise ValueError(f"{model_dir}: Mistral's layout carries compressed-tensors quantization only (vLLM's "
-                         f"adapt_config_dict); quantize it as nvfp4, or import it first (rlvr import) for {format}")
+        raise ValueError(
+            f"{model_dir}: Mistral's layout carries compressed-tensors quantization only (vLLM's "
+            f"adapt_config_dict); quantize it as nvfp4, or import it first (rlvr import) for {format}"
+        )
     model = _float_model(model_dir)
     source_dtype = model.dtype
     dtypes = {key: tensor.dtype for key, tensor in model.state_dict().items()}
@@ -389,14 +408,18 @@ def _nvfp4_tensors(model: nn.Module, plan: _Plan, model_dir: Path, texts: Sequen
     for name, module in plan.linears.items():
         weight = nvfp4.quantize(module.weight.detach(), weight_global_scale[name])
         # an uncalibrated layer gets 1.0, as in llm-compressor
-        state.update(_stored(plan.linear_disk[name], weight, nvfp4.global_scale_for(input_amax.get(name, torch.tensor(0.0)))))
+        state.update(
+            _stored(plan.linear_disk[name], weight, nvfp4.global_scale_for(input_amax.get(name, torch.tensor(0.0))))
+        )
     for (name, projection), pieces in plan.expert_disk.items():
         weights = getattr(plan.experts[name], projection).detach()
         input_global_scale = [nvfp4.global_scale_for(amax) for amax in expert_amax[(name, projection)]]
         for expert in range(weights.shape[0]):
             mine = [p for p in pieces if p.expert == expert]
             # gate and up rows read one input, and vLLM fuses them into one GEMM with one global scale
-            shared = torch.stack([nvfp4.global_scale_for(weights[expert, p.start : p.stop].abs().max()) for p in mine]).min()
+            shared = torch.stack(
+                [nvfp4.global_scale_for(weights[expert, p.start : p.stop].abs().max()) for p in mine]
+            ).min()
             for p in mine:
                 # each stored tensor its own (safetensors refuses shared storage)
                 weight = nvfp4.quantize(weights[expert, p.start : p.stop], shared.clone())
@@ -432,7 +455,11 @@ def _quantized_prefixes(tensors: dict) -> list[str]:
 def _pop_nf4(tensors: dict, files, prefix: str) -> nf4.NF4Weight:
     """Remove and return one layer's NF4 tensors (bitsandbytes' keys), checked."""
     where = files.where(f"{prefix}.weight.{nf4.QUANT_STATE_KEY}", prefix)
-    stored = {suffix: tensors.pop(f"{prefix}.{suffix}") for suffix in nf4.CHECKPOINT_SUFFIXES if f"{prefix}.{suffix}" in tensors}
+    stored = {
+        suffix: tensors.pop(f"{prefix}.{suffix}")
+        for suffix in nf4.CHECKPOINT_SUFFIXES
+        if f"{prefix}.{suffix}" in tensors
+    }
     nested = [key for key in tensors if key.startswith(f"{prefix}.weight.nested_")]
     stored.update({key.removeprefix(f"{prefix}."): tensors[key] for key in nested})
     return nf4.from_checkpoint(stored, where)
@@ -483,8 +510,9 @@ def dequantized_state_dict(model_dir: str | Path, dtype: torch.dtype = torch.flo
     return {key: value.to(dtype) if value.is_floating_point() else value for key, value in tensors.items()}
 
 
-def write_dequantized_checkpoint(model_dir: str | Path, out_dir: str | Path, dtype: torch.dtype = torch.float32,
-                                 layout: str = "hf") -> Path:
+def write_dequantized_checkpoint(
+    model_dir: str | Path, out_dir: str | Path, dtype: torch.dtype = torch.float32, layout: str = "hf"
+) -> Path:
     """A plain float folder (no quantization) holding `dequantized_state_dict(model_dir)`, in the
     Hugging Face layout (config.json, model.safetensors) or, `layout="mistral"`, in Mistral's
     (params.json, consolidated.safetensors; rlvr.models.mistral_layout)."""

@@ -96,7 +96,9 @@ def _project(module: nn.Module, name: str, expert: int, x: torch.Tensor, lora: d
     bias = getattr(module, f"{name}_bias")[expert] if module.has_bias else None
     if hasattr(module, f"{name}_weight_packed"):
         weight = packed_projection(module, name).expert(expert)
-        y = dequantized_linear(x, bias, nvfp4.dequantize, weight.weight_packed, weight.weight_scale, weight.weight_global_scale)
+        y = dequantized_linear(
+            x, bias, nvfp4.dequantize, weight.weight_packed, weight.weight_scale, weight.weight_global_scale
+        )
     else:
         weight = getattr(module, name)[expert]
         y = F.linear(x, weight.T if module.is_transposed else weight, bias)
@@ -113,7 +115,9 @@ def expert_hidden(module: nn.Module, expert: int, x: torch.Tensor, lora: dict | 
     return module._apply_gate(h) if module.has_gate else module.act_fn(h)
 
 
-def experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
+def experts_forward(
+    self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+) -> torch.Tensor:
     """transformers' experts signature: for each expert that received tokens, its gated MLP on
     those tokens, weighted by their routing weights and summed into each token's output."""
     down = expert_projections(self)[1]
@@ -205,7 +209,9 @@ class ExpertsLora(ParamWrapper):
             _ACTIVE_LORA.reset(token)
 
     def merge(self, *args, **kwargs) -> None:
-        raise NotImplementedError("expert LoRA is applied per routed expert; merge it into the dequantized weights (export)")
+        raise NotImplementedError(
+            "expert LoRA is applied per routed expert; merge it into the dequantized weights (export)"
+        )
 
 
 def add_experts_lora(peft_model: nn.Module, adapter_name: str = "default") -> list[str]:
@@ -222,7 +228,9 @@ def add_experts_lora(peft_model: nn.Module, adapter_name: str = "default") -> li
         parent_name, _, child = name.rpartition(".")
         module = experts
         for projection in expert_projections(experts):
-            module = ExpertsLora(module, adapter_name, parameter_name=projection, config=config, r=config.r, lora_alpha=config.lora_alpha)
+            module = ExpertsLora(
+                module, adapter_name, parameter_name=projection, config=config, r=config.r, lora_alpha=config.lora_alpha
+            )
             targeted.add(projection)
         setattr(peft_model.get_submodule(parent_name), child, module)
         wrapped.append(name)

@@ -100,7 +100,9 @@ class QuantizedLinear(nn.Module):
         return self.quant_format.dequantize(*self.packed_tensors(), self.compute_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return dequantized_linear(x.to(self.compute_dtype), self.bias, self.quant_format.dequantize, *self.packed_tensors())
+        return dequantized_linear(
+            x.to(self.compute_dtype), self.bias, self.quant_format.dequantize, *self.packed_tensors()
+        )
 
     def extra_repr(self) -> str:
         name = self.quant_format.__name__.rsplit(".", 1)[-1]
@@ -137,7 +139,9 @@ class NF4Linear(QuantizedLinear):
     quant_format = nf4
     packed_names = ("weight_packed", "weight_absmax")
 
-    def __init__(self, weight: nf4.NF4Weight, bias: torch.Tensor | None = None, compute_dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self, weight: nf4.NF4Weight, bias: torch.Tensor | None = None, compute_dtype: torch.dtype = torch.float32
+    ) -> None:
         super().__init__()
         self.out_features, packed_columns = weight.weight_packed.shape
         self.in_features = 2 * packed_columns
@@ -163,16 +167,26 @@ class FusedLoraLinear(PeftLoraLinear):
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
         adapter = self.active_adapters[0] if len(self.active_adapters) == 1 else None
-        if self.disable_adapters or self.merged or args or kwargs or adapter not in self.lora_A or adapter in self.lora_variant:
+        if (
+            self.disable_adapters
+            or self.merged
+            or args
+            or kwargs
+            or adapter not in self.lora_A
+            or adapter in self.lora_variant
+        ):
             return super().forward(x, *args, **kwargs)
         result = self.base_layer(x)
         lora_b = self.lora_B[adapter]
-        down = self.lora_A[adapter](self.lora_dropout[adapter](self._cast_input_dtype(x, self.lora_A[adapter].weight.dtype)))
+        down = self.lora_A[adapter](
+            self.lora_dropout[adapter](self._cast_input_dtype(x, self.lora_A[adapter].weight.dtype))
+        )
         scaling = self.scaling[adapter]
         if result.dtype != down.dtype:  # peft's way: the update in LoRA's dtype, the sum in the output's
             return (result + lora_b(down) * scaling).to(result.dtype)
-        fused = torch.addmm(result.reshape(-1, result.shape[-1]), down.reshape(-1, down.shape[-1]), lora_b.weight.t(),
-                            alpha=scaling)
+        fused = torch.addmm(
+            result.reshape(-1, result.shape[-1]), down.reshape(-1, down.shape[-1]), lora_b.weight.t(), alpha=scaling
+        )
         return fused.view(result.shape)
 
 

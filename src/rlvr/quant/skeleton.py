@@ -52,9 +52,11 @@ from rlvr.quant.packed_bytes import STORAGE_DTYPE
 
 def _rows_of(files: CheckpointFiles, key: str, dtype: torch.dtype | None = None) -> Source:
     """Rows of one stored tensor, cast to `dtype` (None: as stored)."""
+
     def read(rows: Rows) -> torch.Tensor:
         tensor = files.read(key, rows)
         return tensor if dtype is None else tensor.to(dtype)
+
     return read
 
 
@@ -65,6 +67,7 @@ def _bytes_of(files: CheckpointFiles, key: str, columns: int) -> Source:
     def read(rows: Rows) -> torch.Tensor:
         flat = rows if stored_by_row or rows is None else slice(rows.start * columns, rows.stop * columns)
         return files.read(key, flat).reshape(-1, columns).view(STORAGE_DTYPE)
+
     return read
 
 
@@ -112,8 +115,14 @@ class Skeleton:
         if base_format == "nvfp4":
             for layer in moe_layers(skeleton.model):
                 # gate_up_proj is stored as two Linears per expert (gate, up), down_proj as one
-                pack_experts(layer.experts, {p: _packed_experts(layer.experts, p, parts=2 if p == "gate_up_proj" else 1)
-                                             for p in expert_projections(layer.experts)}, dtype)
+                pack_experts(
+                    layer.experts,
+                    {
+                        p: _packed_experts(layer.experts, p, parts=2 if p == "gate_up_proj" else 1)
+                        for p in expert_projections(layer.experts)
+                    },
+                    dtype,
+                )
             use_rlvr_experts(skeleton.model)
         return skeleton
 
@@ -145,7 +154,9 @@ class Skeleton:
         missing = [s for s in ("weight_scale", "weight_global_scale") if f"{disk}.{s}" not in files]
         if missing:
             raise ValueError(f"{where}: has weight_packed but no {' or '.join(missing)}")
-        weight = nvfp4.NVFP4Weight(*(files.meta(f"{disk}.{s}") for s in ("weight_packed", "weight_scale", "weight_global_scale")))
+        weight = nvfp4.NVFP4Weight(
+            *(files.meta(f"{disk}.{s}") for s in ("weight_packed", "weight_scale", "weight_global_scale"))
+        )
         nvfp4.check_shapes(weight, where)
         _check_shape(where, weight.weight_packed, (module.out_features, module.in_features // 2))
         bias = files.meta(f"{disk}.bias") if f"{disk}.bias" in files else None
@@ -163,7 +174,11 @@ class Skeleton:
     def _nf4_linear(self, files: CheckpointFiles, disk: str, module: nn.Linear, dtype: torch.dtype) -> NF4Linear:
         where = files.where(f"{disk}.weight.{nf4.QUANT_STATE_KEY}", disk)
         small = ("weight.quant_map", f"weight.{nf4.QUANT_STATE_KEY}")  # read now: the codebook and the shape
-        stored = {s: (files.read if s in small else files.meta)(f"{disk}.{s}") for s in nf4.CHECKPOINT_SUFFIXES if f"{disk}.{s}" in files}
+        stored = {
+            s: (files.read if s in small else files.meta)(f"{disk}.{s}")
+            for s in nf4.CHECKPOINT_SUFFIXES
+            if f"{disk}.{s}" in files
+        }
         nested = [key for key in files.keys() if key.startswith(f"{disk}.weight.nested_")]
         stored.update({key.removeprefix(f"{disk}."): files.meta(key) for key in nested})
         weight = nf4.from_checkpoint(stored, where)
@@ -172,8 +187,13 @@ class Skeleton:
         layer = NF4Linear(weight, bias, compute_dtype=dtype)
         self._add(layer, "weight_packed", _bytes_of(files, f"{disk}.weight", module.in_features // 2))
         blocks = module.in_features // nf4.BLOCK_SIZE
-        self._add(layer, "weight_absmax", lambda rows: _rows_of(files, f"{disk}.weight.absmax", torch.float32)(
-            None if rows is None else slice(rows.start * blocks, rows.stop * blocks)).reshape(-1, blocks))
+        self._add(
+            layer,
+            "weight_absmax",
+            lambda rows: _rows_of(files, f"{disk}.weight.absmax", torch.float32)(
+                None if rows is None else slice(rows.start * blocks, rows.stop * blocks)
+            ).reshape(-1, blocks),
+        )
         if bias is not None:
             self._add(layer, "bias", _rows_of(files, f"{disk}.bias", dtype))
         return layer
@@ -182,21 +202,29 @@ class Skeleton:
         packed_any = False
         for layer in moe_layers(self.model):
             experts = layer.experts
-            pieces = {p: expert_pieces(self.model, f"{layer.experts_name}.{p}", getattr(experts, p).shape)
-                      for p in expert_projections(experts)}
+            pieces = {
+                p: expert_pieces(self.model, f"{layer.experts_name}.{p}", getattr(experts, p).shape)
+                for p in expert_projections(experts)
+            }
             stored = {p: [f"{piece.prefix}.weight_packed" in files for piece in ps] for p, ps in pieces.items()}
             for ps, flags in zip(pieces.values(), stored.values()):
                 if any(flags) and not all(flags):
                     missing = ps[flags.index(False)].prefix
-                    raise ValueError(f"{files.where(ps[flags.index(True)].prefix + '.weight_packed')}: {missing} has no "
-                                     f"weight_packed while other experts of {layer.experts_name} do")
+                    raise ValueError(
+                        f"{files.where(ps[flags.index(True)].prefix + '.weight_packed')}: {missing} has no "
+                        f"weight_packed while other experts of {layer.experts_name} do"
+                    )
             packed = [p for p, flags in stored.items() if all(flags)]
             if packed and len(packed) < len(pieces):
-                raise ValueError(f"{files.where(pieces[packed[0]][0].prefix + '.weight_packed')}: {layer.experts_name} "
-                                 "has some projections packed and some in float")
+                raise ValueError(
+                    f"{files.where(pieces[packed[0]][0].prefix + '.weight_packed')}: {layer.experts_name} "
+                    "has some projections packed and some in float"
+                )
             if not packed:
                 continue
-            projections = {p: _packed_experts(experts, p, parts=max(piece.part for piece in pieces[p]) + 1) for p in packed}
+            projections = {
+                p: _packed_experts(experts, p, parts=max(piece.part for piece in pieces[p]) + 1) for p in packed
+            }
             for p in packed:
                 self._check_expert_headers(files, pieces[p], projections[p])
             pack_experts(experts, projections, dtype)
@@ -217,7 +245,9 @@ class Skeleton:
             missing = [s for s in ("weight_scale", "weight_global_scale") if f"{p.prefix}.{s}" not in files]
             if missing:
                 raise ValueError(f"{where}: has weight_packed but no {' or '.join(missing)}")
-            weight = nvfp4.NVFP4Weight(*(files.meta(f"{p.prefix}.{s}") for s in ("weight_packed", "weight_scale", "weight_global_scale")))
+            weight = nvfp4.NVFP4Weight(
+                *(files.meta(f"{p.prefix}.{s}") for s in ("weight_packed", "weight_scale", "weight_global_scale"))
+            )
             nvfp4.check_shapes(weight, where)
             _check_shape(where, weight.weight_packed, (p.stop - p.start, columns))
             if f"{p.prefix}.input_global_scale" in files:
@@ -233,7 +263,11 @@ class Skeleton:
                 if tensor is None or (id(module), attr) in self._sources or attr in module._non_persistent_buffers_set:
                     continue
                 key = f"{module_name}.{attr}" if module_name else attr
-                want = (torch.float32 if keeps_float32(model, key) else dtype) if tensor.is_floating_point() else tensor.dtype
+                want = (
+                    (torch.float32 if keeps_float32(model, key) else dtype)
+                    if tensor.is_floating_point()
+                    else tensor.dtype
+                )
                 source = _float_source(model, files, key, tensor.shape, want)
                 if source is None:
                     continue  # tied to another name, or a buffer built at init: checked in _find_ties
@@ -293,14 +327,18 @@ class Skeleton:
                         module._parameters[attr] = owner._parameters[owner_attr]
                         continue
                     if key not in self._sources:
-                        raise RuntimeError(f"{type(module).__name__}.{attr}: built after the skeleton and not kept "
-                                           "(keep_initialized before sharding)")
+                        raise RuntimeError(
+                            f"{type(module).__name__}.{attr}: built after the skeleton and not kept "
+                            "(keep_initialized before sharding)"
+                        )
                     _copy_rows(tensor, self._sources[key])
 
 
 def keeps_float32(model: nn.Module, key: str) -> bool:
     """Whether transformers keeps `key` in float32 whatever the model dtype (`_keep_in_fp32_modules`)."""
-    kept = set(getattr(model, "_keep_in_fp32_modules_strict", None) or []) | set(getattr(model, "_keep_in_fp32_modules", None) or [])
+    kept = set(getattr(model, "_keep_in_fp32_modules_strict", None) or []) | set(
+        getattr(model, "_keep_in_fp32_modules", None) or []
+    )
     return any(name in key.split(".") for name in kept)
 
 
@@ -314,17 +352,23 @@ def _copy_rows(tensor: torch.Tensor, source: Source) -> None:
         local = tensor.to_local()
         _, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
         if tuple(local.shape[1:]) != tuple(tensor.shape[1:]) or any(offset[1:]):
-            raise RuntimeError(f"a shard of {tuple(tensor.shape)} not along dim 0: {tuple(local.shape)} at {tuple(offset)}")
+            raise RuntimeError(
+                f"a shard of {tuple(tensor.shape)} not along dim 0: {tuple(local.shape)} at {tuple(offset)}"
+            )
         if not local.numel():
             return  # FSDP2 gave this rank none of its rows
         rows = slice(offset[0], offset[0] + local.shape[0])
     data = source(rows)
     if data.dtype != local.dtype or data.numel() != local.numel():
-        raise RuntimeError(f"rows {rows} read as {data.dtype} {tuple(data.shape)} for a {local.dtype} {tuple(local.shape)} shard")
+        raise RuntimeError(
+            f"rows {rows} read as {data.dtype} {tuple(data.shape)} for a {local.dtype} {tuple(local.shape)} shard"
+        )
     local.copy_(data.reshape(local.shape))
 
 
-def _float_source(model: nn.Module, files: CheckpointFiles, key: str, shape: torch.Size, dtype: torch.dtype) -> Source | None:
+def _float_source(
+    model: nn.Module, files: CheckpointFiles, key: str, shape: torch.Size, dtype: torch.dtype
+) -> Source | None:
     """The on-disk tensor(s) of the in-memory tensor `key`: one stored whole, or a fused experts
     parameter from its per-expert pieces; None where the files have none."""
     stored = disk_tensors(model, key, torch.empty(shape, device="meta"))
@@ -350,6 +394,7 @@ def _float_source(model: nn.Module, files: CheckpointFiles, key: str, shape: tor
             if rows.start <= p.expert < rows.stop:
                 fused[p.expert - rows.start, p.start : p.stop] = files.read(f"{p.prefix}.weight")
         return fused
+
     return read
 
 
@@ -365,17 +410,20 @@ def _expert_rows(files: CheckpointFiles, pieces: list[ExpertPiece], like: NVFP4E
             if rows.start <= p.expert < rows.stop:
                 out[p.expert - rows.start, p.start : p.stop] = files.read(f"{p.prefix}.{suffix}")
         return out.view(STORAGE_DTYPE) if suffix == "weight_packed" else out
+
     return read
 
 
 def _expert_scales(files: CheckpointFiles, pieces: list[ExpertPiece], like: NVFP4Experts, suffix: str) -> Source:
     """A packed projection's `[E, parts]` global scales (1 where the files have no input scale)."""
+
     def read(rows: Rows) -> torch.Tensor:
         scales = torch.ones(like.weight_global_scale.shape)
         for p in pieces:
             if f"{p.prefix}.{suffix}" in files:
                 scales[p.expert, p.part] = files.read(f"{p.prefix}.{suffix}").reshape(())
         return scales if rows is None else scales[rows]
+
     return read
 
 
@@ -385,10 +433,18 @@ def _packed_linear(base_format: str, module: nn.Linear, dtype: torch.dtype, bias
     meta = lambda *shape, dtype: torch.empty(shape, dtype=dtype, device="meta")  # noqa: E731
     bias_tensor = meta(out, dtype=dtype) if bias else None
     if base_format == "nf4":
-        return NF4Linear(nf4.NF4Weight(meta(out, inp // 2, dtype=torch.uint8), meta(out, inp // nf4.BLOCK_SIZE, dtype=torch.float32)),
-                         bias_tensor, compute_dtype=dtype)
-    weight = nvfp4.NVFP4Weight(meta(out, inp // 2, dtype=torch.uint8), meta(out, inp // nvfp4.GROUP_SIZE, dtype=torch.float8_e4m3fn),
-                               meta(1, dtype=torch.float32))
+        return NF4Linear(
+            nf4.NF4Weight(
+                meta(out, inp // 2, dtype=torch.uint8), meta(out, inp // nf4.BLOCK_SIZE, dtype=torch.float32)
+            ),
+            bias_tensor,
+            compute_dtype=dtype,
+        )
+    weight = nvfp4.NVFP4Weight(
+        meta(out, inp // 2, dtype=torch.uint8),
+        meta(out, inp // nvfp4.GROUP_SIZE, dtype=torch.float8_e4m3fn),
+        meta(1, dtype=torch.float32),
+    )
     return NVFP4Linear(weight, bias_tensor, meta(1, dtype=torch.float32), compute_dtype=dtype)
 
 
@@ -396,9 +452,12 @@ def _packed_experts(experts: nn.Module, projection: str, parts: int) -> NVFP4Exp
     """Packed meta tensors for one fused projection `[E, rows, in]` (rows always `[out, in]`)."""
     count, rows, columns = getattr(experts, projection).shape  # hub_layout refuses transposed experts
     meta = lambda *shape, dtype: torch.empty(shape, dtype=dtype, device="meta")  # noqa: E731
-    return NVFP4Experts(meta(count, rows, columns // 2, dtype=torch.uint8),
-                        meta(count, rows, columns // nvfp4.GROUP_SIZE, dtype=torch.float8_e4m3fn),
-                        meta(count, parts, dtype=torch.float32), meta(count, parts, dtype=torch.float32))
+    return NVFP4Experts(
+        meta(count, rows, columns // 2, dtype=torch.uint8),
+        meta(count, rows, columns // nvfp4.GROUP_SIZE, dtype=torch.float8_e4m3fn),
+        meta(count, parts, dtype=torch.float32),
+        meta(count, parts, dtype=torch.float32),
+    )
 
 
 def _set_meta(module: nn.Module, attr: str, like: torch.Tensor, dtype: torch.dtype) -> None:
@@ -412,4 +471,3 @@ def _set_meta(module: nn.Module, attr: str, like: torch.Tensor, dtype: torch.dty
 def _check_shape(where: str, stored: torch.Tensor, wanted: tuple[int, ...]) -> None:
     if tuple(stored.shape) != tuple(wanted):
         raise ValueError(f"{where} has shape {tuple(stored.shape)}, the model needs {tuple(wanted)}")
-

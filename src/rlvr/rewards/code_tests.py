@@ -133,7 +133,9 @@ class CodeTests:
     1.0
     """
 
-    def __init__(self, *, fraction: bool = False, sandbox: SandboxConfig | None = None, pool: SandboxPool | None = None) -> None:
+    def __init__(
+        self, *, fraction: bool = False, sandbox: SandboxConfig | None = None, pool: SandboxPool | None = None
+    ) -> None:
         self.fraction = fraction
         self._own_pool = pool is None
         self.pool = pool or SandboxPool(sandbox)
@@ -152,7 +154,9 @@ class CodeTests:
             try:
                 result = run.result()
                 if not retried and _killed_from_outside(result):
-                    _log.warning(f"sandboxed program killed from outside the sandbox ({result.summary}); running it once more")
+                    _log.warning(
+                        f"sandboxed program killed from outside the sandbox ({result.summary}); running it once more"
+                    )
                     self.pool.submit(HARNESS, stdin=job).add_done_callback(lambda again: finish(again, retried=True))
                     return
                 done.set_result(_score(program, result, nonce, self.fraction))

@@ -56,7 +56,14 @@ def _describe(phase: str, error: BaseException) -> str:
 def main() -> None:
     result_fd = int(os.environ["RLVR_RESULT_FD"])
     job = json.loads(sys.stdin.buffer.read())
-    verdict = {"nonce": job["nonce"], "passed": False, "checks_passed": 0, "checks_run": 0, "checks_static": 0, "error": None}
+    verdict = {
+        "nonce": job["nonce"],
+        "passed": False,
+        "checks_passed": 0,
+        "checks_run": 0,
+        "checks_static": 0,
+        "error": None,
+    }
     checks: list = []
     record = "_rlvr_checks_" + job["nonce"][:16]
     solution = types.ModuleType("solution")

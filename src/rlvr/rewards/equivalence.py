@@ -112,7 +112,9 @@ _MIXED = re.compile(r"(?<![\w.,/)])([+-]?)(\d+)[ \t]+(\d+)/(\d+)(?![\w./(])")
 _COMMA_BETWEEN_DIGITS = re.compile(r"(?<=\d),(?=\d)")
 # No leading `\s*`: tried at every space of a long run it would cost quadratic time; the spaces
 # around a list mark go with the other spaces.
-_LIST_COMMA = re.compile(rf",\s+|,(?!\d)|(?<!\d),|{_TEXT_CMD}\s*\{{\s*(?:and|or)\s*\}}|(?<![A-Za-z\\])(?:and|or)(?![A-Za-z])")
+_LIST_COMMA = re.compile(
+    rf",\s+|,(?!\d)|(?<!\d),|{_TEXT_CMD}\s*\{{\s*(?:and|or)\s*\}}|(?<![A-Za-z\\])(?:and|or)(?![A-Za-z])"
+)
 _LIST_MARK = "\ue000"  # a private-use character stands for ", " while spaces are dropped
 _UNIT_AFTER_NUMBER = re.compile(rf"^(.*\d)\s*{_TEXT_CMD}\{{\s*[A-Za-z ]+\s*\}}(?:\^\{{?[23]\}}?)?$")
 _TEXT_WRAPPER = re.compile(rf"{_TEXT_CMD}\{{([^{{}}]*)\}}")
@@ -380,7 +382,11 @@ def _equivalent(pred: str, ref: str, rules: Rules) -> bool:
     if _same_text(p, r, rules):
         return True
     p_items, r_items = top_level_items(p), top_level_items(r)
-    if len(p_items) > 1 and len(p_items) == len(r_items) and _same_text("\x00".join(sorted(p_items)), "\x00".join(sorted(r_items)), rules):
+    if (
+        len(p_items) > 1
+        and len(p_items) == len(r_items)
+        and _same_text("\x00".join(sorted(p_items)), "\x00".join(sorted(r_items)), rules)
+    ):
         return True  # the same items in another order, or with `;` for `,`
     return _symbolically_equal(p, r)
 

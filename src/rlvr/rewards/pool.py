@@ -104,7 +104,9 @@ def _worker_main(conn: Connection, default: str, options: dict, timeout_s: float
                 continue
             if hasattr(fn, "score_batch"):
                 conn.send(("budget", timeout_s * len(group)))
-                scores = _safe(lambda: fn.score_batch([r for r, _ in group], [a for _, a in group]), timeout_s * len(group))
+                scores = _safe(
+                    lambda: fn.score_batch([r for r, _ in group], [a for _, a in group]), timeout_s * len(group)
+                )
                 for s in scores if isinstance(scores, list) else [scores] * len(group):
                     conn.send(s)
                 continue
@@ -208,7 +210,9 @@ class ScoringPool:
     def wait_ready(self) -> None:
         """Block until every worker has started (score() also waits when it must)."""
         while starting := [w for w in self._workers if not w.ready]:
-            for conn in wait([w.conn for w in starting], timeout=max(0.0, min(w.deadline for w in starting) - time.monotonic())):
+            for conn in wait(
+                [w.conn for w in starting], timeout=max(0.0, min(w.deadline for w in starting) - time.monotonic())
+            ):
                 worker = next(w for w in starting if w.conn is conn)
                 self._receive(worker, [], deque())
             if any(not w.ready and time.monotonic() > w.deadline for w in starting):

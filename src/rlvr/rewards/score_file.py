@@ -80,7 +80,9 @@ def score_file(
     if verifier == "code" or any(r.get("verifier") == "code" for r in rows):
         from rlvr.rewards.code_tests import prepare_scoring
 
-        code_options, item_timeout_s, isolation = prepare_scoring((options or {}) if verifier == "code" else {}, timeout_s)
+        code_options, item_timeout_s, isolation = prepare_scoring(
+            (options or {}) if verifier == "code" else {}, timeout_s
+        )
         options = code_options if verifier == "code" else options
         if isolation != "strict":
             console.print(f"WARNING sandbox isolation {isolation}", markup=False, highlight=False)
@@ -90,7 +92,10 @@ def score_file(
     tmp_path = out_path.with_name(out_path.name + ".tmp")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        with ScoringPool(verifier, workers=workers, timeout_s=item_timeout_s, options=options) as pool, tmp_path.open("w", encoding="utf-8") as out:
+        with (
+            ScoringPool(verifier, workers=workers, timeout_s=item_timeout_s, options=options) as pool,
+            tmp_path.open("w", encoding="utf-8") as out,
+        ):
             with Progress(console=console, transient=True) as progress:
                 task = progress.add_task("scoring", total=len(rows))
                 for start in range(0, len(rows), BATCH_ROWS):

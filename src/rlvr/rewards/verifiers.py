@@ -71,7 +71,9 @@ def _reader(extract: Sequence[str] | str, reasoning_end: str) -> Callable[[str],
     modes = tuple(m.strip() for m in extract.split(",")) if isinstance(extract, str) else tuple(extract)
     unknown = [m for m in modes if m not in _EXTRACTORS]
     if unknown or not modes:
-        raise ValueError(f"option extract: unknown mode(s) {unknown or list(modes)}; choose from {', '.join(_EXTRACTORS)}")
+        raise ValueError(
+            f"option extract: unknown mode(s) {unknown or list(modes)}; choose from {', '.join(_EXTRACTORS)}"
+        )
     _check_reasoning_end(reasoning_end)
 
     def candidates(response: str) -> list[str]:
@@ -178,7 +180,9 @@ def gsm8k_verifier(*, reasoning_end: str = "</think>") -> Verifier:
     return score
 
 
-def exact_verifier(*, extract: Sequence[str] = ("boxed",), ignore_case: bool = False, reasoning_end: str = "</think>") -> Verifier:
+def exact_verifier(
+    *, extract: Sequence[str] = ("boxed",), ignore_case: bool = False, reasoning_end: str = "</think>"
+) -> Verifier:
     read = _reader(extract, reasoning_end)
 
     def score(response: str, reference: str) -> Score:
@@ -193,7 +197,9 @@ def exact_verifier(*, extract: Sequence[str] = ("boxed",), ignore_case: bool = F
     return score
 
 
-def regex_verifier(*, extract: Sequence[str] = ("boxed",), ignore_case: bool = False, reasoning_end: str = "</think>") -> Verifier:
+def regex_verifier(
+    *, extract: Sequence[str] = ("boxed",), ignore_case: bool = False, reasoning_end: str = "</think>"
+) -> Verifier:
     read = _reader(extract, reasoning_end)
     flags = re.IGNORECASE if ignore_case else 0
 
@@ -236,7 +242,9 @@ def get_verifier(name: str, **options) -> Verifier:
         factory = VERIFIERS[name]
         parameters = inspect.signature(factory).parameters
         named = [p.name for p in parameters.values() if p.kind is not p.VAR_KEYWORD]
-        takes_any = any(p.kind is p.VAR_KEYWORD for p in parameters.values())  # it checks its own (code: SandboxConfig's)
+        takes_any = any(
+            p.kind is p.VAR_KEYWORD for p in parameters.values()
+        )  # it checks its own (code: SandboxConfig's)
         for key in options:
             if key not in named and not takes_any:
                 raise ValueError(f"verifier {name!r}: unknown option {key!r}; options: {', '.join(named) or 'none'}")

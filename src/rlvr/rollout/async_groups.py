@@ -64,8 +64,9 @@ def is_fresh(oldest_version: int | None, version: int, max_staleness: int) -> bo
     return oldest_version is None or version - oldest_version <= max_staleness
 
 
-def admit(oldest_versions: list[int | None], version: int, max_staleness: int,
-          count: int) -> tuple[list[int], list[int]]:
+def admit(
+    oldest_versions: list[int | None], version: int, max_staleness: int, count: int
+) -> tuple[list[int], list[int]]:
     """Which of the finished groups in draw order (their oldest token versions, from the next one
     to hand out on, with no gap) to hand out and which to drop: walking in order, a stale group is
     dropped, a fresh one taken, until `count` are taken. Fewer fresh than `count`: none is taken
@@ -104,8 +105,17 @@ class AsyncGroups:
     keeps prompts_per_step * max(K, 1): see rlvr.orchestration.builders.build_stream). Engine
     calls happen only in the thread that steps it (`take`'s, or `start()`'s)."""
 
-    def __init__(self, episodes: Episodes, draw: Callable[[], tuple[Hashable, Start]], *, samples: int,
-                 sampling: Sampling, max_staleness: int, capacity: int, version: int | None = 0):
+    def __init__(
+        self,
+        episodes: Episodes,
+        draw: Callable[[], tuple[Hashable, Start]],
+        *,
+        samples: int,
+        sampling: Sampling,
+        max_staleness: int,
+        capacity: int,
+        version: int | None = 0,
+    ):
         if capacity < 1:
             raise ValueError(f"capacity={capacity}: at least one group must be in flight")
         self.episodes, self.engine, self.draw = episodes, episodes.engine, draw
@@ -146,8 +156,10 @@ class AsyncGroups:
             push_policy(self.engine, policy)
             served = self.engine.policy_version
             if served != policy.version:  # verl #7495: an adapter that never reached the engine looks like staleness
-                raise PushNotServed(f"the push of policy version {policy.version} did not arrive: the engine "
-                                    f"serves version {served}; stopping the run")
+                raise PushNotServed(
+                    f"the push of policy version {policy.version} did not arrive: the engine "
+                    f"serves version {served}; stopping the run"
+                )
         for _ in range(max(room, 0)):
             problem, start = self.draw()
             index = self.drawn
@@ -177,8 +189,10 @@ class AsyncGroups:
                 lost = self.handed_out
                 if lost < self.drawn and not {lost} & (self._finished.keys() | self._problems.keys() | self._gone):
                     # drawn, yet neither running nor finished: waiting would never end (a state restored wrong)
-                    raise RuntimeError(f"group {lost} of the rollout stream was drawn but is neither in flight nor "
-                                       "finished: its state is inconsistent; stopping the run")
+                    raise RuntimeError(
+                        f"group {lost} of the rollout stream was drawn but is neither in flight nor "
+                        "finished: its state is inconsistent; stopping the run"
+                    )
                 if self._thread is not None:
                     if self._error is not None:
                         raise RuntimeError("the generating thread failed") from self._error
@@ -229,8 +243,13 @@ class AsyncGroups:
         if self.episodes.pending:
             raise RuntimeError("state() with groups in flight: drain() first")
         with self._lock:
-            return {"drawn": self.drawn, "handed_out": self.handed_out, "finished": list(self._finished.values()),
-                    "gone": sorted(self._gone), "dropped": self.dropped}
+            return {
+                "drawn": self.drawn,
+                "handed_out": self.handed_out,
+                "finished": list(self._finished.values()),
+                "gone": sorted(self._gone),
+                "dropped": self.dropped,
+            }
 
     def restore(self, state: dict) -> None:
         """Continue from `state()` (the engine serves what the next update says)."""
@@ -242,8 +261,9 @@ class AsyncGroups:
 
     def start(self) -> None:
         """Generate in a thread of its own from now on, so that the engine never waits for `take`."""
-        self._thread = threading.Thread(target=self._run, args=(torch.get_num_threads(),), daemon=True,
-                                        name="rlvr-async-groups")
+        self._thread = threading.Thread(
+            target=self._run, args=(torch.get_num_threads(),), daemon=True, name="rlvr-async-groups"
+        )
         self._thread.start()
 
     def _run(self, threads: int) -> None:

@@ -49,7 +49,10 @@ def row_verifiers(problems: list[Problem]) -> list[str | None] | None:
 def training_sampling(sampling: SamplingConfig) -> Sampling:
     """The engine's sampling record for training rollouts (each step adds its own seed)."""
     return Sampling(
-        temperature=sampling.temperature, top_p=sampling.top_p, max_tokens=sampling.max_tokens, stop=tuple(sampling.stop)
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        max_tokens=sampling.max_tokens,
+        stop=tuple(sampling.stop),
     )
 
 
@@ -120,8 +123,10 @@ class RolloutCollector:
                 break
         if len(kept) < target:
             trained = "those" if kept else "the last round's groups (no gradient but the KL term's)"
-            self.log(f"step {step}: dynamic sampling found {len(kept)} of {target} informative groups in {rounds} rounds "
-                     f"({len(sampled)} prompts drawn); training on {trained}; raise rollout.max_sampling_rounds for more")
+            self.log(
+                f"step {step}: dynamic sampling found {len(kept)} of {target} informative groups in {rounds} rounds "
+                f"({len(sampled)} prompts drawn); training on {trained}; raise rollout.max_sampling_rounds for more"
+            )
             kept = kept or groups
         metrics = self._metrics(sampled) | {
             "rollout/informative_groups": sum(g.informative for g in kept),
@@ -153,8 +158,12 @@ class RolloutCollector:
             seed = self.seed * 100_003 + step + round_index * 1_000_000_007
             starts = [Start(self.train_set.problems[i], self.train_set.prompts[i]) for i in chosen]
             with self.timer("generate"):
-                trajectories = self.runner.run(starts, n, replace(self.sampling, seed=seed),
-                                               progress=phase(self.progress, "generate", len(chosen) * n))
+                trajectories = self.runner.run(
+                    starts,
+                    n,
+                    replace(self.sampling, seed=seed),
+                    progress=phase(self.progress, "generate", len(chosen) * n),
+                )
         with self.timer("score"):
             scores = self._scores(chosen, trajectories)
         from rlvr.algorithms import informative_group_mask
@@ -162,8 +171,14 @@ class RolloutCollector:
         rewards = self._shaped_rewards(trajectories, scores)
         informative = informative_group_mask(rewards, torch.tensor([t.prompt_index for t in trajectories]))
         return [
-            _Group(chosen[p], trajectories[p * n : (p + 1) * n], scores[p * n : (p + 1) * n], rewards[p * n : (p + 1) * n],
-                   bool(informative[p * n]), taken[p] if taken is not None else None)
+            _Group(
+                chosen[p],
+                trajectories[p * n : (p + 1) * n],
+                scores[p * n : (p + 1) * n],
+                rewards[p * n : (p + 1) * n],
+                bool(informative[p * n]),
+                taken[p] if taken is not None else None,
+            )
             for p in range(len(chosen))
         ], dropped
 
@@ -171,17 +186,26 @@ class RolloutCollector:
         """The environment's reward where it gave one, else the verifier's on the last turn (in the pool)."""
         verify = [k for k, t in enumerate(trajectories) if t.reward is None]
         problems = [self.train_set.problems[chosen[trajectories[k].prompt_index]] for k in verify]
-        verified = self.pool.score([trajectories[k].text for k in verify], [p.answer for p in problems],
-                                   verifiers=row_verifiers(problems),
-                                   progress=phase(self.progress, "score", len(verify))) if verify else []
+        verified = (
+            self.pool.score(
+                [trajectories[k].text for k in verify],
+                [p.answer for p in problems],
+                verifiers=row_verifiers(problems),
+                progress=phase(self.progress, "score", len(verify)),
+            )
+            if verify
+            else []
+        )
         scores = [Score(t.reward, "ok") if t.reward is not None else None for t in trajectories]
         for k, score in zip(verify, verified):
             scores[k] = score
         bad = next((k for k, s in enumerate(scores) if not math.isfinite(s.reward)), None)
         if bad is not None:  # as in eval: a NaN would silently turn the whole group's advantages to NaN
             problem = self.train_set.problems[chosen[trajectories[bad].prompt_index]].id
-            raise ValueError(f"reward.verifier={self.reward.verifier}: reward must be a finite number, got "
-                             f"{scores[bad].reward!r} (problem {problem!r})")
+            raise ValueError(
+                f"reward.verifier={self.reward.verifier}: reward must be a finite number, got "
+                f"{scores[bad].reward!r} (problem {problem!r})"
+            )
         return scores
 
     def _shaped_rewards(self, trajectories: list[Trajectory], scores: list[Score]) -> torch.Tensor:
@@ -211,8 +235,9 @@ class RolloutCollector:
             prompt_ids=[t.prompt_ids for t in trajectories],
             completion_ids=[t.completion_ids for t in trajectories],
             sampler_logprobs=[t.logprobs for t in trajectories],
-            advantages=advantages(self.algorithm.advantage, rewards, group, std_normalize=self.algorithm.std_normalize,
-                                  lengths=trained),
+            advantages=advantages(
+                self.algorithm.advantage, rewards, group, std_normalize=self.algorithm.std_normalize, lengths=trained
+            ),
             group=group,
             loss_mask=None if all(all(m) for m in masks) else masks,  # None: every completion token trains
             routes=[t.routes for t in trajectories] if trajectories[0].routes is not None else None,

@@ -100,21 +100,25 @@ class Renderer:
         before = self.tokenizer.apply_chat_template(base, tokenize=False)
         after = self.tokenizer.apply_chat_template(base + messages, tokenize=False, add_generation_prompt=True)
         if not after.startswith(before) or self._MARK not in before:
-            raise ValueError("the model's chat template renders a conversation differently once messages follow it; "
-                             "rlvr cannot render an observation alone (set data.chat_template: false)")
-        end_of_turn = before[before.rindex(self._MARK) + len(self._MARK):]
+            raise ValueError(
+                "the model's chat template renders a conversation differently once messages follow it; "
+                "rlvr cannot render an observation alone (set data.chat_template: false)"
+            )
+        end_of_turn = before[before.rindex(self._MARK) + len(self._MARK) :]
         eos = self.tokenizer.eos_token or ""
         if ended_turn and eos and eos in end_of_turn:
-            end_of_turn = end_of_turn[end_of_turn.index(eos) + len(eos):]
-        return self._ids(end_of_turn + after[len(before):])
+            end_of_turn = end_of_turn[end_of_turn.index(eos) + len(eos) :]
+        return self._ids(end_of_turn + after[len(before) :])
 
     def _observation_ids(self, conversation: list[dict], ended_turn: bool) -> list[int]:
         ids, mark = chat_ids(self.tokenizer, conversation), self._ids(self._MARK)
-        ends = [i + len(mark) for i in range(len(ids) - len(mark) + 1) if ids[i:i + len(mark)] == mark]
+        ends = [i + len(mark) for i in range(len(ids) - len(mark) + 1) if ids[i : i + len(mark)] == mark]
         if len(ends) != 1:
-            raise ValueError("the model's tokenizer does not render an assistant message as its own text's tokens; "
-                             "rlvr cannot render an observation alone (set data.chat_template: false)")
-        tail = ids[ends[0]:]
+            raise ValueError(
+                "the model's tokenizer does not render an assistant message as its own text's tokens; "
+                "rlvr cannot render an observation alone (set data.chat_template: false)"
+            )
+        tail = ids[ends[0] :]
         return tail[1:] if ended_turn and tail[:1] == [self.end_of_turn_id] else tail
 
     def _ids(self, text: str) -> list[int]:
@@ -131,22 +135,47 @@ def load_prompt_set(data: DataConfig, source: str, tokenizer, limit: int | None 
     prompt_set = PromptSet(problems, prompts, source)
     longest = prompt_set.longest()
     if longest is not None and longest[1] > data.max_prompt_tokens:
-        raise ValueError(f"{prompt_set.where(longest[0])} has {longest[1]} prompt tokens, more than "
-                         f"data.max_prompt_tokens={data.max_prompt_tokens}")
+        raise ValueError(
+            f"{prompt_set.where(longest[0])} has {longest[1]} prompt tokens, more than "
+            f"data.max_prompt_tokens={data.max_prompt_tokens}"
+        )
     return prompt_set
 
 
-def engine_context(prompt_sets: list[PromptSet], *, max_tokens: int, env: EnvConfig | None, max_model_len: int | None,
-                   positions: int | None, model: str) -> int:
+def engine_context(
+    prompt_sets: list[PromptSet],
+    *,
+    max_tokens: int,
+    env: EnvConfig | None,
+    max_model_len: int | None,
+    positions: int | None,
+    model: str,
+) -> int:
     """The engine's max_model_len for these prompts (`context_length` of the longest of them)."""
-    prompt_set, index, tokens = max(((s, *s.longest()) for s in prompt_sets if s.prompts), key=lambda x: x[2],
-                                    default=(None, 0, 0))
-    return context_length(tokens, prompt_set.where(index) if prompt_set else "no prompt", max_tokens=max_tokens,
-                          env=env, max_model_len=max_model_len, positions=positions, model=model)
+    prompt_set, index, tokens = max(
+        ((s, *s.longest()) for s in prompt_sets if s.prompts), key=lambda x: x[2], default=(None, 0, 0)
+    )
+    return context_length(
+        tokens,
+        prompt_set.where(index) if prompt_set else "no prompt",
+        max_tokens=max_tokens,
+        env=env,
+        max_model_len=max_model_len,
+        positions=positions,
+        model=model,
+    )
 
 
-def context_length(longest_prompt: int, where: str, *, max_tokens: int, env: EnvConfig | None, max_model_len: int | None,
-                   positions: int | None, model: str) -> int:
+def context_length(
+    longest_prompt: int,
+    where: str,
+    *,
+    max_tokens: int,
+    env: EnvConfig | None,
+    max_model_len: int | None,
+    positions: int | None,
+    model: str,
+) -> int:
     """The engine's max_model_len, one rule for `rlvr train`, `rlvr eval` and the plan: `max_model_len`
     when given, else the longest prompt + `max_tokens`, never past the model's `positions`. A
     multi-turn `env` (None: one answer per prompt) adds room for max_turns - 1 more answers and the
@@ -156,16 +185,24 @@ def context_length(longest_prompt: int, where: str, *, max_tokens: int, env: Env
     not a run that skips it (a held-out score over fewer problems than asked is not the score
     asked for; verl's default, data.truncation 'error', also stops)."""
     if max_model_len is not None and positions is not None and max_model_len > positions:
-        raise ValueError(f"engine.max_model_len={max_model_len} exceeds the model's max_position_embeddings={positions} ({model})")
+        raise ValueError(
+            f"engine.max_model_len={max_model_len} exceeds the model's max_position_embeddings={positions} ({model})"
+        )
     if max_model_len is None:
         limit, by = positions, "the model's max_position_embeddings"
     else:
         limit, by = max_model_len, "engine.max_model_len"
     if limit is not None and longest_prompt + max_tokens > limit:
-        raise ValueError(f"{where} has {longest_prompt} prompt tokens: with rollout.sampling.max_tokens={max_tokens} that "
-                         f"is {longest_prompt + max_tokens}, more than {by}={limit} ({model})")
+        raise ValueError(
+            f"{where} has {longest_prompt} prompt tokens: with rollout.sampling.max_tokens={max_tokens} that "
+            f"is {longest_prompt + max_tokens}, more than {by}={limit} ({model})"
+        )
     if max_model_len is not None:
         return max_model_len
-    later_turns = 0 if env is None or env.name == "single_turn" else (env.max_turns - 1) * (max_tokens + env.max_observation_chars)
+    later_turns = (
+        0
+        if env is None or env.name == "single_turn"
+        else (env.max_turns - 1) * (max_tokens + env.max_observation_chars)
+    )
     wanted = longest_prompt + max_tokens + later_turns
     return min(wanted, positions) if positions is not None else wanted

@@ -47,7 +47,9 @@ class SavedRollouts:
 
 class RolloutSource(Protocol):
     generates_ahead: bool  # the next step's rollouts are generated while a step trains
-    push_checked_by_next_step: bool  # the next step trains on samples of the policy pushed last: its gap checks the push
+    push_checked_by_next_step: (
+        bool  # the next step trains on samples of the policy pushed last: its gap checks the push
+    )
 
     def next(self, step: int) -> StepRollouts: ...
 
@@ -63,8 +65,9 @@ class RolloutSource(Protocol):
 
     def state(self) -> SavedRollouts: ...
 
-    def restore(self, checkpoint: Path, data: dict | None, step: int, last_step: int,
-                serve: Callable[[LoraAdapter], None]) -> None:
+    def restore(
+        self, checkpoint: Path, data: dict | None, step: int, last_step: int, serve: Callable[[LoraAdapter], None]
+    ) -> None:
         """Continue after `step` from `checkpoint` (its saved rollout `data`, if any); `serve`
         puts an adapter on the engine until the next push."""
 
@@ -96,8 +99,9 @@ class Synchronous:
     def state(self) -> SavedRollouts:
         return SavedRollouts(self.collector.sampler.position)
 
-    def restore(self, checkpoint: Path, data: dict | None, step: int, last_step: int,
-                serve: Callable[[LoraAdapter], None]) -> None:
+    def restore(
+        self, checkpoint: Path, data: dict | None, step: int, last_step: int, serve: Callable[[LoraAdapter], None]
+    ) -> None:
         """Nothing was in flight."""
 
 
@@ -126,8 +130,9 @@ class OneStepAhead(Synchronous):
         position = self.pending.data_position if self.pending is not None else self.collector.sampler.position
         return SavedRollouts(position, in_flight_adapter=True)
 
-    def restore(self, checkpoint: Path, data: dict | None, step: int, last_step: int,
-                serve: Callable[[LoraAdapter], None]) -> None:
+    def restore(
+        self, checkpoint: Path, data: dict | None, step: int, last_step: int, serve: Callable[[LoraAdapter], None]
+    ) -> None:
         """Regenerate exactly the rollouts the interrupted run had in flight: `serve` the adapter
         that generated them (the trainer's policy is pushed after), then collect them."""
         in_flight = checkpoint / IN_FLIGHT_ADAPTER
@@ -164,17 +169,21 @@ class Streaming(OneStepAhead):
         """Drained (the push's probe did it): what the stream holds, and the batch taken ahead."""
         return SavedRollouts(self.collector.sampler.position, {"pending": self.pending, "stream": self.stream.state()})
 
-    def restore(self, checkpoint: Path, data: dict | None, step: int, last_step: int,
-                serve: Callable[[LoraAdapter], None]) -> None:
+    def restore(
+        self, checkpoint: Path, data: dict | None, step: int, last_step: int, serve: Callable[[LoraAdapter], None]
+    ) -> None:
         if data is None:
-            raise ValueError(f"{checkpoint}: no saved rollouts: the checkpoint was not written by a rollout.mode=async "
-                             "run; resume it with the mode it ran")
+            raise ValueError(
+                f"{checkpoint}: no saved rollouts: the checkpoint was not written by a rollout.mode=async "
+                "run; resume it with the mode it ran"
+            )
         self.stream.restore(data["stream"])
         self.pending = data["pending"]
 
 
-def make_source(mode: str, collector: RolloutCollector, engine: Engine, stream: AsyncGroups | None,
-                timer: StepTimer) -> RolloutSource:
+def make_source(
+    mode: str, collector: RolloutCollector, engine: Engine, stream: AsyncGroups | None, timer: StepTimer
+) -> RolloutSource:
     """The source of `rollout.mode` (async: `stream`, built by the caller)."""
     if mode == "async":
         return Streaming(collector, stream, timer)

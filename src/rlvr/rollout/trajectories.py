@@ -69,20 +69,39 @@ class Trajectory:
         self.turns += 1
         self.versions += rollout.versions or []
         if rollout.routes is not None:
-            self.routes = rollout.routes if self.routes is None else torch.cat([self.routes, rollout.routes[len(self.routes):]])
+            self.routes = (
+                rollout.routes if self.routes is None else torch.cat([self.routes, rollout.routes[len(self.routes) :]])
+            )
 
     def as_rollout(self, tokenizer) -> Rollout:
         """As an engine's Rollout (for evaluation); a multi-turn one with its transcript decoded."""
         transcript = tokenizer.decode(self.completion_ids, skip_special_tokens=False) if self.turns > 1 else None
-        return Rollout(self.prompt_index, self.prompt_ids, self.completion_ids, self.logprobs, self.finish_reason,
-                       self.text, self.reward, transcript, self.turns, self.tool_calls)
+        return Rollout(
+            self.prompt_index,
+            self.prompt_ids,
+            self.completion_ids,
+            self.logprobs,
+            self.finish_reason,
+            self.text,
+            self.reward,
+            transcript,
+            self.turns,
+            self.tool_calls,
+        )
 
 
 class TrajectoryRunner:
     """Runs trajectories over `engine` (see `Episodes`, which advances them; `fixed_order` is its)."""
 
-    def __init__(self, engine, renderer: Renderer, config: EnvConfig, context: EnvContext, max_model_len: int,
-                 fixed_order: bool = False):
+    def __init__(
+        self,
+        engine,
+        renderer: Renderer,
+        config: EnvConfig,
+        context: EnvContext,
+        max_model_len: int,
+        fixed_order: bool = False,
+    ):
         self.engine, self.renderer, self.config, self.context = engine, renderer, config, context
         self.max_model_len, self.fixed_order = max_model_len, fixed_order
 
@@ -93,7 +112,9 @@ class TrajectoryRunner:
         finished: dict[int, list[Trajectory]] = {}
         with Episodes(self) as episodes:
             for i, start in enumerate(starts):
-                episodes.submit(i, start, n, sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + i * n))
+                episodes.submit(
+                    i, start, n, sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + i * n)
+                )
             while episodes.pending:
                 for i, trajectories in episodes.advance():
                     finished[i] = trajectories
@@ -185,7 +206,9 @@ class Episodes:
             key, j, _ = self._stepping.pop(future)
             step, seconds = future.result()
             start = self._open[key]
-            following = self._follow(start.trajectories[j], step, seconds, start.sampling, key=("turn", key, j), seed_of=j)
+            following = self._follow(
+                start.trajectories[j], step, seconds, start.sampling, key=("turn", key, j), seed_of=j
+            )
             if following is not None:
                 self._ready.append(following)
                 continue
@@ -196,7 +219,9 @@ class Episodes:
                 ended.append((key, start.trajectories))
         return ended
 
-    def _follow(self, t: Trajectory, step: EnvStep, seconds: float, sampling: Sampling, key: tuple, seed_of: int) -> Request | None:
+    def _follow(
+        self, t: Trajectory, step: EnvStep, seconds: float, sampling: Sampling, key: tuple, seed_of: int
+    ) -> Request | None:
         """Record the environment's answer; the trajectory's next turn, or None when it ends."""
         t.env_seconds += seconds
         t.tool_calls += step.tool_calls
@@ -206,7 +231,10 @@ class Episodes:
         if step.done or t.turns >= self.runner.config.max_turns or t.finish_reason == "length":
             return None
         observation = self.runner.renderer.observation(step.observation, ended_turn=self._ended(t))
-        if len(t.prompt_ids) + len(t.completion_ids) + len(observation) + sampling.max_tokens > self.runner.max_model_len:
+        if (
+            len(t.prompt_ids) + len(t.completion_ids) + len(observation) + sampling.max_tokens
+            > self.runner.max_model_len
+        ):
             t.finish_reason = "length"  # no room for another turn
             return None
         t.completion_ids += observation

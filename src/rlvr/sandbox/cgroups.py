@@ -97,7 +97,9 @@ def _kill_members(directory: Path) -> bool:
 class RunGroups:
     """The memory, pids and cpu groups of one run (rules in the module doc)."""
 
-    def __init__(self, parents: dict[str, Path], name: str, *, memory_bytes: int, max_processes: int, cpus: float) -> None:
+    def __init__(
+        self, parents: dict[str, Path], name: str, *, memory_bytes: int, max_processes: int, cpus: float
+    ) -> None:
         self.dirs = {controller: parent / name for controller, parent in parents.items()}
         try:
             for directory in self.unique_dirs:

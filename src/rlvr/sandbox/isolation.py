@@ -73,7 +73,12 @@ class Plan:
 
     def without_namespaces(self, reason: str) -> Plan:
         return replace(
-            self, bwrap=None, missing=(*self.missing, f"no namespaces ({reason}): the program sees the host's files, network and processes")
+            self,
+            bwrap=None,
+            missing=(
+                *self.missing,
+                f"no namespaces ({reason}): the program sees the host's files, network and processes",
+            ),
         )
 
     def environment(self, home: str, result_fd: int) -> dict[str, str]:
@@ -125,12 +130,16 @@ def _interpreter(python: str) -> tuple[str, tuple[str, ...]]:
         raise SandboxUnavailable(f"sandbox: python interpreter {python!r} not found (sandbox.python)")
     probe = "import json, sys; print(json.dumps([sys.prefix, sys.base_prefix, list(sys.version_info[:2])]))"
     try:
-        out = subprocess.run([path, "-I", "-c", probe], capture_output=True, text=True, timeout=60, env={"PATH": SYSTEM_PATH}, check=True)
+        out = subprocess.run(
+            [path, "-I", "-c", probe], capture_output=True, text=True, timeout=60, env={"PATH": SYSTEM_PATH}, check=True
+        )
         prefix, base_prefix, version = json.loads(out.stdout)
     except (subprocess.SubprocessError, OSError, ValueError) as e:
         raise SandboxUnavailable(f"sandbox: python interpreter {path} does not run ({e})") from None
     if tuple(version) < (3, 9):
-        raise SandboxUnavailable(f"sandbox: python interpreter {path} is Python {version[0]}.{version[1]}; 3.9 or newer is needed")
+        raise SandboxUnavailable(
+            f"sandbox: python interpreter {path} is Python {version[0]}.{version[1]}; 3.9 or newer is needed"
+        )
     folders = {prefix, base_prefix, str(Path(os.path.realpath(path)).parent)}
     outside = sorted(f for f in folders if not (f == "/usr" or f.startswith("/usr/")))
     # a folder inside another is already bound with it
@@ -148,7 +157,9 @@ def make_plan(config: SandboxConfig) -> Plan:
     missing = []
     bwrap = config.bwrap if "/" in config.bwrap else shutil.which(config.bwrap, path=SYSTEM_PATH)
     if bwrap is None or not os.access(bwrap, os.X_OK):
-        missing.append(f"no namespaces (bubblewrap {config.bwrap!r} not found): the program sees the host's files, network and processes")
+        missing.append(
+            f"no namespaces (bubblewrap {config.bwrap!r} not found): the program sees the host's files, network and processes"
+        )
         bwrap = None
     parents, absent = cgroups.own_groups() if os.geteuid() == 0 else ({}, list(cgroups.CONTROLLERS))
     if absent:

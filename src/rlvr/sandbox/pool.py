@@ -31,7 +31,9 @@ class SandboxPool:
     def isolation(self) -> str:
         return self.sandbox.isolation
 
-    def submit(self, source: str, *, stdin: bytes = b"", files: Mapping[str, str | bytes] | None = None) -> Future[SandboxResult]:
+    def submit(
+        self, source: str, *, stdin: bytes = b"", files: Mapping[str, str | bytes] | None = None
+    ) -> Future[SandboxResult]:
         """Start `source` (as main.py, with `files` and `stdin`) when a worker is free."""
         return self._executor.submit(self.sandbox.run, source, stdin=stdin, files=files)
 

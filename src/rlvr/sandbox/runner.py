@@ -124,7 +124,9 @@ class Sandbox:
                 self.plan = self.plan.without_namespaces(f"bubblewrap failed: {reason}")
                 probe = self.run("print('ok')")
             if probe.status != "ok" or probe.stdout != "ok\n":
-                raise SandboxUnavailable(f"sandbox: a probe program failed to run: {_first_line(probe.stderr) or probe.summary}")
+                raise SandboxUnavailable(
+                    f"sandbox: a probe program failed to run: {_first_line(probe.stderr) or probe.summary}"
+                )
 
     @property
     def isolation(self) -> str:
@@ -252,7 +254,9 @@ class Sandbox:
             limits.append("wall")
         memory_kills = groups.memory_kills() if groups else 0
         cpu_limit_reached = cpu_s is not None and cpu_s >= (cfg.cpu_s or cfg.wall_s)
-        if exit_code == 128 + signal.SIGXCPU or (exit_code == 128 + signal.SIGKILL and not memory_kills and cpu_limit_reached):
+        if exit_code == 128 + signal.SIGXCPU or (
+            exit_code == 128 + signal.SIGKILL and not memory_kills and cpu_limit_reached
+        ):
             limits.append("cpu")
         if memory_kills:
             limits.append("memory")

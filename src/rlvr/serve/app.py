@@ -126,8 +126,15 @@ class TinkerServer:
 
     # ------------------------------------------------------------------ futures
 
-    def _submit(self, work: Callable, model_id: str | None = None, seq_id: int | None = None, *,
-                session: str | None = None, **extra) -> dict:
+    def _submit(
+        self,
+        work: Callable,
+        model_id: str | None = None,
+        seq_id: int | None = None,
+        *,
+        session: str | None = None,
+        **extra,
+    ) -> dict:
         """Queue `work` in its session's line (a model's training calls by seq_id); the SDK's UntypedAPIFuture."""
         request_id, future = self._future()
 
@@ -196,13 +203,18 @@ class TinkerServer:
         held = sum(self._claimed.values())
         budget = self._memory_budget
         if held + need > budget:
-            others = f", and the {len(self._claimed)} model(s) served hold ~{held / 1e9:.2f} GB" if self._claimed else ""
-            raise BadRequest(f"create_model: {run.model.path} with LoRA rank {run.trainer.lora.rank} needs ~{need / 1e9:.2f} GB "
-                             f"({parts}){others}, over this server's {budget / 1e9:.2f} GB (memory_gb); nothing was loaded")
+            others = (
+                f", and the {len(self._claimed)} model(s) served hold ~{held / 1e9:.2f} GB" if self._claimed else ""
+            )
+            raise BadRequest(
+                f"create_model: {run.model.path} with LoRA rank {run.trainer.lora.rank} needs ~{need / 1e9:.2f} GB "
+                f"({parts}){others}, over this server's {budget / 1e9:.2f} GB (memory_gb); nothing was loaded"
+            )
         self._claimed[model_id] = need
 
-    def _start_model(self, session_id: str, model_seq_id: int, run: RunConfig, seed: int,
-                     then: Callable[[str], dict]) -> dict:
+    def _start_model(
+        self, session_id: str, model_seq_id: int, run: RunConfig, seed: int, then: Callable[[str], dict]
+    ) -> dict:
         """Claim the model's memory now (a request meanwhile counts it as held) and queue its build,
         whose future answers with `then(model_id)` once it is built."""
         model_id = f"{session_id}:train:{model_seq_id}"
@@ -241,10 +253,15 @@ class TinkerServer:
             model = self.models.pop(model_id, None)  # None: still being built, _start_model's build closes it
             if model is not None:
                 self._work.put(session_id, model.close)
-        self.samplers = {key: s for key, s in self.samplers.items()
-                         if _session_of(key) != session_id and s.model_id not in ended}
-        self.named = {path: (model_id, adapter) for path, (model_id, adapter) in self.named.items() if model_id not in ended}
-        print(f"rlvr serve: session {session_id} {why}" + (f"; closing {', '.join(ended)}" if ended else ""), flush=True)
+        self.samplers = {
+            key: s for key, s in self.samplers.items() if _session_of(key) != session_id and s.model_id not in ended
+        }
+        self.named = {
+            path: (model_id, adapter) for path, (model_id, adapter) in self.named.items() if model_id not in ended
+        }
+        print(
+            f"rlvr serve: session {session_id} {why}" + (f"; closing {', '.join(ended)}" if ended else ""), flush=True
+        )
 
     def expire_sessions(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
@@ -289,18 +306,27 @@ class TinkerServer:
         """create_training_client_from_state(_with_optimizer): a new model on the checkpoint's base
         with its LoRA rank (its adapter_config.json says both), then the checkpoint loaded into it."""
         if request.session_id is None or request.model_seq_id is None:
-            raise BadRequest("load_weights: give model_id, or session_id and model_seq_id to create a model from the state")
+            raise BadRequest(
+                "load_weights: give model_id, or session_id and model_seq_id to create a model from the state"
+            )
         self._session(request.session_id)
         _adam_only(request.optimizer_config)
         folder = self._saved_state(request.path)
         adapter = _json_file(folder / "adapter" / "adapter_config.json")
         base_model = request.base_model or adapter.get("base_model_name_or_path")
         if not isinstance(base_model, str) or not isinstance(adapter.get("r"), int):
-            raise BadRequest(f"{folder / 'adapter' / 'adapter_config.json'}: no base_model_name_or_path or r to build the model on")
+            raise BadRequest(
+                f"{folder / 'adapter' / 'adapter_config.json'}: no base_model_name_or_path or r to build the model on"
+            )
         check_model_folder(base_model, key="base_model")
         run = served_run(base_model, adapter["r"], self.cfg)
-        return self._start_model(request.session_id, request.model_seq_id, run, self.cfg.seed,
-                                 lambda model_id: self._load_state(request.model_copy(update={"model_id": model_id})))
+        return self._start_model(
+            request.session_id,
+            request.model_seq_id,
+            run,
+            self.cfg.seed,
+            lambda model_id: self._load_state(request.model_copy(update={"model_id": model_id})),
+        )
 
     def _saved_state(self, path: str) -> Path:
         """The folder of a tinker://MODEL_ID/weights/NAME path save_state returned (this server's or an earlier one's)."""
@@ -310,8 +336,9 @@ class TinkerServer:
             raise BadRequest(f"{path!r} is not a checkpoint save_state wrote under {self.cfg.checkpoint_dir}")
         return folder
 
-    def _queue_sample(self, request: types.SampleRequest, prompt: list[int], sampler: SamplerSession,
-                      sampling: Sampling) -> str:
+    def _queue_sample(
+        self, request: types.SampleRequest, prompt: list[int], sampler: SamplerSession, sampling: Sampling
+    ) -> str:
         """Add a sampling call to its model's batch; the first call of a batch queues the batch's turn."""
         request_id, future = self._future()
         with self._batch_lock:
@@ -334,13 +361,15 @@ class TinkerServer:
             for item in batch:
                 if item.request.prompt_logprobs:
                     try:
-                        scored[id(item)] = model.prompt_logprobs(item.sampler.adapter, item.prompt,
-                                                                 item.request.prompt_logprobs_last_n)
+                        scored[id(item)] = model.prompt_logprobs(
+                            item.sampler.adapter, item.prompt, item.request.prompt_logprobs_last_n
+                        )
                     except BadRequest as error:
                         item.future.set_exception(error)
             live = [item for item in batch if not item.future.done()]
-            drawn = model.sample_many([(item.sampler.adapter, item.prompt, item.request.num_samples, item.sampling)
-                                       for item in live])
+            drawn = model.sample_many(
+                [(item.sampler.adapter, item.prompt, item.request.num_samples, item.sampling) for item in live]
+            )
             for item, rollouts in zip(live, drawn):
                 item.future.set_result(sample_response(rollouts, scored.get(id(item))))
         except BaseException as error:  # reported to each client through retrieve_future
@@ -423,15 +452,25 @@ class TinkerServer:
             check_model_folder(body.base_model, key="base_model")
             run = served_run(body.base_model, body.lora_config.rank, self.cfg)
             seed = self.cfg.seed if body.lora_config.seed is None else body.lora_config.seed
-            return self._start_model(body.session_id, body.model_seq_id, run, seed,
-                                     lambda model_id: {"model_id": model_id, "type": "create_model"})
+            return self._start_model(
+                body.session_id,
+                body.model_seq_id,
+                run,
+                seed,
+                lambda model_id: {"model_id": model_id, "type": "create_model"},
+            )
 
         @app.post("/api/v1/get_info")
         async def get_info(request: Request):
             model = self._model(types.GetInfoRequest.model_validate(await request.json()).model_id)
-            return {"type": "get_info", "model_id": model.model_id, "is_lora": True, "lora_rank": model.rank,
-                    "model_name": model.base_model,
-                    "model_data": {"arch": None, "model_name": model.base_model, "tokenizer_id": model.base_model}}
+            return {
+                "type": "get_info",
+                "model_id": model.model_id,
+                "is_lora": True,
+                "lora_rank": model.rank,
+                "model_name": model.base_model,
+                "model_data": {"arch": None, "model_name": model.base_model, "tokenizer_id": model.base_model},
+            }
 
         @app.post("/api/v1/forward_backward")
         async def forward_backward(request: Request):
@@ -490,7 +529,9 @@ class TinkerServer:
             sampler_id = f"{body.session_id}:sample:{body.sampling_session_seq_id}"
             if body.model_path is not None:
                 if body.model_path not in self.named:
-                    raise BadRequest(f"unknown model_path {body.model_path!r} (save_weights_for_sampler(name=...) makes one)")
+                    raise BadRequest(
+                        f"unknown model_path {body.model_path!r} (save_weights_for_sampler(name=...) makes one)"
+                    )
                 model_id, adapter = self.named[body.model_path]
                 session = SamplerSession(self.models[model_id].base_model, model_id, adapter, body.model_path)
             elif body.base_model is not None:
@@ -512,10 +553,13 @@ class TinkerServer:
             if body.sampling_session_id is None:
                 raise BadRequest("asample: sampling_session_id is required (create_sampling_session makes one)")
             session = self._sampler(body.sampling_session_id)
-            unsupported = {"topk_prompt_logprobs": body.topk_prompt_logprobs,
-                           "topk_sample_logprobs": body.topk_sample_logprobs, "prompt_alt_tokens_k": body.prompt_alt_tokens_k,
-                           "target_prompt_logprobs": body.target_prompt_logprobs,
-                           "record_stability_info": body.record_stability_info}
+            unsupported = {
+                "topk_prompt_logprobs": body.topk_prompt_logprobs,
+                "topk_sample_logprobs": body.topk_sample_logprobs,
+                "prompt_alt_tokens_k": body.prompt_alt_tokens_k,
+                "target_prompt_logprobs": body.target_prompt_logprobs,
+                "record_stability_info": body.record_stability_info,
+            }
             asked = [name for name, value in unsupported.items() if value]
             if asked:
                 raise BadRequest(f"asample: {asked[0]} is not supported yet")
@@ -528,8 +572,11 @@ class TinkerServer:
             if sampling.stop_token_ids:
                 model.check_tokens(list(sampling.stop_token_ids), "sampling_params.stop")
             request_id = self._queue_sample(body, prompt, session, sampling)
-            return {"request_id": request_id, "model_id": None,
-                    "sample_sequence_ids": [f"{request_id}:{j}" for j in range(body.num_samples)]}
+            return {
+                "request_id": request_id,
+                "model_id": None,
+                "sample_sequence_ids": [f"{request_id}:{j}" for j in range(body.num_samples)],
+            }
 
         @app.post("/api/v1/retrieve_future")
         async def retrieve_future(request: Request):
@@ -605,10 +652,16 @@ def _sampling(params: types.SamplingParams) -> Sampling:
     token_ids = tuple(s for s in stop if not isinstance(s, str))
     if strings and token_ids:
         raise BadRequest("sampling_params.stop: give strings or token ids, not both")
-    given = {"temperature": params.temperature, "top_p": params.top_p, "seed": params.seed,
-             "max_tokens": params.max_tokens, "top_k": -1 if params.top_k == 0 else params.top_k}
-    return Sampling(stop=strings, stop_token_ids=token_ids,
-                    **{key: value for key, value in given.items() if value is not None})
+    given = {
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "seed": params.seed,
+        "max_tokens": params.max_tokens,
+        "top_k": -1 if params.top_k == 0 else params.top_k,
+    }
+    return Sampling(
+        stop=strings, stop_token_ids=token_ids, **{key: value for key, value in given.items() if value is not None}
+    )
 
 
 def serve(cfg: ServeConfig) -> None:

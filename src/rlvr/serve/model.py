@@ -42,8 +42,10 @@ from rlvr.training.worker import RankSpec
 # gap over a handful of arbitrary ids swung past the bf16 threshold on a correctly synced 0.5B.
 _PROBE_TEXTS = [
     ("Question: What is 17 + 25?\nAnswer:", " 17 + 25 = 42. The answer is 42."),
-    ("Question: A box holds 6 rows of 8 eggs. How many eggs are in the box?\nAnswer:",
-     " 6 rows of 8 eggs make 6 * 8 = 48 eggs. The answer is 48."),
+    (
+        "Question: A box holds 6 rows of 8 eggs. How many eggs are in the box?\nAnswer:",
+        " 6 rows of 8 eggs make 6 * 8 = 48 eggs. The answer is 48.",
+    ),
     ("def add(a, b):\n", "    return a + b\n"),
 ]
 
@@ -56,7 +58,10 @@ def sync_probe(model_path: str, max_model_len: int | None) -> list[tuple[list[in
     tokenizer = load_tokenizer(model_path)
     probe = []
     for prompt, completion in _PROBE_TEXTS:
-        prompt_ids, completion_ids = tokenizer(prompt).input_ids, tokenizer(completion, add_special_tokens=False).input_ids
+        prompt_ids, completion_ids = (
+            tokenizer(prompt).input_ids,
+            tokenizer(completion, add_special_tokens=False).input_ids,
+        )
         if max_model_len is not None:
             prompt_ids = prompt_ids[: max_model_len // 2]
             completion_ids = completion_ids[: max_model_len - len(prompt_ids) - 1]  # room for the one token sampled
@@ -81,10 +86,14 @@ def served_run(base_model: str, rank: int, cfg: ServeConfig, log=print) -> RunCo
         raise UserError(f"lora_config.rank={rank}: {error.errors()[0]['msg']}") from None
     # the client brings its own data and lengths, which engine.max_model_len bounds: the run's
     # prompt and sampling lengths are set to their least so that the plan's length check passes
-    run = RunConfig(model=ModelConfig(path=base_model),
-                    data=DataConfig(train="(served: the client's data)", max_prompt_tokens=1),
-                    rollout={"sampling": {"max_tokens": 1}}, engine=cfg.engine,
-                    trainer=cfg.trainer.model_copy(update={"lora": lora}), seed=cfg.seed)
+    run = RunConfig(
+        model=ModelConfig(path=base_model),
+        data=DataConfig(train="(served: the client's data)", max_prompt_tokens=1),
+        rollout={"sampling": {"max_tokens": 1}},
+        engine=cfg.engine,
+        trainer=cfg.trainer.model_copy(update={"lora": lora}),
+        seed=cfg.seed,
+    )
     return with_engine_lora_targets(run, log)
 
 
@@ -102,24 +111,34 @@ class ServedModel:
         self.model_id, self.base_model, self.rank = model_id, run.model.path, run.trainer.lora.rank
         self.vocab_size = int(text_config(model_config_dict(self.base_model))["vocab_size"])
         # the schedule is the client's: each optim_step brings its learning rate
-        self.trainer = Trainer(RankSpec(model=run.model, trainer=run.trainer, algorithm=AlgorithmConfig(), seed=seed,
-                                        total_steps=1))
+        self.trainer = Trainer(
+            RankSpec(model=run.model, trainer=run.trainer, algorithm=AlgorithmConfig(), seed=seed, total_steps=1)
+        )
         try:
             self.engine = make_engine(run.model, run.engine, seed=seed, lora_rank=self.rank)
         except BaseException:
             self.trainer.close()
             raise
-        self.sync = WeightSync(self.engine, self.trainer, sync_probe(self.base_model, run.engine.max_model_len), SyncCheck(run.engine.sync_threshold(compute_dtype(run.model.dtype, local_device()).name)), StepTimer(),
-                               lora=True)
+        self.sync = WeightSync(
+            self.engine,
+            self.trainer,
+            sync_probe(self.base_model, run.engine.max_model_len),
+            SyncCheck(run.engine.sync_threshold(compute_dtype(run.model.dtype, local_device()).name)),
+            StepTimer(),
+            lora=True,
+        )
         self.published = 0
 
     def forward_backward(self, checked: CheckedBatch) -> tuple[list[np.ndarray], float]:
         """Each datum's logprobs and the loss summed over all tokens; with forward_only, no gradient."""
         batch = checked.batch
-        thresholds = (batch.config.get("clip_low_threshold", DEFAULT_CLIP_THRESHOLDS[0]),
-                      batch.config.get("clip_high_threshold", DEFAULT_CLIP_THRESHOLDS[1]))
-        logprobs, loss = self.trainer.forward_backward(batch.inputs, checked.targets, batch.loss, checked.loss_inputs,
-                                                       thresholds, backward=not batch.forward_only)
+        thresholds = (
+            batch.config.get("clip_low_threshold", DEFAULT_CLIP_THRESHOLDS[0]),
+            batch.config.get("clip_high_threshold", DEFAULT_CLIP_THRESHOLDS[1]),
+        )
+        logprobs, loss = self.trainer.forward_backward(
+            batch.inputs, checked.targets, batch.loss, checked.loss_inputs, thresholds, backward=not batch.forward_only
+        )
         return [row.numpy() for row in logprobs], loss
 
     def optim_step(self, adam) -> dict[str, float]:
@@ -128,8 +147,13 @@ class ServedModel:
             value = getattr(adam, name)
             if not math.isfinite(value) or value < 0:
                 raise BadRequest(f"optim_step: adam_params.{name} must be a finite number >= 0, got {value}")
-        update = self.trainer.optim_step(lr=adam.learning_rate, betas=(adam.beta1, adam.beta2), eps=adam.eps,
-                                         weight_decay=adam.weight_decay, max_grad_norm=adam.grad_clip_norm or math.inf)
+        update = self.trainer.optim_step(
+            lr=adam.learning_rate,
+            betas=(adam.beta1, adam.beta2),
+            eps=adam.eps,
+            weight_decay=adam.weight_decay,
+            max_grad_norm=adam.grad_clip_norm or math.inf,
+        )
         return {"grad_norm:mean": update.grad_norm, "skipped:sum": float(update.skipped)}
 
     def publish(self) -> LoraAdapter:
@@ -169,7 +193,9 @@ class ServedModel:
         scored: the first token, and with `last_n` every token before the last n."""
         self._serve(adapter)
         if last_n is not None and not 1 <= last_n < len(prompt):
-            raise BadRequest(f"prompt_logprobs_last_n={last_n} must be between 1 and len(prompt) - 1 = {len(prompt) - 1}")
+            raise BadRequest(
+                f"prompt_logprobs_last_n={last_n} must be between 1 and len(prompt) - 1 = {len(prompt) - 1}"
+            )
         out = np.full(len(prompt), np.nan, dtype=np.float32)
         if len(prompt) > 1:
             out[1:] = self.engine.score([prompt], [1])[0]
@@ -214,8 +240,10 @@ class ServedModel:
                 raise BadRequest(f"{where}: loss {batch.loss!r} needs loss_fn_inputs[{missing[0]!r}]")
             for name in needed:
                 if len(given[name]) != len(tokens):
-                    raise BadRequest(f"{where}: loss_fn_inputs[{name!r}] has {len(given[name])} values for "
-                                     f"{len(tokens)} model_input tokens")
+                    raise BadRequest(
+                        f"{where}: loss_fn_inputs[{name!r}] has {len(given[name])} values for "
+                        f"{len(tokens)} model_input tokens"
+                    )
             target = given["target_tokens"].astype(np.int64).tolist()
             self.check_tokens(target, f"{where}: target_tokens")
             values = {name: torch.from_numpy(given[name].astype(np.float32)) for name in SUM_LOSS_INPUTS[batch.loss]}

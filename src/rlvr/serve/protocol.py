@@ -54,10 +54,15 @@ def read_forward_backward(body: bytes) -> ForwardBackwardBatch:
                 raise BadRequest(f"datum {index}: only text inputs are supported, not {chunk.WhichOneof('chunk')}")
             tokens.extend(np.frombuffer(chunk.encoded_text.tokens, dtype=np.int32).tolist())
         inputs.append(tokens)
-        loss_inputs.append({name: _dense(tensor, f"datum {index}: loss_fn_inputs[{name!r}]")
-                            for name, tensor in datum.loss_fn_inputs.items()})
-    return ForwardBackwardBatch(message.model_id, message.seq_id, message.loss_fn, config, message.forward_only,
-                                inputs, loss_inputs)
+        loss_inputs.append(
+            {
+                name: _dense(tensor, f"datum {index}: loss_fn_inputs[{name!r}]")
+                for name, tensor in datum.loss_fn_inputs.items()
+            }
+        )
+    return ForwardBackwardBatch(
+        message.model_id, message.seq_id, message.loss_fn, config, message.forward_only, inputs, loss_inputs
+    )
 
 
 def _dense(tensor, where: str) -> np.ndarray:

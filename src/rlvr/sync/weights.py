@@ -34,8 +34,17 @@ class PolicyRoute(Protocol):
 
 
 class WeightSync:
-    def __init__(self, engine, trainer, probe: Probe, check: SyncCheck, timer: StepTimer, lora: bool,
-                 check_every: int | None = None, route: PolicyRoute | None = None):
+    def __init__(
+        self,
+        engine,
+        trainer,
+        probe: Probe,
+        check: SyncCheck,
+        timer: StepTimer,
+        lora: bool,
+        check_every: int | None = None,
+        route: PolicyRoute | None = None,
+    ):
         self.engine, self.trainer, self.probe, self.check, self.timer = engine, trainer, probe, check, timer
         self.lora, self.check_every, self.route = lora, check_every, route
         self._probed_engine: int | None = None  # the engine (by restart count) whose push the probe last checked

@@ -200,8 +200,11 @@ class MetricsLogger:
         """Drop every logged line with a step greater than `step` (resume from a checkpoint), and
         at `step` the lines with a metric under the prefix `redone` (what the resumed run logs
         there again: a final evaluation that a kill interrupted, or that ran before it)."""
-        kept = [row for row in _parse_lines(self.path)
-                if row["step"] < step or (row["step"] == step and not (redone and any(k.startswith(redone) for k in row)))]
+        kept = [
+            row
+            for row in _parse_lines(self.path)
+            if row["step"] < step or (row["step"] == step and not (redone and any(k.startswith(redone) for k in row)))
+        ]
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(row) + "\n" for row in kept), encoding="utf-8")
         os.close(self._fd)

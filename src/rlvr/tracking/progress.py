@@ -58,8 +58,10 @@ class RunProgress:
         not in a terminal, a line every tenth of the run (and at its last step)."""
         info = ""
         if "reward/mean" in metrics:
-            info = (f"reward {metrics['reward/mean']:.3f}  length {metrics['response/length_mean']:.1f}  "
-                    f"{metrics['time/step']:.2f} s/step")
+            info = (
+                f"reward {metrics['reward/mean']:.3f}  length {metrics['response/length_mean']:.1f}  "
+                f"{metrics['time/step']:.2f} s/step"
+            )
         self._bars.update(self._tasks[STEPS], completed=step, info=info)
         if self._line_every and (step % self._line_every == 0 or step == self._steps):
             self.console.print(f"step {step}/{self._steps}  {info}", highlight=False)

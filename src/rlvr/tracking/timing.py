@@ -43,4 +43,3 @@ class StepTimer:
         metrics = {f"time/{name}": seconds for name, seconds in self._seconds.items()}
         self._seconds = {}
         return metrics
-

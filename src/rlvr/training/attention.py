@@ -101,7 +101,9 @@ class PackedLayout:
         key_len = max(s.prefix_len + s.length for s in segments)
         key_index = torch.zeros(len(segments) * key_len, dtype=torch.long)
         for i, s in enumerate(segments):
-            keys = torch.cat([torch.arange(s.prefix_start, s.prefix_start + s.prefix_len), torch.arange(s.start, s.start + s.length)])
+            keys = torch.cat(
+                [torch.arange(s.prefix_start, s.prefix_start + s.prefix_len), torch.arange(s.start, s.start + s.length)]
+            )
             key_index[i * key_len : i * key_len + len(keys)] = keys
         query_slot = torch.empty(sum(s.length for s in segments), dtype=torch.long)
         groups = _bucket(segments, key_len)
@@ -110,7 +112,9 @@ class PackedLayout:
             query_len = max(segments[i].length for i in members)
             for k, i in enumerate(members):
                 first = offset + k * query_len
-                query_slot[segments[i].start : segments[i].start + segments[i].length] = torch.arange(first, first + segments[i].length)
+                query_slot[segments[i].start : segments[i].start + segments[i].length] = torch.arange(
+                    first, first + segments[i].length
+                )
             shared = any(segments[i].prefix_len for i in members)
             prefix_lens = torch.tensor([segments[i].prefix_len for i in members]) if shared else None
             rows = None if len(groups) == 1 else torch.tensor(members)
@@ -125,8 +129,12 @@ class PackedLayout:
         return cls(everything, everything, length, (QueryBatch(None, None, 1, length),))
 
     def to(self, device) -> PackedLayout:
-        return PackedLayout(self.query_slot.to(device), self.key_index.to(device), self.key_len,
-                            tuple(b.to(device) for b in self.batches))
+        return PackedLayout(
+            self.query_slot.to(device),
+            self.key_index.to(device),
+            self.key_len,
+            tuple(b.to(device) for b in self.batches),
+        )
 
 
 def _bucket(segments: list[Segment], key_len: int) -> list[list[int]]:
@@ -186,8 +194,18 @@ def packed_attention(
         n, size = batch.num_sequences, batch.num_sequences * batch.query_len
         q = padded_queries[offset : offset + size].view(n, batch.query_len, *tokens.shape[1:]).transpose(1, 2)
         k, v = (x if batch.rows is None else x.index_select(0, batch.rows) for x in (keys, values))
-        out = _attend(module, q, k.transpose(1, 2), v.transpose(1, 2), batch, layout.key_len, dropout, scaling,
-                      sliding_window, softcap)
+        out = _attend(
+            module,
+            q,
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            batch,
+            layout.key_len,
+            dropout,
+            scaling,
+            sliding_window,
+            softcap,
+        )
         outputs.append(out.transpose(1, 2).reshape(-1, out.shape[1], out.shape[3]))  # [n * query_len, h, d]
         offset += size
     out = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
@@ -199,7 +217,9 @@ def _keys(x: torch.Tensor, layout: PackedLayout) -> torch.Tensor:  # [1, h, L, d
     return gathered.view(-1, layout.key_len, *gathered.shape[1:])
 
 
-def _attend(module, q, k, v, batch: QueryBatch, key_len: int, dropout, scaling, sliding_window, softcap) -> torch.Tensor:
+def _attend(
+    module, q, k, v, batch: QueryBatch, key_len: int, dropout, scaling, sliding_window, softcap
+) -> torch.Tensor:
     """Causal attention of one padded batch, `[n, h, query_len, d]` out."""
     windowed = sliding_window is not None and key_len > sliding_window
     needs_mask = windowed or softcap is not None or batch.prefix_lens is not None
@@ -208,8 +228,14 @@ def _attend(module, q, k, v, batch: QueryBatch, key_len: int, dropout, scaling, 
     if softcap is not None:
         return _softcapped(q, k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1), scaling, softcap, mask)
     return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=dropout if module.training else 0.0,
-        scale=scaling, enable_gqa=groups > 1,
+        q,
+        k,
+        v,
+        attn_mask=mask,
+        is_causal=mask is None,
+        dropout_p=dropout if module.training else 0.0,
+        scale=scaling,
+        enable_gqa=groups > 1,
     )
 
 

@@ -112,5 +112,17 @@ class Close:
     """Leave the process group and exit."""
 
 
-Command = (StepInput | SumLossInput | Logprobs | OptimStep | Adapter | FullWeights | LoraConfigOf | Placement
-           | PackedBaseBytes | Save | Load | Close)
+Command = (
+    StepInput
+    | SumLossInput
+    | Logprobs
+    | OptimStep
+    | Adapter
+    | FullWeights
+    | LoraConfigOf
+    | Placement
+    | PackedBaseBytes
+    | Save
+    | Load
+    | Close
+)

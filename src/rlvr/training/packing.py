@@ -118,7 +118,9 @@ def _balance(units: list[_Unit], parts: int) -> list[list[_Unit]]:
 def _pack_one(sequences: list[list[int]], units: list[_Unit]) -> MicroBatch:
     if not units:  # a rank with nothing to do still runs a forward, in step with the others'
         zero = torch.zeros(1, 1, dtype=torch.long)
-        return MicroBatch(zero, zero.clone(), zero[0].clone(), zero[0].clone(), [], [], PackedLayout.build([Segment(0, 1)]))
+        return MicroBatch(
+            zero, zero.clone(), zero[0].clone(), zero[0].clone(), [], [], PackedLayout.build([Segment(0, 1)])
+        )
     ids: list[int] = []
     positions: list[int] = []
     score_positions: list[int] = []

@@ -90,7 +90,12 @@ def decoder_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 def apply_lora(
-    model: nn.Module, rank: int, alpha: float, dropout: float, target_modules, target_experts: bool = False,
+    model: nn.Module,
+    rank: int,
+    alpha: float,
+    dropout: float,
+    target_modules,
+    target_experts: bool = False,
     shapes_only: bool = False,
 ) -> nn.Module:
     """peft LoRA on the frozen base (packed NVFP4 layers included); only the adapter trains.
@@ -106,7 +111,9 @@ def apply_lora(
     from rlvr.quant.experts import add_experts_lora, use_rlvr_experts
 
     if target_experts and dropout:
-        raise ValueError("lora.target_experts needs lora.dropout: 0 (an expert's LoRA input is its routed tokens, as in peft)")
+        raise ValueError(
+            "lora.target_experts needs lora.dropout: 0 (an expert's LoRA input is its routed tokens, as in peft)"
+        )
     if target_experts and not use_rlvr_experts(model):
         raise ValueError(f"lora.target_experts: {type(model).__name__} has no MoE experts to target")
     config = LoraConfig(
@@ -142,7 +149,12 @@ def _adapters_built_off_meta() -> Iterator[None]:
         return (torch.device("cpu") if device is not None and device.type == "meta" else device), dtype
 
     def replace_keeping_values(self, parent, child_name, new_module, child):
-        built = {(m, name): p for m in new_module.modules() for name, p in m._parameters.items() if p is not None and not p.is_meta}
+        built = {
+            (m, name): p
+            for m in new_module.modules()
+            for name, p in m._parameters.items()
+            if p is not None and not p.is_meta
+        }
         replace_module(self, parent, child_name, new_module, child)
         for (module, name), parameter in built.items():
             module._parameters[name] = parameter
@@ -172,7 +184,9 @@ def shard(module: nn.Module, mesh, param_dtype: torch.dtype, reduce_dtype: torch
     from rlvr.quant import QuantizedLinear
     from rlvr.quant.experts import is_packed_experts
 
-    integer = next((name for name, p in module.named_parameters() if not (p.is_floating_point() or p.is_complex())), None)
+    integer = next(
+        (name for name, p in module.named_parameters() if not (p.is_floating_point() or p.is_complex())), None
+    )
     if integer is not None:
         raise ValueError(f"{integer} is an integer tensor, which torch {torch.__version__}'s FSDP2 may refuse to shard")
     for layer in module.modules():

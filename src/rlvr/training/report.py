@@ -110,7 +110,8 @@ def step_metrics(reports: list[TrainReport]) -> dict[str, float]:
     after = [r for r in reports if r.approx_kl_after_sum is not None]
     if after:  # several updates: how far they moved the policy from π_old
         metrics["policy/approx_kl"] = sum(r.approx_kl_after_sum for r in after) / max(
-            sum(r.approx_kl_after_tokens for r in after), 1.0)
+            sum(r.approx_kl_after_tokens for r in after), 1.0
+        )
     routed = [r.routing for r in reports if r.routing is not None]  # a rank of empty micro-batches measures none
     if routed:
         total = routed[0]

@@ -42,7 +42,9 @@ def _skeleton(cfg: RunConfig, dtype: torch.dtype) -> Skeleton:
     if config_file(path).is_file() and any(path.glob("*.safetensors")):
         return Skeleton.from_checkpoint(path, dtype)
     if cfg.model.estimate is None:
-        raise ValueError(f"model.path: {path} holds no checkpoint and the config has no model.estimate to build one from")
+        raise ValueError(
+            f"model.path: {path} holds no checkpoint and the config has no model.estimate to build one from"
+        )
     base_format = "nvfp4" if cfg.model.estimate.weight_format == "nvfp4" else "hf"
     return Skeleton.from_config(estimate_config(cfg.model.estimate), dtype, base_format)
 
@@ -62,8 +64,13 @@ def _measure(cfg: RunConfig, rank: int) -> dict[str, int]:
             lm = apply_lora(lm, **trainer.lora.model_dump(), shapes_only=True)
         policy = TokenLogprobs(lm, trainer.logits_chunk_mb)
         # the worker's mesh: 1-D over every rank, or replicas x shards (HSDP)
-        mesh = (init_device_mesh("cpu", (world_size,)) if shard_ranks == world_size else
-                init_device_mesh("cpu", (world_size // shard_ranks, shard_ranks), mesh_dim_names=("replicate", "shard")))
+        mesh = (
+            init_device_mesh("cpu", (world_size,))
+            if shard_ranks == world_size
+            else init_device_mesh(
+                "cpu", (world_size // shard_ranks, shard_ranks), mesh_dim_names=("replicate", "shard")
+            )
+        )
         policy.to("meta")  # what was built for real (rotary buffers, expert LoRA): only shapes are measured
         shard(policy, mesh, param_dtype=dtype, reduce_dtype=torch.float32)
 
@@ -77,13 +84,17 @@ def _measure(cfg: RunConfig, rank: int) -> dict[str, int]:
         for p in trainable:
             p.grad = torch.zeros_like(p)
         optimizer.step()  # AdamW creates its state, on meta: nothing is computed
-        blocks = [sum(p.numel() * (dtype.itemsize if p.requires_grad else p.element_size()) for p in block.parameters())
-                  for block in decoder_blocks(policy)]
+        blocks = [
+            sum(p.numel() * (dtype.itemsize if p.requires_grad else p.element_size()) for p in block.parameters())
+            for block in decoder_blocks(policy)
+        ]
         return {
             "base_shard": sum(local_bytes(p) for p in params if not p.requires_grad),
             "gathered": 2 * max(blocks),
             "trainable": 2 * sum(local_bytes(p) for p in trainable),
-            "optimizer": sum(local_bytes(t) for state in optimizer.state.values() for name, t in state.items() if name != "step"),
+            "optimizer": sum(
+                local_bytes(t) for state in optimizer.state.values() for name, t in state.items() if name != "step"
+            ),
         }
     finally:
         dist.destroy_process_group()

@@ -138,7 +138,9 @@ class Trainer:
         self._training = False
         return step_metrics(self._gather())
 
-    def logprobs(self, sequences: list[list[int]], prompt_lens: list[int], temperature: float = 1.0) -> list[list[float]]:
+    def logprobs(
+        self, sequences: list[list[int]], prompt_lens: list[int], temperature: float = 1.0
+    ) -> list[list[float]]:
         """The trainer's logprob of every token after each prompt (no gradient)."""
         per_rank = self._plan(sequences, prompt_lens)
         merged: dict[int, list[float]] = {}
@@ -147,8 +149,13 @@ class Trainer:
         return [merged[i] for i in range(len(sequences))]
 
     def forward_backward(
-        self, inputs: list[list[int]], targets: list[list[int]], loss: str, loss_inputs: list[dict[str, torch.Tensor]],
-        clip_thresholds: tuple[float, float], backward: bool = True,
+        self,
+        inputs: list[list[int]],
+        targets: list[list[int]],
+        loss: str,
+        loss_inputs: list[dict[str, torch.Tensor]],
+        clip_thresholds: tuple[float, float],
+        backward: bool = True,
     ) -> tuple[list[torch.Tensor], float]:
         """The Tinker API's forward_backward: `inputs[i][t]` predicts `targets[i][t]`; the loss
         (rlvr.algorithms.sum_losses) is a sum over every token of every datum, and its gradient
@@ -160,10 +167,15 @@ class Trainer:
         payloads = []
         for micro_batches in per_rank:
             for mb in micro_batches:
-                mb.score_targets = torch.cat([torch.as_tensor(targets[i], dtype=mb.score_targets.dtype) for i in mb.sequences]
-                                             ) if mb.sequences else mb.score_targets
+                mb.score_targets = (
+                    torch.cat([torch.as_tensor(targets[i], dtype=mb.score_targets.dtype) for i in mb.sequences])
+                    if mb.sequences
+                    else mb.score_targets
+                )
             mine = [i for mb in micro_batches for i in mb.sequences]
-            payloads.append(SumLossInput(micro_batches, loss, {i: loss_inputs[i] for i in mine}, clip_thresholds, backward))
+            payloads.append(
+                SumLossInput(micro_batches, loss, {i: loss_inputs[i] for i in mine}, clip_thresholds, backward)
+            )
         merged: dict[int, torch.Tensor] = {}
         total = 0.0
         for part in self._call_each(payloads):
@@ -171,8 +183,9 @@ class Trainer:
             total += part.loss
         return [merged[i] for i in range(len(sequences))], total
 
-    def optim_step(self, lr: float, betas: tuple[float, float], eps: float, weight_decay: float,
-                   max_grad_norm: float) -> OptimizerUpdate:
+    def optim_step(
+        self, lr: float, betas: tuple[float, float], eps: float, weight_decay: float, max_grad_norm: float
+    ) -> OptimizerUpdate:
         """Apply the gradient forward_backward() accumulated with these AdamW settings."""
         return self._call_all(commands.OptimStep(lr, betas, eps, weight_decay, max_grad_norm))[0]
 
@@ -233,7 +246,9 @@ class Trainer:
 
     def _send_each(self, commands: list[Command]) -> None:
         if self._training:
-            raise TrainerError(f"{type(commands[0]).__name__}: a train step is in flight; call finish_train_step() first")
+            raise TrainerError(
+                f"{type(commands[0]).__name__}: a train step is in flight; call finish_train_step() first"
+            )
         self.wait_started()  # the ranks answer in order: their start report comes first
         for rank, command in zip(self._ranks, commands):
             rank.send(command)
@@ -266,7 +281,9 @@ class Trainer:
                 if len(answers) == len(self._ranks) or time.monotonic() - failed_at > _DEATH_GRACE_S:
                     self.close()
                     failure = answers[errors[0]][1]
-                    raise TrainerError(f"trainer rank {errors[0]} failed: {failure.line}", failure.traceback, failure.user_error)
+                    raise TrainerError(
+                        f"trainer rank {errors[0]} failed: {failure.line}", failure.traceback, failure.user_error
+                    )
             elif deadline is not None and time.monotonic() > deadline:
                 late = min(set(range(len(self._ranks))) - answers.keys())
                 self.close()

@@ -171,7 +171,10 @@ class RankFailure:
     def of(cls, error: BaseException) -> RankFailure:
         from rlvr.errors import user_error_line
 
-        line = user_error_line(error) or f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        line = (
+            user_error_line(error)
+            or f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        )
         return cls(line, traceback.format_exc(), user_error_line(error) is not None)
 
 
@@ -220,9 +223,13 @@ class _Rank:
         self.policy = TokenLogprobs(lm, config.logits_chunk_mb)
         shard_ranks = config.shard_ranks or world_size
         # FSDP2 on a 1-D mesh shards over every rank; on a 2-D one (replicas x shards) it is HSDP
-        mesh = (init_device_mesh(self.device.type, (world_size,)) if shard_ranks == world_size else
-                init_device_mesh(self.device.type, (world_size // shard_ranks, shard_ranks),
-                                 mesh_dim_names=("replicate", "shard")))
+        mesh = (
+            init_device_mesh(self.device.type, (world_size,))
+            if shard_ranks == world_size
+            else init_device_mesh(
+                self.device.type, (world_size // shard_ranks, shard_ranks), mesh_dim_names=("replicate", "shard")
+            )
+        )
         self.first_replica = rank < shard_ranks  # ranks are laid out replica by replica
         # each rank reads its rows of each tensor straight into its shard on the device: neither
         # host nor device ever holds more than the shards and one tensor's rows
@@ -233,7 +240,10 @@ class _Rank:
         # foreach: one op over all (DTensor) parameters instead of a Python loop over them, which
         # torch picks for CPU tensors by default: 3.8 vs 11 ms a step on a demo rank, same values
         self.optimizer = torch.optim.AdamW(
-            [p for _, p in self.trainable], lr=config.lr, betas=config.betas, weight_decay=config.weight_decay,
+            [p for _, p in self.trainable],
+            lr=config.lr,
+            betas=config.betas,
+            weight_decay=config.weight_decay,
             foreach=True,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, partial(lr_factor, config, spec.total_steps))
@@ -293,8 +303,10 @@ class _Rank:
         started = time.perf_counter()
         updates = [mini for _ in range(step.epochs) for mini in step.mini_batches]
         if self.spec.trainer.routing_replay and step.routes is None:
-            raise ValueError("trainer.routing_replay: the engine returned no routes (engine.backend: hf records them; "
-                             "vllm only on GPU)")
+            raise ValueError(
+                "trainer.routing_replay: the engine returned no routes (engine.backend: hf records them; "
+                "vllm only on GPU)"
+            )
         report = TrainReport()  # a rank whose micro-batches are all empty adds nothing
         old = self._step_logprobs(step, measure=report) if len(updates) > 1 else None
         for mini in updates:
@@ -330,10 +342,17 @@ class _Rank:
                     continue
                 rows = unpack(logprobs, mb)
                 lp = _padded(rows)
-                inputs = {key: _padded([work.inputs[i][key] for i in mb.sequences]).to(self.device, lp.dtype)
-                          for key in work.inputs[mb.sequences[0]]}
-                loss = sum_loss(work.loss, lp, inputs, _padded([torch.ones(len(r)) for r in rows]).bool().to(self.device),
-                                work.clip_thresholds)
+                inputs = {
+                    key: _padded([work.inputs[i][key] for i in mb.sequences]).to(self.device, lp.dtype)
+                    for key in work.inputs[mb.sequences[0]]
+                }
+                loss = sum_loss(
+                    work.loss,
+                    lp,
+                    inputs,
+                    _padded([torch.ones(len(r)) for r in rows]).bool().to(self.device),
+                    work.clip_thresholds,
+                )
                 if work.backward:
                     # FSDP averages gradients over ranks; the world_size factor makes that the sum
                     (loss * self.world_size).backward()
@@ -384,8 +403,12 @@ class _Rank:
         if is_weights is not None:
             report.add_policy("is_weight", float(torch.where(mask, is_weights, 0.0).sum()))
             # how often the correction acts: tokens whose weight it capped (TIS) or zeroed (masked IS)
-            level = self.spec.algorithm.masked_is.level if self.spec.algorithm.masked_is else self.spec.algorithm.tis_level
-            report.add_policy("is_corrected", float((mask & (is_weights != importance_ratios(old_lp, sampler, mask, level))).sum()))
+            level = (
+                self.spec.algorithm.masked_is.level if self.spec.algorithm.masked_is else self.spec.algorithm.tis_level
+            )
+            report.add_policy(
+                "is_corrected", float((mask & (is_weights != importance_ratios(old_lp, sampler, mask, level))).sum())
+            )
         if self.spec.algorithm.rejection is not None:
             report.add_policy("rejected", float((mask & ~kept).sum()))
 
@@ -426,7 +449,9 @@ class _Rank:
         with replay_routing(self.lm, recorded if self.spec.trainer.routing_replay else None) as own:
             yield recorded, own
 
-    def _measure_routing(self, mb: MicroBatch, step: StepInput, routing, logprobs: torch.Tensor, report: TrainReport) -> None:
+    def _measure_routing(
+        self, mb: MicroBatch, step: StepInput, routing, logprobs: torch.Tensor, report: TrainReport
+    ) -> None:
         """The moe/ metrics of one micro-batch's π_old forward (`logprobs`, routed as configured), at
         the positions that sampled a token: how often the trainer's routers chose the engine's experts,
         the experts' load, and the sampler gap with and without replay (the other from one more
@@ -448,8 +473,16 @@ class _Rank:
         def gap(values: torch.Tensor) -> float:
             return float(((_padded(unpack(values, mb)) - sampler).abs() * mask).sum())
 
-        report.add_routing(RoutingSums(agreeing, compared, expert_counts(recorded[at], self.num_experts),
-                                       gap(with_replay), gap(without), float(mask.sum())))
+        report.add_routing(
+            RoutingSums(
+                agreeing,
+                compared,
+                expert_counts(recorded[at], self.num_experts),
+                gap(with_replay),
+                gap(without),
+                float(mask.sum()),
+            )
+        )
 
     def _mask(self, mb: MicroBatch, step: StepInput) -> torch.Tensor:
         """`[sequences, tokens]`: the completion tokens the loss trains on."""
@@ -488,8 +521,18 @@ class _Rank:
             band = algo.rejection
             mask = off_policy_keep_mask(old, sampler, mask, low=band.low, high=band.high, level=band.level)
         loss, metrics = policy_loss(
-            algo.loss, lp, old, adv, mask, clip_low=algo.clip_low, clip_high=algo.clip_high, dual_clip=algo.dual_clip,
-            sapo_tau_pos=algo.sapo_tau_pos, sapo_tau_neg=algo.sapo_tau_neg, dppo_delta=algo.dppo_delta, agg=algo.agg,
+            algo.loss,
+            lp,
+            old,
+            adv,
+            mask,
+            clip_low=algo.clip_low,
+            clip_high=algo.clip_high,
+            dual_clip=algo.dual_clip,
+            sapo_tau_pos=algo.sapo_tau_pos,
+            sapo_tau_neg=algo.sapo_tau_neg,
+            dppo_delta=algo.dppo_delta,
+            agg=algo.agg,
             max_len=step.max_len,
             is_weights=is_weights,
         )
@@ -520,8 +563,11 @@ class _Rank:
 
         def dim0_shard(p) -> bool:
             placements = getattr(p, "placements", None)
-            return placements is not None and placements[-1] == Shard(0) and all(
-                placement == Replicate() for placement in placements[:-1])
+            return (
+                placements is not None
+                and placements[-1] == Shard(0)
+                and all(placement == Replicate() for placement in placements[:-1])
+            )
 
         if self._alone or all(dim0_shard(p) for _, p in self.trainable):
             if not self.first_replica:
@@ -553,8 +599,11 @@ class _Rank:
 
         dcp.save(self._state(), checkpoint_id=os.path.join(folder, "dcp"), no_dist=self._alone)
         torch.save(
-            {"scheduler": self.scheduler.state_dict(), "rng": torch.get_rng_state(),
-             "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None},
+            {
+                "scheduler": self.scheduler.state_dict(),
+                "rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
+            },
             os.path.join(folder, f"rank{self.rank}.pt"),
         )
 
@@ -576,7 +625,10 @@ class _Rank:
         state = self._state()
         dcp.load(state, checkpoint_id=os.path.join(folder, "dcp"), no_dist=self._alone)
         set_state_dict(
-            self.policy, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+            self.policy,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
             options=self._state_options(),
         )
         extra = torch.load(os.path.join(folder, f"rank{self.rank}.pt"), weights_only=False)
@@ -630,16 +682,23 @@ class _Rank:
 
     def _forward(self, mb: MicroBatch, temperature: float):
         return self.policy(
-            mb.input_ids.to(self.device), mb.position_ids.to(self.device), mb.score_positions.to(self.device),
-            mb.score_targets.to(self.device), temperature, layout=mb.layout.to(self.device),
+            mb.input_ids.to(self.device),
+            mb.position_ids.to(self.device),
+            mb.score_positions.to(self.device),
+            mb.score_targets.to(self.device),
+            temperature,
+            layout=mb.layout.to(self.device),
         )
 
     def _reference_logprobs(self, mb: MicroBatch, temperature: float) -> torch.Tensor:
         if not self.spec.trainer.lora:
-            raise ValueError("algorithm.kl needs a reference model: it is supported with trainer.lora (the frozen base)")
+            raise ValueError(
+                "algorithm.kl needs a reference model: it is supported with trainer.lora (the frozen base)"
+            )
         with torch.no_grad(), self.lm.disable_adapter():
             ref, _ = self._forward(mb, temperature)
         return _padded(unpack(ref, mb))
+
 
 def _k3(old: torch.Tensor, new: torch.Tensor) -> float:
     """Sum over tokens of k3, the estimate of KL(π_old || π_new) from tokens π_old sampled."""
