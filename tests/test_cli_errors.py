@@ -130,7 +130,7 @@ def test_resume_of_a_folder_that_is_not_a_run(tmp_path):
 
 def test_debug_shows_the_traceback(config):
     done = rlvr("train", config, "model.path=/nonexistent", "--debug")
-    assert done.returncode == 2 and "Traceback" in done.stderr and "error: model.path=/nonexistent" in done.stdout
+    assert done.returncode == 2 and "Traceback" in done.stderr and "error: model.path=/nonexistent" in done.stderr
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs util-linux unshare for a private tmpfs")

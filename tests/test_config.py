@@ -90,4 +90,4 @@ def test_cli_dry_run_prints_resolved_config_and_errors_exit_2():
         [sys.executable, "-m", "rlvr.cli", "train", DEMO, "trainer.lrr=3"], capture_output=True, text=True
     )
     assert bad.returncode == 2
-    assert "unknown key 'trainer.lrr'; did you mean trainer.lr?" in bad.stdout
+    assert "unknown key 'trainer.lrr'; did you mean trainer.lr?" in bad.stderr and not bad.stdout

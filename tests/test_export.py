@@ -101,13 +101,13 @@ def test_full_fine_tuning_run_exports_its_sharded_weights(tiny, tmp_path):
 
 def test_export_and_quantize_errors_name_the_folder(tmp_path):
     done = _rlvr("export", tmp_path / "nowhere", tmp_path / "out", timeout=120)
-    assert done.returncode == 2 and f"{tmp_path / 'nowhere'}: not a run folder (no config.yaml)" in done.stdout
+    assert done.returncode == 2 and f"{tmp_path / 'nowhere'}: not a run folder (no config.yaml)" in done.stderr
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "config.yaml").write_text("model: {path: m}\ndata: {train: gsm8k}\n")
     done = _rlvr("export", tmp_path / "run", tmp_path / "out", timeout=120)
-    assert done.returncode == 2 and "no intact checkpoint" in done.stdout
+    assert done.returncode == 2 and "no intact checkpoint" in done.stderr
     done = _rlvr("quantize", tmp_path / "m", tmp_path / "q", "--format", "nvfp4", timeout=120)
-    assert done.returncode == 2 and f"MODEL={tmp_path / 'm'}: no such file or folder" in done.stdout
+    assert done.returncode == 2 and f"MODEL={tmp_path / 'm'}: no such file or folder" in done.stderr
     model = build_tiny_model(tmp_path / "m", "qwen2", hidden_size=64, num_layers=1, intermediate_size=128)
     done = _rlvr("quantize", model, tmp_path / "q", "--format", "nf3", timeout=120)
-    assert done.returncode == 2 and "unknown quantization format 'nf3'" in done.stdout
+    assert done.returncode == 2 and "unknown quantization format 'nf3'" in done.stderr

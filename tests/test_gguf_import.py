@@ -84,8 +84,8 @@ def test_inputs_that_are_not_gguf_files_are_one_line_errors(tmp_path):
     for source, out, message in cases:
         result = _rlvr("import", source, out)
         assert result.returncode == 2, (source, result.stdout, result.stderr)
-        lines = result.stdout.strip().splitlines()
-        assert len(lines) == 1 and "Traceback" not in result.stderr, (source, result.stdout, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and not result.stdout, (source, result.stdout, result.stderr)
         assert re.search(message, lines[0]), lines[0]
         assert not out.exists() or out.name == "taken"
     assert is_gguf_file(gguf_path) and not is_gguf_file(hf_dir) and not is_gguf_file(tmp_path / "missing.gguf")

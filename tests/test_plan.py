@@ -224,7 +224,7 @@ def test_cli_reports_a_plan_error_in_one_line_with_exit_2():
         text=True,
     )
     assert out.returncode == 2
-    (line,) = [text for text in out.stdout.splitlines() if "plan error" in text]
+    (line,) = [text for text in out.stderr.splitlines() if "plan error" in text]
     assert line.startswith(f"plan error: {LARGE}: placement: 60 trainer ranks + 8 engine GPUs need 68 GPUs")
 
 
@@ -307,7 +307,7 @@ def test_host_memory_too_small_exits_2_with_one_line():
         text=True,
     )
     assert out.returncode == 2
-    (line,) = [text for text in out.stdout.splitlines() if "plan error" in text]
+    (line,) = [text for text in out.stderr.splitlines() if "plan error" in text]
     # nodes 6-7: 4 ranks x (95.39 GB shard + one 23.1 GB block)
     assert line == (
         f"plan error: {SEED}: node 6 needs ~474.0 GB of host memory while loading (4 trainer ranks), "
@@ -496,7 +496,7 @@ def test_a_cpu_run_that_would_not_fit_this_machine_is_refused_in_one_line():
         text=True,
     )
     assert out.returncode == 2
-    (line,) = [text for text in out.stdout.splitlines() if "plan error" in text]
+    (line,) = [text for text in out.stderr.splitlines() if "plan error" in text]
     assert re.fullmatch(
         rf"plan error: {re.escape(str(SMALL))}: the run's processes on this machine need ~{need / GB:.1f} GB "
         rf"\(activations [\d.]+, KV cache [\d.]+, [a-z ]+ [\d.]+\), over {too_small.replace('.', '[.]')}",

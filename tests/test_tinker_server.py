@@ -36,7 +36,7 @@ def test_a_bad_serve_config_is_one_line_and_exit_2(tmp_path):
         env={**os.environ, "COLUMNS": "200"},
     )
     assert done.returncode == 2
-    assert done.stdout.strip().splitlines() == [
+    assert done.stderr.strip().splitlines() == [
         f"error: {config}: unknown key 'engine.kv_cache_gbb'; did you mean engine.kv_cache_gb?"
     ]
 

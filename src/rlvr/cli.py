@@ -14,6 +14,19 @@ from rlvr.tracking.terminal import console_for
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="RL of LLMs against verifiable rewards.")
 console = console_for()
+errors = console_for(stderr=True)  # a failure's one line: on stderr, so a pipe of stdout holds only results
+
+
+def _verbose():
+    return typer.Option(False, "--verbose", help="show vLLM, transformers, torch and Ray logs here, not in a log file")
+
+
+def _log_line(log: Path) -> None:
+    """Name the log file where a command's libraries wrote, if they did."""
+    if log.is_file():
+        console.print(f"log: {log}", highlight=False)
+
+
 DEMO_CONFIG = "configs/demo.yaml"
 
 
@@ -52,7 +65,7 @@ def train(
         try:
             plan = make_plan(cfg, cpu_rates=cpu_rates)
         except PlanError as err:
-            console.print(f"[red]plan error:[/red] {config or resume}: {err}", highlight=False)
+            errors.print(f"[red]plan error:[/red] {config or resume}: {err}", highlight=False)
             raise typer.Exit(2) from None
         console.print()
         print_plan(plan, cfg, console)
@@ -82,22 +95,27 @@ def rehearse(
     out: Optional[Path] = typer.Option(
         None, "--out", help="FILE.json: every actor's placement and every rehearsed rank's bytes"
     ),
+    verbose: bool = _verbose(),
 ):
     """What the run does before its first step, at its real size, on this machine: its Ray actors on a
     simulated cluster of the config's nodes and GPUs, its ranks' shards on meta; checked against the plan."""
     from rlvr.orchestration.rehearsal import rehearse as run_rehearsal
     from rlvr.orchestration.rehearsal import summary_lines
     from rlvr.planning.plan import PlanError, make_plan
+    from rlvr.tracking.terminal import quiet_output
 
     cfg = _load(config, overrides or [])
     try:
         make_plan(cfg)
     except PlanError as err:
-        console.print(f"[red]plan error:[/red] {config}: {err}", highlight=False)
+        errors.print(f"[red]plan error:[/red] {config}: {err}", highlight=False)
         raise typer.Exit(2) from None
-    report = run_rehearsal(cfg)
+    log = Path(cfg.run_dir) / "logs" / "rehearse.log"
+    with quiet_output(log, verbose):
+        report = run_rehearsal(cfg)
     if out is not None:
         out.write_text(json.dumps(report, indent=1) + "\n")
+    _log_line(log)
     for line in summary_lines(report):
         console.print(line, highlight=False)
     raise typer.Exit(0 if report["ok"] else 1)
@@ -116,7 +134,7 @@ def config_command(
         console.print(defaults_yaml(), highlight=False, end="")
         return
     if config is None:
-        console.print("[red]error:[/red] give CONFIG or --defaults", highlight=False)
+        errors.print("[red]error:[/red] give CONFIG or --defaults", highlight=False)
         raise typer.Exit(2)
     console.print(dump_config(_load(config, overrides or [])), highlight=False, end="")
 
@@ -178,7 +196,7 @@ def score(
             options=options,
         )
     except (ValueError, FileNotFoundError) as err:
-        console.print(f"[red]error:[/red] {err}", highlight=False)
+        errors.print(f"[red]error:[/red] {err}", highlight=False)
         raise typer.Exit(2) from None
 
 
@@ -226,9 +244,17 @@ def eval_command(
     seed: Optional[int] = typer.Option(None, "--seed", help="default: the run's seed"),
     from_rollouts: Optional[Path] = typer.Option(None, "--from-rollouts", help="recompute metrics from saved samples"),
     out: Optional[Path] = typer.Option(None, "--out", help="write the metrics JSON here"),
+    as_json: bool = typer.Option(False, "--json", help="print the headline metrics as one JSON line"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no progress bars (off anyway when not a terminal)"),
+    verbose: bool = typer.Option(
+        False, "--verbose", help="show vLLM, transformers and torch logs here, not in the log file named at the end"
+    ),
 ):
     """avg@k, unbiased pass@k and maj@k with standard errors, sampled now or from saved rows."""
+    from rlvr.eval.metrics import headline_line
+    from rlvr.tracking.terminal import quiet_output
+
+    lines = []
     if from_rollouts is not None:
         from rlvr.eval.rollouts_file import metrics_from_rollouts
 
@@ -261,7 +287,8 @@ def eval_command(
         from rlvr.tracking.progress import RunProgress
 
         samples = out.with_suffix(".samples.jsonl") if out else Path("eval_samples.jsonl")
-        with RunProgress(console, enabled=not no_progress) as progress:
+        log = run / "logs" / "eval.log" if run is not None else samples.with_name(samples.name.split(".")[0] + ".log")
+        with quiet_output(log, verbose) as terminal, RunProgress(terminal, enabled=not no_progress) as progress:
             result = evaluate_model(
                 cfg.model,
                 cfg.engine,
@@ -278,13 +305,15 @@ def eval_command(
                 progress=progress,
                 answers_fill_model=run is None and max_tokens is None,
             )
-        console.print(f"samples: {samples}")
+        lines.append(f"samples: {samples}" + (f"  log: {log}" if log.is_file() else ""))
     headline = {key: value for key, value in result.items() if key != "problems"}
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(headline | {"problems": result.get("problems", [])}, indent=2, allow_nan=False))
-        console.print(f"wrote {out}")
-    console.print_json(json.dumps(headline, allow_nan=False))
+        lines.append(f"wrote {out}")
+    lines.insert(0, json.dumps(headline, allow_nan=False) if as_json else headline_line(result))
+    for line in lines:
+        console.print(line, highlight=False, markup=False)
 
 
 # What `rlvr eval MODEL` samples with when no run says otherwise: a real evaluation's length.
@@ -343,19 +372,21 @@ def import_command(
     dtype: str = typer.Option(
         "float32", "--dtype", help="float32 | bfloat16 | float16: the weights' dtype in OUT (GGUF)"
     ),
+    verbose: bool = _verbose(),
 ):
     """Write a GGUF file as a float HF model folder (config, safetensors, tokenizer, chat template),
     or a Mistral folder (params.json, consolidated*.safetensors, tekken.json) in the HF layout,
     its tensors as stored."""
+    from rlvr.models.gguf_import import import_gguf
     from rlvr.models.mistral_import import import_mistral
     from rlvr.models.mistral_layout import is_mistral_folder
+    from rlvr.tracking.terminal import quiet_output
 
-    if is_mistral_folder(source):
-        console.print(f"wrote {import_mistral(source, out)}")
-        return
-    from rlvr.models.gguf_import import import_gguf
-
-    console.print(f"wrote {import_gguf(source, out, dtype=dtype)}")
+    log = Path(f"{out}.log")
+    with quiet_output(log, verbose):
+        wrote = import_mistral(source, out) if is_mistral_folder(source) else import_gguf(source, out, dtype=dtype)
+    console.print(f"wrote {wrote}")
+    _log_line(log)
 
 
 @app.command()
@@ -370,14 +401,19 @@ def quantize(
         "--ignore",
         help="comma-separated on-disk module names (or re:patterns) kept in float; routers always are",
     ),
+    verbose: bool = _verbose(),
 ):
     """Write MODEL as a 4-bit checkpoint that vLLM and rlvr's trainer load."""
     from rlvr.models.folder import check_model_folder
     from rlvr.quant.checkpoint import quantize_checkpoint
+    from rlvr.tracking.terminal import quiet_output
 
     check_model_folder(model, key="MODEL", need_tokenizer=False)
-    path = quantize_checkpoint(model, out, format=format, ignore=[x for x in ignore.split(",") if x])
+    log = Path(f"{out}.log")
+    with quiet_output(log, verbose):
+        path = quantize_checkpoint(model, out, format=format, ignore=[x for x in ignore.split(",") if x])
     console.print(f"wrote {path} ({format})")
+    _log_line(log)
 
 
 @app.command()
@@ -401,11 +437,17 @@ def export(
     checkpoint: Optional[str] = typer.Option(
         None, "--checkpoint", help="step_N or a folder; default the newest intact"
     ),
+    verbose: bool = _verbose(),
 ):
     """Merge the run's adapter into its (dequantized) base and write an HF model folder."""
     from rlvr.checkpoint.export import export_run
+    from rlvr.tracking.terminal import quiet_output
 
-    console.print(f"wrote {export_run(run_dir, out, checkpoint)}")
+    log = Path(f"{out}.log")
+    with quiet_output(log, verbose):
+        wrote = export_run(run_dir, out, checkpoint)
+    console.print(f"wrote {wrote}")
+    _log_line(log)
 
 
 @app.command()
@@ -500,7 +542,7 @@ def main() -> None:
         if "Abort" in kinds:
             sys.exit(130)
         if "ClickException" in kinds:  # a bad subcommand, option or argument: click's message, one line
-            console.print(
+            errors.print(
                 f"[red]error:[/red] {error.format_message()} (rlvr --help lists the commands)", highlight=False
             )
             sys.exit(error.exit_code)
@@ -509,9 +551,9 @@ def main() -> None:
             print(getattr(error, "details", ""), file=sys.stderr)
         line = user_error_line(error)
         if line is not None:
-            console.print(f"[red]error:[/red] {line}", highlight=False)
+            errors.print(f"[red]error:[/red] {line}", highlight=False)
             sys.exit(2)
-        console.print(
+        errors.print(
             f"[red]internal error:[/red] {type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
             f"{'' if debug else ' (rerun with --debug for the traceback; a run also has it in RUN_DIR/logs/run.log)'}",
             highlight=False,

@@ -220,3 +220,20 @@ def flat_eval_metrics(summary: dict, prefix: str) -> dict[str, float]:
     metrics.update({f"{prefix}/stderr/{key}": value for key, value in summary["stderr"].items() if value is not None})
     metrics[f"{prefix}/n_problems"] = summary["n_problems"]
     return metrics
+
+
+def spread(stderr: float | None) -> str:
+    """ " ± se", or nothing where too few problems give a standard error."""
+    return "" if stderr is None else f" ± {stderr:.3f}"
+
+
+def headline_line(summary: dict, samples: int | None = None) -> str:
+    """A summarize() result in one line: avg, pass and maj at its largest k, each with its standard
+    error, then how many problems and `samples` each (default: as its problem table says):
+    "avg@4 0.135 ± 0.017  ...  (200 problems x 4)"."""
+    k = max(int(key.split("@")[1]) for key in summary if key.startswith("avg@"))
+    figures = "  ".join(
+        f"{m}@{k} {summary[f'{m}@{k}']:.3f}{spread(summary['stderr'].get(f'{m}@{k}'))}" for m in METRIC_NAMES
+    )
+    samples = samples or max((row["n"] for row in summary.get("problems", [])), default=None)
+    return f"{figures}  ({summary['n_problems']} problems" + (f" x {samples})" if samples else ")")

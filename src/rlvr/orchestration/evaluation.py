@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from rlvr.config import RunConfig
+from rlvr.eval.metrics import headline_line, spread
 from rlvr.rollout.prompts import PromptSet
 from rlvr.rollout.sampler import EpochSampler
 from rlvr.rollout.trajectories import EnvironmentEngine, TrajectoryRunner
@@ -82,15 +83,12 @@ class Evaluation:
         keys = [f"{m}@{k}" for k in self.cfg.eval.k for m in ("avg", "pass", "maj")]
         headline = {k: round(float(result[k]), 4) for k in keys if k in result}
         k = max(self.cfg.eval.k)
-        self.log(
-            f"eval {tag}: avg@{k} {headline[f'avg@{k}']:.3f}  pass@{k} {headline[f'pass@{k}']:.3f}  "
-            f"maj@{k} {headline[f'maj@{k}']:.3f}  ({result['n_problems']} problems x {self.cfg.eval.n})"
-        )
+        self.log(f"eval {tag}: {headline_line(result, self.cfg.eval.n)}")
         if paired := result.get("paired"):
             headline |= {f"paired/{key}": round(value, 4) for key, value in paired["difference"].items()}
             headline |= {f"paired/stderr/{key}": round(se, 4) for key, se in paired["stderr"].items() if se is not None}
             changes = "  ".join(
-                f"{key} {paired['difference'][key]:+.3f}" + _spread(paired["stderr"][key])
+                f"{key} {paired['difference'][key]:+.3f}" + spread(paired["stderr"][key])
                 for key in (f"avg@{k}", f"pass@{k}", f"maj@{k}")
             )
             self.log(f"  after - before, paired over the same {paired['n_problems']} problems: {changes}")
@@ -98,10 +96,10 @@ class Evaluation:
             for when, figures in unseen.items():
                 headline |= {f"unseen_{when}/{key}": round(float(figures[key]), 4) for key in keys if key in figures}
             before = f"{headline[f'unseen_before/avg@{k}']:.3f} -> " if "before" in unseen else ""
-            spread = _spread(unseen["after"]["stderr"].get(f"avg@{k}"))
+            after_spread = spread(unseen["after"]["stderr"].get(f"avg@{k}"))
             self.log(
                 f"  on the {unseen['after']['n_problems']} test problems never drawn for training: avg@{k} {before}"
-                f"{headline[f'unseen_after/avg@{k}']:.3f}{spread}"
+                f"{headline[f'unseen_after/avg@{k}']:.3f}{after_spread}"
             )
         return headline
 
@@ -135,8 +133,3 @@ class Evaluation:
                     key: value for key, value in summarize_rows(rows, self.cfg.eval.k).items() if key != "problems"
                 }
         return out if "after" in out else {}
-
-
-def _spread(stderr: float | None) -> str:
-    """ " ± se", or nothing where too few problems give a standard error."""
-    return "" if stderr is None else f" ± {stderr:.3f}"

@@ -3,6 +3,7 @@
     with run_output(run_dir, verbose=False) as console:
         console.print("rlvr's own line")          # the user's terminal
         print("a library's line")                  # RUN_DIR/logs/run.log
+    with quiet_output(log_file) as console: ...    # any command: the same, into log_file
 
 vLLM, transformers, torch and Ray write hundreds of INFO/WARNING lines a run (per step:
 "Reloading weights inplace", "Failed to load weights" for RotaryEmbedding ...), from this
@@ -41,12 +42,20 @@ def console_for(file=None, *, stderr: bool = False) -> Console:
     return Console(file=file, stderr=stderr, soft_wrap=True, width=UNBOUNDED_WIDTH)
 
 
+def run_output(run_dir: str | Path, verbose: bool = False):
+    """A run's output: its own lines on the terminal, everything else in RUN_DIR/logs/run.log."""
+    return quiet_output(Path(run_dir) / LOG_FILE, verbose, keep_empty=True)
+
+
 @contextmanager
-def run_output(run_dir: str | Path, verbose: bool = False) -> Iterator[Console]:
+def quiet_output(log_path: str | Path, verbose: bool = False, keep_empty: bool = False) -> Iterator[Console]:
+    """rlvr's console on the terminal; file descriptors 1 and 2 (every library's and child
+    process's output) appended to `log_path` until the block ends; a log left empty is removed
+    unless `keep_empty`. `verbose`: both as they are."""
     if verbose:
         yield console_for()
         return
-    log_path = Path(run_dir) / LOG_FILE
+    log_path = Path(log_path)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -70,3 +79,5 @@ def run_output(run_dir: str | Path, verbose: bool = False) -> Iterator[Console]:
                 os.dup2(copy, fd)
                 os.close(copy)
             terminal.close()
+            if not keep_empty and log_path.stat().st_size == 0:
+                log_path.unlink()
