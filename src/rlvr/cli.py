@@ -12,7 +12,12 @@ import typer
 from rlvr.config import ConfigError, dump_config, load_config, set_dotted, validate_config
 from rlvr.tracking.terminal import console_for
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="RL of LLMs against verifiable rewards.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="RL of LLMs against verifiable rewards.",
+    rich_markup_mode="markdown",  # a docstring paragraph is one paragraph of help, its line breaks not kept
+)
 console = console_for()
 errors = console_for(stderr=True)  # a failure's one line: on stderr, so a pipe of stdout holds only results
 
