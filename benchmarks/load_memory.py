@@ -13,8 +13,8 @@ For each N, the real trainer (`rlvr.training.trainer.Trainer`, N local rank proc
 each) loads it, computes the logprobs of a fixed batch, and takes one LoRA train step. Each rank
 process samples its private memory (RssAnon, /proc/self/status) every 2 ms from just after its
 imports (the baseline) to its exit, and reports each new peak with its time, so that the peak
-while loading (until every rank is up) and over the whole run are both read off. The target
-(issue 32): the load's peak <= 1.2 x S / N + one block, S the checkpoint's tensor bytes and a
+while loading (until every rank is up) and over the whole run are both read off. The target:
+the load's peak <= 1.2 x S / N + one block, S the checkpoint's tensor bytes and a
 block the largest decoder block's tensors. The loader before sharded loading held all of S in
 every rank (it read every tensor, then sharded). Logprobs must be equal across N (bit for bit:
 one thread per rank).

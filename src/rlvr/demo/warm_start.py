@@ -9,7 +9,7 @@ verifier and held-out sampling (`rlvr.eval.runner.scored_samples`), then `rlvr.d
 On a tools demo an attempt first trains on the answers that call the tool alone, until the model
 copies operands into its calls and results into its box, then on the configured mix of calling and
 guessing answers. Copying forms through a sharp transition, and the guessed answers, which tie the
-box to the operands, hold it back: on the tools demo (Intel Xeon, 2026-12-05) the 50/50 mix had
+box to the operands, hold it back: on the tools demo (Intel Xeon) the 50/50 mix had
 not formed it after 2,800 steps (operand copy 0.90, result copy 0.02), the calling answers alone
 formed it in 600 (0.94, 0.62 and rising). An attempt ends when the check passes, when the base
 accuracy has passed the window's top in a warm start without a copy phase (more steps only raise
