@@ -271,15 +271,15 @@ class InProcessRank:
     `Trainer` speaks to it as to a rank process (commands in order, one reply each)."""
 
     def __init__(self, world_size: int, spec):
+        from rlvr.training.rank_host import join_group
         from rlvr.training.trainer import free_port
-        from rlvr.training.worker import join_group
 
         self.worker = join_group(0, world_size, "127.0.0.1", free_port(), spec)
         self.reply = ("ok", self.worker.info())
 
     def send(self, command) -> None:
         from rlvr.training.commands import Close
-        from rlvr.training.worker import answer
+        from rlvr.training.rank_host import answer
 
         self.reply = ("ok", None) if isinstance(command, Close) else answer(self.worker, command)
 
@@ -287,7 +287,7 @@ class InProcessRank:
         return self.reply
 
     def stop(self) -> None:
-        from rlvr.training.worker import leave_group
+        from rlvr.training.rank_host import leave_group
 
         leave_group()
 

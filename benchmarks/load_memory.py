@@ -21,7 +21,7 @@ one thread per rank).
 
 The step's own peak is reported too, and it is not bounded by S / N: every rank runs every layer
 with its experts gathered, whatever N, and on CPU a rank keeps the heap a step grew
-(`rlvr.training.worker.keep_freed_memory`); per-expert dequantized weights freed between small
+(`rlvr.training.rank_host.keep_freed_memory`); per-expert dequantized weights freed between small
 tensors saved for backward leave holes the next weight does not fit (with glibc's mmap threshold
 fixed at 64 KiB the same forward and backward add ~0.14 GB instead of ~3.5 GB). On a GPU the
 activations live on the device and the host holds the load's peak.
@@ -47,8 +47,8 @@ import transformers  # noqa: F401
 from _proc import status_bytes
 
 from rlvr.quant.skeleton import Skeleton  # noqa: F401
+from rlvr.training.rank_host import run_rank
 from rlvr.training.trainer import RankProcess, Trainer, free_port
-from rlvr.training.worker import run_rank
 
 ROOT = Path(__file__).resolve().parent.parent
 SHAPE = dict(

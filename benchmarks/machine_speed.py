@@ -364,14 +364,14 @@ class InProcessRank:
     so that torch's profiler here sees the rank's ops."""
 
     def __init__(self, spec):
+        from rlvr.training.rank_host import join_group
         from rlvr.training.trainer import free_port
-        from rlvr.training.worker import join_group
 
         self.worker = join_group(0, 1, "127.0.0.1", free_port(), spec)
         self.reply = ("ok", self.worker.info())
 
     def send(self, command) -> None:
-        from rlvr.training.worker import answer
+        from rlvr.training.rank_host import answer
 
         self.reply = answer(self.worker, command)
 
@@ -379,7 +379,7 @@ class InProcessRank:
         return self.reply
 
     def stop(self) -> None:
-        from rlvr.training.worker import leave_group
+        from rlvr.training.rank_host import leave_group
 
         leave_group()
 

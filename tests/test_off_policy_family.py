@@ -87,12 +87,12 @@ def trainer_loss(algorithm: AlgorithmConfig, agg: str = "token_mean", old: torch
     """The trainer's own `_loss` (rlvr.training.worker) on the tensors above, with the current
     policy = TRAINER and pi_old = `old` (default: TRAINER, one update); returns the loss,
     d loss / d logprobs, the IS weights and the kept mask."""
-    from rlvr.training.worker import _Rank
+    from rlvr.training.worker import Rank
 
     rank = SimpleNamespace(spec=SimpleNamespace(algorithm=algorithm.model_copy(update={"agg": agg})))
     lp = TRAINER.clone().requires_grad_()
     advantages = torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
-    loss, _, is_weights, kept = _Rank._loss(
+    loss, _, is_weights, kept = Rank._loss(
         rank, None, lp, lp.detach() if old is None else old, SAMPLER, advantages, MASK, SimpleNamespace(max_len=4)
     )
     loss.backward()

@@ -158,7 +158,7 @@ def test_a_rank_error_reaches_the_controller_with_its_traceback(tmp_path):
 
 _PAGE_FAULTS_PER_STEP = """
 import ctypes, resource, sys, torch
-from rlvr.training.worker import _M_MMAP_THRESHOLD, keep_freed_memory
+from rlvr.training.rank_host import _M_MMAP_THRESHOLD, keep_freed_memory
 # glibc's own start, blocks over 128 KiB mmapped, pinned (its adaptive threshold varies run to
 # run), so that without keep_freed_memory every step faults and with it none does
 ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, 128 << 10)
@@ -199,7 +199,7 @@ def test_a_cpu_rank_keeps_freed_activations_for_the_next_step():
 
 _RETAINED_AFTER_FREE = """
 import torch
-from rlvr.training.worker import keep_freed_memory
+from rlvr.training.rank_host import keep_freed_memory
 keep_freed_memory()
 def private():
     return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("RssAnon:"))

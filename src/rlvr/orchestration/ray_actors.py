@@ -45,7 +45,7 @@ class RankActor:
         return ray.util.get_node_ip_address(), free_port()
 
     def start(self, rank: int, world_size: int, address: str, port: int, spec) -> tuple[str, object]:
-        from rlvr.training.worker import RankFailure, join_group
+        from rlvr.training.rank_host import RankFailure, join_group
 
         try:
             self.worker = join_group(rank, world_size, address, port, spec)
@@ -55,12 +55,12 @@ class RankActor:
 
     def call(self, command) -> tuple[str, object]:
         """One rlvr.training.commands record, answered as a local rank answers it."""
-        from rlvr.training.worker import answer
+        from rlvr.training.rank_host import answer
 
         return answer(self.worker, command)
 
     def close(self) -> None:
-        from rlvr.training.worker import leave_group
+        from rlvr.training.rank_host import leave_group
 
         leave_group()
 

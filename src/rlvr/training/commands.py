@@ -1,5 +1,5 @@
 """The commands a controller sends its trainer ranks, one typed record each, and nothing else:
-a rank answers each with what its method returns (rlvr.training.worker, `_Rank.handle`), over a
+a rank answers each with what its method returns (rlvr.training.worker, `Rank.handle`), over a
 pipe (rlvr.training.wire) or a Ray actor call alike.
 
     Train(StepInput)   -> TrainReport             Logprobs(micro_batches, temperature) -> {i: logprobs}

@@ -26,8 +26,9 @@ from rlvr.records import LoraAdapter, TrainBatch
 from rlvr.training import commands, wire
 from rlvr.training.commands import Command, MiniBatch, StepInput, SumLossInput
 from rlvr.training.packing import plan, split_by_group
+from rlvr.training.rank_host import run_rank
 from rlvr.training.report import OptimizerUpdate, step_metrics
-from rlvr.training.worker import RankSpec, RankStarted, run_rank
+from rlvr.training.worker import RankSpec, RankStarted
 
 
 class TrainerError(RuntimeError):

@@ -1,7 +1,7 @@
 """One trainer rank: a process that owns a shard of the policy and answers the controller.
 
 The controller (rlvr.training.trainer.Trainer) starts N of these itself, as local processes
-(`run_rank`) or as Ray actors (rlvr.orchestration.ray_placement); each joins a
+(rlvr.training.rank_host) or as Ray actors (rlvr.orchestration.ray_placement); each joins a
 torch.distributed group (gloo on CPU, NCCL on GPU), builds the same model, shards it with
 FSDP2 and then answers the controller's commands until told to close. Every rank receives every
 command (with its own micro-batches) because FSDP2's collectives need all ranks in step.
@@ -15,30 +15,23 @@ once, without gradient, so that the moe/ metrics show what replay changes.
 from __future__ import annotations
 
 import math
-import os
-import signal
 import time
-import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
 import torch
-import torch.distributed as dist
 
-from rlvr.affinity import pin_process, process_cores
+from rlvr.affinity import process_cores
 from rlvr.algorithms import importance_ratios
 from rlvr.config import AlgorithmConfig, ModelConfig, TrainerConfig
 from rlvr.hardware import compute_dtype
 from rlvr.models.moe import moe_layers
 from rlvr.models.routing import agreement_counts, expert_counts, replay_routing, row_routes
-from rlvr.process_names import name_process, rank_name
 from rlvr.quant.skeleton import Skeleton
-from rlvr.training import wire
 from rlvr.training.attention import use_packed_attention
 from rlvr.training.commands import (
     Adapter,
-    Close,
     Command,
     FullWeights,
     Load,
@@ -54,6 +47,7 @@ from rlvr.training.commands import (
 )
 from rlvr.training.packing import MicroBatch, unpack
 from rlvr.training.policy import TokenLogprobs, apply_lora, shard_and_load
+from rlvr.training.rank_checkpoint import load_rank, load_rank_weights, save_rank
 from rlvr.training.report import ForwardBackwardReport, OptimizerUpdate, RoutingSums, TrainReport
 
 
@@ -94,104 +88,7 @@ class RankStarted:
     packed_attention: bool  # False where the model has no AttentionInterface: transformers' own, no shared prompts
 
 
-def run_rank(rank: int, world_size: int, port: int, spec: RankSpec, conn) -> None:
-    """A local rank process: join the group, then answer commands from `conn` until `Close`."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's: it stops between steps
-    name_process(rank_name(rank))
-    try:
-        worker = join_group(rank, world_size, "127.0.0.1", port, spec)
-        wire.send(conn, ("ok", worker.info()))
-        while True:
-            command = wire.receive(conn)
-            if isinstance(command, Close):
-                wire.send(conn, ("ok", None))
-                break
-            wire.send(conn, answer(worker, command))
-    except Exception as error:
-        wire.send(conn, ("error", RankFailure.of(error)))
-    finally:
-        leave_group()
-
-
-def join_group(rank: int, world_size: int, master_addr: str, port: int, spec: RankSpec) -> _Rank:
-    """Join the ranks' torch.distributed group (rank 0 listens on master_addr:port) and build
-    this rank's shard of the policy. Whatever hosts the rank (a process, a Ray actor) calls this."""
-    os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(port))
-    if spec.cores is not None:  # before gloo starts its threads: they inherit the mask
-        pin_process(spec.cores[rank])
-    torch.set_num_threads(spec.threads)
-    use_cuda = torch.cuda.is_available()
-    if not use_cuda:  # activations live in host memory: measured, a step's page faults cost ~8% of it
-        keep_freed_memory()
-    dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world_size)
-    return _Rank(rank, world_size, spec, use_cuda)
-
-
-# Blocks up to this size are served from the heap and kept there for the next step: a demo
-# rank's activations (at most ~7 MB: 3,200 tokens x a 512-wide MLP in float32). Larger ones are
-# mapped for their own use and unmapped when freed.
-KEPT_BLOCK_BYTES = 8 << 20
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, from glibc's malloc.h
-
-
-def keep_freed_memory() -> None:
-    """Keep the small blocks a training step frees in this process's heap for the next step,
-    and give the large ones back.
-
-    By default glibc serves each block over 128 KiB (an activation, a gradient) with its own
-    mmap and unmaps it when freed, so every step faults all of its activation pages back in:
-    12-20k page faults a step on a demo rank, where the first write of each page costs more
-    than the elementwise op that writes it. With blocks up to KEPT_BLOCK_BYTES served from the
-    heap, and the heap never trimmed, a step reuses the last one's pages (under 3 faults a step).
-    Larger blocks stay mapped and go back to the system when freed: a real model's activations,
-    its dequantized weights and the LM head's logits chunk. Kept in a never-trimmed heap, the
-    transient ones, freed between tensors saved for backward, leave holes the next do not fit,
-    the heap grows to their sum, and the rank holds its step's peak while it waits for the next
-    (a 0.5B Qwen's rank: 5.2 GiB in bf16, 8.6 in float32, through the engine's generate phase).
-    Only glibc has `mallopt`; elsewhere (musl, macOS) this does nothing."""
-    import ctypes
-
-    try:
-        mallopt = ctypes.CDLL(None).mallopt  # the C library this process runs on
-    except (OSError, AttributeError, TypeError):
-        return
-    mallopt(_M_MMAP_THRESHOLD, KEPT_BLOCK_BYTES)
-    mallopt(_M_TRIM_THRESHOLD, 2**31 - 1)
-
-
-@dataclass
-class RankFailure:
-    """What a rank's exception tells the controller: one line, the traceback, whose fault."""
-
-    line: str  # "OSError: [Errno 28] No space left on device: '...'"
-    traceback: str
-    user_error: bool  # bad input or a full disk (rlvr.errors), not a bug
-
-    @classmethod
-    def of(cls, error: BaseException) -> RankFailure:
-        from rlvr.errors import user_error_line
-
-        line = (
-            user_error_line(error)
-            or f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
-        )
-        return cls(line, traceback.format_exc(), user_error_line(error) is not None)
-
-
-def answer(worker: _Rank, command: Command) -> tuple[str, object]:
-    """Run one command; ("ok", result), or ("error", RankFailure) for the controller to raise."""
-    try:
-        return "ok", worker.handle(command)
-    except Exception as error:
-        return "error", RankFailure.of(error)
-
-
-def leave_group() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
-class _Rank:
+class Rank:
     def __init__(self, rank: int, world_size: int, spec: RankSpec, use_cuda: bool):
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -593,49 +490,13 @@ class _Rank:
         return out
 
     def save(self, folder: str) -> None:
-        """Sharded trainable weights + optimizer via torch.distributed.checkpoint, plus the
-        schedule and this rank's RNG; every rank writes its own shard into `folder`."""
-        import torch.distributed.checkpoint as dcp
-
-        dcp.save(self._state(), checkpoint_id=os.path.join(folder, "dcp"), no_dist=self._alone)
-        torch.save(
-            {
-                "scheduler": self.scheduler.state_dict(),
-                "rng": torch.get_rng_state(),
-                "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
-            },
-            os.path.join(folder, f"rank{self.rank}.pt"),
-        )
+        save_rank(folder, self.rank, self.policy, self.optimizer, self.scheduler, self.device, self._alone)
 
     def load_weights(self, folder: str) -> None:
-        """The trainable weights `save` wrote, with the optimizer started afresh (no moments, step 0),
-        as a new run from those weights would start."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
-
-        weights = {"model": get_model_state_dict(self.policy, options=self._state_options())}
-        dcp.load(weights, checkpoint_id=os.path.join(folder, "dcp"), no_dist=self._alone)
-        set_model_state_dict(self.policy, weights["model"], options=self._state_options())
-        self.optimizer.state.clear()
+        load_rank_weights(folder, self.policy, self.optimizer, self._alone)
 
     def load(self, folder: str) -> None:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import set_state_dict
-
-        state = self._state()
-        dcp.load(state, checkpoint_id=os.path.join(folder, "dcp"), no_dist=self._alone)
-        set_state_dict(
-            self.policy,
-            self.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optim"],
-            options=self._state_options(),
-        )
-        extra = torch.load(os.path.join(folder, f"rank{self.rank}.pt"), weights_only=False)
-        self.scheduler.load_state_dict(extra["scheduler"])
-        torch.set_rng_state(extra["rng"])
-        if extra.get("cuda_rng") is not None and self.device.type == "cuda":  # LoRA dropout draws on the device
-            torch.cuda.set_rng_state(extra["cuda_rng"], self.device)
+        load_rank(folder, self.rank, self.policy, self.optimizer, self.scheduler, self.device, self._alone)
 
     @property
     def _alone(self) -> bool:
@@ -643,20 +504,6 @@ class _Rank:
         # single rank's later steps ~1.5x slower (small ops slow to start their OpenMP
         # threads; measured 0.75 s -> 1.15 s a step), so one rank saves without them.
         return self.world_size == 1
-
-    def _state(self) -> dict:
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        model, optim = get_state_dict(self.policy, self.optimizer, options=self._state_options())
-        return {"model": model, "optim": optim}
-
-    @staticmethod
-    def _state_options():
-        from torch.distributed.checkpoint.state_dict import StateDictOptions
-
-        # The frozen base is left out of checkpoints; `strict` (read only when setting) would
-        # reject every load for lacking it, and dcp.load already fails on any saved tensor missing.
-        return StateDictOptions(ignore_frozen_params=True, strict=False)
 
     def packed_base_bytes(self) -> int:
         from rlvr.quant.experts import packed_base_bytes
