@@ -16,7 +16,7 @@ from engine_fixtures import LORA_TARGETS, build_peaked_model, random_lora, refer
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from rlvr.engines.vllm_engine import spanning_stop_end
+from rlvr.engines.inflight import spanning_stop_end
 from rlvr.orchestration.engine_supervisor import EngineSupervisor
 from rlvr.records import LoraAdapter, Request, Sampling
 

