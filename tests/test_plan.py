@@ -564,7 +564,7 @@ def test_cpu_plan_is_timed_only_with_rates_and_says_it_is_the_bound():
 
     from rich.console import Console
 
-    from rlvr.planning.plan import print_plan
+    from rlvr.planning.plan_report import print_plan
 
     cfg = load_config(SMALL, ["placement.gpus_per_node=0", "placement.gpu=null"])
     assert make_plan(cfg).step is None  # nothing measured: the memory check of `rlvr serve` stays instant
@@ -589,7 +589,7 @@ def test_cpu_split_cores_time_each_side_on_its_own_and_overlap(monkeypatch):
 
     from rich.console import Console
 
-    from rlvr.planning.plan import print_plan
+    from rlvr.planning.plan_report import print_plan
 
     monkeypatch.setattr("rlvr.planning.step_time.allowed_cores", lambda: list(range(8)))
     monkeypatch.setattr("rlvr.planning.plan.allowed_cores", lambda: list(range(8)))

@@ -64,7 +64,8 @@ def train(
     cfg = _train_config(config, overrides or [], resume)
     if dry_run:
         from rlvr.hardware import cpu_rates
-        from rlvr.planning.plan import PlanError, make_plan, print_plan
+        from rlvr.planning.plan import PlanError, make_plan
+        from rlvr.planning.plan_report import print_plan
 
         console.print(dump_config(cfg), highlight=False, end="")
         try:
