@@ -89,7 +89,6 @@ def adapter_change_rms(adapter) -> float:
 
 def measure(cfg, steps: int, log) -> dict:
     """The first `steps` RL steps of `cfg`'s run, gaps recorded as the module docstring says."""
-    from rlvr.engines.base import score_each
     from rlvr.orchestration.builders import build_run
     from rlvr.planning.architecture import planned_dtype
     from rlvr.sync.check import logprob_gap, probe_inputs
@@ -102,7 +101,7 @@ def measure(cfg, steps: int, log) -> dict:
         engine, trainer, sync = run.engine, run.trainer, run.sync
         probe_sequences, probe_lens = probe_inputs(sync.probe)
         sync.push(step=0)
-        base_probe = score_each(engine, probe_sequences, probe_lens)
+        base_probe = engine.score_each(probe_sequences, probe_lens)
         startup = time.perf_counter() - started
         for step in range(1, steps + 1):
             step_start = time.perf_counter()
@@ -119,7 +118,7 @@ def measure(cfg, steps: int, log) -> dict:
             stale += stale_gaps
             trainer_probe = trainer.logprobs(probe_sequences, probe_lens)
             stale_probe = max(
-                logprob_gap(each, trainer_probe) for each in score_each(engine, probe_sequences, probe_lens)
+                logprob_gap(each, trainer_probe) for each in engine.score_each(probe_sequences, probe_lens)
             )
             pushed = sync.push(step, used_unchecked=True)
             per_step.append(

@@ -12,7 +12,6 @@ from peft import get_peft_model_state_dict
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rlvr.config import EngineConfig, PlacementConfig
-from rlvr.engines.base import score_each
 from rlvr.engines.replicas import ReplicatedEngine, assign, spans, unplaceable
 from rlvr.records import LoraAdapter, Request, Sampling
 from rlvr.sync.check import logprob_gap
@@ -98,10 +97,10 @@ def test_hf_replicas_give_one_engines_rollouts_in_order_and_every_replica_gets_t
         for replica in two.replicas:  # each replica alone serves the adapter
             assert [r.completion_ids for r in replica.generate(prompts, 1, GREEDY)] == adapted
         # the sync probe's scoring: every replica scores every sequence under its own weights
-        each = score_each(two, sequences, lens)
+        each = two.score_each(sequences, lens)
         assert len(each) == 2 and logprob_gap(each[0], each[1]) <= 1e-5 and logprob_gap(each[0], expected_scores) > 1e-3
         one.update_lora(LoraAdapter(get_peft_model_state_dict(peft_model), config.to_dict(), 0))
-        assert score_each(one, sequences, lens) == [one.score(sequences, lens)]
+        assert one.score_each(sequences, lens) == [one.score(sequences, lens)]
         assert logprob_gap(each[1], one.score(sequences, lens)) <= 1e-5
     with pytest.raises(RuntimeError, match="closed"):
         two.generate(prompts, 1, GREEDY)

@@ -30,6 +30,10 @@ class Engine(Protocol):
     always returns raw (temperature 1) logprobs.
     """
 
+    name: str  # the backend, for what a run reports: "vllm", "hf"
+    policy_version: int = 0  # the version of the weights it serves: 0 as loaded, then each update's
+    restarts: int = 0  # engines built again after one died (rlvr.orchestration.engine_supervisor counts them)
+
     def generate(
         self, prompts: list[list[int]], n: int, sampling: Sampling, *, progress: Callable[[int], None] | None = None
     ) -> list[Rollout]:
@@ -55,6 +59,12 @@ class Engine(Protocol):
     def score(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
         """Raw logprobs of each sequence's tokens after its prompt, under the current weights."""
         ...
+
+    def score_each(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[list[float]]]:
+        """`score` by every copy of the weights the engine serves from: one list per replica, where
+        `score` splits the sequences between them. What checks a weight push (the sync probe) must
+        see every replica's weights."""
+        return [self.score(sequences, prompt_lens)]
 
     def update_lora(self, adapter: LoraAdapter) -> None:
         """Serve `adapter` (PEFT naming, in memory) from the next generate call on."""
@@ -82,14 +92,6 @@ class Engine(Protocol):
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def score_each(engine: Engine, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[list[float]]]:
-    """`score` by every copy of the weights the engine serves from: one list per replica
-    (`engine.replicas`), where `score` splits the sequences between them. What checks a weight
-    push (the sync probe) must see every replica's weights."""
-    each = getattr(engine, "score_each", None)
-    return each(sequences, prompt_lens) if each is not None else [engine.score(sequences, prompt_lens)]
 
 
 def push_policy(engine: Engine, policy: LoraAdapter | Weights) -> None:

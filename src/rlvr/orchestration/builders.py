@@ -9,19 +9,30 @@ which verifier is decided here, once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import torch
+
+from rlvr.affinity import allowed_cores, pinned
 from rlvr.config import RunConfig, dump_config
+from rlvr.engines import make_engine
 from rlvr.envs import EnvContext
+from rlvr.models.folder import check_model_folder
+from rlvr.models.multimodal import max_positions
+from rlvr.models.tokenizer import load_tokenizer
+from rlvr.orchestration.engine_supervisor import EngineSupervisor
 from rlvr.orchestration.evaluation import Evaluation
+from rlvr.orchestration.ray_placement import RayCluster
 from rlvr.orchestration.run_state import RunCheckpoints
 from rlvr.planning.architecture import planned_dtype
-from rlvr.planning.cpu_split import CpuSplit
+from rlvr.planning.cpu_split import CpuSplit, cpu_split
 from rlvr.planning.lora import with_engine_lora_targets
+from rlvr.rewards import ScoringPool
 from rlvr.rollout.async_groups import AsyncGroups
-from rlvr.rollout.collect import RolloutCollector
+from rlvr.rollout.collect import RolloutCollector, training_sampling
 from rlvr.rollout.prompts import PromptSet, Renderer, engine_context, load_prompt_set
 from rlvr.rollout.sampler import EpochSampler
 from rlvr.rollout.source import RolloutSource, make_source
@@ -29,7 +40,10 @@ from rlvr.rollout.trajectories import Episodes, Start, TrajectoryRunner
 from rlvr.sync.check import SyncCheck
 from rlvr.sync.weights import WeightSync
 from rlvr.tracking.metrics_log import MetricsLogger
+from rlvr.tracking.progress import RunProgress
 from rlvr.tracking.timing import StepTimer
+from rlvr.training.trainer import Trainer
+from rlvr.training.worker import RankSpec
 
 
 @dataclass
@@ -37,8 +51,8 @@ class Run:
     """The components the loop calls, built once per run."""
 
     cfg: RunConfig
-    trainer: object  # rlvr.training.trainer.Trainer
-    engine: object  # rlvr.orchestration.engine_supervisor.EngineSupervisor
+    trainer: Trainer
+    engine: EngineSupervisor
     sampler: EpochSampler
     source: RolloutSource  # Synchronous, OneStepAhead or Streaming, as rollout.mode says
     sync: WeightSync
@@ -47,8 +61,8 @@ class Run:
     resume_from: Path | None  # the checkpoint this run continues from
     logger: MetricsLogger
     timer: StepTimer
-    progress: object  # RunProgress or None
-    log: object  # callable(str)
+    progress: RunProgress | None
+    log: Callable[[str], None]
     cores: CpuSplit | None = None  # on a CPU machine, the cores of the controller and of each rank
 
 
@@ -56,10 +70,6 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     """Write the run folder's config.yaml, then start the trainer ranks, the engine and the scoring
     pool (closed by `stack`) and wire the stages between them. With `resume`, the checkpoint to
     continue from is found first: without one, nothing starts."""
-    import torch
-
-    from rlvr.models.folder import check_model_folder
-    from rlvr.models.tokenizer import load_tokenizer
 
     check_model_folder(cfg.model.path)
     run_dir = Path(cfg.run_dir)
@@ -164,9 +174,6 @@ def build_stream(
     keeps prompts_per_step x max(K, 1) groups in flight. A group is then drawn at most K steps
     before the step that trains it (rollouts generated one step ahead count one), so that only
     the long tail, still running after K steps' generation, goes stale."""
-    from dataclasses import replace
-
-    from rlvr.rollout.collect import training_sampling
 
     def draw():
         index = sampler.take(1)[0]
@@ -189,10 +196,6 @@ def place_on_cores(cfg: RunConfig, stack: ExitStack, log=print) -> CpuSplit | No
     """On a CPU machine, the run's cores (rlvr.planning.cpu_split): its warning said once, and
     with placement.engine_cpus this process (the controller, with its engine) pinned to its cores
     until `stack` closes. None on GPUs."""
-    import torch
-
-    from rlvr.affinity import allowed_cores, pinned
-    from rlvr.planning.cpu_split import cpu_split
 
     if cfg.placement.gpus_per_node or torch.cuda.is_available():
         return None
@@ -207,8 +210,6 @@ def place_on_cores(cfg: RunConfig, stack: ExitStack, log=print) -> CpuSplit | No
 def build_trainer(cfg: RunConfig, cores: CpuSplit | None = None):
     """The trainer ranks: local processes, or Ray actors with `placement.backend: ray`; with a
     split of the cores, each on its own."""
-    from rlvr.training.trainer import Trainer
-    from rlvr.training.worker import RankSpec
 
     split = cores is not None and cores.split
     spec = RankSpec(
@@ -226,8 +227,6 @@ def build_trainer(cfg: RunConfig, cores: CpuSplit | None = None):
 def build_engine(cfg: RunConfig, log=print, cores: CpuSplit | None = None):
     """The engine, restarted by its supervisor when its process dies; with a split of the cores,
     a thread per core of its own."""
-    from rlvr.engines import make_engine
-    from rlvr.orchestration.engine_supervisor import EngineSupervisor
 
     engine = cfg.engine
     if cores is not None and cores.split:
@@ -249,7 +248,6 @@ def build_engine(cfg: RunConfig, log=print, cores: CpuSplit | None = None):
 
 def build_scoring_pool(cfg: RunConfig, log=print):
     """The verifier's worker pool; a worker's death is one line through `log` (the run's terminal)."""
-    from rlvr.rewards import ScoringPool
 
     r = cfg.reward
     return ScoringPool(
@@ -265,7 +263,6 @@ def build_scoring_pool(cfg: RunConfig, log=print):
 def sized_engine(cfg: RunConfig, prompt_sets: list[PromptSet]) -> RunConfig:
     """`cfg` with engine.max_model_len as the engine gets it (rlvr.rollout.prompts.engine_context),
     said here in rlvr's words before anything starts, not by vLLM once the ranks are up."""
-    from rlvr.models.multimodal import max_positions
 
     context = engine_context(
         prompt_sets,
@@ -279,6 +276,5 @@ def sized_engine(cfg: RunConfig, prompt_sets: list[PromptSet]) -> RunConfig:
 
 
 def _ray_cluster(cfg: RunConfig):
-    from rlvr.orchestration.ray_placement import RayCluster
 
     return RayCluster.shared(cfg.placement, cfg.trainer.ranks, cfg.engine.replicas)

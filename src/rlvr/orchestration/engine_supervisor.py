@@ -23,7 +23,7 @@ from collections.abc import Callable, Hashable, Iterable, Sequence
 
 import torch
 
-from rlvr.engines.base import Engine, EngineDied, score_each
+from rlvr.engines.base import Engine, EngineDied
 from rlvr.orchestration import RunStopped
 from rlvr.records import LoraAdapter, Request, Rollout, Sampling
 
@@ -32,7 +32,7 @@ class EngineRestartsExhausted(RunStopped):
     """The engine died once more after `max_restarts` restarts; the run stops."""
 
 
-class EngineSupervisor:
+class EngineSupervisor(Engine):
     def __init__(self, build: Callable[[], Engine], max_restarts: int, log=print):
         self._build, self.max_restarts, self._log = build, max_restarts, log
         self.restarts = 0
@@ -72,7 +72,7 @@ class EngineSupervisor:
         return self._retrying("score", lambda engine: engine.score(sequences, prompt_lens))
 
     def score_each(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[list[float]]]:
-        return self._retrying("score", lambda engine: score_each(engine, sequences, prompt_lens))
+        return self._retrying("score", lambda engine: engine.score_each(sequences, prompt_lens))
 
     def update_lora(self, adapter: LoraAdapter) -> None:
         self._retrying("update_lora", lambda engine: engine.update_lora(adapter))

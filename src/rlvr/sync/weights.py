@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
-from rlvr.engines.base import push_policy, score_each
+from rlvr.engines.base import push_policy
 from rlvr.records import LoraAdapter, Weights
 from rlvr.sync.check import Probe, SyncCheck, logprob_gap, probe_inputs
 from rlvr.tracking.timing import StepTimer
@@ -81,7 +81,7 @@ class WeightSync:
             else:
                 push_policy(self.engine, policy)
         # counted after the push: an engine that died under it was rebuilt by it, and is new here
-        engine = getattr(self.engine, "restarts", 0)  # an EngineSupervisor counts the engines it built
+        engine = self.engine.restarts  # an EngineSupervisor counts the engines it built
         periodic = bool(self.check_every) and step % self.check_every == 0
         if not (self._probed_engine != engine or used_unchecked or periodic):
             return {}
@@ -92,7 +92,7 @@ class WeightSync:
             # contend when they run at once (SmolLM2, 2 cores: update + both scores 2.2-2.6 s in
             # turn, 4.1-5.7 s at once).
             sequences, prompt_lens = probe_inputs(self.probe)
-            engine_logprobs = score_each(self.engine, sequences, prompt_lens)  # every replica's weights
+            engine_logprobs = self.engine.score_each(sequences, prompt_lens)  # every replica's weights
             trainer_logprobs = self.trainer.logprobs(sequences, prompt_lens)
             gap = self.check(max(logprob_gap(each, trainer_logprobs) for each in engine_logprobs), step)
             self._probed_engine = engine
