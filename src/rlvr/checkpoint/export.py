@@ -15,6 +15,10 @@ from pathlib import Path
 
 from rlvr.checkpoint.peft_files import SERVED_ADAPTER
 from rlvr.checkpoint.store import CheckpointStore, verify
+from rlvr.config import load_config
+from rlvr.models.tokenizer import load_tokenizer
+from rlvr.quant.checkpoint import write_dequantized_checkpoint
+from rlvr.quant.formats import is_quantized_checkpoint
 
 
 def resolve_checkpoint(run_dir: str | Path, checkpoint: str | Path | None = None) -> Path:
@@ -38,7 +42,6 @@ def resolve_checkpoint(run_dir: str | Path, checkpoint: str | Path | None = None
 
 def open_run(run_dir: str | Path, checkpoint: str | Path | None = None):
     """The run's config, its checkpoint folder, and that checkpoint's adapter (None: full fine-tuning)."""
-    from rlvr.config import load_config
 
     folder = resolve_checkpoint(run_dir, checkpoint)
     adapter = folder / SERVED_ADAPTER
@@ -48,10 +51,6 @@ def open_run(run_dir: str | Path, checkpoint: str | Path | None = None):
 def export_run(run_dir: str | Path, out_dir: str | Path, checkpoint: str | Path | None = None) -> Path:
     import torch
     from transformers import AutoModelForCausalLM
-
-    from rlvr.models.tokenizer import load_tokenizer
-    from rlvr.quant.checkpoint import write_dequantized_checkpoint
-    from rlvr.quant.formats import is_quantized_checkpoint
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     cfg, folder, adapter = open_run(run_dir, checkpoint)

@@ -20,6 +20,12 @@ from rlvr.affinity import allowed_cores
 from rlvr.config import EngineConfig, ModelConfig
 from rlvr.engines.base import Engine, completion_logprobs, cpu_threads
 from rlvr.hardware import compute_dtype
+from rlvr.models.mistral_layout import is_mistral_folder
+from rlvr.models.moe import moe_layers
+from rlvr.models.routing import compact_routes, record_routing
+from rlvr.models.tokenizer import load_tokenizer
+from rlvr.quant import peft_targets_as_given
+from rlvr.quant.skeleton import Skeleton
 from rlvr.records import LoraAdapter, Request, Rollout, Sampling
 
 
@@ -32,15 +38,12 @@ class HFEngine(Engine):
     name = "hf"  # what summary.json reports as the engine that ran
 
     def __init__(self, model: ModelConfig, engine: EngineConfig, *, seed: int, device: str | None = None):
-        from rlvr.models.tokenizer import load_tokenizer
-
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if self.device.type == "cpu":
             torch.set_num_threads(cpu_threads(engine, len(allowed_cores())))
         self.tokenizer = load_tokenizer(model.path)
         self.model = _load_model(model.path, compute_dtype(model.dtype, self.device.type).torch).to(self.device)
         self.model.eval()
-        from rlvr.models.moe import moe_layers
 
         layers = moe_layers(self.model)
         self.num_experts = layers[0].num_experts if layers else None  # None: a dense model, no routes
@@ -121,7 +124,6 @@ class HFEngine(Engine):
         greedy = sampling.temperature == 0
         stop_ids = () if ignore_eos else tuple(t for t in (eos, *sampling.stop_token_ids) if t is not None)
         torch.manual_seed((self.seed if sampling.seed is None else sampling.seed) + batch_index)
-        from rlvr.models.routing import compact_routes, record_routing
 
         with record_routing(self.model) if self.num_experts else nullcontext() as record:
             out = self.model.generate(
@@ -199,8 +201,6 @@ class HFEngine(Engine):
         """Wrap the model with PEFT on first use, then load the adapter's tensors."""
         from peft import PeftModel, get_peft_config, get_peft_model, set_peft_model_state_dict
 
-        from rlvr.quant import peft_targets_as_given
-
         self._check_open("update_lora")
         if not isinstance(self.model, PeftModel):
             with peft_targets_as_given():  # the trainer's targets, also on MoE models (dense MLPs, shared experts)
@@ -242,11 +242,8 @@ def _load_model(path: str, dtype: torch.dtype):
     `from_pretrained` cannot read (no config.json)."""
     from transformers import AutoModelForCausalLM
 
-    from rlvr.models.mistral_layout import is_mistral_folder
-
     if not is_mistral_folder(path):
         return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
-    from rlvr.quant.skeleton import Skeleton
 
     skeleton = Skeleton.from_checkpoint(path, dtype)
     skeleton.keep_initialized(skeleton.model)

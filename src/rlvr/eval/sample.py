@@ -11,8 +11,15 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from rlvr.checkpoint.peft_files import load_adapter
 from rlvr.config import DataConfig, EngineConfig, ModelConfig, RewardConfig
+from rlvr.engines import make_engine
+from rlvr.eval.runner import evaluate
+from rlvr.models.multimodal import max_positions
+from rlvr.models.tokenizer import load_tokenizer
 from rlvr.records import Sampling
+from rlvr.rewards import ScoringPool
+from rlvr.rollout.prompts import engine_context, load_prompt_set
 from rlvr.tracking.progress import RunProgress
 
 
@@ -36,13 +43,6 @@ def evaluate_model(
     """`reward` None: the dataset's own verifier (built-in sets name one), else math. `answers_fill_model`:
     `sampling.max_tokens` is at most what the model's positions leave after the longest prompt
     (`rlvr eval MODEL` with no --max-tokens, on a model shorter than its default answer)."""
-    from rlvr.checkpoint.peft_files import load_adapter
-    from rlvr.engines import make_engine
-    from rlvr.eval.runner import evaluate
-    from rlvr.models.multimodal import max_positions
-    from rlvr.models.tokenizer import load_tokenizer
-    from rlvr.rewards import ScoringPool
-    from rlvr.rollout.prompts import engine_context, load_prompt_set
 
     prompt_set = load_prompt_set(data, source, load_tokenizer(model.path), limit=limit)
     if reward is None:

@@ -15,6 +15,9 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
 
+from rlvr.models.hub_layout import to_disk
+from rlvr.models.mistral_layout import TOKENIZER_FILE, write_byte_tekken, write_mistral_folder
+
 PAD, BOS, EOS = "<|pad|>", "<|bos|>", "<|im_end|>"
 IM_START = "<|im_start|>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, IM_START]
@@ -206,8 +209,6 @@ def build_tiny_mistral_folder(out_dir: str | Path, *, seed: int = 0, **sizes) ->
     """A random tiny Mistral-Large-3-shaped model (`mistral4`) in Mistral's own layout:
     params.json, consolidated.safetensors under Mistral's names and a byte-level tekken.json
     (rlvr.models.mistral_layout). `sizes` as for `tiny_config` (MLA's ranks included)."""
-    from rlvr.models.hub_layout import to_disk
-    from rlvr.models.mistral_layout import TOKENIZER_FILE, write_byte_tekken, write_mistral_folder
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

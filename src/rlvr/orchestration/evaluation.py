@@ -12,6 +12,8 @@ from pathlib import Path
 
 from rlvr.config import RunConfig
 from rlvr.eval.metrics import headline_line, spread
+from rlvr.eval.rollouts_file import paired_rows, read_samples, summarize_rows
+from rlvr.eval.runner import evaluate, held_out_sampling
 from rlvr.rollout.prompts import PromptSet
 from rlvr.rollout.sampler import EpochSampler
 from rlvr.rollout.trajectories import EnvironmentEngine, TrajectoryRunner
@@ -52,7 +54,6 @@ class Evaluation:
 
     def run(self, tag: str) -> dict[str, float]:
         """Evaluate the engine's current policy; the headline numbers ({} without data.test)."""
-        from rlvr.eval.runner import evaluate, held_out_sampling
 
         if self.test_set is None:
             return {}
@@ -105,21 +106,18 @@ class Evaluation:
 
     def _saved_rows(self) -> dict:
         """{"before": rows, "after": rows}: the saved samples of those evaluations that ran."""
-        from rlvr.eval.rollouts_file import read_samples
 
         paths = {when: self.folder / f"{when}.jsonl" for when in ("before", "after")}
         return {when: read_samples(path) for when, path in paths.items() if path.is_file()}
 
     def _paired(self, saved: dict) -> dict:
         """after - before on the problems both evaluations scored, with paired standard errors."""
-        from rlvr.eval.rollouts_file import paired_rows
 
         return paired_rows(saved["before"], saved["after"], self.cfg.eval.k)
 
     def _unseen(self, saved: dict) -> dict:
         """The before and after metrics on the test problems whose prompt equals no training
         prompt drawn in the run, from the evaluations' saved samples ({} when all were drawn)."""
-        from rlvr.eval.rollouts_file import summarize_rows
 
         drawn = {tuple(self.train_set.prompts[i]) for i in self.sampler.drawn()}
         unseen = {

@@ -22,6 +22,7 @@ import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
+from rlvr.affinity import process_cores
 from rlvr.config import RunConfig
 from rlvr.orchestration import RunStopped
 from rlvr.orchestration.builders import Run, build_run
@@ -170,8 +171,6 @@ def _cores_used(run: Run) -> dict:
     """Where the run's threads could run by its end, as the kernel says (every thread of each
     process: torch's OpenMP pool, gloo's, vLLM's), and the torch threads each computed with."""
     import torch
-
-    from rlvr.affinity import process_cores
 
     return {
         "split": run.cores.split,

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from rlvr.checkpoint.store import CheckpointStore, read_state
 from rlvr.config import RunConfig
 from rlvr.rollout.source import SavedRollouts
 from rlvr.sync.weights import WeightSync
@@ -35,8 +36,6 @@ ROLLOUTS_FILE = "rollouts.pt"
 
 class RunCheckpoints:
     def __init__(self, cfg: RunConfig, timer: StepTimer, log=print):
-        from rlvr.checkpoint.store import CheckpointStore
-
         self.cfg, self.timer, self.log = cfg, timer, log
         self.store = CheckpointStore(cfg.run_dir, keep=cfg.checkpoint.keep, log=log)
 
@@ -69,7 +68,6 @@ class RunCheckpoints:
     @staticmethod
     def restore(folder: Path, trainer) -> RunState:
         """Load the checkpoint in `folder` into the trainer; the run's state at that point."""
-        from rlvr.checkpoint.store import read_state
 
         trainer.load(folder / "trainer")
         return RunState(**read_state(folder))

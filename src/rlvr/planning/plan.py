@@ -88,6 +88,7 @@ from rlvr.affinity import allowed_cores
 from rlvr.config import RunConfig
 from rlvr.engines.replicas import unplaceable
 from rlvr.hardware import CpuRates
+from rlvr.models.multimodal import encoder_weight_bytes, max_positions, modalities, read_model_config
 from rlvr.planning.architecture import (
     GB,
     Architecture,
@@ -99,6 +100,7 @@ from rlvr.planning.architecture import (
 )
 from rlvr.planning.cpu_split import CpuSplit, cpu_split
 from rlvr.planning.step_time import StepTime, step_time
+from rlvr.rollout.prompts import context_length
 
 # A CPU trainer rank's private memory before it builds its policy: the interpreter, torch,
 # transformers and peft imported, its gloo group up (measured: 0.33 GB, torch 2.13, transformers 5.19)
@@ -249,8 +251,6 @@ def _check_lengths(cfg: RunConfig) -> None:
     """The run's own length rule (rlvr.rollout.prompts.context_length) for a prompt as long as
     data.max_prompt_tokens allows: the engine's max_model_len, and the longest sequence a
     micro-batch must hold."""
-    from rlvr.models.multimodal import max_positions
-    from rlvr.rollout.prompts import context_length
 
     try:
         context = context_length(
@@ -383,7 +383,6 @@ def _note_experts(cfg: RunConfig, arch: Architecture, notes: list[str]) -> None:
 
 def _note_encoders(cfg: RunConfig, notes: list[str]) -> None:
     """A multimodal checkpoint runs text-only: its encoders are loaded by neither side, so counted on neither."""
-    from rlvr.models.multimodal import encoder_weight_bytes, modalities, read_model_config
 
     found = modalities(read_model_config(cfg.model.path))
     if found:

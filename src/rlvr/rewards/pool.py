@@ -41,6 +41,8 @@ from multiprocessing.connection import Connection, wait
 
 from rlvr.process_names import SCORER, name_process
 from rlvr.records import Score
+from rlvr.rewards.equivalence import warm_up
+from rlvr.rewards.verifiers import VERIFIERS, get_verifier
 
 KILL_GRACE_S = 0.5
 STARTUP_TIMEOUT_S = 120.0
@@ -73,8 +75,6 @@ def _run_timed(fn, seconds: float):
 
 def _worker_main(conn: Connection, default: str, options: dict, timeout_s: float, memory_limit_mb: int) -> None:
     # Imported here so the module itself stays cheap for the parent.
-    from rlvr.rewards.equivalence import warm_up
-    from rlvr.rewards.verifiers import get_verifier
 
     os.setsid()  # its own process group: a kill takes any processes a custom reward started, too
     name_process(SCORER)
@@ -176,7 +176,6 @@ class ScoringPool:
     ) -> None:
         if workers < 1 or timeout_s <= 0 or memory_limit_mb <= 0:
             raise ValueError("ScoringPool needs workers >= 1, timeout_s > 0 and memory_limit_mb > 0")
-        from rlvr.rewards.verifiers import VERIFIERS, get_verifier
 
         if verifier in VERIFIERS:
             get_verifier(verifier, **(options or {}))  # a bad option fails here, in one line

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from rlvr.algorithms import advantages, groups_to_refill, informative_group_mask, overlong_penalty
 from rlvr.config import AlgorithmConfig, RewardConfig, RolloutConfig, SamplingConfig
 from rlvr.records import Problem, Sampling, Score, TrainBatch
 from rlvr.rollout.async_groups import AsyncGroups, Group, staleness_metrics
@@ -102,8 +103,6 @@ class RolloutCollector:
         self.stream = stream
 
     def collect(self, step: int) -> StepRollouts:
-        from rlvr.algorithms import groups_to_refill
-
         position = self.sampler.position
         first_group = self.stream.handed_out if self.stream is not None else None
         target = self.rollout.prompts_per_step
@@ -166,7 +165,6 @@ class RolloutCollector:
                 )
         with self.timer("score"):
             scores = self._scores(chosen, trajectories)
-        from rlvr.algorithms import informative_group_mask
 
         rewards = self._shaped_rewards(trajectories, scores)
         informative = informative_group_mask(rewards, torch.tensor([t.prompt_index for t in trajectories]))
@@ -209,8 +207,6 @@ class RolloutCollector:
         return scores
 
     def _shaped_rewards(self, trajectories: list[Trajectory], scores: list[Score]) -> torch.Tensor:
-        from rlvr.algorithms import overlong_penalty
-
         rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32)
         shaping = self.algorithm.overlong_penalty
         if shaping is not None:
@@ -221,8 +217,6 @@ class RolloutCollector:
         return rewards
 
     def _batch(self, groups: list[_Group]) -> TrainBatch:
-        from rlvr.algorithms import advantages
-
         trajectories = [t for g in groups for t in g.trajectories]
         rewards = torch.cat([g.rewards for g in groups])
         group = torch.tensor([k for k, g in enumerate(groups) for _ in g.trajectories], dtype=torch.long)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlvr.config import DataConfig, EnvConfig
+from rlvr.data.datasets import load_problems
+from rlvr.data.templates import build_prompt, chat_messages
 from rlvr.models.tokenizer import chat_ids, has_chat_template, is_mistral_tokenizer
 from rlvr.records import Problem
 
@@ -52,7 +54,6 @@ class PromptSet:
 def encode_prompt(problem: Problem, tokenizer, data: DataConfig) -> list[int]:
     """The prompt's token ids: the template, in the tokenizer's chat template if asked (rendered
     to ids directly: see `rlvr.models.tokenizer`)."""
-    from rlvr.data.templates import build_prompt, chat_messages
 
     if data.chat_template and has_chat_template(tokenizer):
         return chat_ids(tokenizer, chat_messages(problem, data.template, data.system_prompt))
@@ -128,7 +129,6 @@ class Renderer:
 def load_prompt_set(data: DataConfig, source: str, tokenizer, limit: int | None = None) -> PromptSet:
     """The problems of `source` (a built-in name or a file), read with `data`'s field names and
     encoded with its template; a prompt over data.max_prompt_tokens is an error naming it."""
-    from rlvr.data.datasets import load_problems
 
     problems = load_problems(source, problem_field=data.problem_field, answer_field=data.answer_field, limit=limit)
     prompts = [encode_prompt(p, tokenizer, data) for p in problems]

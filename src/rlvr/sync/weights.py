@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
+from rlvr.checkpoint.peft_files import IN_FLIGHT_ADAPTER, SERVED_ADAPTER, save_adapter
 from rlvr.engines.base import push_policy
 from rlvr.records import LoraAdapter, Weights
 from rlvr.sync.check import Probe, SyncCheck, logprob_gap, probe_inputs
@@ -105,7 +106,6 @@ class WeightSync:
 
     def save(self, folder: Path, with_in_flight: bool) -> None:
         """Write the served adapter (and, generating ahead, the in-flight one) in PEFT format."""
-        from rlvr.checkpoint.peft_files import IN_FLIGHT_ADAPTER, SERVED_ADAPTER, save_adapter
 
         if self.serving is not None:
             save_adapter(self.serving, folder / SERVED_ADAPTER)

@@ -14,6 +14,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from rlvr.algorithms import logprobs_and_entropy
+from rlvr.quant import QuantizedLinear, peft_targets_as_given, prepare_lora_config
+from rlvr.quant.experts import add_experts_lora, is_packed_experts, use_rlvr_experts
 from rlvr.training.attention import NAME as PACKED
 from rlvr.training.attention import PackedLayout
 from rlvr.training.logits_memory import chunk_tokens
@@ -107,9 +109,6 @@ def apply_lora(
     """
     from peft import LoraConfig, get_peft_model
 
-    from rlvr.quant import peft_targets_as_given, prepare_lora_config
-    from rlvr.quant.experts import add_experts_lora, use_rlvr_experts
-
     if target_experts and dropout:
         raise ValueError(
             "lora.target_experts needs lora.dropout: 0 (an expert's LoRA input is its routed tokens, as in peft)"
@@ -180,9 +179,6 @@ def shard(module: nn.Module, mesh, param_dtype: torch.dtype, reduce_dtype: torch
     torch's FSDP2 shards the whole base; none is ever replicated.
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    from rlvr.quant import QuantizedLinear
-    from rlvr.quant.experts import is_packed_experts
 
     integer = next(
         (name for name, p in module.named_parameters() if not (p.is_floating_point() or p.is_complex())), None

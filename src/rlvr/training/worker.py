@@ -23,11 +23,13 @@ from functools import partial
 import torch
 
 from rlvr.affinity import process_cores
-from rlvr.algorithms import importance_ratios
+from rlvr.algorithms import importance_ratios, kl_penalty
+from rlvr.algorithms.sum_losses import sum_loss
 from rlvr.config import AlgorithmConfig, ModelConfig, TrainerConfig
 from rlvr.hardware import compute_dtype
 from rlvr.models.moe import moe_layers
 from rlvr.models.routing import agreement_counts, expert_counts, replay_routing, row_routes
+from rlvr.quant.experts import packed_base_bytes
 from rlvr.quant.skeleton import Skeleton
 from rlvr.training.attention import use_packed_attention
 from rlvr.training.commands import (
@@ -226,7 +228,6 @@ class Rank:
     def forward_backward(self, work: SumLossInput) -> ForwardBackwardReport:
         """Every sequence's logprobs and the loss summed over the rank's tokens; with `backward`,
         its gradient is added to what earlier calls left, for optim_step to apply."""
-        from rlvr.algorithms.sum_losses import sum_loss
 
         logprobs_out: dict[int, torch.Tensor] = {}
         total = 0.0
@@ -506,8 +507,6 @@ class Rank:
         return self.world_size == 1
 
     def packed_base_bytes(self) -> int:
-        from rlvr.quant.experts import packed_base_bytes
-
         return packed_base_bytes(self.policy)
 
     def lora_config(self) -> dict:
@@ -549,7 +548,6 @@ class Rank:
 
 def _k3(old: torch.Tensor, new: torch.Tensor) -> float:
     """Sum over tokens of k3, the estimate of KL(π_old || π_new) from tokens π_old sampled."""
-    from rlvr.algorithms import kl_penalty
 
     return float(kl_penalty("k3", old, new).sum())
 
