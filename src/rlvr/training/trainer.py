@@ -346,7 +346,7 @@ def spawn_ranks(world_size: int, spec: RankSpec) -> list[RankProcess]:
     and again for a rank restarted after a failure."""
     context = mp.get_context("forkserver")
     # __main__ too: a child of the server that imported the main script does not import it again
-    context.set_forkserver_preload(["__main__", "rlvr.training.worker"])
+    context.set_forkserver_preload(["__main__", "rlvr.training.rank_host"])
     port = free_port()
     return [RankProcess(context, rank, world_size, port, spec) for rank in range(world_size)]
 
