@@ -22,12 +22,18 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
+from rlvr.models.transformers_classes import register_mistral4
+
 # bitsandbytes, which tests/test_quant_nf4.py checks rlvr's NF4 against, is installed off the
 # venv's import path (requirements/cpu.txt says why): the tests' own processes see it, the runs
 # they start do not.
 PEERS = Path(sys.prefix) / "peers"
 if PEERS.is_dir():
     sys.path.append(str(PEERS))
+
+# The tests also build mistral4 models with transformers' own classes; rlvr's code builds them
+# through rlvr.models.transformers_classes, which registers the class first.
+register_mistral4()
 
 RAY_FILES = {"test_ray.py", "test_rehearsal.py", "test_engine_replicas.py"}
 

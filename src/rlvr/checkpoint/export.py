@@ -17,6 +17,7 @@ from rlvr.checkpoint.peft_files import SERVED_ADAPTER
 from rlvr.checkpoint.store import CheckpointStore, verify
 from rlvr.config import load_config
 from rlvr.models.tokenizer import load_tokenizer
+from rlvr.models.transformers_classes import causal_lm_from_pretrained
 from rlvr.quant.checkpoint import write_dequantized_checkpoint
 from rlvr.quant.formats import is_quantized_checkpoint
 
@@ -50,7 +51,6 @@ def open_run(run_dir: str | Path, checkpoint: str | Path | None = None):
 
 def export_run(run_dir: str | Path, out_dir: str | Path, checkpoint: str | Path | None = None) -> Path:
     import torch
-    from transformers import AutoModelForCausalLM
 
     run_dir, out_dir = Path(run_dir), Path(out_dir)
     cfg, folder, adapter = open_run(run_dir, checkpoint)
@@ -62,7 +62,7 @@ def export_run(run_dir: str | Path, out_dir: str | Path, checkpoint: str | Path 
         base = cfg.model.path
         if is_quantized_checkpoint(base):
             base = str(write_dequantized_checkpoint(base, Path(scratch) / "base", dtype))
-        model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
+        model = causal_lm_from_pretrained(base, dtype=dtype)
         if adapter is not None:
             from peft import PeftModel
 

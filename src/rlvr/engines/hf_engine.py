@@ -24,6 +24,7 @@ from rlvr.models.mistral_layout import is_mistral_folder
 from rlvr.models.moe import moe_layers
 from rlvr.models.routing import compact_routes, record_routing
 from rlvr.models.tokenizer import load_tokenizer
+from rlvr.models.transformers_classes import causal_lm_from_pretrained
 from rlvr.quant import peft_targets_as_given
 from rlvr.quant.skeleton import Skeleton
 from rlvr.records import LoraAdapter, Request, Rollout, Sampling
@@ -240,10 +241,9 @@ def _load_model(path: str, dtype: torch.dtype):
     """transformers' own load of an HF folder; a folder in Mistral's layout as the trainer builds
     it (`Skeleton`: the config and names vLLM reads it with, rlvr.models.mistral_layout), which
     `from_pretrained` cannot read (no config.json)."""
-    from transformers import AutoModelForCausalLM
 
     if not is_mistral_folder(path):
-        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        return causal_lm_from_pretrained(path, dtype=dtype)
 
     skeleton = Skeleton.from_checkpoint(path, dtype)
     skeleton.keep_initialized(skeleton.model)

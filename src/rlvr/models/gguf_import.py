@@ -17,6 +17,8 @@ import importlib.util
 import shutil
 from pathlib import Path
 
+from rlvr.models.transformers_classes import causal_lm_from_pretrained
+
 GGUF_MAGIC = b"GGUF"
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -72,7 +74,7 @@ def import_gguf(source: str | Path, out: str | Path, dtype: str = "float32") -> 
     architecture = gguf_architecture(source)
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers import AutoTokenizer, GgufConfig
 
     folder, name = str(source.parent.resolve()), source.name
     try:
@@ -80,7 +82,7 @@ def import_gguf(source: str | Path, out: str | Path, dtype: str = "float32") -> 
     except (ValueError, KeyError, OSError) as err:
         raise ValueError(f"{source}: no tokenizer could be read from the file ({_first_line(err)})") from None
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model = causal_lm_from_pretrained(
             folder, gguf_file=name, dtype=getattr(torch, dtype), quantization_config=GgufConfig(dequantize=True)
         )
     except (ValueError, KeyError, OSError) as err:

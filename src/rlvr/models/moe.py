@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM
 
 from rlvr.models.folder import model_config
+from rlvr.models.transformers_classes import causal_lm_from_config
 
 _EXPERTS_FLAGS = ("has_gate", "has_bias", "is_transposed", "is_concatenated", "num_experts")
 
@@ -93,6 +93,6 @@ def moe_layer_numbers(model_path: str) -> list[int]:
     config alone (the model built on the meta device, no weights read). vLLM's routed experts
     have a row for every decoder block, dense ones included; these select rlvr's MoE layers."""
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(model_config(model_path))
+        model = causal_lm_from_config(model_config(model_path))
     # every transformers decoder keeps its blocks in one ModuleList: the first index in a name is the block's
     return [int(re.search(r"\.(\d+)\.", layer.router_name).group(1)) for layer in moe_layers(model)]

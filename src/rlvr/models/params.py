@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from rlvr.models.moe import moe_layers
+from rlvr.models.transformers_classes import causal_lm_from_config
 
 
 @dataclass(frozen=True)
@@ -56,8 +57,7 @@ def count_parameters(model: nn.Module) -> ParamCounts:
 
 def parameter_counts(config) -> ParamCounts:
     """Counts of the causal LM a transformers config (`PretrainedConfig`) describes."""
-    from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
+        model = causal_lm_from_config(config)
     return count_parameters(model)

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedTokenizerFast
+from transformers import AutoConfig, PreTrainedTokenizerFast
 
 from rlvr.models.hub_layout import to_disk
 from rlvr.models.mistral_layout import TOKENIZER_FILE, write_byte_tekken, write_mistral_folder
+from rlvr.models.transformers_classes import causal_lm_from_config
 
 PAD, BOS, EOS = "<|pad|>", "<|bos|>", "<|im_end|>"
 IM_START = "<|im_start|>"
@@ -195,7 +196,7 @@ def build_tiny_model(
         **sizes,
     )
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = causal_lm_from_config(config, dtype=torch.float32)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.bos_token_id = tokenizer.bos_token_id
@@ -218,5 +219,5 @@ def build_tiny_mistral_folder(out_dir: str | Path, *, seed: int = 0, **sizes) ->
         "mistral4", vocab_size=-(-tokens // 64) * 64, pad_token_id=11, bos_token_id=1, eos_token_id=2, **sizes
     )
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model = causal_lm_from_config(config, dtype=torch.float32)
     return write_mistral_folder(to_disk(model, model.state_dict()), config, out_dir)

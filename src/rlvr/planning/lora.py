@@ -4,12 +4,12 @@ resolve `trainer.lora.target_modules` the same way before anything loads."""
 from __future__ import annotations
 
 import torch
-from transformers import AutoModelForCausalLM
 
 from rlvr.config import RunConfig
 from rlvr.engines.lora_targets import dropped_line, engine_lora_targets, engine_uses_mla
 from rlvr.models.estimate import estimate_config
 from rlvr.models.folder import config_file, model_config
+from rlvr.models.transformers_classes import causal_lm_from_config
 from rlvr.quant.linear import all_linear_names
 
 
@@ -29,7 +29,7 @@ def with_engine_lora_targets(cfg: RunConfig, log=print) -> RunConfig:
     names = []
     if lora.target_modules == "all-linear":
         with torch.device("meta"):
-            names = all_linear_names(AutoModelForCausalLM.from_config(config))
+            names = all_linear_names(causal_lm_from_config(config))
     targets, dropped = engine_lora_targets(lora.target_modules, names, uses_mla=True)
     if dropped:
         log(dropped_line(dropped))

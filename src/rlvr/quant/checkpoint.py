@@ -46,7 +46,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 from torch import nn
-from transformers import AutoModelForCausalLM
 
 from rlvr.models.checkpoint_files import CheckpointFiles
 from rlvr.models.folder import model_config
@@ -54,6 +53,7 @@ from rlvr.models.hub_layout import ExpertPiece, disk_name, expert_pieces, to_dis
 from rlvr.models.mistral_layout import PARAMS_FILE, TOKENIZER_FILE, is_mistral_folder, write_mistral_folder
 from rlvr.models.moe import expert_projections, moe_layers
 from rlvr.models.tokenizer import load_tokenizer
+from rlvr.models.transformers_classes import causal_lm_from_pretrained
 from rlvr.quant import nf4, nvfp4
 from rlvr.quant.experts import expert_hidden
 from rlvr.quant.formats import FORMAT_NAME, QUANT_METHOD, quantized_format
@@ -378,7 +378,7 @@ def _float_model(model_dir: Path) -> nn.Module:
     `save_pretrained` writes where transformers has no conversion) is written one Linear per
     expert, as vLLM reads it."""
     if not is_mistral_folder(model_dir):
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype="auto")
+        model = causal_lm_from_pretrained(model_dir, dtype="auto")
         model._weight_conversions = None  # revert_weight_conversion then takes the model type's mapping
         return model
     dtype = CheckpointFiles(model_dir).meta("model.embed_tokens.weight").dtype

@@ -36,13 +36,13 @@ from pathlib import Path
 import torch
 from accelerate import init_empty_weights
 from torch import nn
-from transformers import AutoModelForCausalLM
 
 from rlvr.models.checkpoint_files import CheckpointFiles, Rows, Source
 from rlvr.models.folder import model_config
 from rlvr.models.hub_layout import ExpertPiece, disk_name, disk_tensors, expert_pieces
 from rlvr.models.moe import expert_projections, moe_layers
 from rlvr.models.multimodal import text_model_config
+from rlvr.models.transformers_classes import causal_lm_from_config
 from rlvr.quant import nf4, nvfp4
 from rlvr.quant.experts import NVFP4Experts, pack_experts, use_rlvr_experts
 from rlvr.quant.formats import is_quantized_checkpoint, quantized_format
@@ -131,7 +131,7 @@ class Skeleton:
         if getattr(config, "quantization_config", None) is not None:
             del config.quantization_config  # the model is built plain; the packed layers are put in
         with init_empty_weights(include_buffers=False):  # of a multimodal checkpoint, the language model alone
-            model = AutoModelForCausalLM.from_config(text_model_config(config), dtype=dtype)
+            model = causal_lm_from_config(text_model_config(config), dtype=dtype)
         return cls(model, base_format)
 
     def _take_packed_linears(self, files: CheckpointFiles, dtype: torch.dtype) -> None:

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM
+
+from rlvr.models.transformers_classes import causal_lm_from_pretrained
 
 
 def warm_start(
@@ -36,7 +37,7 @@ def warm_start(
     training early when it returns True (the demo's readiness check, rlvr.demo.warm_start)."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = causal_lm_from_pretrained(model_dir, dtype=torch.float32)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / 20))  # warmup, then flat

@@ -1,0 +1,42 @@
+"""Building a causal LM through transformers, with the one model class rlvr adds to it.
+
+transformers 5.19 builds `mistral4` (Mistral Large 3's math: MLA with interleaved rope, softmax
+routing with renormalised top-k, llama-4 query scaling) only as an image-text-to-text model,
+and has no checkpoint conversion for its experts, so `AutoModelForCausalLM` refuses its config
+and `save_pretrained` writes fused `experts.gate_up_proj` tensors that vLLM does not read.
+`register_mistral4` adds both, once; a transformers release that lists either itself keeps its
+own. Every rlvr path that builds a model calls `causal_lm_from_config` or
+`causal_lm_from_pretrained`, which register first; code that builds one with transformers'
+own classes calls `register_mistral4` itself.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers.conversion_mapping import get_checkpoint_conversion_mapping, register_checkpoint_conversion_mapping
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers.models.mistral4 import Mistral4Config, Mistral4ForCausalLM
+
+
+@cache
+def register_mistral4() -> None:
+    if Mistral4Config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        # exist_ok: without it transformers silently skips a config class of its own
+        AutoModelForCausalLM.register(Mistral4Config, Mistral4ForCausalLM, exist_ok=True)
+    if get_checkpoint_conversion_mapping(Mistral4Config.model_type) is None:
+        # one Linear per expert on disk, as DeepSeek-V3 (whose MoE block mistral4 shares) and vLLM read it
+        register_checkpoint_conversion_mapping(
+            Mistral4Config.model_type, get_checkpoint_conversion_mapping("deepseek_v3")
+        )
+
+
+def causal_lm_from_config(config, **kwargs) -> PreTrainedModel:
+    register_mistral4()
+    return AutoModelForCausalLM.from_config(config, **kwargs)
+
+
+def causal_lm_from_pretrained(path, **kwargs) -> PreTrainedModel:
+    register_mistral4()
+    return AutoModelForCausalLM.from_pretrained(path, **kwargs)
