@@ -22,8 +22,8 @@ console = console_for()
 errors = console_for(stderr=True)  # a failure's one line: on stderr, so a pipe of stdout holds only results
 
 
-def _verbose():
-    return typer.Option(False, "--verbose", help="show vLLM, transformers, torch and Ray logs here, not in a log file")
+def _verbose(kept_in: str = "the log file it names"):
+    return typer.Option(False, "--verbose", help=f"show vLLM, transformers, torch and Ray logs here, not in {kept_in}")
 
 
 def _log_line(log: Path) -> None:
@@ -56,9 +56,7 @@ def train(
         help="'latest' (the config's run_dir) or a RUN_DIR: continue from its last good checkpoint, "
         "with RUN_DIR/config.yaml unless CONFIG is given",
     ),
-    verbose: bool = typer.Option(
-        False, "--verbose", help="show vLLM, transformers, torch and Ray logs here, not in RUN_DIR/logs"
-    ),
+    verbose: bool = _verbose("RUN_DIR/logs"),
 ):
     """Run RL training as the config says."""
     cfg = _train_config(config, overrides or [], resume)
@@ -149,9 +147,7 @@ def config_command(
 def demo(
     config: Path = typer.Option(Path(DEMO_CONFIG), "--config", help="the demo's config"),
     overrides: Optional[list[str]] = typer.Argument(None, help="dotted overrides"),
-    verbose: bool = typer.Option(
-        False, "--verbose", help="show vLLM, transformers, torch and Ray logs here, not in RUN_DIR/logs"
-    ),
+    verbose: bool = _verbose("RUN_DIR/logs"),
 ):
     """`rlvr train configs/demo.yaml`, first building the tiny model and task if missing."""
     from rlvr.demo import ensure_demo_assets
@@ -252,9 +248,7 @@ def eval_command(
     out: Optional[Path] = typer.Option(None, "--out", help="write the metrics JSON here"),
     as_json: bool = typer.Option(False, "--json", help="print the headline metrics as one JSON line"),
     no_progress: bool = typer.Option(False, "--no-progress", help="no progress bars (off anyway when not a terminal)"),
-    verbose: bool = typer.Option(
-        False, "--verbose", help="show vLLM, transformers and torch logs here, not in the log file named at the end"
-    ),
+    verbose: bool = _verbose(),
 ):
     """avg@k, unbiased pass@k and maj@k with standard errors, sampled now or from saved rows."""
     from rlvr.eval.metrics import headline_line
