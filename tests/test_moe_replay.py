@@ -113,15 +113,14 @@ def test_vllm_routed_experts_become_rollout_routes_of_the_moe_blocks(model_dir):
 
     import numpy as np
 
-    from rlvr.engines.vllm_engine import VLLMEngine, _num_experts
-    from rlvr.models.moe import moe_layer_numbers
+    from rlvr.engines.inflight import Preempted
+    from rlvr.engines.vllm_options import moe_shape
+    from rlvr.engines.vllm_replies import RolloutReader
     from rlvr.records import Request
 
-    engine = object.__new__(VLLMEngine)  # the reading of outputs only: no vLLM engine behind it
-    engine._moe_blocks, engine._num_experts = moe_layer_numbers(model_dir), _num_experts(model_dir)
-    engine.tokenizer = SimpleNamespace(decode=lambda ids, **_: "")
-    engine._sampled_before, engine._finished_under, engine.policy_version = {}, {}, 0  # no update in flight
-    assert engine._moe_blocks == [1, 2] and engine._num_experts == 8  # layer 0 is dense
+    experts_per_layer, moe_blocks = moe_shape(model_dir)
+    assert moe_blocks == [1, 2] and experts_per_layer == 8  # layer 0 is dense
+    reader = RolloutReader(lambda ids: "", moe_blocks, experts_per_layer)  # as a GPU engine reads its outputs
     prompt, completion = [5, 6, 7], [8, 9]
     experts = np.arange(4 * 3 * 2).reshape(4, 3, 2).astype(np.uint8)  # [positions, 3 blocks, top-2]
     sample = SimpleNamespace(
@@ -132,7 +131,8 @@ def test_vllm_routed_experts_become_rollout_routes_of_the_moe_blocks(model_dir):
         routed_experts=experts,
         logprobs=SimpleNamespace(token_ids=completion, logprobs=[-1.0, -1.0]),
     )
-    (rollout,) = engine._rollouts(Request(0, prompt, 1, Sampling()), SimpleNamespace(request_id="r", outputs=[sample]))
+    output = SimpleNamespace(request_id="r", outputs=[sample])
+    (rollout,) = reader.rollouts(Request(0, prompt, 1, Sampling()), output, Preempted(), 0)  # no update in flight
     assert rollout.routes.dtype == torch.uint8
     assert torch.equal(rollout.routes.long(), torch.from_numpy(experts[:, 1:].astype(np.int64)))
 

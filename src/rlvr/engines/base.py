@@ -110,7 +110,7 @@ def completion_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Ten
 def cpu_threads(engine: EngineConfig, cores: int) -> int:
     """The threads an engine computes with on CPU, given the `cores` it may run on: engine.num_threads;
     else vLLM takes half of them, at least one (it shares them with the trainer ranks and the
-    verifiers, and its OpenMP threads spin-wait: see VLLMEngine), and transformers all of them."""
+    verifiers, and its OpenMP threads spin-wait: see rlvr.engines.vllm_options), and transformers all of them."""
     if engine.num_threads:
         return engine.num_threads
     return max(1, cores // 2) if engine.backend == "vllm" else max(1, cores)

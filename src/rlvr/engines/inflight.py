@@ -1,8 +1,9 @@
-"""The pieces of a sample that an update aborted mid-sequence, and how they are put back together:
-the records the vLLM engine keeps for what runs and what it stitches (rlvr.engines.vllm_engine,
-"abort and continue"), the continuation each unfinished sample is resubmitted as, and the sample
-rebuilt from its tokens before the update and its continuation's. Nothing here calls vLLM: the
-engine reads what its output processor saw and hands it over as plain lists.
+"""Requests in flight across an update (rlvr.engines.vllm_engine). Preempted in place, each
+sample's tokens keep the version that sampled them (`Preempted`). Aborted mid-sequence ("abort and
+continue"): the records the vLLM engine keeps for what runs and what it stitches, the continuation
+each unfinished sample is resubmitted as, and the sample rebuilt from its tokens before the update
+and its continuation's. Nothing here calls vLLM: the engine reads what its output processor saw
+(rlvr.engines.vllm_replies) and hands it over as plain lists.
 """
 
 from __future__ import annotations
@@ -53,6 +54,40 @@ class Stitch:
     finished: dict[int, Rollout] = field(default_factory=dict)
 
 
+@dataclass
+class Preempted:
+    """The requests in flight across updates that preempted them in place, per sample: the versions of
+    the tokens it had sampled by then, and the version that finished it if it had."""
+
+    sampled_before: dict[str, dict[int, list[int]]] = field(default_factory=dict)  # by vLLM request id
+    finished_under: dict[str, dict[int, int]] = field(default_factory=dict)
+
+    def tag(self, running: dict[tuple[str, int], int], pending: dict[str, Flight], version: int) -> None:
+        """Before an update that preempts the `pending` requests: tag the tokens each running sample
+        ((request id, index) -> tokens sampled so far) has sampled with `version`, which sampled them;
+        a sample no longer running finished under `version` (it waits for its siblings)."""
+        alive: dict[str, set[int]] = {}
+        for (request_id, index), tokens in running.items():
+            alive.setdefault(request_id, set()).add(index)
+            tagged = self.sampled_before.setdefault(request_id, {}).setdefault(index, [])
+            tagged += [version] * (tokens - len(tagged))
+        for request_id, flight in pending.items():
+            finished = self.finished_under.setdefault(request_id, {})
+            for index in set(range(flight.request.n)) - alive.get(request_id, set()):
+                finished.setdefault(index, version)
+
+    def versions(self, request_id: str, index: int, tokens: int, version: int) -> list[int]:
+        """The version of each of a finished sample's `tokens`; `version` serves now."""
+        tagged = self.sampled_before.get(request_id, {}).get(index, [])
+        last = self.finished_under.get(request_id, {}).get(index, version)
+        return tagged + [last] * (tokens - len(tagged))
+
+    def forget(self, request_id: str) -> None:
+        """The request is done."""
+        self.sampled_before.pop(request_id, None)
+        self.finished_under.pop(request_id, None)
+
+
 def continuation_seed(seed: int, version: int) -> int:
     """The seed a seeded sample continues with under policy `version`: a function of its own seed and
     the version only, so that a rerun continues it alike and each update draws afresh (63 bits, which
@@ -85,6 +120,34 @@ def continuation(flight: Flight, submitted: Request, origin: str, sample: int, s
         ),
     )
     return Flight(request, flight.ignore_eos, origin, sample, seen)
+
+
+def aborted(
+    flights: dict[str, Flight],
+    stitches: dict[str, Stitch],
+    finished: dict[tuple[str, int], Rollout],
+    running: dict[tuple[str, int], Partial],
+    version: int,
+) -> list[Flight]:
+    """What becomes of the samples of requests an update aborted (`flights`, by vLLM request id): a
+    finished one (`finished`, by (request id, sample index)) joins the stitch of the request as
+    submitted, in `stitches`; a running one (its tokens so far in `running`) goes on as a continuation
+    under `version`, returned to submit once that version serves."""
+    continuations = []
+    for request_id, flight in flights.items():
+        origin = flight.origin or request_id
+        stitch = stitches.setdefault(origin, Stitch(flight.request))
+        for index in range(flight.request.n):
+            sample = flight.index if flight.origin else index  # its index in the request as submitted
+            if (request_id, index) in finished:
+                stitch.finished[sample] = finished[request_id, index]
+                continue
+            if (request_id, index) not in running:
+                raise RuntimeError(f"vLLM request {request_id}: sample {index} is neither running nor finished")
+            continuations.append(
+                continuation(flight, stitch.request, origin, sample, running[request_id, index], version)
+            )
+    return continuations
 
 
 def stitched(submitted: Request, prefix: Partial, rest: Rollout, decode: Decode) -> Rollout:

@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import math
 import zlib
+from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
+
+from rlvr.records import LoraAdapter
 
 
 def stochastic_round(values: torch.Tensor, dtype: torch.dtype, generator: torch.Generator) -> torch.Tensor:
@@ -78,3 +82,29 @@ def merged_weights(
         summed = w.to(into).float() + scale * (pair["B"].float() @ pair["A"].float())
         merged[key] = stochastic_round(summed, into, generator)
     return list(merged.items())
+
+
+def read_base_weights(model_path: str) -> dict[str, torch.Tensor]:
+    """Every tensor of the model folder's safetensors files: the base an adapter is merged into."""
+    files = sorted(Path(model_path).glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{model_path}: no .safetensors files to merge a LoRA adapter into")
+    return {name: tensor for f in files for name, tensor in load_file(str(f)).items()}
+
+
+class MergedAdapters:
+    """An engine's adapters served merged into its base: the base read from the model folder at the
+    first one (a host copy of it, kept), each adapter merged in the engine's `dtype`."""
+
+    def __init__(self, model_path: str, dtype: torch.dtype):
+        self.model_path, self.dtype = model_path, dtype
+        self.base: dict[str, torch.Tensor] | None = None
+        self.version: int | None = None  # the version the engine serves, once it has loaded one
+
+    def merged(self, adapter: LoraAdapter) -> list[tuple[str, torch.Tensor]]:
+        """The weights `adapter` changes, merged (see `merged_weights`)."""
+        if adapter.version == self.version:
+            raise ValueError(f"LoRA version {adapter.version} is already loaded: each sync needs a new version")
+        if self.base is None:
+            self.base = read_base_weights(self.model_path)
+        return merged_weights(self.base, adapter.tensors, adapter.config, self.dtype)

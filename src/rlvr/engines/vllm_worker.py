@@ -13,6 +13,7 @@ an extension whose attributes collide with the worker's.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -25,6 +26,8 @@ import torch
 from vllm.lora.lora_model import LoRAModel
 from vllm.lora.peft_helper import PEFTHelper
 
+from rlvr.records import LoraAdapter
+
 SHARED_FOLDER = "/dev/shm"  # a tmpfs: the file's pages are memory, mapped by the workers
 _ALIGNMENT = 64  # each tensor's offset in a shared file, in bytes
 
@@ -35,7 +38,7 @@ class WeightSyncExtension:
     def rlvr_reload_weights(self, weights) -> None:
         """The worker's own `reload_weights`, given named tensors (as `shipped` makes them).
 
-        A merged adapter reloads only the modules it changes (rlvr.engines.vllm_engine.merged_weights);
+        A merged adapter reloads only the modules it changes (rlvr.engines.lora_merge.merged_weights);
         vLLM then keeps every other layer as it is, warning once per layer and once more with the
         list of names that nothing was loaded for. That is the intent here, so those two loggers
         are held at errors for the call."""
@@ -77,6 +80,18 @@ class WeightSyncExtension:
             skip_prefixes=getattr(model, "lora_skip_prefixes", None),
         )
         manager._adapter_manager.add_adapter(adapter)
+
+
+def lora_payload(adapter: LoraAdapter, copy: bool) -> tuple[list[tuple[str, torch.Tensor]], dict]:
+    """`adapter`'s tensors and config as `rlvr_add_lora` takes them (the tensors still to be `shipped`).
+
+    vLLM keeps the tensors it is given and scales each lora_B in place (see rlvr_add_lora):
+    in-process (`copy`) they must be copies, not the trainer's parameters (nor read-only views of
+    Ray's object store); out of process the one copy is the shared file the worker maps."""
+    named = [(name, t.detach().to("cpu", copy=copy).contiguous()) for name, t in adapter.tensors.items()]
+    # JSON round trip: PEFT's dict holds sets and enums, which cannot cross to the worker.
+    config = json.loads(json.dumps(adapter.config, default=lambda v: sorted(v) if isinstance(v, set) else str(v)))
+    return named, config
 
 
 @contextmanager
