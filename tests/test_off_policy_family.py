@@ -11,7 +11,6 @@ generation: it is compared with its formula (TRL's docstring: a sequence's ratio
 """
 
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -84,16 +83,22 @@ def test_masked_is_band_must_be_a_band():
 
 
 def trainer_loss(algorithm: AlgorithmConfig, agg: str = "token_mean", old: torch.Tensor | None = None):
-    """The trainer's own `_loss` (rlvr.training.worker) on the tensors above, with the current
-    policy = TRAINER and pi_old = `old` (default: TRAINER, one update); returns the loss,
-    d loss / d logprobs, the IS weights and the kept mask."""
-    from rlvr.training.worker import Rank
+    """The trainer's own loss (rlvr.training.rank_loss.micro_batch_loss) on the tensors above, with
+    the current policy = TRAINER and pi_old = `old` (default: TRAINER, one update); returns the
+    loss, d loss / d logprobs, the IS weights and the kept mask."""
+    from rlvr.training.rank_loss import micro_batch_loss
 
-    rank = SimpleNamespace(spec=SimpleNamespace(algorithm=algorithm.model_copy(update={"agg": agg})))
     lp = TRAINER.clone().requires_grad_()
     advantages = torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)
-    loss, _, is_weights, kept = Rank._loss(
-        rank, None, lp, lp.detach() if old is None else old, SAMPLER, advantages, MASK, SimpleNamespace(max_len=4)
+    loss, _, is_weights, kept = micro_batch_loss(
+        algorithm.model_copy(update={"agg": agg}),
+        lp,
+        lp.detach() if old is None else old,
+        SAMPLER,
+        advantages,
+        MASK,
+        4,
+        reference=lambda: pytest.fail("read for the KL term, which these algorithms leave off"),
     )
     loss.backward()
     return loss, lp.grad, is_weights, kept
@@ -114,7 +119,7 @@ def test_trainer_rejects_responses_and_keeps_the_denominator():
     assert kept.tolist() == [[False] * 4, [False] * 4, [True, True, True, False]]
     assert grad[:2].abs().sum().item() == 0.0
     # the micro-batch's own token mean runs over the 3 kept tokens (the update's share then
-    # multiplies by kept / all tokens: rlvr.training.worker._share)
+    # multiplies by kept / all tokens: rlvr.training.rank_loss.update_share)
     assert grad[2, :3].tolist() == pytest.approx([-0.5 / 3] * 3)
     assert grad[2, 3].item() == 0.0
 

