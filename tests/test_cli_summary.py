@@ -2,7 +2,7 @@
 
 from types import SimpleNamespace
 
-from rlvr.cli import _print_summary
+from rlvr.orchestration.terminal_run import summary_lines
 
 
 def _summary(**extra) -> dict:
@@ -18,23 +18,20 @@ def _summary(**extra) -> dict:
     } | extra
 
 
-def _lines(capsys, summary: dict, tmp_path) -> list[str]:
+def _lines(summary: dict, tmp_path) -> list[str]:
     cfg = SimpleNamespace(eval=SimpleNamespace(k=[1, 4]), run_dir=str(tmp_path))
-    _print_summary(summary, cfg, tmp_path / "report.html", logs=False)
-    return capsys.readouterr().out.splitlines()
+    return summary_lines(summary, cfg, tmp_path / "report.html", logs=False)
 
 
-def test_a_whole_run_and_a_resumed_one_say_how_many_steps_they_ran(capsys, tmp_path):
-    assert _lines(capsys, _summary(), tmp_path)[0].startswith("done: 10 steps in 1121 s (engine vllm")
+def test_a_whole_run_and_a_resumed_one_say_how_many_steps_they_ran(tmp_path):
+    assert _lines(_summary(), tmp_path)[0].startswith("done: 10 steps in 1121 s (engine vllm")
     # resumed after its last step only to evaluate: it ran none
-    assert _lines(capsys, _summary(resumed_after_step=10), tmp_path)[0].startswith(
-        "done: 0 steps after resuming at step 10 in"
-    )
-    assert _lines(capsys, _summary(resumed_after_step=4, stopped_after_step=7), tmp_path)[0].startswith(
+    assert _lines(_summary(resumed_after_step=10), tmp_path)[0].startswith("done: 0 steps after resuming at step 10 in")
+    assert _lines(_summary(resumed_after_step=4, stopped_after_step=7), tmp_path)[0].startswith(
         "done: 3 steps after resuming at step 4 in"
     )
 
 
-def test_the_held_out_change_carries_its_paired_standard_error(capsys, tmp_path):
-    lines = _lines(capsys, _summary(), tmp_path)
+def test_the_held_out_change_carries_its_paired_standard_error(tmp_path):
+    lines = _lines(_summary(), tmp_path)
     assert "held-out avg@4: 0.135 -> 0.139 (+0.4 points ± 1.4, paired standard error)" in lines

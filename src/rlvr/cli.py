@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from rlvr.config import ConfigError, dump_config, load_config, set_dotted, validate_config
+from rlvr.config import ConfigError, config_to_run, dump_config, load_config
 from rlvr.tracking.terminal import console_for
 
 app = typer.Typer(
@@ -35,10 +35,6 @@ def _log_line(log: Path) -> None:
 DEMO_CONFIG = "configs/demo.yaml"
 
 
-def _load(config: Path, overrides: list[str]):
-    return load_config(config, overrides)
-
-
 @app.command()
 def train(
     config: Optional[str] = typer.Argument(
@@ -59,37 +55,28 @@ def train(
     verbose: bool = _verbose("RUN_DIR/logs"),
 ):
     """Run RL training as the config says."""
-    cfg = _train_config(config, overrides or [], resume)
+    cfg = config_to_run(config, overrides or [], resume)
     if dry_run:
         from rlvr.hardware import cpu_rates
-        from rlvr.planning.plan import PlanError, make_plan
         from rlvr.planning.plan_report import print_plan
 
         console.print(dump_config(cfg), highlight=False, end="")
-        try:
-            plan = make_plan(cfg, cpu_rates=cpu_rates)
-        except PlanError as err:
-            errors.print(f"[red]plan error:[/red] {config or resume}: {err}", highlight=False)
-            raise typer.Exit(2) from None
+        plan = _plan(cfg, config or resume, cpu_rates=cpu_rates)
         console.print()
         print_plan(plan, cfg, console)
         return
     _run(cfg, resume=resume is not None, verbose=verbose)
 
 
-def _train_config(config: str | None, overrides: list[str], resume: str | None):
-    """The run's config: CONFIG with its overrides; with --resume RUN_DIR and no CONFIG file, the
-    run's own config.yaml (the first argument, if any, is then an override too)."""
-    if resume in (None, "latest"):
-        if config is None:
-            raise ConfigError("give CONFIG (or --resume RUN_DIR to continue a run from its own config.yaml)")
-        return _load(Path(config), overrides)
-    run_dir = Path(resume)
-    if config is not None and "=" not in config:
-        return _load(Path(config), [*overrides, f"run_dir={resume}"])
-    if not (run_dir / "config.yaml").is_file():
-        raise ConfigError(f"--resume {resume}: not a run folder (no config.yaml)")
-    return _load(run_dir / "config.yaml", [*([config] if config else []), *overrides, f"run_dir={resume}"])
+def _plan(cfg, source, **options):
+    """The run's plan (rlvr.planning.plan.make_plan); a plan error ends the command in one line, exit code 2."""
+    from rlvr.planning.plan import PlanError, make_plan
+
+    try:
+        return make_plan(cfg, **options)
+    except PlanError as err:
+        errors.print(f"[red]plan error:[/red] {source}: {err}", highlight=False)
+        raise typer.Exit(2) from None
 
 
 @app.command()
@@ -105,15 +92,10 @@ def rehearse(
     simulated cluster of the config's nodes and GPUs, its ranks' shards on meta; checked against the plan."""
     from rlvr.orchestration.rehearsal import rehearse as run_rehearsal
     from rlvr.orchestration.rehearsal import summary_lines
-    from rlvr.planning.plan import PlanError, make_plan
     from rlvr.tracking.terminal import quiet_output
 
-    cfg = _load(config, overrides or [])
-    try:
-        make_plan(cfg)
-    except PlanError as err:
-        errors.print(f"[red]plan error:[/red] {config}: {err}", highlight=False)
-        raise typer.Exit(2) from None
+    cfg = load_config(config, overrides or [])
+    _plan(cfg, config)
     log = Path(cfg.run_dir) / "logs" / "rehearse.log"
     with quiet_output(log, verbose):
         report = run_rehearsal(cfg)
@@ -140,7 +122,7 @@ def config_command(
     if config is None:
         errors.print("[red]error:[/red] give CONFIG or --defaults", highlight=False)
         raise typer.Exit(2)
-    console.print(dump_config(_load(config, overrides or [])), highlight=False, end="")
+    console.print(dump_config(load_config(config, overrides or [])), highlight=False, end="")
 
 
 @app.command()
@@ -152,7 +134,7 @@ def demo(
     """`rlvr train configs/demo.yaml`, first building the tiny model and task if missing."""
     from rlvr.demo import ensure_demo_assets
 
-    cfg = _load(config, overrides or [])
+    cfg = load_config(config, overrides or [])
     if cfg.demo is None:
         raise ConfigError(f"{config}: a demo config needs a `demo:` section")
 
@@ -252,7 +234,6 @@ def eval_command(
 ):
     """avg@k, unbiased pass@k and maj@k with standard errors, sampled now or from saved rows."""
     from rlvr.eval.metrics import headline_line
-    from rlvr.tracking.terminal import quiet_output
 
     lines = []
     if from_rollouts is not None:
@@ -260,7 +241,8 @@ def eval_command(
 
         result = metrics_from_rollouts(from_rollouts, _ks(k or "1,8"))
     else:
-        cfg, adapter = _eval_config(model, dataset, adapter, run)
+        from rlvr.eval.standalone import eval_config, evaluate_now
+
         overrides = {
             "data.test": dataset,
             "data.template": template,
@@ -275,36 +257,19 @@ def eval_command(
             "engine.num_threads": threads,
             "seed": seed,
         }
-        raw = cfg.model_dump()
-        for key, value in overrides.items():
-            if value is not None:
-                set_dotted(raw, key, value)
-        cfg = validate_config(raw, source="rlvr eval")
-        if cfg.data.test is None:
-            raise ValueError(f"{run}: the run has no data.test; give --dataset")
-        from rlvr.eval.runner import held_out_sampling
-        from rlvr.eval.sample import evaluate_model
-        from rlvr.tracking.progress import RunProgress
-
+        cfg, adapter = eval_config(model, dataset, adapter, run, overrides, say=console.print)
         samples = out.with_suffix(".samples.jsonl") if out else Path("eval_samples.jsonl")
         log = run / "logs" / "eval.log" if run is not None else samples.with_name(samples.name.split(".")[0] + ".log")
-        with quiet_output(log, verbose) as terminal, RunProgress(terminal, enabled=not no_progress) as progress:
-            result = evaluate_model(
-                cfg.model,
-                cfg.engine,
-                cfg.data,
-                cfg.data.test,
-                reward=cfg.reward if run is not None or verifier else None,
-                adapter=adapter,
-                n=cfg.eval.n,
-                ks=cfg.eval.k,
-                sampling=held_out_sampling(cfg.eval, cfg.rollout.sampling, cfg.seed),
-                limit=cfg.eval.max_problems,
-                seed=cfg.seed,
-                samples_path=samples,
-                progress=progress,
-                answers_fill_model=run is None and max_tokens is None,
-            )
+        result = evaluate_now(
+            cfg,
+            adapter,
+            samples=samples,
+            log=log,
+            verbose=verbose,
+            progress=not no_progress,
+            score_as_configured=run is not None or bool(verifier),
+            answers_fill_model=run is None and max_tokens is None,
+        )
         lines.append(f"samples: {samples}" + (f"  log: {log}" if log.is_file() else ""))
     headline = {key: value for key, value in result.items() if key != "problems"}
     if out is not None:
@@ -314,47 +279,6 @@ def eval_command(
     lines.insert(0, json.dumps(headline, allow_nan=False) if as_json else headline_line(result))
     for line in lines:
         console.print(line, highlight=False, markup=False)
-
-
-# What `rlvr eval MODEL` samples with when no run says otherwise: a real evaluation's length.
-EVAL_MAX_TOKENS = 1024
-
-
-def _eval_config(model: str | None, dataset: str | None, adapter: Path | None, run: Path | None):
-    """The config an evaluation reads its sections from: the run's own (with its newest adapter),
-    or one made for MODEL and the dataset; and the adapter to serve."""
-    if run is None:
-        if model is None or dataset is None:
-            raise ValueError("give MODEL (or --run RUN_DIR) and --dataset (or --from-rollouts FILE)")
-        from rlvr.affinity import allowed_cores
-        from rlvr.models.folder import check_model_folder
-
-        check_model_folder(model, key="MODEL")
-        from rlvr.models.multimodal import max_positions
-
-        context = max_positions(model)
-        # no run to say how long a prompt may be: as long as the model reads (the engine is sized to the prompts)
-        data = {"train": dataset, "test": dataset} | ({"max_prompt_tokens": context} if context else {})
-        raw = {
-            "model": {"path": model},
-            "data": data,
-            "rollout": {"sampling": {"max_tokens": EVAL_MAX_TOKENS}},
-            # alone on the machine, the engine takes every core: the default half leaves the rest to
-            # trainer ranks, which an evaluation has not (a run's own keeps its threads, and so its samples)
-            "engine": {"num_threads": len(allowed_cores())},
-        }
-        return validate_config(raw, source="rlvr eval"), adapter
-    from rlvr.checkpoint.export import export_run, open_run
-
-    if model is not None or adapter is not None:
-        raise ValueError("give either --run RUN_DIR or MODEL [--adapter DIR], not both")
-    cfg, checkpoint, adapter = open_run(run)
-    if adapter is None:  # full fine-tuning has no adapter: evaluate its trained weights, exported
-        cfg = cfg.model_copy(
-            update={"model": cfg.model.model_copy(update={"path": str(export_run(run, run / "exported", checkpoint))})}
-        )
-    console.print(f"run {run}: model {cfg.model.path}, adapter {adapter or '(none: full fine-tuning)'}")
-    return cfg, adapter
 
 
 def _ks(text: str) -> list[int]:
@@ -459,52 +383,11 @@ def report(run_dir: Path = typer.Argument(..., help="a run folder with metrics.j
 
 
 def _run(cfg, resume: bool = False, verbose: bool = False, prepare=None) -> None:
-    """The run, with only rlvr's own lines in the terminal (the rest in RUN_DIR/logs/run.log)."""
-    from rlvr.eval.report import write_report
-    from rlvr.orchestration.loop import train as run_training
-    from rlvr.tracking.progress import RunProgress
-    from rlvr.tracking.terminal import run_output
+    """The run, its libraries' output in RUN_DIR/logs/run.log; then the lines it ends with."""
+    from rlvr.orchestration.terminal_run import run_in_terminal
 
-    with run_output(cfg.run_dir, verbose) as terminal:  # an error leaves it (output restored), then main() says it
-        notes = prepare(terminal) if prepare is not None else None
-        with RunProgress(terminal, enabled=cfg.tracking.progress, steps=cfg.steps) as progress:
-            summary = run_training(cfg, progress=progress, resume=resume, log=progress.console.print, notes=notes)
-        report = write_report(cfg.run_dir)
-    _print_summary(summary, cfg, report, logs=not verbose)
-
-
-def _print_summary(summary: dict, cfg, report: Path, logs: bool) -> None:
-    last, first = summary.get("stopped_after_step", summary["steps"]), summary.get("resumed_after_step", 0)
-    steps = f"{last - first} steps" + (f" after resuming at step {first}" if first else "")
-    lora = f"LoRA r{summary['lora_rank']}" if summary.get("lora_rank") else "full fine-tuning"
-    console.print(
-        f"done: {steps} in {summary['wall_seconds']:.0f} s (engine {summary.get('engine')}, "
-        f"{summary.get('trainer_ranks')} trainer ranks, {summary.get('base_format')} base, {lora})",
-        highlight=False,
-    )
-    before, after = summary.get("eval_before") or {}, summary.get("eval_after") or {}
-    k = max(cfg.eval.k)
-    for key in [f"{m}@{k}" for m in ("avg", "pass", "maj") if f"{m}@{k}" in after and f"{m}@{k}" in before]:
-        change = after[key] - before[key]
-        paired = after.get(f"paired/stderr/{key}")  # the same problems before and after: the error of the change
-        spread = "" if paired is None else f" ± {paired * 100:.1f}, paired standard error"
-        console.print(
-            f"held-out {key}: {before[key]:.3f} -> {after[key]:.3f} ({change * 100:+.1f} points{spread})",
-            highlight=False,
-        )
-    unseen = (f"unseen_before/avg@{k}", f"unseen_after/avg@{k}")
-    if all(key in after for key in unseen):  # some test prompts were also training prompts
-        console.print(
-            f"  on the test problems never drawn for training: {after[unseen[0]]:.3f} -> {after[unseen[1]]:.3f} "
-            f"({(after[unseen[1]] - after[unseen[0]]) * 100:+.1f} points)",
-            highlight=False,
-        )
-    run_dir = Path(cfg.run_dir)
-    console.print(
-        f"wrote {run_dir / 'summary.json'}, metrics.jsonl and {report.name}"
-        + (f"; logs in {run_dir / 'logs'}" if logs else ""),
-        highlight=False,
-    )
+    for line in run_in_terminal(cfg, resume=resume, verbose=verbose, prepare=prepare):
+        console.print(line, highlight=False)
 
 
 @app.command()

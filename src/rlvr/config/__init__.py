@@ -12,7 +12,7 @@ serve.py); a component receives only the sections it reads.
 from rlvr.config.algorithm import AlgorithmConfig, MaskedISConfig, OverlongPenaltyConfig, RatioBand, RejectionConfig
 from rlvr.config.base import ConfigError, Section
 from rlvr.config.demo import DemoSpec, ReadinessCheck, SyntheticTaskSpec, TinyModelSpec, WarmStartSpec
-from rlvr.config.loading import dump_config, load_config, set_dotted, validate_config
+from rlvr.config.loading import config_to_run, dump_config, load_config, set_dotted, validate_config
 from rlvr.config.model import ArchitectureEstimate, DataConfig, ModelConfig
 from rlvr.config.rollout import EngineConfig, EnvConfig, RolloutConfig, SamplingConfig
 from rlvr.config.run import CheckpointConfig, EvalConfig, PlacementConfig, RunConfig, TrackingConfig
@@ -50,6 +50,7 @@ __all__ = [
     "TrackingConfig",
     "TrainerConfig",
     "WarmStartSpec",
+    "config_to_run",
     "dump_config",
     "load_config",
     "set_dotted",

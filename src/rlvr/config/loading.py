@@ -34,6 +34,22 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = (), s
     return validate_config(raw, source=str(path), schema=schema)
 
 
+def config_to_run(config: str | None, overrides: list[str], resume: str | None) -> RunConfig:
+    """What `rlvr train` runs: CONFIG with its overrides; resuming a RUN_DIR (`resume`; "latest": the
+    config's own run_dir) without a CONFIG file, the run's own config.yaml (the first argument, if
+    any, is then an override too)."""
+    if resume in (None, "latest"):
+        if config is None:
+            raise ConfigError("give CONFIG (or --resume RUN_DIR to continue a run from its own config.yaml)")
+        return load_config(Path(config), overrides)
+    run_dir = Path(resume)
+    if config is not None and "=" not in config:
+        return load_config(Path(config), [*overrides, f"run_dir={resume}"])
+    if not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"--resume {resume}: not a run folder (no config.yaml)")
+    return load_config(run_dir / "config.yaml", [*([config] if config else []), *overrides, f"run_dir={resume}"])
+
+
 def validate_config(raw: dict, source: str = "<config>", schema: type[Section] = RunConfig):
     _check_keys(raw, schema, prefix="", source=source)
     try:
