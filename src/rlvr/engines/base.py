@@ -35,9 +35,15 @@ class Engine(Protocol):
     restarts: int = 0  # engines built again after one died (rlvr.orchestration.engine_supervisor counts them)
 
     def generate(
-        self, prompts: list[list[int]], n: int, sampling: Sampling, *, progress: Callable[[int], None] | None = None
+        self,
+        prompts: list[list[int]],
+        n: int,
+        sampling: Sampling | Sequence[Sampling],
+        *,
+        progress: Callable[[int], None] | None = None,
     ) -> list[Rollout]:
-        """Sample `n` completions per prompt; `len(prompts) * n` rollouts, by prompt then sample.
+        """Sample `n` completions per prompt (`sampling`: one, or one per prompt); `len(prompts) * n`
+        rollouts, by prompt then sample.
 
         `progress`, if given, is called with the number of samples finished, as they finish."""
         ...

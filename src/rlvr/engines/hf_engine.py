@@ -27,7 +27,7 @@ from rlvr.models.tokenizer import load_tokenizer
 from rlvr.models.transformers_classes import causal_lm_from_pretrained
 from rlvr.quant import peft_targets_as_given
 from rlvr.quant.skeleton import Skeleton
-from rlvr.records import LoraAdapter, Request, Rollout, Sampling
+from rlvr.records import FinishReason, LoraAdapter, Request, Rollout, Sampling
 
 
 class HFEngine(Engine):
@@ -143,7 +143,11 @@ class HFEngine(Engine):
                 return_dict_in_generate=True,
             )
         # [rows, positions fed (left padding, prompt, new tokens but the last), MoE layers, k]
-        routes = compact_routes(record.per_sequence(len(rows)).cpu(), self.num_experts) if self.num_experts else None
+        routes = (
+            compact_routes(record.per_sequence(len(rows)).cpu(), self.num_experts)
+            if self.num_experts and record is not None  # recorded exactly when the model has experts
+            else None
+        )
         new_tokens = out.sequences[:, width:]
         logprobs = torch.log_softmax(torch.stack(out.scores, dim=1).float(), dim=-1)
         logprobs = logprobs.gather(-1, new_tokens.unsqueeze(-1)).squeeze(-1)
@@ -166,7 +170,7 @@ class HFEngine(Engine):
             )
         return rollouts
 
-    def _finish(self, ids: list[int], stop: tuple[str, ...], stop_ids: tuple[int, ...]) -> tuple[int, str]:
+    def _finish(self, ids: list[int], stop: tuple[str, ...], stop_ids: tuple[int, ...]) -> tuple[int, FinishReason]:
         """Length of the completion (up to and including EOS, a stop token or a stop string) and why it ended."""
         ended_at = next((at + 1 for at, token in enumerate(ids) if token in stop_ids), None)
         if ended_at is not None:
@@ -208,8 +212,9 @@ class HFEngine(Engine):
                 self.model = get_peft_model(self.model, get_peft_config(dict(adapter.config)))
             self.model.eval()
         result = set_peft_model_state_dict(self.model, adapter.tensors)
-        if result.unexpected_keys:
-            raise ValueError(f"LoRA tensors the model has no place for: {result.unexpected_keys[:3]}")
+        unexpected = result.unexpected_keys  # type: ignore[attr-defined]  # peft annotates its return `namedtuple`: torch's _IncompatibleKeys
+        if unexpected:
+            raise ValueError(f"LoRA tensors the model has no place for: {unexpected[:3]}")
         self.policy_version = adapter.version
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:

@@ -154,6 +154,8 @@ def stitched(submitted: Request, prefix: Partial, rest: Rollout, decode: Decode)
     """One sample of `submitted`, put back together from its tokens before an update (`prefix`) and
     its continuation's rollout (`rest`). A stop string across the seam ends it there: vLLM did not
     see it (see `spanning_stop_end`), and the continuation's tokens after it are dropped."""
+    if rest.versions is None:
+        raise ValueError("a continuation's rollout must carry the version of each of its tokens")
     ids, logprobs, versions = (
         prefix.completion_ids + rest.completion_ids,
         prefix.logprobs + rest.logprobs,

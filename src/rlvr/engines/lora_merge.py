@@ -40,7 +40,8 @@ def content_seed(tensors: dict[str, torch.Tensor]) -> int:
     version, process or run serves it (a resumed run, `rlvr eval --run` of a run's adapter)."""
     crc = 0
     for name in sorted(tensors):
-        crc = zlib.crc32(tensors[name].detach().cpu().contiguous().view(torch.uint8).numpy(), crc)
+        data = tensors[name].detach().cpu().contiguous().view(torch.uint8).numpy()
+        crc = zlib.crc32(data, crc)  # type: ignore[arg-type]  # numpy's stubs declare ndarray.__buffer__ on 3.12+ only
     return crc
 
 

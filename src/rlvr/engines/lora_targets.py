@@ -86,6 +86,6 @@ def engine_uses_mla(model) -> bool:
     text = config.get_text_config()
     if text.model_type in SERVED_NATIVELY_AS:
         text = copy.copy(text)
-        text.model_type = SERVED_NATIVELY_AS[text.model_type]
+        text.model_type = SERVED_NATIVELY_AS[text.model_type]  # type: ignore[misc]  # transformers' stub: a ClassVar; vLLM reads this copy's own
     convertor = MODEL_ARCH_CONFIG_CONVERTORS.get(config.model_type, ModelArchConfigConvertorBase)(config, text)
     return not envs.VLLM_MLA_DISABLE and getattr(text, "is_causal", True) and convertor.is_deepseek_mla()

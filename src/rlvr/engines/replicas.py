@@ -104,15 +104,11 @@ class ReplicatedEngine(Engine):
         if len(samplings) != len(prompts):
             raise ValueError(f"got {len(samplings)} samplings for {len(prompts)} prompts")
         self._settle("generate")
-        lock = Lock()
-
-        def report(samples: int) -> None:
-            with lock:
-                progress(samples)
+        report = None if progress is None else one_at_a_time(progress)  # the replicas report from their threads
 
         def run(replica: Engine, start: int, stop: int) -> list[Rollout]:
             shifted = [s if s.seed is None else replace(s, seed=s.seed + start * n) for s in samplings[start:stop]]
-            rollouts = replica.generate(prompts[start:stop], n, shifted, progress=progress and report, **options)
+            rollouts = replica.generate(prompts[start:stop], n, shifted, progress=report, **options)
             return [replace(r, prompt_index=r.prompt_index + start) for r in rollouts]
 
         runs = spans(len(prompts), len(self.replicas))
@@ -235,3 +231,14 @@ class ReplicatedEngine(Engine):
     def _check_open(self, operation: str) -> None:
         if self._closed:
             raise RuntimeError(f"the engine replicas are closed: cannot {operation}")
+
+
+def one_at_a_time(fn: Callable[[int], None]) -> Callable[[int], None]:
+    """`fn`, called from several threads, run by one of them at a time."""
+    lock = Lock()
+
+    def call(value: int) -> None:
+        with lock:
+            fn(value)
+
+    return call

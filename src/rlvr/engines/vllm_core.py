@@ -3,28 +3,35 @@ exited; and where the core runs in a process of its own, the calls already waiti
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from multiprocessing.connection import wait
 from threading import Thread
+from typing import TYPE_CHECKING, TypeVar
 
 from rlvr.engines.base import EngineDied
 
+if TYPE_CHECKING:
+    from vllm import LLM
 
-def call_engine(llm, operation: str, fn):
-    """Run `fn`, a call into `llm` (None: the engine was closed), turning a dead engine into an error
-    that says so."""
+T = TypeVar("T")  # what a call into vLLM returns
+
+
+def call_engine(llm: LLM | None, operation: str, fn: Callable[[LLM], T]) -> T:
+    """`fn(llm)`, a call into vLLM (`llm` None: the engine was closed), a dead engine turned into an
+    error that says so."""
     if llm is None:
         raise RuntimeError(f"vLLM engine is closed: cannot {operation}")
     from vllm.v1.engine.exceptions import EngineDeadError  # vllm: only an engine that runs it imports it
 
     try:
-        return fn()
+        return fn(llm)
     except EngineDeadError as error:
         raise EngineDied(
             f"vLLM engine process died ({engine_exit(llm)}) during {operation}; see its log above"
         ) from error
 
 
-def watch_engine_core(llm) -> None:
+def watch_engine_core(llm: LLM) -> None:
     """Wake calls that wait on an engine core that died.
 
     vLLM 0.32's client notices the death and fails calls made after it, but a generate
@@ -34,13 +41,14 @@ def watch_engine_core(llm) -> None:
     from vllm.v1.engine.exceptions import EngineDeadError  # vllm: only an engine that runs it imports it
 
     client = llm.llm_engine.engine_core
-    manager = getattr(client.resources, "engine_manager", None)
+    resources = getattr(client, "resources", None)  # a client of an engine core in its own process has them
+    manager = getattr(resources, "engine_manager", None)
     if manager is None or not hasattr(client, "outputs_queue"):
         return
 
     def watch(sentinels=tuple(p.sentinel for p in manager.processes)):
         wait(sentinels)  # returns once any engine-core process has exited (or was closed)
-        client.resources.engine_dead = True  # calls from now on fail at once (vLLM's ensure_alive)
+        resources.engine_dead = True  # calls from now on fail at once (vLLM's ensure_alive)
         client.outputs_queue.put_nowait(EngineDeadError())
         for future in list(client.utility_results.values()):
             if not future.done():
@@ -49,7 +57,7 @@ def watch_engine_core(llm) -> None:
     Thread(target=watch, daemon=True, name="rlvr-engine-core-watch").start()
 
 
-def engine_exit(llm) -> str:
+def engine_exit(llm: LLM) -> str:
     """How the engine core's processes exited, as far as vLLM's client knows."""
     manager = getattr(getattr(llm.llm_engine.engine_core, "resources", None), "engine_manager", None)
     codes = [p.exitcode for p in getattr(manager, "processes", [])]

@@ -30,6 +30,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -39,7 +40,7 @@ from rlvr.engines.base import Engine, cpu_threads
 from rlvr.engines.inflight import Flight, Preempted, Stitch, aborted, stitched
 from rlvr.engines.lora_merge import MergedAdapters
 from rlvr.engines.lora_targets import engine_uses_mla
-from rlvr.engines.vllm_core import call_engine, watch_engine_core
+from rlvr.engines.vllm_core import T, call_engine, watch_engine_core
 from rlvr.engines.vllm_options import configure_cpu_threads, llm_options, moe_shape, on_gpu, start_llm
 from rlvr.engines.vllm_replies import (
     RolloutReader,
@@ -53,6 +54,11 @@ from rlvr.engines.vllm_replies import (
 )
 from rlvr.hardware import compute_dtype
 from rlvr.records import LoraAdapter, Request, Rollout, Sampling
+
+if TYPE_CHECKING:
+    from vllm import LLM
+    from vllm.inputs import TokensPrompt
+    from vllm.lora.request import LoRARequest
 
 # vLLM's LoRARequest insists on a path; ours is never read because the adapter is already
 # registered under its id when a request names it (see WeightSyncExtension.rlvr_add_lora).
@@ -91,13 +97,13 @@ class VLLMEngine(Engine):
         uses_mla = engine_uses_mla(model_path)
         self.merge_lora = self.enable_lora and ((not gpu) if engine.merge_lora is None else engine.merge_lora)
         self.sleep_supported = sleep_mode and gpu
-        self._lora_request = None
+        self._lora_request: LoRARequest | None = None
         self._request_ids = itertools.count()
         self._pending: dict[str, Flight] = {}  # by vLLM request id: running, not yet returned by poll
         self._stitches: dict[str, Stitch] = {}  # by the vLLM id they were submitted under: aborted by an update
         self._preempted = Preempted()  # requests in flight across an update that preempted them in place
         self.policy_version = 0  # what samples now: 0 the weights loaded, then each update's version
-        self._llm = None
+        self._llm: LLM | None = None  # None once closed
         if not gpu:
             configure_cpu_threads(cpu_threads(engine, len(allowed_cores())))
         dtype = compute_dtype(model.dtype, "cuda" if gpu else "cpu").name
@@ -149,20 +155,18 @@ class VLLMEngine(Engine):
         samplings = [sampling] * len(prompts) if isinstance(sampling, Sampling) else list(sampling)
         if len(samplings) != len(prompts):
             raise ValueError(f"got {len(samplings)} samplings for {len(prompts)} prompts")
-        self.submit(
-            [
-                Request(i, prompt, n, s if s.seed is None else replace(s, seed=s.seed + i * n))
-                for i, (prompt, s) in enumerate(zip(prompts, samplings))
-            ],
-            ignore_eos=ignore_eos,
-        )
-        finished: dict[int, list[Rollout]] = {}
+        requests = [
+            Request(i, prompt, n, s if s.seed is None else replace(s, seed=s.seed + i * n))
+            for i, (prompt, s) in enumerate(zip(prompts, samplings))
+        ]
+        self.submit(requests, ignore_eos=ignore_eos)
+        finished: dict[Hashable, list[Rollout]] = {}
         while len(finished) < len(prompts):
             for key, rollouts in self.poll():
-                finished[key] = [replace(r, prompt_index=key) for r in rollouts]
+                finished[key] = rollouts
                 if progress is not None:
                     progress(len(rollouts))
-        return [r for i in range(len(prompts)) for r in finished[i]]
+        return [replace(r, prompt_index=i) for i, request in enumerate(requests) for r in finished[request.key]]
 
     def submit(self, requests: Sequence[Request], *, ignore_eos: bool = False) -> None:
         """Queue requests (each `n` samples of its prompt, seeded by its sampling's seed, the j-th
@@ -176,7 +180,7 @@ class VLLMEngine(Engine):
         params = sampling_params(flight.request.sampling, flight.request.n, flight.ignore_eos)
         self._call(
             "submit",
-            lambda: self._llm.llm_engine.add_request(
+            lambda llm: llm.llm_engine.add_request(
                 request_id, {"prompt_token_ids": list(flight.request.prompt)}, params, lora_request=self._lora_request
             ),
         )
@@ -184,21 +188,22 @@ class VLLMEngine(Engine):
 
     def poll(self) -> list[tuple[Hashable, list[Rollout]]]:
         """Run the engine until at least one submitted request finishes; (key, its n rollouts) of each."""
-        done = []
+        done: list[tuple[Hashable, list[Rollout]]] = []
         while self._pending and not done:
-            for output in self._call("generate", self._llm.llm_engine.step):
+            for output in self._call("generate", lambda llm: llm.llm_engine.step()):
                 if not output.finished:
                     continue
                 flight = self._pending.pop(output.request_id)
                 rollouts = self._reader.rollouts(flight.request, output, self._preempted, self.policy_version)
                 self._preempted.forget(output.request_id)
-                if flight.origin is None:
+                origin, prefix = flight.origin, flight.prefix
+                if origin is None or prefix is None:  # a request as submitted (a continuation has both)
                     done.append((flight.request.key, rollouts))
                     continue
-                stitch = self._stitches[flight.origin]
-                stitch.finished[flight.index] = stitched(stitch.request, flight.prefix, rollouts[0], self._decode)
+                stitch = self._stitches[origin]
+                stitch.finished[flight.index] = stitched(stitch.request, prefix, rollouts[0], self._decode)
                 if len(stitch.finished) == stitch.request.n:
-                    del self._stitches[flight.origin]
+                    del self._stitches[origin]
                     done.append((stitch.request.key, [stitch.finished[i] for i in range(stitch.request.n)]))
         return done
 
@@ -217,16 +222,12 @@ class VLLMEngine(Engine):
         # models whose logits processor takes LoRA (Llama, Qwen3, Phi-3 ...); one request at a
         # time, the mapping broadcasts over its tokens, which is right, as they share the adapter.
         batches = [[s] for s in sequences] if self._lora_request is not None else [sequences]
-        outputs = [
-            output
-            for batch in batches
-            for output in self._call(
-                "score",
-                lambda batch=batch: self._llm.generate(
-                    [{"prompt_token_ids": s} for s in batch], params, use_tqdm=False, lora_request=self._lora_request
-                ),
+        outputs = []
+        for batch in batches:
+            prompts: list[TokensPrompt] = [{"prompt_token_ids": s} for s in batch]
+            outputs += self._call(
+                "score", lambda llm: llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora_request)
             )
-        ]
         return prompt_logprobs(outputs, sequences, prompt_lens)
 
     # -- weight sync ------------------------------------------------------------------------
@@ -250,13 +251,11 @@ class VLLMEngine(Engine):
         # vLLM's LoRA layers keep serving a running request the adapter it started with
         continuations = self._abort_in_flight("update_lora", adapter.version)
         with shipped(named, self.in_process) as tensors:
-            self._call(
-                "update_lora", lambda: self._llm.collective_rpc("rlvr_add_lora", args=(lora_id, tensors, config))
-            )
+            self._call("update_lora", lambda llm: llm.collective_rpc("rlvr_add_lora", args=(lora_id, tensors, config)))
         previous = self._lora_request
         self._lora_request = LoRARequest(f"rlvr-v{adapter.version}", lora_id, IN_MEMORY_LORA_PATH)
         if previous is not None:
-            self._call("update_lora", lambda: self._llm.llm_engine.remove_lora(previous.lora_int_id))
+            self._call("update_lora", lambda llm: llm.llm_engine.remove_lora(previous.lora_int_id))
         self.policy_version = adapter.version
         for flight in continuations:
             self._add(flight)
@@ -291,24 +290,24 @@ class VLLMEngine(Engine):
         from rlvr.engines.vllm_worker import shipped
 
         if self._preempts_in_flight:
-            self._tag_in_flight()
+            self._tag_in_flight(operation)
             continuations = []
         else:
             continuations = self._abort_in_flight(operation, version)
         tensors = [(name, t.detach().to("cpu").contiguous()) for name, t in named_tensors]
         with shipped(tensors, self.in_process) as weights:
-            self._call(operation, lambda: self._llm.collective_rpc("rlvr_reload_weights", args=(weights,)))
+            self._call(operation, lambda llm: llm.collective_rpc("rlvr_reload_weights", args=(weights,)))
         # preempts whatever still runs (requests in flight, when they are preempted in place)
-        if not self._call(operation, lambda: self._llm.reset_prefix_cache(reset_running_requests=True)):
+        if not self._call(operation, lambda llm: llm.reset_prefix_cache(reset_running_requests=True)):
             raise RuntimeError(f"{operation}: vLLM kept its prefix cache, which the old weights computed")
         self.policy_version = version
         for flight in continuations:
             self._add(flight)
 
-    def _tag_in_flight(self) -> None:
+    def _tag_in_flight(self, operation: str) -> None:
         """Before an update that preempts the requests in flight: tag the tokens each sample has sampled
         so far with the version that sampled them (exact only where vLLM steps inside `poll` alone)."""
-        sampled = sampled_so_far(self._llm.llm_engine.output_processor, self._pending)
+        sampled = sampled_so_far(self._call(operation, lambda llm: llm.llm_engine.output_processor), self._pending)
         self._preempted.tag(sampled, self._pending, self.policy_version)
 
     def _abort_in_flight(self, operation: str, version: int) -> list[Flight]:
@@ -318,10 +317,10 @@ class VLLMEngine(Engine):
         under `version`, to submit once that version serves."""
         if not self._pending:
             return []
-        processor = self._llm.llm_engine.output_processor
+        processor = self._call(operation, lambda llm: llm.llm_engine.output_processor)
         running, finished = running_samples(processor, self._pending), finished_samples(processor, self._pending)
         flights, self._pending = self._pending, {}
-        self._call(operation, lambda: self._llm.llm_engine.abort_request(list(flights)))
+        self._call(operation, lambda llm: llm.llm_engine.abort_request(list(flights)))
         done = {
             (request_id, index): self._reader.rollout(
                 flights[request_id].request, request_id, sample, self._preempted, self.policy_version
@@ -339,11 +338,11 @@ class VLLMEngine(Engine):
     def sleep(self) -> None:
         """Offload weights and drop the KV cache (GPU with enable_sleep_mode); no-op on CPU."""
         if self.sleep_supported:
-            self._call("sleep", lambda: self._llm.sleep(level=1))
+            self._call("sleep", lambda llm: llm.sleep(level=1))
 
     def wake(self) -> None:
         if self.sleep_supported:
-            self._call("wake", self._llm.wake_up)
+            self._call("wake", lambda llm: llm.wake_up())
 
     def close(self) -> None:
         llm, self._llm = self._llm, None
@@ -354,5 +353,5 @@ class VLLMEngine(Engine):
         # (the next test module, a restart) can set it up again
         llm.llm_engine.engine_core.shutdown()
 
-    def _call(self, operation: str, fn):
+    def _call(self, operation: str, fn: Callable[[LLM], T]) -> T:
         return call_engine(self._llm, operation, fn)

@@ -43,6 +43,7 @@ enable_return_routed_experts: on for a mixture-of-experts model on GPU, so that 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -50,6 +51,9 @@ from rlvr.affinity import allowed_cores, core_list
 from rlvr.config import EngineConfig
 from rlvr.engines.vllm_parallel import executor_backend
 from rlvr.models.moe import moe_layer_numbers
+
+if TYPE_CHECKING:
+    from vllm import LLM
 
 # Sampler logprobs of the distribution the token was drawn from (after temperature and
 # top-p), which is what the trainer recomputes as log_softmax(logits / T); see `Engine`.
@@ -122,7 +126,7 @@ def llm_options(
     return {k: v for k, v in options.items() if v is not None}
 
 
-def start_llm(options: dict, in_process: bool):
+def start_llm(options: dict, in_process: bool) -> LLM:
     """vLLM's `LLM` with these options, its engine core in this process or in its own."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
     from vllm import LLM, envs  # vllm: only an engine that runs it imports it

@@ -5,6 +5,7 @@ what vLLM's output processor holds of each running or finished sample."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -94,7 +95,7 @@ class RolloutReader:
         )
 
 
-def running_samples(processor, pending: dict[str, Flight]) -> dict[Sample, object]:
+def running_samples(processor, pending: dict[str, Flight]) -> dict[Sample, Any]:
     """The output processor's state of each sample of the `pending` requests that still runs."""
     return {
         (state.external_req_id, state.request_index): state
@@ -108,7 +109,7 @@ def sampled_so_far(processor, pending: dict[str, Flight]) -> dict[Sample, int]:
     return {key: state.detokenizer.num_output_tokens() for key, state in running_samples(processor, pending).items()}
 
 
-def finished_samples(processor, pending: dict[str, Flight]) -> dict[Sample, object]:
+def finished_samples(processor, pending: dict[str, Flight]) -> dict[Sample, Any]:
     """The finished samples of the `pending` requests whose siblings still run."""
     return {
         (parent.external_req_id, sample.index): sample

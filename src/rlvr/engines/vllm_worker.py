@@ -19,8 +19,9 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 import torch
 from vllm.lora.lora_model import LoRAModel
@@ -34,6 +35,11 @@ _ALIGNMENT = 64  # each tensor's offset in a shared file, in bytes
 
 class WeightSyncExtension:
     """Worker-side adapter and weight loader; `self` is vLLM's worker."""
+
+    if TYPE_CHECKING:  # what vLLM's worker, which this class is mixed into, brings
+        model_runner: Any
+
+        def reload_weights(self, weights_iterator: Iterable[tuple[str, torch.Tensor]]) -> None: ...
 
     def rlvr_reload_weights(self, weights) -> None:
         """The worker's own `reload_weights`, given named tensors (as `shipped` makes them).

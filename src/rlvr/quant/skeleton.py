@@ -32,6 +32,7 @@ model's shards at full size from it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from accelerate import init_empty_weights
@@ -48,6 +49,9 @@ from rlvr.quant.experts import NVFP4Experts, pack_experts, use_rlvr_experts
 from rlvr.quant.formats import is_quantized_checkpoint, quantized_format
 from rlvr.quant.linear import NF4Linear, NVFP4Linear, QuantizedLinear
 from rlvr.quant.packed_bytes import STORAGE_DTYPE
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def _rows_of(files: CheckpointFiles, key: str, dtype: torch.dtype | None = None) -> Source:
@@ -74,7 +78,7 @@ def _bytes_of(files: CheckpointFiles, key: str, columns: int) -> Source:
 class Skeleton:
     """A model on the meta device and, for each of its tensors, where to read any of its rows."""
 
-    def __init__(self, model: nn.Module, base_format: str):
+    def __init__(self, model: PreTrainedModel, base_format: str):
         self.model, self.base_format = model, base_format
         # (id(module), attribute) -> its source; modules keep their identity through peft's
         # wrapping and FSDP2's sharding, so the key still finds the tensor after both

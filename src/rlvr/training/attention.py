@@ -26,9 +26,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 NAME = "rlvr_packed"
 
@@ -261,7 +265,7 @@ def _softcapped(q, k, v, scaling, softcap, mask):
     return torch.softmax(scores, dim=-1) @ v
 
 
-def use_packed_attention(model: torch.nn.Module) -> bool:
+def use_packed_attention(model: PreTrainedModel) -> bool:
     """Switch `model` to packed attention where it dispatches through transformers' interface."""
     from transformers import AttentionInterface
 

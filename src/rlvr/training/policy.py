@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
+from unittest.mock import patch
 
 import torch
 from torch import nn
@@ -19,6 +21,10 @@ from rlvr.quant.experts import add_experts_lora, is_packed_experts, use_rlvr_exp
 from rlvr.training.attention import NAME as PACKED
 from rlvr.training.attention import PackedLayout
 from rlvr.training.logits_memory import chunk_tokens
+
+if TYPE_CHECKING:
+    from peft import PeftModel
+    from transformers import PreTrainedModel
 
 
 class TokenLogprobs(nn.Module):
@@ -32,7 +38,7 @@ class TokenLogprobs(nn.Module):
     tokens under the distribution the sampler drew them from.
     """
 
-    def __init__(self, lm: nn.Module, logits_chunk_mb: float):
+    def __init__(self, lm: PreTrainedModel | PeftModel, logits_chunk_mb: float):
         super().__init__()
         self.lm = lm
         self.logits_chunk_bytes = logits_chunk_mb * 1e6
@@ -88,7 +94,8 @@ def decoder_blocks(model: nn.Module) -> list[nn.Module]:
     lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
     if not lists:
         raise ValueError(f"{type(model).__name__}: found no decoder blocks to shard")
-    return list(max(lists, key=len))
+    longest = max(lists, key=len)
+    return list(longest)
 
 
 def apply_lora(
@@ -99,7 +106,7 @@ def apply_lora(
     target_modules,
     target_experts: bool = False,
     shapes_only: bool = False,
-) -> nn.Module:
+) -> PeftModel:
     """peft LoRA on the frozen base (packed NVFP4 layers included); only the adapter trains.
 
     `target_experts` adds one rank-`rank` pair per routed expert and projection of every MoE
@@ -117,7 +124,7 @@ def apply_lora(
         raise ValueError(f"lora.target_experts: {type(model).__name__} has no MoE experts to target")
     config = LoraConfig(
         r=rank,
-        lora_alpha=alpha,
+        lora_alpha=alpha,  # type: ignore[arg-type]  # peft annotates it int; it scales by alpha / r, a float
         lora_dropout=dropout,
         target_modules=target_modules,
         bias="none",
@@ -158,11 +165,11 @@ def _adapters_built_off_meta() -> Iterator[None]:
         for (module, name), parameter in built.items():
             module._parameters[name] = parameter
 
-    BaseTunerLayer._get_base_layer_device_and_dtype, LoraModel._replace_module = off_meta, replace_keeping_values
-    try:
+    with (
+        patch.object(BaseTunerLayer, "_get_base_layer_device_and_dtype", off_meta),
+        patch.object(LoraModel, "_replace_module", replace_keeping_values),
+    ):
         yield
-    finally:
-        BaseTunerLayer._get_base_layer_device_and_dtype, LoraModel._replace_module = device_and_dtype, replace_module
 
 
 def shard(module: nn.Module, mesh, param_dtype: torch.dtype, reduce_dtype: torch.dtype) -> None:

@@ -5,6 +5,7 @@ The frozen base is never saved: a resumed run loads it from the model folder aga
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -39,7 +40,7 @@ def save_rank(folder: str, rank: int, policy, optimizer, scheduler, device: torc
 def load_rank(folder: str, rank: int, policy, optimizer, scheduler, device: torch.device, alone: bool) -> None:
     """Put back what `save_rank` wrote: weights, optimizer, schedule and RNG."""
     model, optim = get_state_dict(policy, optimizer, options=STATE_OPTIONS)
-    state = {"model": model, "optim": optim}
+    state: dict[str, Any] = {"model": model, "optim": optim}  # dcp.load fills it in place
     dcp.load(state, checkpoint_id=os.path.join(folder, "dcp"), no_dist=alone)
     set_state_dict(
         policy, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"], options=STATE_OPTIONS

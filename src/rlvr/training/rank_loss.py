@@ -48,7 +48,7 @@ def micro_batch_loss(
     mask: torch.Tensor,
     max_len: int,
     reference: Callable[[], torch.Tensor],
-) -> tuple[torch.Tensor, dict, torch.Tensor | None, torch.Tensor]:
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None, torch.Tensor]:
     """The policy loss of one micro-batch (plus the KL term against `reference()`, the reference
     model's logprobs, read only when the KL term is on), its metrics, the IS weights and the tokens
     it trained on (`mask` less those rejected as too far off policy)."""
@@ -58,8 +58,10 @@ def micro_batch_loss(
     # stays around π_old, the behaviour policy only weights), and rejection drops the farthest.
     is_weights = None
     if algo.masked_is:
-        band = algo.masked_is
-        is_weights = masked_is_weights(old, sampler, mask, low=band.low, high=band.high, level=band.level)
+        kept_band = algo.masked_is
+        is_weights = masked_is_weights(
+            old, sampler, mask, low=kept_band.low, high=kept_band.high, level=kept_band.level
+        )
     elif algo.tis_cap:
         is_weights = truncated_is_weights(old, sampler, mask, cap=algo.tis_cap, level=algo.tis_level)
     if algo.rejection:
@@ -84,7 +86,7 @@ def micro_batch_loss(
     if algo.kl and algo.kl_coef > 0:
         kl = aggregate(kl_penalty(algo.kl, lp, reference()), mask, algo.agg, max_len)
         loss = loss + algo.kl_coef * kl
-        metrics = {**metrics, "kl": float(kl)}
+        metrics = {**metrics, "kl": kl.detach()}  # read as float(metrics["kl"]), as the loss's own
     return loss, metrics, is_weights, mask
 
 

@@ -4,6 +4,8 @@ the adapter's LoRA config. `alone`: the only rank, which holds every tensor whol
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 
@@ -26,7 +28,7 @@ def whole(p: torch.Tensor, alone: bool) -> torch.Tensor:
 
 
 def adapter_part(
-    trainable: list[tuple[str, torch.Tensor]], rank: int, first_replica: bool, alone: bool
+    trainable: Sequence[tuple[str, torch.Tensor]], rank: int, first_replica: bool, alone: bool
 ) -> dict[str, torch.Tensor]:
     """This rank's part of the `trainable` tensors, for the controller to concatenate on dim 0 in
     rank order: the first replica's dim-0 shards (the other replicas answer nothing), with no

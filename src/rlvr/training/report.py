@@ -54,7 +54,7 @@ class RoutingSums:
 
     def metrics(self) -> dict[str, float]:
         tokens = max(self.gap_tokens, 1.0)
-        load = expert_load_max_over_mean(self.expert_counts)
+        load = expert_load_max_over_mean(torch.as_tensor(self.expert_counts))
         return {
             "moe/routing_agreement": self.agreeing / max(self.compared, 1.0),
             "moe/sampler_trainer_gap_replay": self.gap_replay / tokens,
@@ -107,11 +107,11 @@ def step_metrics(reports: list[TrainReport]) -> dict[str, float]:
         reported = [r.policy_sums[name] for r in reports if name in r.policy_sums]
         if reported:
             metrics[f"policy/{name}"] = sum(reported) / tokens
-    after = [r for r in reports if r.approx_kl_after_sum is not None]
-    if after:  # several updates: how far they moved the policy from π_old
-        metrics["policy/approx_kl"] = sum(r.approx_kl_after_sum for r in after) / max(
-            sum(r.approx_kl_after_tokens for r in after), 1.0
-        )
+    # several updates: how far they moved the policy from π_old (a rank reports the sum and its tokens together)
+    kl_sums = [r.approx_kl_after_sum for r in reports if r.approx_kl_after_sum is not None]
+    kl_tokens = [r.approx_kl_after_tokens for r in reports if r.approx_kl_after_tokens is not None]
+    if kl_sums:
+        metrics["policy/approx_kl"] = sum(kl_sums) / max(sum(kl_tokens), 1.0)
     routed = [r.routing for r in reports if r.routing is not None]  # a rank of empty micro-batches measures none
     if routed:
         total = routed[0]

@@ -59,9 +59,8 @@ def _measure(cfg: RunConfig, rank: int) -> dict[str, int]:
     dtype = compute_dtype(cfg.model.dtype, local_device(cfg.placement.gpus_per_node)).torch
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
-        lm = _skeleton(cfg, dtype).model
-        if trainer.lora:
-            lm = apply_lora(lm, **trainer.lora.model_dump(), shapes_only=True)
+        base = _skeleton(cfg, dtype).model
+        lm = apply_lora(base, **trainer.lora.model_dump(), shapes_only=True) if trainer.lora else base
         policy = TokenLogprobs(lm, trainer.logits_chunk_mb)
         # the worker's mesh: 1-D over every rank, or replicas x shards (HSDP)
         mesh = (

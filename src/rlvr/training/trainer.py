@@ -15,9 +15,9 @@ from __future__ import annotations
 import multiprocessing as mp
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -48,7 +48,7 @@ class RankHandle(Protocol):
 
     def send(self, command: Command) -> None: ...
 
-    def receive(self, timeout_s: float | None) -> tuple[str, object]:
+    def receive(self, timeout_s: float | None) -> tuple[str, Any]:
         """("ok", value) or ("error", traceback); raises RankDied, or TimeoutError after timeout_s."""
         ...
 
@@ -241,11 +241,11 @@ class Trainer:
     def _call_all(self, command: Command) -> list:
         return self._call_each([command] * self.world_size)
 
-    def _call_each(self, commands: list[Command]) -> list:
+    def _call_each(self, commands: Sequence[Command]) -> list:
         self._send_each(commands)
         return self._gather()
 
-    def _send_each(self, commands: list[Command]) -> None:
+    def _send_each(self, commands: Sequence[Command]) -> None:
         if self._training:
             raise TrainerError(
                 f"{type(commands[0]).__name__}: a train step is in flight; call finish_train_step() first"
@@ -260,7 +260,7 @@ class Trainer:
         Ranks are polled together, not in turn: when one dies, the others' collectives fail
         ("connection reset") or hang, and the death, not its echo, is what the error must name."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        answers: dict[int, tuple[str, object]] = {}
+        answers: dict[int, tuple[str, Any]] = {}
         failed_at = None
         while len(answers) < len(self._ranks):
             for index, rank in enumerate(self._ranks):
@@ -314,7 +314,7 @@ class RankProcess:
         except (BrokenPipeError, OSError):
             pass  # it died: receive says how
 
-    def receive(self, timeout_s: float | None) -> tuple[str, object]:
+    def receive(self, timeout_s: float | None) -> tuple[str, Any]:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while not self._conn.poll(1.0 if deadline is None else min(1.0, max(0.0, deadline - time.monotonic()))):
             if not self._process.is_alive():
@@ -337,7 +337,7 @@ class RankProcess:
             self._process.kill()
 
 
-def spawn_ranks(world_size: int, spec: RankSpec) -> list[RankProcess]:
+def spawn_ranks(world_size: int, spec: RankSpec) -> list[RankHandle]:
     """The default launch: one process per rank, meeting on a loopback port.
 
     The ranks are forked from a fork server (a fresh interpreter, so none of the controller's

@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import pickle
 from multiprocessing.connection import Connection
+from typing import Any
 
 import torch
 
@@ -41,7 +42,7 @@ def send(conn: Connection, message: object) -> None:
     conn.send_bytes(buffer.getbuffer())
 
 
-def receive(conn: Connection) -> object:
+def receive(conn: Connection) -> Any:  # what the other end sent: the two ends agree on what that is
     return pickle.loads(conn.recv_bytes())
 
 

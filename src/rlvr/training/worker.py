@@ -109,12 +109,13 @@ class Rank:
         stored = compute if config.lora else torch.float32
         # on the meta device: no rank reads a tensor before FSDP2 has said which rows it holds
         skeleton = Skeleton.from_checkpoint(spec.model.path, stored)
-        lm, self.base_format = skeleton.model, skeleton.base_format
-        self.packed_attention = config.attention == "packed" and use_packed_attention(lm)
+        base, self.base_format = skeleton.model, skeleton.base_format
+        self.packed_attention = config.attention == "packed" and use_packed_attention(base)
         if config.gradient_checkpointing:
-            lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if config.lora:
-            lm = apply_lora(lm, **config.lora.model_dump())
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # the LoRA-wrapped policy, whose frozen base is the KL term's reference (None: full fine-tuning)
+        self.adapted = apply_lora(base, **config.lora.model_dump()) if config.lora else None
+        lm = base if self.adapted is None else self.adapted
         layers = moe_layers(lm)
         if config.routing_replay and not layers:
             raise ValueError(f"trainer.routing_replay: {spec.model.path} has no mixture-of-experts layers to replay")
@@ -225,7 +226,7 @@ class Rank:
         self.scheduler.step()  # the schedule counts RL steps: N mini-batches x E epochs share one rate
         report.loss /= len(updates)  # the mean update's loss
         report.grad_norm /= len(updates)
-        report.updates, report.lr = float(len(updates)), self.scheduler.get_last_lr()[0]
+        report.updates, report.lr = float(len(updates)), float(self.scheduler.get_last_lr()[0])
         if old is not None:
             after = self._step_logprobs(step)
             report.approx_kl_after_sum = float(sum(k3_sum(old[i], after[i]) for i in old))
@@ -347,8 +348,8 @@ class Rank:
 
     def _optimizer_step(self, max_grad_norm: float) -> OptimizerUpdate:
         """Clip and step, unless the gradient is not finite (then the update is skipped)."""
-        grad_norm = torch.nn.utils.clip_grad_norm_([p for _, p in self.trainable], max_grad_norm)
-        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_([p for _, p in self.trainable], max_grad_norm)
+        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         skipped = not math.isfinite(grad_norm)
         if not skipped:
             self.optimizer.step()
@@ -375,11 +376,11 @@ class Rank:
         )
 
     def _reference_logprobs(self, mb: MicroBatch, temperature: float) -> torch.Tensor:
-        if not self.spec.trainer.lora:
+        if self.adapted is None:
             raise ValueError(
                 "algorithm.kl needs a reference model: it is supported with trainer.lora (the frozen base)"
             )
-        with torch.no_grad(), self.lm.disable_adapter():
+        with torch.no_grad(), self.adapted.disable_adapter():
             ref, _ = self._forward(mb, temperature)
         return padded(unpack(ref, mb))
 
