@@ -202,23 +202,41 @@ def test_trainer_logits_equal_in_every_layout_float_and_nvfp4(mistral_dir, tmp_p
 
 @pytest.mark.slow
 def test_import_round_trips_to_the_same_tensors(mistral_dir, tmp_path):
+    """Float: every tensor, the experts fused as transformers' Mistral4ForCausalLM holds them
+    (tests/test_mistral_import.py loads them with transformers alone). NVFP4: as stored, experts
+    one Linear each, and the import says transformers cannot load those."""
     from rlvr.models.checkpoint_files import CheckpointFiles
     from rlvr.quant.checkpoint import quantize_checkpoint
 
     rlvr = [sys.executable, "-m", "rlvr.cli"]
     for source in (mistral_dir, quantize_checkpoint(mistral_dir, tmp_path / "nvfp4")):
         out = tmp_path / f"{source.name}-hf"
-        subprocess.run([*rlvr, "import", str(source), str(out)], check=True, capture_output=True)
+        done = subprocess.run([*rlvr, "import", str(source), str(out)], check=True, capture_output=True, text=True)
         config = json.loads((out / "config.json").read_text())
         assert config["model_type"] == "mistral4" and not is_mistral_folder(out)
         assert {"tekken.json", "tokenizer.json"} <= {p.name for p in out.iterdir()}
         mistral, imported = CheckpointFiles(source), CheckpointFiles(out)
-        assert sorted(mistral.keys()) == sorted(imported.keys())
-        for key in mistral.keys():
-            assert torch.equal(mistral.read(key), imported.read(key)), key
         if "quantization_config" in config:
+            assert f"note: {out}: the NVFP4 experts are stored one Linear per expert" in done.stdout
             assert config["quantization_config"]["ignore"][:2] == ["lm_head", "model.layers.1.mlp.gate"]
             assert "model.layers.1.mlp.experts.0.gate_proj.weight_packed" in imported.keys()
+            assert sorted(mistral.keys()) == sorted(imported.keys())
+            for key in mistral.keys():
+                assert torch.equal(mistral.read(key), imported.read(key)), key
+            continue
+        assert "note:" not in done.stdout
+        per_expert = re.compile(r"(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight")
+        assert not any(per_expert.fullmatch(k) for k in imported.keys())
+        for key in mistral.keys():
+            tensor, piece = mistral.read(key), per_expert.fullmatch(key)
+            if piece is None:
+                assert torch.equal(tensor, imported.read(key)), key
+                continue
+            prefix, expert, projection = piece[1], int(piece[2]), piece[3]
+            fused = imported.read(f"{prefix}.{'down_proj' if projection == 'down' else 'gate_up_proj'}")[expert]
+            rows = len(tensor)
+            expected = {"gate": fused[:rows], "up": fused[rows:], "down": fused}[projection]
+            assert torch.equal(tensor, expected), key
 
 
 # Mistral's names of a dense model, as Mistral's own checkpoints spell them (test data: the
