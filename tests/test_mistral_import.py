@@ -7,15 +7,19 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 from mistral_common.tokens.tokenizers.tekken import Tekkenizer
+from mistral_fixtures import write_dense_mistral_folder
 from typer.testing import CliRunner
 
 from rlvr.cli import app
-from rlvr.models.mistral_layout import TOKENIZER_FILE
-from rlvr.models.tiny import build_tiny_mistral_folder
+from rlvr.models.mistral_layout import TOKENIZER_FILE, write_byte_tekken
+from rlvr.models.tiny import build_tiny_mistral_folder, build_tiny_model
+from rlvr.models.transformers_classes import causal_lm_from_pretrained
 from rlvr.quant.skeleton import Skeleton
 
+SIZES = dict(hidden_size=64, num_heads=2, num_layers=2, intermediate_size=128)
 TEXT = "Hello, world! 123\nünïcode"
 
 # Run in a fresh interpreter: transformers alone. It loads OUT with the class config.json names,
@@ -43,9 +47,19 @@ print(json.dumps(report))
 """
 
 
-def test_transformers_alone_loads_the_imported_folder_as_rlvr_reads_the_mistral_one(tmp_path):
-    mistral = build_tiny_mistral_folder(tmp_path / "mistral", hidden_size=64, num_heads=2, num_layers=2,
-                                        intermediate_size=128)  # fmt: skip
+def _mistral_folder(kind: str, root):
+    """Mistral Large 3's shape (mistral4, experts fused in transformers) or a dense Mistral."""
+    if kind == "mla":
+        return build_tiny_mistral_folder(root / "mistral", **SIZES)
+    hf = causal_lm_from_pretrained(build_tiny_model(root / "hf", "mistral", **SIZES))
+    folder = write_dense_mistral_folder(hf, root / "mistral")
+    write_byte_tekken(folder / TOKENIZER_FILE)
+    return folder
+
+
+@pytest.mark.parametrize("kind, classes", [("mla", ["Mistral4ForCausalLM"]), ("dense", ["MistralForCausalLM"] * 2)])
+def test_transformers_alone_loads_the_imported_folder_as_rlvr_reads_the_mistral_one(tmp_path, kind, classes):
+    mistral = _mistral_folder(kind, tmp_path)
     out = tmp_path / "out"
     done = CliRunner().invoke(app, ["import", str(mistral), str(out)])
     assert done.exit_code == 0, done.output
@@ -57,7 +71,7 @@ def test_transformers_alone_loads_the_imported_folder_as_rlvr_reads_the_mistral_
     assert plain.returncode == 0, plain.stderr[-3000:]
     report = json.loads(plain.stdout.strip().splitlines()[-1])
     assert report["rlvr_imported"] is False
-    assert [c["class"] for c in report["classes"]] == ["Mistral4ForCausalLM"]
+    assert [c["class"] for c in report["classes"]] == classes  # dense: also through AutoModelForCausalLM
     skeleton = Skeleton.from_checkpoint(mistral, torch.float32)
     skeleton.keep_initialized(skeleton.model)
     skeleton.fill(skeleton.model, "cpu")
