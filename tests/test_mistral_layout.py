@@ -12,6 +12,7 @@ import sys
 
 import pytest
 import torch
+from mistral_fixtures import write_dense_mistral_folder
 from safetensors import safe_open
 
 from rlvr.models.folder import ModelFolderError, check_model_folder, model_config
@@ -202,70 +203,53 @@ def test_trainer_logits_equal_in_every_layout_float_and_nvfp4(mistral_dir, tmp_p
 
 @pytest.mark.slow
 def test_import_round_trips_to_the_same_tensors(mistral_dir, tmp_path):
+    """Float: every tensor, the experts fused as transformers' Mistral4ForCausalLM holds them
+    (tests/test_mistral_import.py loads them with transformers alone). NVFP4: as stored, experts
+    one Linear each, and the import says transformers cannot load those."""
     from rlvr.models.checkpoint_files import CheckpointFiles
     from rlvr.quant.checkpoint import quantize_checkpoint
 
     rlvr = [sys.executable, "-m", "rlvr.cli"]
     for source in (mistral_dir, quantize_checkpoint(mistral_dir, tmp_path / "nvfp4")):
         out = tmp_path / f"{source.name}-hf"
-        subprocess.run([*rlvr, "import", str(source), str(out)], check=True, capture_output=True)
+        done = subprocess.run([*rlvr, "import", str(source), str(out)], check=True, capture_output=True, text=True)
         config = json.loads((out / "config.json").read_text())
         assert config["model_type"] == "mistral4" and not is_mistral_folder(out)
         assert {"tekken.json", "tokenizer.json"} <= {p.name for p in out.iterdir()}
         mistral, imported = CheckpointFiles(source), CheckpointFiles(out)
-        assert sorted(mistral.keys()) == sorted(imported.keys())
-        for key in mistral.keys():
-            assert torch.equal(mistral.read(key), imported.read(key)), key
         if "quantization_config" in config:
+            assert f"note: {out}: the NVFP4 experts are stored one Linear per expert" in done.stdout
             assert config["quantization_config"]["ignore"][:2] == ["lm_head", "model.layers.1.mlp.gate"]
             assert "model.layers.1.mlp.experts.0.gate_proj.weight_packed" in imported.keys()
-
-
-# Mistral's names of a dense model, as Mistral's own checkpoints spell them (test data: the
-# reading side is vLLM's maybe_remap_mistral, which this checks)
-_DENSE_NAMES = {"model.embed_tokens": "tok_embeddings", "model.norm": "norm", "lm_head": "output", "self_attn": "attention",
-                "q_proj": "wq", "k_proj": "wk", "v_proj": "wv", "o_proj": "wo", "mlp": "feed_forward", "gate_proj": "w1",
-                "down_proj": "w2", "up_proj": "w3", "input_layernorm": "attention_norm",
-                "post_attention_layernorm": "ffn_norm"}  # fmt: skip
-
-
-def _interleave_rope_rows(weight: torch.Tensor, heads: int) -> torch.Tensor:
-    """HF's rotate-half rows of q/k back to Mistral's interleaved pairs (vLLM's permute, inverted)."""
-    rows, columns = weight.shape
-    return weight.view(heads, 2, rows // heads // 2, columns).transpose(1, 2).reshape(rows, columns)
+            assert sorted(mistral.keys()) == sorted(imported.keys())
+            for key in mistral.keys():
+                assert torch.equal(mistral.read(key), imported.read(key)), key
+            continue
+        assert "note:" not in done.stdout
+        per_expert = re.compile(r"(.*\.experts)\.(\d+)\.(gate|up|down)_proj\.weight")
+        assert not any(per_expert.fullmatch(k) for k in imported.keys())
+        for key in mistral.keys():
+            tensor, piece = mistral.read(key), per_expert.fullmatch(key)
+            if piece is None:
+                assert torch.equal(tensor, imported.read(key)), key
+                continue
+            prefix, expert, projection = piece[1], int(piece[2]), piece[3]
+            fused = imported.read(f"{prefix}.{'down_proj' if projection == 'down' else 'gate_up_proj'}")[expert]
+            rows = len(tensor)
+            expected = {"gate": fused[:rows], "up": fused[rows:], "down": fused}[projection]
+            assert torch.equal(tensor, expected), key
 
 
 def test_a_dense_mistral_folder_reads_as_the_hf_model(tmp_path):
-    from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM
 
     from rlvr.models.tiny import build_tiny_model
 
     hf_dir = build_tiny_model(tmp_path / "hf", "mistral", hidden_size=64, num_layers=2, intermediate_size=128)
     hf = AutoModelForCausalLM.from_pretrained(hf_dir).eval()
-    c = hf.config
-    params = {"dim": c.hidden_size, "n_layers": c.num_hidden_layers, "head_dim": c.head_dim, "hidden_dim": c.intermediate_size,
-              "n_heads": c.num_attention_heads, "n_kv_heads": c.num_key_value_heads, "norm_eps": c.rms_norm_eps,
-              "vocab_size": c.vocab_size, "rope_theta": c.rope_parameters["rope_theta"], "tied_embeddings": True,
-              "max_position_embeddings": c.max_position_embeddings}  # fmt: skip
-    stored = {}
-    for key, tensor in hf.state_dict().items():
-        if key == "lm_head.weight":
-            continue  # tied
-        if ".q_proj." in key or ".k_proj." in key:
-            tensor = _interleave_rope_rows(
-                tensor, c.num_attention_heads if ".q_proj." in key else c.num_key_value_heads
-            )
-        name = key.replace("model.layers", "layers")
-        for hf_part, mistral_part in _DENSE_NAMES.items():
-            name = re.sub(rf"(^|\.){re.escape(hf_part)}\.", rf"\g<1>{mistral_part}.", name)
-        stored[name] = tensor.contiguous()
-    folder = tmp_path / "mistral"
-    folder.mkdir()
-    (folder / PARAMS_FILE).write_text(json.dumps(params))
-    save_file(stored, folder / WEIGHTS_FILE)
-    assert "layers.0.attention.wq.weight" in stored and is_mistral_folder(folder)
-    ids = torch.randint(0, c.vocab_size, (1, 24), generator=torch.Generator().manual_seed(0))
+    folder = write_dense_mistral_folder(hf, tmp_path / "mistral")
+    assert "layers.0.attention.wq.weight" in safe_open(folder / WEIGHTS_FILE, "pt").keys() and is_mistral_folder(folder)
+    ids = torch.randint(0, hf.config.vocab_size, (1, 24), generator=torch.Generator().manual_seed(0))
     assert (_trainer(folder)(input_ids=ids).logits - hf(input_ids=ids).logits).abs().max() <= 1e-5
 
 

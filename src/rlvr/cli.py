@@ -299,17 +299,24 @@ def import_command(
     verbose: bool = _verbose(),
 ):
     """Write a GGUF file as a float HF model folder (config, safetensors, tokenizer, chat template),
-    or a Mistral folder (params.json, consolidated*.safetensors, tekken.json) in the HF layout,
-    its tensors as stored."""
+    or a Mistral folder (params.json, consolidated*.safetensors, tekken.json) in the HF layout
+    that transformers' own class loads (a quantized folder's experts as stored, with a note)."""
     from rlvr.models.gguf_import import import_gguf
-    from rlvr.models.mistral_import import import_mistral
+    from rlvr.models.mistral_import import import_mistral, quantized_experts_note
     from rlvr.models.mistral_layout import is_mistral_folder
     from rlvr.tracking.terminal import quiet_output
 
     log = Path(f"{out}.log")
+    note = None
     with quiet_output(log, verbose):
-        wrote = import_mistral(source, out) if is_mistral_folder(source) else import_gguf(source, out, dtype=dtype)
+        if is_mistral_folder(source):
+            wrote = import_mistral(source, out)
+            note = quantized_experts_note(source, out)
+        else:
+            wrote = import_gguf(source, out, dtype=dtype)
     console.print(f"wrote {wrote}")
+    if note:
+        console.print(note)
     _log_line(log)
 
 

@@ -1,5 +1,6 @@
 """A checkpoint folder's tensors by transformers' on-disk names, headers read at once and rows read
-as asked: the one reader under the trainer's sharded load, the quantizer and the Mistral import."""
+as asked: the one reader under the trainer's sharded load, the quantizer and the Mistral import,
+and where each in-memory tensor of a model comes from in it."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
+from torch import nn
 
 from rlvr.models.folder import model_config
+from rlvr.models.hub_layout import disk_tensors, expert_pieces
 from rlvr.models.mistral_layout import TensorNames, is_mistral_folder, weight_files
 from rlvr.models.multimodal import text_model_names
 
@@ -86,3 +89,52 @@ class CheckpointFiles:
             tensor = self._names.to_hf(stored, handle.get_tensor(stored))[1]
             return tensor if rows is None else tensor[rows]
         return handle.get_tensor(stored) if rows is None else handle.get_slice(stored)[rows]
+
+
+def rows_of(files: CheckpointFiles, key: str, dtype: torch.dtype | None = None) -> Source:
+    """Rows of one stored tensor, cast to `dtype` (None: as stored)."""
+
+    def read(rows: Rows) -> torch.Tensor:
+        tensor = files.read(key, rows)
+        return tensor if dtype is None else tensor.to(dtype)
+
+    return read
+
+
+def check_shape(where: str, stored: torch.Tensor, wanted: tuple[int, ...]) -> None:
+    if tuple(stored.shape) != tuple(wanted):
+        raise ValueError(f"{where} has shape {tuple(stored.shape)}, the model needs {tuple(wanted)}")
+
+
+def memory_source(
+    model: nn.Module, files: CheckpointFiles, key: str, shape: torch.Size, dtype: torch.dtype | None = None
+) -> Source | None:
+    """The on-disk tensor(s) of `model`'s in-memory tensor `key`, through its conversion mapping:
+    one stored whole, or a fused experts parameter from its per-expert pieces; None where the
+    files have none. `dtype` None: as stored."""
+    stored = disk_tensors(model, key, torch.empty(shape, device="meta"))
+    if len(stored) == 1 and next(iter(stored.values())).shape == shape:
+        name = next(iter(stored))
+        if name not in files:
+            return None
+        check_shape(files.where(name), files.meta(name), tuple(shape))
+        return rows_of(files, name, dtype)
+    pieces = expert_pieces(model, key, shape)
+    if not all(f"{p.prefix}.weight" in files for p in pieces):
+        if key in files:  # stored fused, as save_pretrained writes it where transformers has no conversion
+            check_shape(files.where(key), files.meta(key), tuple(shape))
+            return rows_of(files, key, dtype)
+        return None
+    for p in pieces:
+        check_shape(files.where(f"{p.prefix}.weight"), files.meta(f"{p.prefix}.weight"), (p.stop - p.start, shape[2]))
+    fused_dtype = dtype or files.meta(f"{pieces[0].prefix}.weight").dtype
+
+    def read(rows: Rows) -> torch.Tensor:
+        rows = rows or slice(0, shape[0])
+        fused = torch.empty(rows.stop - rows.start, *shape[1:], dtype=fused_dtype)
+        for p in pieces:
+            if rows.start <= p.expert < rows.stop:
+                fused[p.expert - rows.start, p.start : p.stop] = files.read(f"{p.prefix}.weight")
+        return fused
+
+    return read
