@@ -19,8 +19,8 @@ from pathlib import Path
 from _ledger import append_line, provenance, write_result
 
 from rlvr.config import load_config
-from rlvr.orchestration.ray_placement import plan
 from rlvr.orchestration.rehearsal import place, placement_failures, simulated_cluster
+from rlvr.planning.placement import plan_layout
 
 
 def main() -> None:
@@ -34,7 +34,10 @@ def main() -> None:
     load = os.getloadavg()[0]  # the machine may be shared: a busy one stretches every figure
 
     start = time.perf_counter()
-    with simulated_cluster(placement, plan(placement, cfg.trainer.ranks).cpus):
+    layout = plan_layout(
+        placement, ranks=cfg.trainer.ranks, engines=cfg.engine.replicas, tp=cfg.engine.tensor_parallel_size
+    )
+    with simulated_cluster(placement, layout.cpus):
         pass
     cluster_s = time.perf_counter() - start
     start = time.perf_counter()

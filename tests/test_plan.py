@@ -58,7 +58,8 @@ def test_eight_gpu_plan_splits_tp4_engine_from_four_ranks():
 
 
 def test_colocated_engine_shares_the_first_ranks_gpus():
-    plan = plan_of(MEDIUM, "placement.colocate=true", "trainer.ranks=8")
+    # local processes: on Ray a colocated engine shares one rank's bundle, so one GPU (TP 1)
+    plan = plan_of(MEDIUM, "placement.colocate=true", "placement.backend=local", "trainer.ranks=8")
     assert [(d.gpu, d.engine_rank, d.trainer_rank) for d in plan.devices] == [
         (g, g if g < 4 else None, g) for g in range(8)
     ]
@@ -198,6 +199,12 @@ def test_missing_architecture_prints_placement_without_memory():
             "engine.replicas=2: vLLM replicas run as Ray actors",
         ),
         (["engine.tensor_parallel_size=16", "placement.engine_gpus=16"], "a TP group stays on one node"),
+        # on Ray a colocated engine shares one trainer rank's bundle: one GPU, one rank each
+        (["placement.colocate=true"], "engine.tensor_parallel_size=8: the engine's slot has 1 GPU(s) (colocated"),
+        (
+            ["placement.colocate=true", "engine.tensor_parallel_size=1", "engine.replicas=3", "trainer.ranks=2"],
+            "engine.replicas=3: colocated, each engine shares a trainer rank's bundle, and trainer.ranks=2",
+        ),
         (["placement.backend=local"], "the local backend runs on one machine"),
         (["trainer.micro_batch_tokens=8192"], "trainer.micro_batch_tokens=8192 < the longest sequence"),
         (

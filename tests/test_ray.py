@@ -22,40 +22,67 @@ import pytest
 from run_fixtures import DIGIT_SHARE, comparable_metrics, metric_differences, small_config, train
 
 from rlvr.config import PlacementConfig
-from rlvr.orchestration.ray_placement import Slot, plan
+from rlvr.orchestration.ray_placement import bundles, strategy
+from rlvr.planning.placement import PlanError, plan_layout
 
 RAY = Path(sys.executable).parent / "ray"
 
 
-def test_plan_colocates_the_engine_with_rank_0_and_splits_it_off_on_request():
-    local = plan(PlacementConfig(backend="ray"), ranks=2)
-    assert local.bundles == [{"CPU": 1.0}, {"CPU": 1.0}] and local.strategy == "STRICT_PACK"
-    assert local.ranks[0].bundle == local.engines[0].bundle == 0
-    assert local.ranks[0].num_cpus + local.engines[0].num_cpus <= 1.0
+def _bundles(placement: PlacementConfig, ranks: int, engines: int = 1, tp: int = 1):
+    """The layout's placement group: its bundles, its strategy, and each rank's and engine's (bundle, CPUs, GPUs)."""
+    layout = plan_layout(placement, ranks=ranks, engines=engines, tp=tp)
+    return (
+        bundles(layout),
+        strategy(layout),
+        [(s.bundle, s.cpus, s.reserved_gpus) for s in layout.trainers],
+        [(s.bundle, s.cpus, s.reserved_gpus) for s in layout.engines],
+    )
 
-    split = plan(PlacementConfig(backend="ray", colocate=False, nodes=2, gpus_per_node=4, engine_gpus=2), ranks=4)
-    assert split.bundles == [{"CPU": 1.0, "GPU": 2.0}] + [{"CPU": 1.0, "GPU": 1.0}] * 4
-    assert split.strategy == "PACK"
-    assert split.ranks == [Slot(i, 1.0, 1.0) for i in range(1, 5)] and split.engines == [Slot(0, 1.0, 2.0)]
+
+def test_plan_colocates_the_engine_with_rank_0_and_splits_it_off_on_request():
+    local, strategy_, ranks, engines = _bundles(PlacementConfig(backend="ray"), ranks=2)
+    assert local == [{"CPU": 1.0}, {"CPU": 1.0}] and strategy_ == "STRICT_PACK"
+    assert ranks[0][0] == engines[0][0] == 0 and ranks[0][1] + engines[0][1] <= 1.0
+
+    split = PlacementConfig(backend="ray", colocate=False, nodes=2, gpus_per_node=4, engine_gpus=2)
+    assert _bundles(split, ranks=4, tp=2) == (
+        [{"CPU": 1.0, "GPU": 2.0}] + [{"CPU": 1.0, "GPU": 1.0}] * 4,
+        "PACK",
+        [(i, 1.0, 1.0) for i in range(1, 5)],
+        [(0, 1.0, 2.0)],
+    )
 
 
 def test_plan_gives_each_engine_replica_a_bundle_of_its_tp_group_or_a_rank_to_share():
-    split = plan(
-        PlacementConfig(backend="ray", colocate=False, nodes=3, gpus_per_node=4, engine_gpus=8), ranks=4, engines=2
+    split = _bundles(
+        PlacementConfig(backend="ray", colocate=False, nodes=3, gpus_per_node=4, engine_gpus=8),
+        ranks=4,
+        engines=2,
+        tp=4,
     )
-    assert split.bundles == [{"CPU": 1.0, "GPU": 4.0}] * 2 + [{"CPU": 1.0, "GPU": 1.0}] * 4
-    assert split.engines == [Slot(0, 1.0, 4.0), Slot(1, 1.0, 4.0)] and [s.bundle for s in split.ranks] == [2, 3, 4, 5]
-    colocated = plan(PlacementConfig(backend="ray", gpus_per_node=2), ranks=2, engines=2)
-    assert colocated.engines == colocated.ranks == [Slot(0, 0.5, 0.5), Slot(1, 0.5, 0.5)]
-    with pytest.raises(ValueError, match=r"^placement.engine_gpus=6 does not split into engine.replicas=4 engines"):
-        plan(PlacementConfig(backend="ray", colocate=False, gpus_per_node=8, engine_gpus=6), ranks=2, engines=4)
-    with pytest.raises(ValueError, match=r"^engine.replicas=3: colocated, each engine shares a trainer rank's bundle"):
-        plan(PlacementConfig(backend="ray"), ranks=2, engines=3)
+    assert split[0] == [{"CPU": 1.0, "GPU": 4.0}] * 2 + [{"CPU": 1.0, "GPU": 1.0}] * 4
+    assert split[3] == [(0, 1.0, 4.0), (1, 1.0, 4.0)] and [bundle for bundle, _, _ in split[2]] == [2, 3, 4, 5]
+    colocated = _bundles(PlacementConfig(backend="ray", gpus_per_node=2), ranks=2, engines=2)
+    assert colocated[3] == colocated[2] == [(0, 0.5, 0.5), (1, 0.5, 0.5)]
+    with pytest.raises(
+        PlanError, match=r"^placement.engine_gpus=6 must equal engine.replicas x engine.tensor_parallel"
+    ):
+        plan_layout(
+            PlacementConfig(backend="ray", colocate=False, gpus_per_node=8, engine_gpus=6), ranks=2, engines=4, tp=1
+        )
+    with pytest.raises(PlanError, match=r"^engine.replicas=3: colocated, each engine shares a trainer rank's bundle"):
+        plan_layout(PlacementConfig(backend="ray"), ranks=2, engines=3, tp=1)
+    with pytest.raises(
+        PlanError, match=r"^engine.tensor_parallel_size=2: the engine's slot has 1 GPU\(s\) \(colocated"
+    ):
+        plan_layout(PlacementConfig(backend="ray", gpus_per_node=2), ranks=2, engines=1, tp=2)
 
-    with pytest.raises(ValueError, match="placement.engine_gpus"):
-        plan(PlacementConfig(backend="ray", colocate=False, gpus_per_node=8), ranks=2)
-    with pytest.raises(ValueError, match="need 9 GPUs; nodes=1 x gpus_per_node=8 has 8"):
-        plan(PlacementConfig(backend="ray", colocate=False, gpus_per_node=8, engine_gpus=1), ranks=8)
+    with pytest.raises(PlanError, match="placement.engine_gpus"):
+        plan_layout(PlacementConfig(backend="ray", colocate=False, gpus_per_node=8), ranks=2, engines=1, tp=1)
+    with pytest.raises(PlanError, match="need 9 GPUs; nodes=1 x gpus_per_node=8 has 8"):
+        plan_layout(
+            PlacementConfig(backend="ray", colocate=False, gpus_per_node=8, engine_gpus=1), ranks=8, engines=1, tp=1
+        )
 
 
 @pytest.fixture(scope="module")

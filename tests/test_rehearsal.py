@@ -99,7 +99,6 @@ def test_a_tp1_engine_gets_one_gpu_and_vllms_single_process_executor():
     assert engine["executor_backend"] == "uni" and engine["gpus"] == sharing["gpus"]
 
 
-@pytest.mark.slow
 def test_a_colocated_engine_wider_than_one_gpu_is_refused_in_one_line():
     with pytest.raises(
         ValueError,

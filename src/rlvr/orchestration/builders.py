@@ -277,4 +277,4 @@ def sized_engine(cfg: RunConfig, prompt_sets: list[PromptSet]) -> RunConfig:
 
 def _ray_cluster(cfg: RunConfig):
 
-    return RayCluster.shared(cfg.placement, cfg.trainer.ranks, cfg.engine.replicas)
+    return RayCluster.shared(cfg.placement, cfg.trainer.ranks, cfg.engine.replicas, cfg.engine.tensor_parallel_size)

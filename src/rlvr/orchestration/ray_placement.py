@@ -1,6 +1,6 @@
 """Placement `ray`: the trainer ranks and the engine as Ray actors in one placement group.
 
-    cluster = RayCluster.shared(cfg.placement, ranks=2, engines=cfg.engine.replicas)
+    cluster = RayCluster.shared(cfg.placement, ranks=2, engines=cfg.engine.replicas, tp=4)
     trainer = Trainer(spec, launch=cluster.launch_ranks)
     engine = make_engine(cfg.model, cfg.engine, seed=cfg.seed, placement=cluster)   # cluster.engines(...)
 
@@ -10,10 +10,13 @@ methods run in the engine actor. The ranks meet for torch.distributed on rank 0'
 IP, a port free there), so the same code runs on `ray start --head` on one machine and on a
 multi-node cluster, where every node needs the same Python environment with rlvr installed.
 
-Each engine actor (one per `engine.replicas`, behind one `ReplicatedEngine`) holds its whole
-tensor-parallel group in one bundle (so on one node) and vLLM runs the group's workers as the
-actor's child processes (rlvr.engines.vllm_parallel; the why is in docs/placement.md). Trainer ranks are numbered by node, then GPU, once Ray has placed them
-(`place_ranks`), so that an HSDP replica's consecutive ranks share a node. The actors
+The placement group's bundles are those of rlvr.planning.placement's layout, which says where
+every actor goes and checks that the cluster holds them. Each engine actor (one per
+`engine.replicas`, behind one `ReplicatedEngine`) holds its whole tensor-parallel group in one
+bundle (so on one node) and vLLM runs the group's workers as the actor's child processes
+(rlvr.engines.vllm_parallel; the why is in docs/placement.md). Trainer ranks are numbered by
+node, then GPU, once Ray has placed them (`place_ranks`), so that an HSDP replica's consecutive
+ranks share a node. The actors
 themselves are in rlvr.orchestration.ray_actors; `rlvr rehearse` places them on a simulated
 cluster (rlvr.orchestration.rehearsal).
 
@@ -32,6 +35,7 @@ from rlvr.config import EngineConfig, ModelConfig, PlacementConfig
 from rlvr.engines.base import Engine
 from rlvr.orchestration import RunStopped
 from rlvr.orchestration.ray_actors import EngineActor, RankActor
+from rlvr.planning.placement import Layout, Slot, plan_layout
 from rlvr.training.commands import Command
 from rlvr.training.trainer import RankDied
 from rlvr.training.worker import RankSpec
@@ -47,77 +51,23 @@ class EngineError(RuntimeError):
     pass
 
 
-# ---------------------------------------------------------------------- the plan (pure)
+# ---------------------------------------------------------------------- the bundles (pure)
 
 
-@dataclass(frozen=True)
-class Slot:
-    """Where one actor runs: a bundle of the placement group and its share of that bundle."""
-
-    bundle: int
-    num_cpus: float
-    num_gpus: float = 0.0
-
-
-@dataclass(frozen=True)
-class Plan:
-    bundles: list[dict[str, float]]
-    strategy: str
-    ranks: list[Slot]
-    engines: list[Slot]  # one per engine replica
-
-    @property
-    def cpus(self) -> float:
-        return sum(b.get("CPU", 0.0) for b in self.bundles)
+def bundles(layout: Layout) -> list[dict[str, float]]:
+    """The placement group's bundles, in the layout's bundle order: what their slots reserve."""
+    reserved = [{"CPU": 0.0, "GPU": 0.0} for _ in range(1 + max(slot.bundle for slot in layout.slots))]
+    for slot in layout.slots:
+        reserved[slot.bundle]["CPU"] += slot.cpus
+        reserved[slot.bundle]["GPU"] += slot.reserved_gpus
+    return [bundle if layout.gpus_per_node else {"CPU": bundle["CPU"]} for bundle in reserved]
 
 
-def plan(placement: PlacementConfig, ranks: int, engines: int = 1) -> Plan:
-    """One bundle per trainer rank (a GPU each when the nodes have GPUs), plus the engines'.
-
-    colocate: engine i shares bundle i with trainer rank i (half its CPU, half its GPU: the
-    engines sleep while the trainer runs). Split: each engine gets a bundle of its own
-    (`engine_gpus / engines` GPUs, its TP group, so on one node), the first bundles.
-    All on one node (STRICT_PACK) when `nodes` is 1; otherwise PACK, which fills a node before
+def strategy(layout: Layout) -> str:
+    """All on one node (STRICT_PACK) when there is one; otherwise PACK, which fills a node before
     the next so that neighbouring ranks talk over the fast local links. (SPREAD would put every
-    rank on its own node: the slowest layout for FSDP's collectives.)
-    """
-    gpus = placement.gpus_per_node
-    unit = {"CPU": 1.0, "GPU": 1.0} if gpus else {"CPU": 1.0}
-    bundles = [dict(unit) for _ in range(ranks)]
-    if placement.colocate:
-        if engines > ranks:
-            raise ValueError(
-                f"engine.replicas={engines}: colocated, each engine shares a trainer rank's bundle, and "
-                f"trainer.ranks={ranks}"
-            )
-        half = [Slot(i, 0.5, 0.5 if gpus else 0.0) for i in range(engines)]
-        rank_slots = half + [Slot(i, 1.0, 1.0 if gpus else 0.0) for i in range(engines, ranks)]
-        engine_slots = half
-    else:
-        engine_gpus = placement.engine_gpus
-        if gpus and not engine_gpus:
-            raise ValueError("placement.engine_gpus: split placement (colocate: false) on GPUs needs engine_gpus >= 1")
-        if gpus and engine_gpus % engines:
-            raise ValueError(
-                f"placement.engine_gpus={engine_gpus} does not split into engine.replicas={engines} "
-                "engines of equal size"
-            )
-        each = engine_gpus // engines
-        if gpus and each > gpus:
-            raise ValueError(
-                f"placement.engine_gpus={engine_gpus}: {each} per engine, more than one node's gpus_per_node={gpus}"
-            )
-        # The engines' bundles first: PACK places them first, so they fill the first nodes, as in the plan.
-        bundles[:0] = [{"CPU": 1.0, "GPU": float(each)} if gpus else {"CPU": 1.0} for _ in range(engines)]
-        rank_slots = [Slot(i, 1.0, 1.0 if gpus else 0.0) for i in range(engines, ranks + engines)]
-        engine_slots = [Slot(i, 1.0, float(each) if gpus else 0.0) for i in range(engines)]
-    needed = sum(b.get("GPU", 0.0) for b in bundles)
-    if gpus and needed > placement.nodes * gpus:
-        raise ValueError(
-            f"placement: {ranks} trainer ranks + {'engines' if engines > 1 else 'engine'} need {needed:g} GPUs; "
-            f"nodes={placement.nodes} x gpus_per_node={gpus} has {placement.nodes * gpus}"
-        )
-    return Plan(bundles, "STRICT_PACK" if placement.nodes == 1 else "PACK", rank_slots, engine_slots)
+    rank on its own node: the slowest layout for FSDP's collectives.)"""
+    return "STRICT_PACK" if layout.nodes == 1 else "PACK"
 
 
 # ---------------------------------------------------------------------- the cluster
@@ -130,21 +80,23 @@ class RayCluster:
     _current: RayCluster | None = None
 
     @classmethod
-    def shared(cls, placement: PlacementConfig, ranks: int, engines: int = 1) -> RayCluster:
+    def shared(cls, placement: PlacementConfig, ranks: int, engines: int = 1, tp: int = 1) -> RayCluster:
         """The run's cluster, connected (and its placement group reserved) by the first caller."""
         if cls._current is None:
-            cls._current = cls(placement, ranks, engines)
-        elif (cls._current.placement, cls._current.world_size, len(cls._current.plan.engines)) != (
+            cls._current = cls(placement, ranks, engines, tp)
+        elif (cls._current.placement, cls._current.layout) != (
             placement,
-            ranks,
-            engines,
+            plan_layout(placement, ranks=ranks, engines=engines, tp=tp),
         ):
             raise ValueError("placement: a Ray placement for another configuration is still open in this process")
         return cls._current
 
-    def __init__(self, placement: PlacementConfig, ranks: int, engines: int = 1):
-        self.placement, self.world_size = placement, ranks
-        self.plan = plan(placement, ranks, engines)
+    def __init__(self, placement: PlacementConfig, ranks: int, engines: int = 1, tp: int = 1):
+        """`ranks` trainer ranks and `engines` TP-`tp` engines as rlvr.planning.placement lays them
+        out (PlanError, a ValueError, where it cannot)."""
+        self.placement, self.world_size, self.tp = placement, ranks, tp
+        self.layout = plan_layout(placement, ranks=ranks, engines=engines, tp=tp)
+        self.bundles, self.strategy = bundles(self.layout), strategy(self.layout)
         self._actors = 0
         ray = _import_ray()
         from ray.util.placement_group import placement_group
@@ -156,18 +108,18 @@ class RayCluster:
                 # /tmp/ray/ray_current_cluster names another one.
                 address="local",
                 # Logical CPUs: the plan's bundles must fit even where they outnumber the cores.
-                num_cpus=max(os.cpu_count() or 1, math.ceil(self.plan.cpus)),
+                num_cpus=max(os.cpu_count() or 1, math.ceil(self.layout.cpus)),
                 include_dashboard=False,
                 object_store_memory=LOCAL_OBJECT_STORE_BYTES,
             )
         elif not ray.is_initialized():
             self._join(ray, placement.ray_address)
-        self.group = placement_group(self.plan.bundles, strategy=self.plan.strategy)
+        self.group = placement_group(self.bundles, strategy=self.strategy)
         if not self.group.wait(RESERVE_TIMEOUT_S):
             resources = ray.cluster_resources()
             self._disconnect()
             raise RuntimeError(
-                f"placement: Ray could not reserve {self.plan.bundles} ({self.plan.strategy}) in "
+                f"placement: Ray could not reserve {self.bundles} ({self.strategy}) in "
                 f"{RESERVE_TIMEOUT_S} s; the cluster has {resources}"
             )
 
@@ -215,8 +167,8 @@ class RayCluster:
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        strategy = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=slot.bundle)
-        return ray.remote(cls).options(num_cpus=slot.num_cpus, num_gpus=slot.num_gpus, scheduling_strategy=strategy)
+        in_bundle = PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=slot.bundle)
+        return ray.remote(cls).options(num_cpus=slot.cpus, num_gpus=slot.reserved_gpus, scheduling_strategy=in_bundle)
 
     def close(self) -> None:
         """Remove the placement group and disconnect now, whatever actors are left (a rehearsal's)."""
@@ -235,7 +187,7 @@ class RayCluster:
         consecutive ranks stays on one."""
         import ray
 
-        actors = [(self._actor(RankActor, slot).remote(), slot.bundle) for slot in self.plan.ranks]
+        actors = [(self._actor(RankActor, slot).remote(), slot.bundle) for slot in self.layout.trainers]
         try:
             wheres = ray.get([actor.where.remote() for actor, _ in actors])
             placed = [Placed(actor, bundle, where) for (actor, bundle), where in zip(actors, wheres)]
@@ -263,20 +215,12 @@ class RayCluster:
         group's workers as the actor's child processes (rlvr.engines.vllm_parallel)."""
         import ray
 
-        slot = self.plan.engines[replica]
-        tp = engine.tensor_parallel_size
-        gpus = math.ceil(slot.num_gpus)
-        if self.placement.gpus_per_node and tp != gpus:
+        if engine.tensor_parallel_size != self.tp:
             self._abandon([])
             raise ValueError(
-                f"engine.tensor_parallel_size={tp}: the engine's slot has {gpus} GPU(s)"
-                + (
-                    " (colocated, it shares a trainer rank's GPU: use placement.colocate: false with engine_gpus="
-                    f"{tp * len(self.plan.engines)})"
-                    if self.placement.colocate
-                    else f" (placement.engine_gpus={self.placement.engine_gpus} over {len(self.plan.engines)} engine(s))"
-                )
+                f"placement planned TP-{self.tp} engines, not engine.tensor_parallel_size={engine.tensor_parallel_size}"
             )
+        slot = self.layout.engines[replica]
         actor = self._actor(EngineActor, slot).remote()
         try:
             where = ray.get(actor.where.remote(engine))
@@ -288,8 +232,8 @@ class RayCluster:
     def engines(self, model: ModelConfig, engine: EngineConfig, *, seeds: list[int], **options) -> list[RayEngine]:
         """One engine per slot of the plan (`seeds[i]` for replica i), each built by `make_engine`
         inside its actor; they start side by side. One that fails takes the others down with it."""
-        if len(seeds) != len(self.plan.engines):
-            raise ValueError(f"placement planned {len(self.plan.engines)} engine(s), not {len(seeds)}")
+        if len(seeds) != len(self.layout.engines):
+            raise ValueError(f"placement planned {len(self.layout.engines)} engine(s), not {len(seeds)}")
         self._acquire()  # held while starting, so that no failure below disconnects under the others
         placed, started, handed = [], [], 0
         try:

@@ -26,7 +26,8 @@ from contextlib import contextmanager
 from itertools import groupby
 
 from rlvr.config import PlacementConfig, RunConfig
-from rlvr.orchestration.ray_placement import RayCluster, _import_ray, number_nodes, plan
+from rlvr.orchestration.ray_placement import RayCluster, _import_ray, number_nodes
+from rlvr.planning.placement import plan_layout
 
 TOLERANCE = 0.02  # measured bytes may differ from the plan's by this share
 # Plasma's floor is ~75 MB; the rehearsal's actors send a few small dicts.
@@ -63,8 +64,9 @@ def place(cfg: RunConfig) -> list[dict]:
     """The run's actors, placed on a simulated cluster as a real run places them: the trainer
     ranks in rank order, then the engine. Raises ValueError where the placement cannot hold the run."""
     placement, ranks, replicas = cfg.placement, cfg.trainer.ranks, cfg.engine.replicas
-    with simulated_cluster(placement, plan(placement, ranks, replicas).cpus) as address:
-        cluster = RayCluster(placement.model_copy(update={"ray_address": address}), ranks, replicas)
+    tp = cfg.engine.tensor_parallel_size
+    with simulated_cluster(placement, plan_layout(placement, ranks=ranks, engines=replicas, tp=tp).cpus) as address:
+        cluster = RayCluster(placement.model_copy(update={"ray_address": address}), ranks, replicas, tp)
         try:
             trainer, (host, port) = cluster.place_ranks()
             engines = [cluster.place_engine(cfg.engine, replica) for replica in range(replicas)]

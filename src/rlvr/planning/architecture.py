@@ -428,15 +428,6 @@ def read_architecture(cfg: RunConfig) -> Architecture:
             shared_width=e.num_shared_experts * e.moe_intermediate_size,
             first_dense=e.first_dense_layers,
         )
-    mla = None
-    if e.kv_lora_rank:
-        mla = LatentAttention(
-            kv_rank=e.kv_lora_rank,
-            q_rank=e.q_lora_rank,
-            nope=e.qk_nope_head_dim,
-            rope=e.qk_rope_head_dim,
-            v_head_dim=e.v_head_dim,
-        )
     return Architecture(
         hidden=e.hidden_size,
         num_layers=e.num_layers,
@@ -449,5 +440,5 @@ def read_architecture(cfg: RunConfig) -> Architecture:
         nvfp4=e.weight_format == "nvfp4",
         source="model.estimate",
         experts=experts,
-        mla=mla,
+        mla=_mla_from_config(e.model_dump()),  # model.estimate names MLA's sizes as config.json does
     )

@@ -7,16 +7,10 @@ each phase of a step takes at best: `rlvr train CFG --dry-run`.
     plan.step                      # seconds per phase (with placement.gpu; on CPU at measured rates)
     rank_bytes(cfg, rank)          # a trainer rank's bytes as FSDP2 shards the module tree
 
-Placement, as the `placement` section asks (the Ray backend reserves the same shape):
-- engines: `engine.replicas` of them, each a tensor-parallel group of TP GPUs within one node,
-  packed node by node from node 0 (gpus_per_node // TP engines a node).
-- colocate: the trainer's FSDP2 ranks take GPUs 0..ranks-1, packed node by node, under the
-  engines' GPUs.
-- split: the engines get `engine_gpus` = replicas x TP GPUs of their own, the trainer ranks the
-  GPUs left, in node and GPU order.
-- no GPUs (gpus_per_node: 0): one process for the controller and the engines, one per rank; with
-  placement.engine_cpus the controller and its engine on cores of their own, the ranks on the
-  others (rlvr.planning.cpu_split).
+Placement: rlvr.planning.placement's layout (the Ray backend reserves the same), a device per
+GPU it uses; with no GPUs (gpus_per_node: 0) one process for the controller and the engines, one
+per rank; with placement.engine_cpus the controller and its engine on cores of their own, the
+ranks on the others (rlvr.planning.cpu_split).
 
 Memory per device, in bytes (the table prints GB = 1e9 bytes). H hidden, L layers, I MLP
 width, Hq/Hkv query/key-value widths (heads x head_dim), V vocabulary, b bytes of model.dtype:
@@ -99,16 +93,13 @@ from rlvr.planning.architecture import (
     read_architecture,
 )
 from rlvr.planning.cpu_split import CpuSplit, cpu_split
+from rlvr.planning.placement import Layout, PlanError, plan_layout
 from rlvr.planning.step_time import StepTime, step_time
 from rlvr.rollout.prompts import context_length
 
 # A CPU trainer rank's private memory before it builds its policy: the interpreter, torch,
 # transformers and peft imported, its gloo group up (measured: 0.33 GB, torch 2.13, transformers 5.19)
 CPU_RANK_PROCESS_BYTES = 0.33 * GB
-
-
-class PlanError(ValueError):
-    """The placement cannot hold the run; the message is one line naming the keys."""
 
 
 def shard_rows(rows: int, shards: int, index: int) -> int:
@@ -185,64 +176,51 @@ def make_plan(cfg: RunConfig, cpu_rates: Callable[[int], CpuRates] | None = None
     why = unplaceable(cfg.engine, on_ray=p.backend == "ray")
     if why:
         raise PlanError(why)
-    devices = _gpu_devices(cfg) if p.gpus_per_node else _cpu_devices(cfg)
+    devices = _devices(plan_layout(p, ranks=ranks, engines=cfg.engine.replicas, tp=tp))
     gpus_used = len(devices) if p.gpus_per_node else 0
-    cores = None if p.gpus_per_node else cpu_split(cfg, allowed_cores())
     notes = []
     if p.gpus_per_node and gpus_used < p.nodes * p.gpus_per_node:
         notes.append(f"{p.nodes * p.gpus_per_node - gpus_used} of {p.nodes * p.gpus_per_node} GPUs left idle")
     try:
-        arch = read_architecture(cfg)
-    except NoArchitecture as why:
-        return Plan(
-            p.backend,
-            p.colocate,
-            p.nodes,
-            p.gpus_per_node,
-            tp,
-            cfg.engine.replicas,
-            ranks,
-            gpus_used,
-            devices,
-            None,
-            str(why),
-            notes,
-            cores=cores,
-        )
-    if arch.num_heads % tp:
-        raise PlanError(
-            f"engine.tensor_parallel_size={tp} does not divide the model's {arch.num_heads} attention heads"
-        )
-    host = _estimate(cfg, arch, devices, notes)
-    timed = None
-    if p.gpu and p.gpus_per_node:
-        timed = step_time(cfg, arch)
-    elif not p.gpus_per_node and cpu_rates is not None:
-        if planned_dtype(cfg).name in ("float32", "bfloat16"):
-            timed = step_time(cfg, arch, cpu_rates)
-        else:
-            notes.append(
-                f"time per step: not estimated (only float32 and bfloat16 matmuls are measured on CPU, "
-                f"model.dtype is {cfg.model.dtype})"
+        arch, unknown = read_architecture(cfg), None
+    except NoArchitecture as missing:
+        arch, unknown = None, str(missing)
+    host: dict[int, float] = {}
+    timed: StepTime | None = None
+    if arch is not None:
+        if arch.num_heads % tp:
+            raise PlanError(
+                f"engine.tensor_parallel_size={tp} does not divide the model's {arch.num_heads} attention heads"
             )
+        host = _estimate(cfg, arch, devices, notes)
+        if p.gpu and p.gpus_per_node:
+            timed = step_time(cfg, arch)
+        elif not p.gpus_per_node and cpu_rates is not None:
+            if planned_dtype(cfg).name in ("float32", "bfloat16"):
+                timed = step_time(cfg, arch, cpu_rates)
+            else:
+                notes.append(
+                    f"time per step: not estimated (only float32 and bfloat16 matmuls are measured on CPU, "
+                    f"model.dtype is {cfg.model.dtype})"
+                )
     plan = Plan(
-        p.backend,
-        p.colocate,
-        p.nodes,
-        p.gpus_per_node,
-        tp,
-        cfg.engine.replicas,
-        ranks,
-        gpus_used,
-        devices,
-        arch,
-        None,
-        notes,
-        host,
-        timed,
-        cores,
+        backend=p.backend,
+        colocate=p.colocate,
+        nodes=p.nodes,
+        gpus_per_node=p.gpus_per_node,
+        engine_tp=tp,
+        engine_replicas=cfg.engine.replicas,
+        fsdp_world=ranks,
+        gpus_used=gpus_used,
+        devices=devices,
+        architecture=arch,
+        unknown=unknown,
+        notes=notes,
+        host=host,
+        step=timed,
+        cores=None if p.gpus_per_node else cpu_split(cfg, allowed_cores()),
     )
-    _check_fit(cfg, plan)
+    _check_fit(cfg, plan)  # nothing to check without an architecture: no device holds bytes
     _check_host(cfg, plan)
     return plan
 
@@ -271,53 +249,25 @@ def _check_lengths(cfg: RunConfig) -> None:
         )
 
 
-def _gpu_devices(cfg: RunConfig) -> list[Device]:
-    """Engines first, node by node, each TP group within one node; then the trainer ranks: split,
-    on the GPUs left (in node, GPU order); colocated, on the first GPUs, under the engines."""
-    p, tp, ranks, replicas = cfg.placement, cfg.engine.tensor_parallel_size, cfg.trainer.ranks, cfg.engine.replicas
-    per_node = p.gpus_per_node
-    if tp > per_node:
-        raise PlanError(
-            f"engine.tensor_parallel_size={tp} > placement.gpus_per_node={per_node}: a TP group stays on one node"
-        )
-    engines_per_node = per_node // tp
-    engine_slots = {
-        (r // engines_per_node, (r % engines_per_node) * tp + t): (r, t) for r in range(replicas) for t in range(tp)
-    }
-    grid = [(node, gpu) for node in range(p.nodes + ranks + replicas) for gpu in range(per_node)]  # more than enough
-    if p.colocate:
-        rank_slots = grid[:ranks]
-        what = f"{ranks} trainer ranks sharing with " + (
-            f"a TP-{tp} engine" if replicas == 1 else f"{replicas} TP-{tp} engines"
-        )
-    else:
-        if p.engine_gpus != replicas * tp:
-            raise PlanError(
-                f"placement.engine_gpus={p.engine_gpus} must equal engine.replicas x engine.tensor_parallel_size = "
-                f"{replicas} x {tp} (split placement: each engine's GPUs are its TP group)"
-            )
-        rank_slots = [slot for slot in grid if slot not in engine_slots][:ranks]
-        what = f"{ranks} trainer ranks + {replicas * tp} engine GPUs"
-    used = sorted(set(engine_slots) | set(rank_slots))
-    if used[-1][0] >= p.nodes:
-        needed = used[-1][0] * per_node + used[-1][1] + 1  # GPUs up to the last one used, idle ones between included
-        within = ", each engine within one node" if per_node % tp else ""
-        raise PlanError(
-            f"placement: {what} need {needed} GPUs{within}; nodes={p.nodes} x gpus_per_node={per_node} "
-            f"has {p.nodes * per_node}"
-        )
-    devices = {slot: Device(node=slot[0], gpu=slot[1]) for slot in used}
-    for slot, (replica, tp_rank) in engine_slots.items():
-        devices[slot].engine_replica, devices[slot].engine_rank = replica, tp_rank
-    for rank, slot in enumerate(rank_slots):
-        devices[slot].trainer_rank = rank
-    return [devices[slot] for slot in used]
-
-
-def _cpu_devices(cfg: RunConfig) -> list[Device]:
-    return [Device(node=0, gpu=None, engine_rank=0, engine_replica=r) for r in range(cfg.engine.replicas)] + [
-        Device(node=0, gpu=None, trainer_rank=r) for r in range(cfg.trainer.ranks)
-    ]
+def _devices(layout: Layout) -> list[Device]:
+    """With GPUs one per GPU the layout uses, in node and GPU order (a colocated engine and trainer
+    rank on one); without, one per process, the engines (in the controller) first."""
+    if not layout.gpus_per_node:
+        return [
+            Device(node=slot.node, gpu=None, engine_rank=0, engine_replica=slot.index)
+            if slot.role == "engine"
+            else Device(node=slot.node, gpu=None, trainer_rank=slot.index)
+            for slot in layout.slots
+        ]
+    devices: dict[tuple[int, int], Device] = {}
+    for slot in layout.slots:
+        for tp_rank, gpu in enumerate(slot.gpus):
+            device = devices.setdefault((slot.node, gpu), Device(node=slot.node, gpu=gpu))
+            if slot.role == "engine":
+                device.engine_replica, device.engine_rank = slot.index, tp_rank
+            else:
+                device.trainer_rank = slot.index
+    return [devices[place] for place in sorted(devices)]
 
 
 def _estimate(cfg: RunConfig, arch: Architecture, devices: list[Device], notes: list[str]) -> dict[int, float]:
