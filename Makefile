@@ -89,8 +89,9 @@ bench-setup: setup
 # 24 GB), a file per worker at a time (tests/conftest.py); then, alone, the tests marked solo.
 TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 3 ? n : 3 )))
 PYTEST_PARALLEL := $(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
-# Format and lint first (pyproject's [tool.ruff]): seconds, and a failure says which file and line.
-LINT := $(BIN)/ruff format --check src tests benchmarks && $(BIN)/ruff check src tests benchmarks
+# Format, lint and type-check first (pyproject's [tool.ruff] and [tool.mypy]): seconds, and a
+# failure says which file and line.
+LINT := $(BIN)/ruff format --check src tests benchmarks && $(BIN)/ruff check src tests benchmarks && $(BIN)/mypy
 test: setup
 	$(LINT)
 	$(PYTEST_PARALLEL) --durations=25 -m "not solo" tests

@@ -86,7 +86,7 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     cfg = sized_engine(cfg, [train_set, *([test_set] if test_set else [])])
     cfg = with_engine_lora_targets(cfg, log)
     shared = test_set.shared_with(train_set) if test_set is not None else 0
-    if shared:
+    if test_set is not None and shared:
         log(
             f"note: {shared} of the {len(test_set.problems)} test problems also occur in data.train (the same prompt): "
             "held-out figures include them"
@@ -103,16 +103,18 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     sampler = EpochSampler(len(train_set.problems), cfg.seed)
     context = EnvContext(cfg.env, cfg.sandbox)
     stack.callback(context.close)
+    mode, max_model_len = cfg.rollout.mode, cfg.engine.max_model_len
+    assert mode is not None and max_model_len is not None  # resolved by RolloutConfig and by sized_engine
     # fully asynchronous, every rollout (evaluations too) advances at fixed engine steps: see Episodes
     runner = TrajectoryRunner(
         engine,
         Renderer(tokenizer, cfg.data),
         cfg.env,
         context,
-        cfg.engine.max_model_len,
-        fixed_order=cfg.rollout.mode == "async",
+        max_model_len,
+        fixed_order=mode == "async",
     )
-    stream = build_stream(cfg, runner, train_set, sampler, stack) if cfg.rollout.mode == "async" else None
+    stream = build_stream(cfg, runner, train_set, sampler, stack) if mode == "async" else None
     collector = RolloutCollector(
         cfg.rollout,
         cfg.algorithm,
@@ -127,7 +129,7 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
         log=log,
         stream=stream,
     )
-    source = make_source(cfg.rollout.mode, collector, engine, stream, timer)
+    source = make_source(mode, collector, engine, stream, timer)
     sync = WeightSync(
         engine,
         trainer,
@@ -211,15 +213,15 @@ def build_trainer(cfg: RunConfig, cores: CpuSplit | None = None):
     """The trainer ranks: local processes, or Ray actors with `placement.backend: ray`; with a
     split of the cores, each on its own."""
 
-    split = cores is not None and cores.split
+    split = cores if cores is not None and cores.split else None
     spec = RankSpec(
         model=cfg.model,
         trainer=cfg.trainer,
         algorithm=cfg.algorithm,
         seed=cfg.seed,
         total_steps=cfg.steps,
-        threads=cores.rank_threads if split else 0,
-        cores=cores.ranks if split else None,
+        threads=split.rank_threads if split is not None else 0,
+        cores=split.ranks if split is not None else None,
     )
     return Trainer(spec, launch=_ray_cluster(cfg).launch_ranks if cfg.placement.backend == "ray" else None)
 

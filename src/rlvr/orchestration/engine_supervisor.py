@@ -37,12 +37,12 @@ class EngineSupervisor(Engine):
         self._build, self.max_restarts, self._log = build, max_restarts, log
         self.restarts = 0
         self._engine = build()
+        self.name = self._engine.name  # every engine `build` gives is the same backend
+        # the version the engine samples with (a restarted one: the last pushed, restored), read
+        # from it again after each push and restart: nothing else changes it
+        self.policy_version = self._engine.policy_version
         self._restore: Callable[[Engine], None] | None = None  # pushes the last weights again
         self._in_flight: dict[Hashable, tuple[Request, dict]] = {}  # submitted, not yet polled back
-
-    @property
-    def name(self) -> str:
-        return self._engine.name
 
     def generate(self, prompts: list[list[int]], n: int, sampling: Sampling, **options) -> list[Rollout]:
         return self._retrying("generate", lambda engine: engine.generate(prompts, n, sampling, **options))
@@ -63,11 +63,6 @@ class EngineSupervisor(Engine):
     def pending(self) -> int:
         return self._engine.pending
 
-    @property
-    def policy_version(self) -> int:
-        """The version the engine samples with (a restarted one: the last pushed, restored)."""
-        return self._engine.policy_version
-
     def score(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
         return self._retrying("score", lambda engine: engine.score(sequences, prompt_lens))
 
@@ -77,11 +72,13 @@ class EngineSupervisor(Engine):
     def update_lora(self, adapter: LoraAdapter) -> None:
         self._retrying("update_lora", lambda engine: engine.update_lora(adapter))
         self._restore = lambda engine: engine.update_lora(adapter)
+        self.policy_version = self._engine.policy_version
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         tensors = list(named_tensors)  # kept: a new engine starts from the base weights
         self._retrying("update_weights", lambda engine: engine.update_weights(tensors, version))
         self._restore = lambda engine: engine.update_weights(tensors, version)
+        self.policy_version = self._engine.policy_version
 
     def sleep(self) -> None:
         self._retrying("sleep", lambda engine: engine.sleep())
@@ -118,5 +115,6 @@ class EngineSupervisor(Engine):
         self._engine = self._build()
         if self._restore is not None:
             self._restore(self._engine)
+        self.policy_version = self._engine.policy_version
         for request, options in self._in_flight.values():
             self._engine.submit([request], **options)

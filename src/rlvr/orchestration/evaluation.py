@@ -35,11 +35,10 @@ class Evaluation:
         train_set: PromptSet | None = None,
         sampler: EpochSampler | None = None,
     ):
-        self.cfg, self.pool, self.test_set = cfg, pool, test_set
+        self.cfg, self.runner, self.pool, self.test_set = cfg, runner, pool, test_set
         # given where test prompts also occur in data.train: the after-evaluation then also reports
         # the test problems never drawn for training (`unseen`), the figure that is held out in fact
         self.train_set, self.sampler = train_set, sampler
-        self.engine = EnvironmentEngine(runner, test_set.problems) if test_set is not None else None
         self.timer, self.progress, self.log = timer, progress, log
         self.folder = Path(cfg.run_dir) / "eval"
 
@@ -60,7 +59,7 @@ class Evaluation:
         self.folder.mkdir(parents=True, exist_ok=True)
         with self.timer("eval"):
             result = evaluate(
-                self.engine,
+                EnvironmentEngine(self.runner, self.test_set.problems),
                 self.pool,
                 self.test_set.problems,
                 self.test_set.prompts,
@@ -119,6 +118,7 @@ class Evaluation:
         """The before and after metrics on the test problems whose prompt equals no training
         prompt drawn in the run, from the evaluations' saved samples ({} when all were drawn)."""
 
+        assert self.test_set is not None and self.train_set is not None and self.sampler is not None  # see run()
         drawn = {tuple(self.train_set.prompts[i]) for i in self.sampler.drawn()}
         unseen = {
             p.id for p, prompt in zip(self.test_set.problems, self.test_set.prompts) if tuple(prompt) not in drawn

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
@@ -76,7 +77,7 @@ def train(cfg: RunConfig, progress=None, resume: bool = False, log=print, notes:
             summary["eval_after"] = run.evaluation.run("after")
             run.logger.log(cfg.steps, _prefixed("eval_after/", summary["eval_after"]) | run.timer.pop_metrics())
         if run.cores is not None:
-            summary["cores"] = _cores_used(run)
+            summary["cores"] = _cores_used(run, run.cores.split)
     summary["wall_seconds"] = round(time.time() - started, 1)
     (Path(cfg.run_dir) / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
@@ -167,13 +168,13 @@ def _describe(run: Run) -> dict:
     }
 
 
-def _cores_used(run: Run) -> dict:
+def _cores_used(run: Run, split: bool) -> dict:
     """Where the run's threads could run by its end, as the kernel says (every thread of each
     process: torch's OpenMP pool, gloo's, vLLM's), and the torch threads each computed with."""
     import torch
 
     return {
-        "split": run.cores.split,
+        "split": split,
         "controller": {"cores": process_cores(), "threads": torch.get_num_threads()},
         "ranks": run.trainer.placement(),
     }
@@ -205,7 +206,7 @@ def _prefixed(prefix: str, values: dict) -> dict:
 
 
 @contextmanager
-def _stop_requests():
+def _stop_requests() -> Iterator[list[str]]:
     """SIGTERM and SIGINT ask the loop to finish the current step, checkpoint and return; the
     list yielded holds the signal's name once one came. A second Ctrl-C interrupts at once."""
     requested: list[str] = []

@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from rlvr.config import EngineConfig, ModelConfig, PlacementConfig
 from rlvr.engines.base import Engine
@@ -101,7 +102,8 @@ class RayCluster:
         ray = _import_ray()
         from ray.util.placement_group import placement_group
 
-        self._started_here = placement.ray_address is None and not ray.is_initialized()
+        address = placement.ray_address
+        self._started_here = address is None and not ray.is_initialized()
         if self._started_here:
             ray.init(
                 # "local" starts a new cluster even where RAY_ADDRESS or a stale
@@ -112,8 +114,8 @@ class RayCluster:
                 include_dashboard=False,
                 object_store_memory=LOCAL_OBJECT_STORE_BYTES,
             )
-        elif not ray.is_initialized():
-            self._join(ray, placement.ray_address)
+        elif address is not None and not ray.is_initialized():
+            self._join(ray, address)
         self.group = placement_group(self.bundles, strategy=self.strategy)
         if not self.group.wait(RESERVE_TIMEOUT_S):
             resources = ray.cluster_resources()
@@ -128,7 +130,7 @@ class RayCluster:
         try:
             ray.init(address=address)
         except (ConnectionError, RuntimeError) as error:
-            cause = error
+            cause: BaseException = error
             while cause.__cause__ is not None:
                 cause = cause.__cause__
             # Ray nests the root error's traceback in the message: its last line says what failed.
@@ -258,7 +260,7 @@ class Placed:
     """An actor and where Ray put it: `where` is its node_id, ip, gpus (indices on the node) and
     cuda_visible_devices (and for the engine, the executor_backend vLLM resolves there)."""
 
-    actor: object
+    actor: Any  # a Ray actor handle: its methods are the actor class's, looked up when called
     bundle: int
     where: dict
 
@@ -341,6 +343,7 @@ class RayEngine(Engine):
         cluster._acquire()
         try:
             self.name = self._get(started, "start")
+            self.policy_version = self._call("policy_version")  # the engine's: read again after each update
         except ray.exceptions.RayTaskError as error:  # the engine could not be built: its own traceback says why
             self.close()
             raise EngineError(f"the engine actor failed to start:\n{error}") from None
@@ -365,18 +368,16 @@ class RayEngine(Engine):
     def pending(self) -> int:
         return self._call("pending")
 
-    @property
-    def policy_version(self) -> int:
-        return self._call("policy_version")
-
     def score(self, sequences, prompt_lens):
         return self._call("score", sequences, prompt_lens)
 
     def update_lora(self, adapter) -> None:
         self._call("update_lora", adapter)
+        self.policy_version = self._call("policy_version")
 
     def update_weights(self, named_tensors, version: int | None = None) -> None:
         self._call("update_weights", list(named_tensors), version)
+        self.policy_version = self._call("policy_version")
 
     def sleep(self) -> None:
         self._call("sleep")

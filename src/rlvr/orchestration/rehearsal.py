@@ -180,8 +180,8 @@ def rehearse(cfg: RunConfig) -> dict:
 def summary_lines(report: dict) -> list[str]:
     """One line per role and node, one for the bytes, then ok or the first failure."""
     lines = []
-    for (role, node), group in groupby(report["actors"], key=lambda a: (a["role"], a["node"])):
-        group = list(group)
+    for (role, node), members in groupby(report["actors"], key=lambda a: (a["role"], a["node"])):
+        group = list(members)
         numbers = str(group[0]["rank"]) if len(group) == 1 else f"{group[0]['rank']}-{group[-1]['rank']}"
         who = f"{'engine' if role == 'engine' else 'trainer rank'}{'s' * (len(group) > 1)} {numbers}"  # an engine's: its replica
         gpus = [gpu for a in group for gpu in a["gpus"]]

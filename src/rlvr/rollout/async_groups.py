@@ -31,7 +31,7 @@ hand-out order stays fixed, the content does not.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -50,7 +50,7 @@ class Group:
     """All samples of one prompt, as their trajectories ended."""
 
     index: int  # its place in the draw order: groups are handed out by it
-    problem: Hashable  # what `draw` named the prompt (a dataset index)
+    problem: int  # what `draw` named the prompt: its dataset index
     trajectories: list[Trajectory]
 
     @property
@@ -72,7 +72,8 @@ def admit(
     dropped, a fresh one taken, until `count` are taken. Fewer fresh than `count`: none is taken
     yet (the groups after them may finish), while the stale ones seen are dropped already.
     Returns (taken positions, dropped positions)."""
-    taken, dropped = [], []
+    taken: list[int] = []
+    dropped: list[int] = []
     for position, oldest in enumerate(oldest_versions):
         if len(taken) == count:
             break
@@ -108,7 +109,7 @@ class AsyncGroups:
     def __init__(
         self,
         episodes: Episodes,
-        draw: Callable[[], tuple[Hashable, Start]],
+        draw: Callable[[], tuple[int, Start]],
         *,
         samples: int,
         sampling: Sampling,
@@ -128,7 +129,7 @@ class AsyncGroups:
         self._held = 0  # groups drawn, neither handed out nor dropped: at most capacity
         self._finished: dict[int, Group] = {}  # finished, not yet handed out
         self._gone: set[int] = set()  # dropped after handed_out: skipped when it gets there
-        self._problems: dict[int, Hashable] = {}
+        self._problems: dict[int, int] = {}
         self._update: LoraAdapter | Weights | None = None  # the latest update, not yet served
         self._lock = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -183,7 +184,10 @@ class AsyncGroups:
             raise ValueError(f"take({count}): between 1 and capacity={self.capacity} groups")
         while True:
             with self._lock:
-                batch = self._hand_out(count, self.version if version is None else version)
+                trainer_version = self.version if version is None else version
+                if trainer_version is None:
+                    raise ValueError(f"take({count}) before any update: name the version that trains the groups")
+                batch = self._hand_out(count, trainer_version)
                 if batch is not None:
                     return batch
                 lost = self.handed_out

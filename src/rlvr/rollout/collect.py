@@ -133,8 +133,9 @@ class RolloutCollector:
             "rollout/sampling_rounds": round_index + 1,
         }
         if self.stream is not None:
+            assert first_group is not None  # read from the same stream above
             # staleness against the policy that trains on them: the weights after step - 1's update
-            metrics |= staleness_metrics([g.stream for g in sampled], step - 1, dropped_stale)
+            metrics |= staleness_metrics([g.stream for g in sampled if g.stream is not None], step - 1, dropped_stale)
             # every group of [groups_from, groups_to) in draw order was trained, dropped stale or (dynamic
             # sampling) filtered this step: a run that loses or repeats one breaks the chain of ranges
             metrics |= {"rollout/groups_from": first_group, "rollout/groups_to": self.stream.handed_out}
@@ -194,9 +195,9 @@ class RolloutCollector:
             if verify
             else []
         )
-        scores = [Score(t.reward, "ok") if t.reward is not None else None for t in trajectories]
-        for k, score in zip(verify, verified):
-            scores[k] = score
+        # the verifier's scores, in order, fill the places `verify` lists: where the environment gave none
+        verifier_scores = iter(verified)
+        scores = [Score(t.reward, "ok") if t.reward is not None else next(verifier_scores) for t in trajectories]
         bad = next((k for k, s in enumerate(scores) if not math.isfinite(s.reward)), None)
         if bad is not None:  # as in eval: a NaN would silently turn the whole group's advantages to NaN
             problem = self.train_set.problems[chosen[trajectories[bad].prompt_index]].id
@@ -234,7 +235,7 @@ class RolloutCollector:
             ),
             group=group,
             loss_mask=None if all(all(m) for m in masks) else masks,  # None: every completion token trains
-            routes=[t.routes for t in trajectories] if trajectories[0].routes is not None else None,
+            routes=batch_routes(trajectories),
         )
 
     def _metrics(self, groups: list[_Group]) -> dict[str, float]:
@@ -265,6 +266,12 @@ class RolloutCollector:
         if self.algorithm.overlong_filter:
             metrics["response/overlong_filtered_fraction"] = truncated
         return metrics
+
+
+def batch_routes(trajectories: list[Trajectory]) -> list[torch.Tensor] | None:
+    """Each trajectory's MoE routes, where the engine recorded them (for every rollout, or for none)."""
+    routes = [t.routes for t in trajectories if t.routes is not None]
+    return routes if len(routes) == len(trajectories) else None
 
 
 def nearest_rank(values: list[int], q: float) -> int:

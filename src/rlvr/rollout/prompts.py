@@ -153,7 +153,9 @@ def engine_context(
 ) -> int:
     """The engine's max_model_len for these prompts (`context_length` of the longest of them)."""
     prompt_set, index, tokens = max(
-        ((s, *s.longest()) for s in prompt_sets if s.prompts), key=lambda x: x[2], default=(None, 0, 0)
+        ((s, *longest) for s in prompt_sets if (longest := s.longest()) is not None),
+        key=lambda x: x[2],
+        default=(None, 0, 0),
     )
     return context_length(
         tokens,

@@ -186,5 +186,6 @@ def make_source(
 ) -> RolloutSource:
     """The source of `rollout.mode` (async: `stream`, built by the caller)."""
     if mode == "async":
+        assert stream is not None, "rollout.mode async: the caller builds the stream"
         return Streaming(collector, stream, timer)
     return OneStepAhead(collector, engine) if mode == "one_step_off" else Synchronous(collector, engine)

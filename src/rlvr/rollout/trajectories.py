@@ -23,7 +23,6 @@ sampled token of a turn and the observation after it are routed in the next turn
 from __future__ import annotations
 
 import time
-from collections.abc import Hashable
 from concurrent.futures import ALL_COMPLETED, FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field, replace
 
@@ -154,9 +153,9 @@ class Episodes:
 
     def __init__(self, runner: TrajectoryRunner):
         self.runner, self.engine, self.fixed_order = runner, runner.engine, runner.fixed_order
-        self._open: dict[Hashable, _Open] = {}
+        self._open: dict[int, _Open] = {}
         self._ready: list[Request] = []
-        self._stepping: dict[Future, tuple[Hashable, int, int]] = {}  # -> (start, sample, boundary polled)
+        self._stepping: dict[Future, tuple[int, int, int]] = {}  # -> (start, sample, boundary polled)
         self._boundary = 0  # engine boundaries so far
         self._lag = runner.config.answer_lag_steps
         self._pool = ThreadPoolExecutor(runner.config.workers, thread_name_prefix="rlvr-env")
@@ -166,7 +165,7 @@ class Episodes:
         """Whether a submitted start has a trajectory that has not ended."""
         return bool(self._open)
 
-    def submit(self, key: Hashable, start: Start, n: int, sampling: Sampling) -> None:
+    def submit(self, key: int, start: Start, n: int, sampling: Sampling) -> None:
         """Start `n` trajectories of `start` (their environments reset; a row whose environment
         gives its own conversation is rendered from it); sample j's turn t is seeded
         `sampling.seed + j + t * TURN_SEED_STRIDE`."""
@@ -178,7 +177,7 @@ class Episodes:
         self._open[key] = _Open(envs, [Trajectory(key, list(prompt)) for _ in range(n)], sampling, n)
         self._ready.append(Request(("first", key), list(prompt), n, sampling))
 
-    def advance(self) -> list[tuple[Hashable, list[Trajectory]]]:
+    def advance(self) -> list[tuple[int, list[Trajectory]]]:
         """One engine boundary: submit the turns queued (`env.lockstep`: only once every trajectory
         has answered), poll the engine, step the environments of the turns it finished, and follow
         their answers. Returns the starts that ended, with their trajectories in sample order."""

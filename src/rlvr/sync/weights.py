@@ -83,7 +83,7 @@ class WeightSync:
                 push_policy(self.engine, policy)
         # counted after the push: an engine that died under it was rebuilt by it, and is new here
         engine = self.engine.restarts  # an EngineSupervisor counts the engines it built
-        periodic = bool(self.check_every) and step % self.check_every == 0
+        periodic = bool(self.check_every and step % self.check_every == 0)
         if not (self._probed_engine != engine or used_unchecked or periodic):
             return {}
         if self.route is not None:
