@@ -37,9 +37,9 @@ import torch
 from accelerate import init_empty_weights
 from torch import nn
 
-from rlvr.models.checkpoint_files import CheckpointFiles, Rows, Source
-from rlvr.models.folder import model_config
-from rlvr.models.hub_layout import ExpertPiece, disk_name, disk_tensors, expert_pieces
+from rlvr.models.checkpoint_files import CheckpointFiles, Source
+from rlvr.models.folder import ModelFolder, as_model_folder
+from rlvr.models.hub_layout import ExpertPiece, disk_name, expert_pieces
 from rlvr.models.moe import expert_projections, moe_layers
 from rlvr.models.multimodal import text_model_config
 from rlvr.models.transformers_classes import causal_lm_from_config
@@ -47,28 +47,7 @@ from rlvr.quant import nf4, nvfp4
 from rlvr.quant.experts import NVFP4Experts, pack_experts, use_rlvr_experts
 from rlvr.quant.formats import is_quantized_checkpoint, quantized_format
 from rlvr.quant.linear import NF4Linear, NVFP4Linear, QuantizedLinear
-from rlvr.quant.packed_bytes import STORAGE_DTYPE
-
-
-def _rows_of(files: CheckpointFiles, key: str, dtype: torch.dtype | None = None) -> Source:
-    """Rows of one stored tensor, cast to `dtype` (None: as stored)."""
-
-    def read(rows: Rows) -> torch.Tensor:
-        tensor = files.read(key, rows)
-        return tensor if dtype is None else tensor.to(dtype)
-
-    return read
-
-
-def _bytes_of(files: CheckpointFiles, key: str, columns: int) -> Source:
-    """Rows of stored packed bytes (flat or `[rows, columns]`) in their parameter dtype."""
-    stored_by_row = files.meta(key).shape[-1] == columns  # NVFP4 `[out, in/2]`; NF4 flat `[out * in/2, 1]`
-
-    def read(rows: Rows) -> torch.Tensor:
-        flat = rows if stored_by_row or rows is None else slice(rows.start * columns, rows.stop * columns)
-        return files.read(key, flat).reshape(-1, columns).view(STORAGE_DTYPE)
-
-    return read
+from rlvr.quant.row_sources import bytes_of, check_shape, expert_rows, expert_scales, float_source, rows_of
 
 
 class Skeleton:
@@ -85,11 +64,11 @@ class Skeleton:
     # ------------------------------------------------------------------ building
 
     @classmethod
-    def from_checkpoint(cls, model_dir: str | Path, dtype: torch.dtype) -> Skeleton:
-        model_dir = Path(model_dir)
-        base_format = quantized_format(model_dir) if is_quantized_checkpoint(model_dir) else "hf"
-        files = CheckpointFiles(model_dir)
-        skeleton = cls._empty(model_config(model_dir), dtype, base_format)
+    def from_checkpoint(cls, model_dir: ModelFolder | str | Path, dtype: torch.dtype) -> Skeleton:
+        folder = as_model_folder(model_dir)
+        base_format = quantized_format(folder) if is_quantized_checkpoint(folder) else "hf"
+        files = CheckpointFiles(folder)
+        skeleton = cls._empty(folder.transformers_config(), dtype, base_format)
         skeleton._take_packed_linears(files, dtype)
         skeleton._take_packed_experts(files, dtype)
         skeleton._take_float_tensors(files, dtype)
@@ -97,7 +76,7 @@ class Skeleton:
             key = sorted(files.unclaimed)[0]
             raise ValueError(f"{files.where(key)} belongs to no module of {type(skeleton.model).__name__}")
         skeleton.model.tie_weights()  # the config's tied names (tie_word_embeddings) share one parameter
-        skeleton._find_ties(model_dir)
+        skeleton._find_ties(folder.path)
         return skeleton
 
     @classmethod
@@ -158,17 +137,17 @@ class Skeleton:
             *(files.meta(f"{disk}.{s}") for s in ("weight_packed", "weight_scale", "weight_global_scale"))
         )
         nvfp4.check_shapes(weight, where)
-        _check_shape(where, weight.weight_packed, (module.out_features, module.in_features // 2))
+        check_shape(where, weight.weight_packed, (module.out_features, module.in_features // 2))
         bias = files.meta(f"{disk}.bias") if f"{disk}.bias" in files else None
         input_scale = files.meta(f"{disk}.input_global_scale") if f"{disk}.input_global_scale" in files else None
         layer = NVFP4Linear(weight, bias, input_scale, compute_dtype=dtype)
-        self._add(layer, "weight_packed", _bytes_of(files, f"{disk}.weight_packed", module.in_features // 2))
-        self._add(layer, "weight_scale", _rows_of(files, f"{disk}.weight_scale"))
-        self._add(layer, "weight_global_scale", _rows_of(files, f"{disk}.weight_global_scale", torch.float32))
+        self._add(layer, "weight_packed", bytes_of(files, f"{disk}.weight_packed", module.in_features // 2))
+        self._add(layer, "weight_scale", rows_of(files, f"{disk}.weight_scale"))
+        self._add(layer, "weight_global_scale", rows_of(files, f"{disk}.weight_global_scale", torch.float32))
         if input_scale is not None:
-            self._add(layer, "input_global_scale", _rows_of(files, f"{disk}.input_global_scale"))
+            self._add(layer, "input_global_scale", rows_of(files, f"{disk}.input_global_scale"))
         if bias is not None:
-            self._add(layer, "bias", _rows_of(files, f"{disk}.bias", dtype))
+            self._add(layer, "bias", rows_of(files, f"{disk}.bias", dtype))
         return layer
 
     def _nf4_linear(self, files: CheckpointFiles, disk: str, module: nn.Linear, dtype: torch.dtype) -> NF4Linear:
@@ -182,20 +161,20 @@ class Skeleton:
         nested = [key for key in files.keys() if key.startswith(f"{disk}.weight.nested_")]
         stored.update({key.removeprefix(f"{disk}."): files.meta(key) for key in nested})
         weight = nf4.from_checkpoint(stored, where)
-        _check_shape(where, weight.weight_packed, (module.out_features, module.in_features // 2))
+        check_shape(where, weight.weight_packed, (module.out_features, module.in_features // 2))
         bias = files.meta(f"{disk}.bias") if f"{disk}.bias" in files else None
         layer = NF4Linear(weight, bias, compute_dtype=dtype)
-        self._add(layer, "weight_packed", _bytes_of(files, f"{disk}.weight", module.in_features // 2))
+        self._add(layer, "weight_packed", bytes_of(files, f"{disk}.weight", module.in_features // 2))
         blocks = module.in_features // nf4.BLOCK_SIZE
         self._add(
             layer,
             "weight_absmax",
-            lambda rows: _rows_of(files, f"{disk}.weight.absmax", torch.float32)(
+            lambda rows: rows_of(files, f"{disk}.weight.absmax", torch.float32)(
                 None if rows is None else slice(rows.start * blocks, rows.stop * blocks)
             ).reshape(-1, blocks),
         )
         if bias is not None:
-            self._add(layer, "bias", _rows_of(files, f"{disk}.bias", dtype))
+            self._add(layer, "bias", rows_of(files, f"{disk}.bias", dtype))
         return layer
 
     def _take_packed_experts(self, files: CheckpointFiles, dtype: torch.dtype) -> None:
@@ -230,9 +209,9 @@ class Skeleton:
             pack_experts(experts, projections, dtype)
             for p in packed:
                 for suffix in ("weight_packed", "weight_scale"):
-                    self._add(experts, f"{p}_{suffix}", _expert_rows(files, pieces[p], projections[p], suffix))
+                    self._add(experts, f"{p}_{suffix}", expert_rows(files, pieces[p], projections[p], suffix))
                 for suffix in ("weight_global_scale", "input_global_scale"):
-                    self._add(experts, f"{p}_{suffix}", _expert_scales(files, pieces[p], projections[p], suffix))
+                    self._add(experts, f"{p}_{suffix}", expert_scales(files, pieces[p], projections[p], suffix))
             packed_any = True
         if packed_any:
             use_rlvr_experts(self.model)
@@ -249,7 +228,7 @@ class Skeleton:
                 *(files.meta(f"{p.prefix}.{s}") for s in ("weight_packed", "weight_scale", "weight_global_scale"))
             )
             nvfp4.check_shapes(weight, where)
-            _check_shape(where, weight.weight_packed, (p.stop - p.start, columns))
+            check_shape(where, weight.weight_packed, (p.stop - p.start, columns))
             if f"{p.prefix}.input_global_scale" in files:
                 files.meta(f"{p.prefix}.input_global_scale")
 
@@ -268,7 +247,7 @@ class Skeleton:
                     if tensor.is_floating_point()
                     else tensor.dtype
                 )
-                source = _float_source(model, files, key, tensor.shape, want)
+                source = float_source(model, files, key, tensor.shape, want)
                 if source is None:
                     continue  # tied to another name, or a buffer built at init: checked in _find_ties
                 if tensor.dtype != want:
@@ -366,67 +345,6 @@ def _copy_rows(tensor: torch.Tensor, source: Source) -> None:
     local.copy_(data.reshape(local.shape))
 
 
-def _float_source(
-    model: nn.Module, files: CheckpointFiles, key: str, shape: torch.Size, dtype: torch.dtype
-) -> Source | None:
-    """The on-disk tensor(s) of the in-memory tensor `key`: one stored whole, or a fused experts
-    parameter from its per-expert pieces; None where the files have none."""
-    stored = disk_tensors(model, key, torch.empty(shape, device="meta"))
-    if len(stored) == 1 and next(iter(stored.values())).shape == shape:
-        name = next(iter(stored))
-        if name not in files:
-            return None
-        _check_shape(files.where(name), files.meta(name), tuple(shape))
-        return _rows_of(files, name, dtype)
-    pieces = expert_pieces(model, key, shape)
-    if not all(f"{p.prefix}.weight" in files for p in pieces):
-        if key in files:  # stored fused, as save_pretrained writes it where transformers has no conversion
-            _check_shape(files.where(key), files.meta(key), tuple(shape))
-            return _rows_of(files, key, dtype)
-        return None
-    for p in pieces:
-        _check_shape(files.where(f"{p.prefix}.weight"), files.meta(f"{p.prefix}.weight"), (p.stop - p.start, shape[2]))
-
-    def read(rows: Rows) -> torch.Tensor:
-        rows = rows or slice(0, shape[0])
-        fused = torch.empty(rows.stop - rows.start, *shape[1:], dtype=dtype)
-        for p in pieces:
-            if rows.start <= p.expert < rows.stop:
-                fused[p.expert - rows.start, p.start : p.stop] = files.read(f"{p.prefix}.weight")
-        return fused
-
-    return read
-
-
-def _expert_rows(files: CheckpointFiles, pieces: list[ExpertPiece], like: NVFP4Experts, suffix: str) -> Source:
-    """Experts [start, stop) of a packed projection's `weight_packed` or `weight_scale`."""
-    shape = getattr(like, suffix).shape
-
-    def read(rows: Rows) -> torch.Tensor:
-        rows = rows or slice(0, shape[0])
-        dtype = torch.uint8 if suffix == "weight_packed" else torch.float8_e4m3fn
-        out = torch.empty(rows.stop - rows.start, *shape[1:], dtype=dtype)
-        for p in pieces:
-            if rows.start <= p.expert < rows.stop:
-                out[p.expert - rows.start, p.start : p.stop] = files.read(f"{p.prefix}.{suffix}")
-        return out.view(STORAGE_DTYPE) if suffix == "weight_packed" else out
-
-    return read
-
-
-def _expert_scales(files: CheckpointFiles, pieces: list[ExpertPiece], like: NVFP4Experts, suffix: str) -> Source:
-    """A packed projection's `[E, parts]` global scales (1 where the files have no input scale)."""
-
-    def read(rows: Rows) -> torch.Tensor:
-        scales = torch.ones(like.weight_global_scale.shape)
-        for p in pieces:
-            if f"{p.prefix}.{suffix}" in files:
-                scales[p.expert, p.part] = files.read(f"{p.prefix}.{suffix}").reshape(())
-        return scales if rows is None else scales[rows]
-
-    return read
-
-
 def _packed_linear(base_format: str, module: nn.Linear, dtype: torch.dtype, bias: bool) -> QuantizedLinear:
     """A packed Linear of `module`'s shape on the meta device."""
     out, inp = module.out_features, module.in_features
@@ -466,8 +384,3 @@ def _set_meta(module: nn.Module, attr: str, like: torch.Tensor, dtype: torch.dty
         module._parameters[attr] = nn.Parameter(empty, requires_grad=like.requires_grad)
     else:
         module._buffers[attr] = empty
-
-
-def _check_shape(where: str, stored: torch.Tensor, wanted: tuple[int, ...]) -> None:
-    if tuple(stored.shape) != tuple(wanted):
-        raise ValueError(f"{where} has shape {tuple(stored.shape)}, the model needs {tuple(wanted)}")
