@@ -25,7 +25,7 @@ quantizes `nn.Linear` only, so MoE experts stay float in an NF4 folder.
   Layers that read the very same input tensor (q/k/v, gate/up, MLA's q_a/kv_a) share one
   weight global scale, found by watching a calibration forward, not from names: vLLM fuses
   them into one GEMM with one global scale; an expert's gate and up rows share one likewise.
-  The same forward calibrates `input_global_scale`.
+  The same forward (rlvr.quant.calibration) calibrates `input_global_scale`.
 - `load_quantized_model(model_dir)`: the HF model with those Linears replaced by frozen
   `NVFP4Linear` / `NF4Linear` modules and the experts packed (rlvr.quant.experts); no float
   copy of their weights is ever built.

@@ -19,9 +19,9 @@ The packed layers (`NVFP4Linear`, `NF4Linear`, packed experts) are chosen as
 `load_quantized_model` always chose them: a Linear whose on-disk name has `weight_packed`
 (NF4: `weight.quant_state.bitsandbytes__nf4`), an experts module whose every projection has. Their
 shapes come from the model's own modules and each header is checked against them; every other
-tensor goes through transformers' conversion mapping (rlvr.models.hub_layout). A tensor in the
-files that no module takes, or a parameter no file fills, is an error naming it, before anything
-is read. `load_quantized_model` is this with one process holding every row, so the trainer's
+tensor goes through transformers' conversion mapping (rlvr.models.hub_layout); each tensor's rows
+are read by a source of rlvr.quant.row_sources. A tensor in the files that no module takes, or a
+parameter no file fills, is an error naming it, before anything is read. `load_quantized_model` is this with one process holding every row, so the trainer's
 sharded load and every whole load compute with the same values.
 
 `Skeleton.from_config` builds the same packed tree with no checkpoint at all (every Linear but
