@@ -20,7 +20,7 @@ from rlvr.affinity import allowed_cores, pinned
 from rlvr.config import RunConfig, dump_config
 from rlvr.engines import make_engine
 from rlvr.envs import EnvContext
-from rlvr.models.folder import ModelFolder, check_model_folder
+from rlvr.models.folder import check_model_folder
 from rlvr.models.tokenizer import load_tokenizer
 from rlvr.orchestration.engine_supervisor import EngineSupervisor
 from rlvr.orchestration.evaluation import Evaluation
@@ -82,7 +82,7 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     test_set = (
         load_prompt_set(cfg.data, cfg.data.test, tokenizer, limit=cfg.eval.max_problems) if cfg.data.test else None
     )
-    cfg = sized_engine(cfg, [train_set, *([test_set] if test_set else [])], folder)
+    cfg = sized_engine(cfg, [train_set, *([test_set] if test_set else [])], folder.max_positions)
     cfg = with_engine_lora_targets(cfg, log)
     shared = test_set.shared_with(train_set) if test_set is not None else 0
     if shared:
@@ -259,17 +259,17 @@ def build_scoring_pool(cfg: RunConfig, log=print):
     )
 
 
-def sized_engine(cfg: RunConfig, prompt_sets: list[PromptSet], folder: ModelFolder) -> RunConfig:
+def sized_engine(cfg: RunConfig, prompt_sets: list[PromptSet], positions: int | None) -> RunConfig:
     """`cfg` with engine.max_model_len as the engine gets it (rlvr.rollout.prompts.engine_context)
-    for the model folder `folder` (cfg.model.path's), said here in rlvr's words before anything
-    starts, not by vLLM once the ranks are up."""
+    for a model of `positions` (rlvr.models.multimodal.max_positions of cfg.model.path), said here
+    in rlvr's words before anything starts, not by vLLM once the ranks are up."""
 
     context = engine_context(
         prompt_sets,
         max_tokens=cfg.rollout.sampling.max_tokens,
         env=cfg.env,
         max_model_len=cfg.engine.max_model_len,
-        positions=folder.max_positions,
+        positions=positions,
         model=cfg.model.path,
     )
     return cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"max_model_len": context})})
