@@ -119,7 +119,7 @@ def write_checkpoint(out: Path) -> Path:
 
     from rlvr.models.hub_layout import disk_name, expert_pieces
     from rlvr.models.moe import expert_projections, moe_layers
-    from rlvr.quant.checkpoint import nvfp4_quantization_config
+    from rlvr.quant.formats import nvfp4_quantization_config
     from rlvr.quant.nvfp4 import GROUP_SIZE
 
     if (out / "config.json").is_file():
@@ -203,7 +203,7 @@ def write_checkpoint(out: Path) -> Path:
 def tensor_bytes(model_dir: Path) -> tuple[int, int]:
     """S, the checkpoint's tensor bytes, and the largest decoder block's (one MoE layer, all its
     experts), from the headers as the trainer's loader reads them."""
-    from rlvr.quant.skeleton import CheckpointFiles
+    from rlvr.models.checkpoint_files import CheckpointFiles
 
     files, per_layer = CheckpointFiles(model_dir), {}
     sizes = {key: files.meta(key).nbytes for key in files.keys()}

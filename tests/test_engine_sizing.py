@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlvr.config import EnvConfig, load_config
+from rlvr.models.multimodal import max_positions
 from rlvr.models.tiny import build_char_tokenizer, build_tiny_model
 from rlvr.orchestration.builders import sized_engine
 from rlvr.planning.plan import PlanError, make_plan
@@ -98,7 +99,7 @@ def test_train_sizes_from_the_longest_prompt_of_both_sets_and_names_the_row(tmp_
     sets = [load_prompt_set(cfg.data, cfg.data.train, tokenizer), load_prompt_set(cfg.data, cfg.data.test, tokenizer)]
     longest = max(len(p) for s in sets for p in s.prompts)
     assert longest == len(sets[1].prompts[1])  # the test set's second row
-    assert sized_engine(cfg, sets).engine.max_model_len == longest + 40
+    assert sized_engine(cfg, sets, max_positions(short_model)).engine.max_model_len == longest + 40
     long_answers = cfg.model_copy(
         update={
             "rollout": cfg.rollout.model_copy(
@@ -112,7 +113,7 @@ def test_train_sizes_from_the_longest_prompt_of_both_sets_and_names_the_row(tmp_
         rf"rollout.sampling.max_tokens={256 - longest + 1} that is 257, more than the "
         rf"model's max_position_embeddings=256 \({short_model}\)$",
     ):
-        sized_engine(long_answers, sets)
+        sized_engine(long_answers, sets, max_positions(short_model))
 
 
 def test_the_plan_applies_the_same_rule():

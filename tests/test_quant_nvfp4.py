@@ -32,7 +32,8 @@ from rlvr.quant import (
     quantized_linear_names,
     write_dequantized_checkpoint,
 )
-from rlvr.quant.checkpoint import DEFAULT_CALIBRATION_TEXTS, calibration_inputs, nvfp4_quantization_config
+from rlvr.quant.calibration import DEFAULT_CALIBRATION_TEXTS, calibration_inputs
+from rlvr.quant.formats import nvfp4_quantization_config
 from rlvr.quant.packed_bytes import STORAGE_DTYPE
 
 SCHEME = preset_name_to_scheme("NVFP4", ["Linear"])

@@ -158,13 +158,16 @@ class _Checker:
 
     def __init__(self, cfg: RunConfig, problems, tokenizer, staging: Path):
         from rlvr.envs import EnvContext
+        from rlvr.models.multimodal import max_positions
         from rlvr.orchestration.builders import build_scoring_pool, sized_engine
         from rlvr.rollout.prompts import PromptSet, Renderer, encode_prompt
 
         self.problems, self.staging = problems, staging
         self.renderer = Renderer(tokenizer, cfg.data)
         self.prompts = [encode_prompt(p, tokenizer, cfg.data) for p in problems]
-        self.cfg = sized_engine(cfg, [PromptSet(problems, self.prompts, "the warm start's check rows")])
+        self.cfg = sized_engine(
+            cfg, [PromptSet(problems, self.prompts, "the warm start's check rows")], max_positions(cfg.model.path)
+        )
         # the base as RL will start from it: quantized, and the float view the transformers engine serves of that
         self.quantized = staging.with_name(staging.name + ".check")
         self.view = staging.with_name(staging.name + ".check.dequantized")

@@ -72,18 +72,22 @@ def served_model_path(model_path: str, native_nvfp4: bool = True) -> str:
     CPU MoE op takes no float32; transformers' generate gets the HF layout."""
     import torch
 
-    from rlvr.models.mistral_layout import WEIGHTS_FILE, is_mistral_folder
+    from rlvr.models.folder import config_file, read_model_folder
+    from rlvr.models.mistral_layout import WEIGHTS_FILE
     from rlvr.quant.checkpoint import write_dequantized_checkpoint
     from rlvr.quant.formats import is_quantized_checkpoint, quantized_format
 
-    if not is_quantized_checkpoint(model_path):
+    if not config_file(model_path).is_file():
+        return model_path  # no model folder here: the engine's own load says so
+    folder = read_model_folder(model_path)
+    if not is_quantized_checkpoint(folder):
         return model_path
-    if native_nvfp4 and torch.cuda.is_available() and quantized_format(model_path) == "nvfp4":
+    if native_nvfp4 and torch.cuda.is_available() and quantized_format(folder) == "nvfp4":
         return model_path
-    layout = "mistral" if native_nvfp4 and is_mistral_folder(model_path) else "hf"
+    layout = "mistral" if native_nvfp4 and folder.mistral else "hf"
     view = Path(str(model_path).rstrip("/") + (".dequantized" if layout == "hf" else ".dequantized-mistral"))
     if not (view / (WEIGHTS_FILE if layout == "mistral" else "model.safetensors")).is_file():  # written last
-        write_dequantized_checkpoint(model_path, view, layout=layout)
+        write_dequantized_checkpoint(folder, view, layout=layout)
     return str(view)
 
 

@@ -11,9 +11,9 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from rlvr.models.folder import model_config
+from rlvr.models.folder import ModelFolder, as_model_folder
 from rlvr.models.hub_layout import disk_tensors, expert_pieces
-from rlvr.models.mistral_layout import TensorNames, is_mistral_folder, weight_files
+from rlvr.models.mistral_layout import TensorNames
 from rlvr.models.multimodal import text_model_names
 
 # safetensors' dtype names (the header's), for checking a header without reading the tensor
@@ -41,15 +41,16 @@ class CheckpointFiles:
     read at once, data only as asked. A folder in Mistral's layout is read under the names vLLM
     maps it to (rlvr.models.mistral_layout), its image encoder left out."""
 
-    def __init__(self, model_dir: Path):
-        paths = weight_files(model_dir)
-        if not paths:
-            raise FileNotFoundError(f"{model_dir}: no *.safetensors files")
-        self._handles = {path: safe_open(path, framework="pt") for path in paths}
-        self._names = TensorNames(model_config(model_dir)) if is_mistral_folder(model_dir) else None
+    def __init__(self, model: ModelFolder | str | Path):
+        model = as_model_folder(model)
+        if not model.weight_files:
+            raise FileNotFoundError(f"{model.path}: no *.safetensors files")
+        self._handles = {path: safe_open(path, framework="pt") for path in model.weight_files}
+        self._names = TensorNames(model.transformers_config()) if model.mistral else None
         self._stored: dict[str, str] = {}  # name -> the name in the file, where they differ
         self._path = {}
-        own_name = text_model_names(model_dir)  # a multimodal checkpoint's language model, without its encoders
+        # a multimodal checkpoint's language model, without its encoders
+        own_name = text_model_names(model.stored_config)
         for path, handle in self._handles.items():
             for key in handle.keys():
                 name = own_name(key) if self._names is None else self._hf_name(handle, key)

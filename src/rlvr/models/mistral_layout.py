@@ -62,12 +62,13 @@ def is_mistral_folder(path: str | Path) -> bool:
     return bool(consolidated) and all(f in consolidated for f in files)
 
 
-def weight_files(path: str | Path) -> list[Path]:
-    """The safetensors files rlvr reads in the folder: consolidated*.safetensors in Mistral's
-    layout, the others in a folder that also ships the Hugging Face layout."""
+def weight_files(path: str | Path, *, mistral: bool) -> list[Path]:
+    """The safetensors files rlvr reads in the folder (`mistral`: is_mistral_folder's answer):
+    consolidated*.safetensors in Mistral's layout, the others in a folder that also ships the
+    Hugging Face layout."""
     folder = Path(path)
     files = sorted(folder.glob("*.safetensors"))
-    if is_mistral_folder(folder):
+    if mistral:
         return files
     consolidated = set(folder.glob(WEIGHTS_PATTERN))
     return [f for f in files if f not in consolidated] or files

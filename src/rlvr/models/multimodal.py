@@ -94,13 +94,17 @@ MISTRAL_DEFAULT_POSITIONS = 128_000
 
 
 def max_positions(model_dir: str | Path) -> int | None:
+    """`positions_of` the folder's config (config.json, else params.json)."""
+    return positions_of(read_model_config(model_dir), from_params=not (Path(model_dir) / "config.json").is_file())
+
+
+def positions_of(config: dict, *, from_params: bool) -> int | None:
     """The longest sequence the engine accepts for the language model, as vLLM derives it: the
     smallest length key of the text config (params.json: 128,000 when it names none); None when
     a config.json names none."""
-    config = read_model_config(model_dir)
     text = text_config(config)
     lengths = [text[key] for key in LENGTH_KEYS if isinstance(text.get(key), int)]
-    if not (Path(model_dir) / "config.json").is_file() and config:
+    if from_params and config:
         lengths = lengths or [MISTRAL_DEFAULT_POSITIONS]
     return min(lengths, default=None)
 
@@ -121,10 +125,10 @@ def text_tensor_name(name: str) -> str | None:
     return name
 
 
-def text_model_names(model_dir: str | Path):
+def text_model_names(config: dict):
     """name on disk -> its name in the text causal LM (None: an encoder's, not read), for the
-    checkpoint in `model_dir`; a text model's names are its own."""
-    return text_tensor_name if is_multimodal(read_model_config(model_dir)) else (lambda name: name)
+    checkpoint whose config (config.json or params.json) is `config`; a text model's names are its own."""
+    return text_tensor_name if is_multimodal(config) else (lambda name: name)
 
 
 def encoder_weight_bytes(model_dir: str | Path) -> tuple[int, int]:

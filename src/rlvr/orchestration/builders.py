@@ -21,7 +21,6 @@ from rlvr.config import RunConfig, dump_config
 from rlvr.engines import make_engine
 from rlvr.envs import EnvContext
 from rlvr.models.folder import check_model_folder
-from rlvr.models.multimodal import max_positions
 from rlvr.models.tokenizer import load_tokenizer
 from rlvr.orchestration.engine_supervisor import EngineSupervisor
 from rlvr.orchestration.evaluation import Evaluation
@@ -71,7 +70,7 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     pool (closed by `stack`) and wire the stages between them. With `resume`, the checkpoint to
     continue from is found first: without one, nothing starts."""
 
-    check_model_folder(cfg.model.path)
+    folder = check_model_folder(cfg.model.path)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     # as given: a resumed run sizes its engine again, and picks model.dtype: auto's dtype on its own machine
@@ -83,7 +82,7 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     test_set = (
         load_prompt_set(cfg.data, cfg.data.test, tokenizer, limit=cfg.eval.max_problems) if cfg.data.test else None
     )
-    cfg = sized_engine(cfg, [train_set, *([test_set] if test_set else [])])
+    cfg = sized_engine(cfg, [train_set, *([test_set] if test_set else [])], folder.max_positions)
     cfg = with_engine_lora_targets(cfg, log)
     shared = test_set.shared_with(train_set) if test_set is not None else 0
     if test_set is not None and shared:
@@ -262,16 +261,17 @@ def build_scoring_pool(cfg: RunConfig, log=print):
     )
 
 
-def sized_engine(cfg: RunConfig, prompt_sets: list[PromptSet]) -> RunConfig:
-    """`cfg` with engine.max_model_len as the engine gets it (rlvr.rollout.prompts.engine_context),
-    said here in rlvr's words before anything starts, not by vLLM once the ranks are up."""
+def sized_engine(cfg: RunConfig, prompt_sets: list[PromptSet], positions: int | None) -> RunConfig:
+    """`cfg` with engine.max_model_len as the engine gets it (rlvr.rollout.prompts.engine_context)
+    for a model of `positions` (rlvr.models.multimodal.max_positions of cfg.model.path), said here
+    in rlvr's words before anything starts, not by vLLM once the ranks are up."""
 
     context = engine_context(
         prompt_sets,
         max_tokens=cfg.rollout.sampling.max_tokens,
         env=cfg.env,
         max_model_len=cfg.engine.max_model_len,
-        positions=max_positions(cfg.model.path),
+        positions=positions,
         model=cfg.model.path,
     )
     return cfg.model_copy(update={"engine": cfg.engine.model_copy(update={"max_model_len": context})})

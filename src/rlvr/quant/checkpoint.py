@@ -25,7 +25,7 @@ quantizes `nn.Linear` only, so MoE experts stay float in an NF4 folder.
   Layers that read the very same input tensor (q/k/v, gate/up, MLA's q_a/kv_a) share one
   weight global scale, found by watching a calibration forward, not from names: vLLM fuses
   them into one GEMM with one global scale; an expert's gate and up rows share one likewise.
-  The same forward calibrates `input_global_scale`.
+  The same forward (rlvr.quant.calibration) calibrates `input_global_scale`.
 - `load_quantized_model(model_dir)`: the HF model with those Linears replaced by frozen
   `NVFP4Linear` / `NF4Linear` modules and the experts packed (rlvr.quant.experts); no float
   copy of their weights is ever built.
@@ -48,74 +48,19 @@ from safetensors.torch import save_file
 from torch import nn
 
 from rlvr.models.checkpoint_files import CheckpointFiles
-from rlvr.models.folder import model_config
+from rlvr.models.folder import ModelFolder, as_model_folder
 from rlvr.models.hub_layout import ExpertPiece, disk_name, expert_pieces, to_disk
-from rlvr.models.mistral_layout import PARAMS_FILE, TOKENIZER_FILE, is_mistral_folder, write_mistral_folder
+from rlvr.models.mistral_layout import PARAMS_FILE, write_mistral_folder
 from rlvr.models.moe import expert_projections, moe_layers
-from rlvr.models.tokenizer import load_tokenizer
 from rlvr.models.transformers_classes import causal_lm_from_pretrained
 from rlvr.quant import nf4, nvfp4
-from rlvr.quant.experts import expert_hidden
-from rlvr.quant.formats import FORMAT_NAME, QUANT_METHOD, quantized_format
+from rlvr.quant.calibration import DEFAULT_CALIBRATION_TEXTS, calibrate, calibration_inputs
+from rlvr.quant.formats import nvfp4_quantization_config, quantized_format
 from rlvr.quant.skeleton import Skeleton
 
-# The compressed-tensors release whose on-disk format and config this module writes.
-COMPRESSED_TENSORS_VERSION = "0.17.0"
 QUANTIZED_TENSOR_SUFFIXES = ("weight_packed", "weight_scale", "weight_global_scale", "input_global_scale")
 # what `quantize_checkpoint(format=...)` writes, and the columns each needs a multiple of
 FORMATS = {"nvfp4": nvfp4.GROUP_SIZE, "nf4": nf4.BLOCK_SIZE}
-
-# Tokens per calibration sequence drawn from the vocabulary when the folder has no tokenizer.
-CALIBRATION_TOKENS = 64
-# Short, varied text for the activation ranges; they only set per-layer input global scales.
-DEFAULT_CALIBRATION_TEXTS = (
-    "Solve for x: 3x + 7 = 22. First subtract 7 from both sides, then divide by 3, so x = 5.",
-    "The quick brown fox jumps over the lazy dog while 1234567890 counts the seconds.",
-    "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)",
-    "Question: what is the sum of the first 100 positive integers? Answer: \\boxed{5050}",
-)
-
-
-def _fp4_args(dynamic: bool | str, observer: str) -> dict:
-    """One QuantizationArgs as compressed-tensors 0.17 serializes it for NVFP4."""
-    return {
-        "actorder": None,
-        "block_structure": None,
-        "dynamic": dynamic,
-        "group_size": nvfp4.GROUP_SIZE,
-        "num_bits": 4,
-        "observer": observer,
-        "observer_kwargs": {},
-        "scale_dtype": "torch.float8_e4m3fn",
-        "strategy": "tensor_group",
-        "symmetric": True,
-        "type": "float",
-        "zp_dtype": None,
-    }
-
-
-def nvfp4_quantization_config(ignore: Sequence[str]) -> dict:
-    """The `quantization_config` llm-compressor writes for scheme "NVFP4" targeting Linear."""
-    return {
-        "config_groups": {
-            "group_0": {
-                "format": FORMAT_NAME,
-                "input_activations": _fp4_args("local", "static_minmax"),
-                "output_activations": None,
-                "targets": ["Linear"],
-                "weights": _fp4_args(False, "memoryless_minmax"),
-            }
-        },
-        "format": FORMAT_NAME,
-        "global_compression_ratio": None,
-        "ignore": list(ignore),
-        "kv_cache_scheme": None,
-        "quant_method": QUANT_METHOD,
-        "quantization_status": "compressed",
-        "sparsity_config": {},
-        "transform_config": {},
-        "version": COMPRESSED_TENSORS_VERSION,
-    }
 
 
 def is_ignored(name: str, ignore: Sequence[str]) -> bool:
@@ -124,99 +69,6 @@ def is_ignored(name: str, ignore: Sequence[str]) -> bool:
 
 
 # --------------------------------------------------------------------------- writing
-
-
-def calibration_inputs(model_dir: Path, vocab_size: int, texts: Sequence[str]) -> tuple[list[torch.Tensor], str]:
-    """Token ids `[1, n]` for the calibration forward, and where they came from.
-
-    The folder's tokenizer encodes `texts`. A folder saved with `save_pretrained` alone has no
-    tokenizer (transformers then fails, or builds an empty one that encodes nothing): the ids
-    are then drawn from the model's own vocabulary, one sequence per text. They only set the
-    activation ranges (`input_global_scale`) and show which layers read the same input; the
-    weights' own scales need no data.
-    """
-    try:
-        if (model_dir / TOKENIZER_FILE).is_file():  # Mistral's tokenizer, in either layout: the same ids
-            from mistral_common.tokens.tokenizers.tekken import Tekkenizer
-
-            tekken = Tekkenizer.from_file(model_dir / TOKENIZER_FILE)
-            ids = [tekken.encode(text, bos=True, eos=False) for text in texts]
-        else:
-            tokenizer = load_tokenizer(model_dir)
-            ids = [tokenizer(text).input_ids for text in texts]
-    except (OSError, ValueError) as err:
-        ids, reason = [], f"no tokenizer ({str(err).splitlines()[0]})"
-    else:
-        reason = "its tokenizer encodes nothing"
-    if ids and all(ids):
-        return [torch.tensor([x]) for x in ids], "tokenizer"
-    if not vocab_size:
-        raise ValueError(
-            f"{model_dir}: cannot calibrate NVFP4 activation scales: {reason} and config.json has no vocab_size"
-        )
-    generator = torch.Generator().manual_seed(0)
-    return [
-        torch.randint(0, vocab_size, (1, CALIBRATION_TOKENS), generator=generator) for _ in texts
-    ], f"vocabulary ({reason})"
-
-
-def _calibrate(
-    model: nn.Module, linears: dict[str, nn.Linear], experts: dict[str, nn.Module], inputs: Sequence[torch.Tensor]
-):
-    """Run `inputs` through `model`. Returns the input amax of each Linear, the groups of Linears
-    that read the very same input tensor, and each experts module's input amax per projection
-    `[E]`.
-
-    The inputs of one forward are kept alive until it ends, so that `id()` identifies a tensor.
-    Experts are calibrated on every token, not only on the tokens routed to them (llm-compressor's
-    `calibrate_all_experts`): a short calibration set reaches few experts through the router, and
-    an expert left uncalibrated would get an activation scale unrelated to its inputs.
-    """
-    input_amax: dict[str, torch.Tensor] = {}
-    expert_amax: dict[tuple[str, str], torch.Tensor] = {}
-    readers_of_first_forward: dict[int, list[str]] = {}
-    alive: list[torch.Tensor] = []
-    first_forward = True
-
-    def watch(name):
-        def hook(_module, args):
-            amax = args[0].detach().abs().amax().float()
-            input_amax[name] = torch.maximum(input_amax.get(name, amax), amax)
-            if first_forward:
-                alive.append(args[0])
-                readers_of_first_forward.setdefault(id(args[0]), []).append(name)
-
-        return hook
-
-    def watch_experts(name):
-        def hook(module, args):
-            x = args[0].detach()
-            gate_up, down = expert_projections(module)
-            seen = {
-                gate_up: x.abs().amax().float().expand(module.num_experts),
-                down: torch.stack(
-                    [expert_hidden(module, e, x).abs().amax().float() for e in range(module.num_experts)]
-                ),
-            }
-            for projection, amax in seen.items():
-                key = (name, projection)
-                expert_amax[key] = torch.maximum(expert_amax.get(key, amax), amax)
-
-        return hook
-
-    handles = [module.register_forward_pre_hook(watch(name)) for name, module in linears.items()]
-    handles += [module.register_forward_pre_hook(watch_experts(name)) for name, module in experts.items()]
-    try:
-        with torch.no_grad():
-            for ids in inputs:
-                model(input_ids=ids)
-                first_forward = False
-                alive.clear()
-    finally:
-        for handle in handles:
-            handle.remove()
-    shared_groups = [names for names in readers_of_first_forward.values() if len(names) > 1]
-    return input_amax, shared_groups, expert_amax
 
 
 def _copy_non_weight_files(model_dir: Path, out_dir: Path) -> None:
@@ -323,7 +175,7 @@ def _float_tensors_on_disk(model: nn.Module, plan: _Plan, dtypes: dict[str, torc
 
 
 def quantize_checkpoint(
-    model_dir: str | Path,
+    model_dir: ModelFolder | str | Path,
     out_dir: str | Path,
     format: str = "nvfp4",
     ignore: Sequence[str] = ("lm_head",),
@@ -337,14 +189,14 @@ def quantize_checkpoint(
     `--load-format mistral`."""
     if format not in FORMATS:
         raise ValueError(f"unknown quantization format {format!r}; known: {', '.join(FORMATS)}")
-    model_dir, out_dir = Path(model_dir), Path(out_dir)
-    mistral = is_mistral_folder(model_dir)
-    if mistral and format != "nvfp4":
+    folder, out_dir = as_model_folder(model_dir), Path(out_dir)
+    model_dir = folder.path
+    if folder.mistral and format != "nvfp4":
         raise ValueError(
             f"{model_dir}: Mistral's layout carries compressed-tensors quantization only (vLLM's "
             f"adapt_config_dict); quantize it as nvfp4, or import it first (rlvr import) for {format}"
         )
-    model = _float_model(model_dir)
+    model = _float_model(folder)
     source_dtype = model.dtype
     dtypes = {key: tensor.dtype for key, tensor in model.state_dict().items()}
     model.float().eval()
@@ -362,7 +214,7 @@ def quantize_checkpoint(
     state.update(_float_tensors_on_disk(model, plan, dtypes))  # biases of packed Linears included
     out_dir.mkdir(parents=True, exist_ok=True)
     _copy_non_weight_files(model_dir, out_dir)
-    if mistral:
+    if folder.mistral:
         model.config.dtype = source_dtype
         write_mistral_folder(state, model.config, out_dir, quantization=quantization_config)
         return out_dir
@@ -371,18 +223,18 @@ def quantize_checkpoint(
     return out_dir
 
 
-def _float_model(model_dir: Path) -> nn.Module:
+def _float_model(folder: ModelFolder) -> nn.Module:
     """The float model of an HF folder (as stored), or of a Mistral folder (read as the trainer
     reads it, in the dtype of its embedding). Its names go out through transformers' own mapping,
     not through the one the folder was read with, so a folder of fused experts (what
     `save_pretrained` writes where transformers has no conversion) is written one Linear per
     expert, as vLLM reads it."""
-    if not is_mistral_folder(model_dir):
-        model = causal_lm_from_pretrained(model_dir, dtype="auto")
+    if not folder.mistral:
+        model = causal_lm_from_pretrained(folder.path, dtype="auto")
         model._weight_conversions = None  # revert_weight_conversion then takes the model type's mapping
         return model
-    dtype = CheckpointFiles(model_dir).meta("model.embed_tokens.weight").dtype
-    skeleton = Skeleton.from_checkpoint(model_dir, dtype)
+    dtype = CheckpointFiles(folder).meta("model.embed_tokens.weight").dtype
+    skeleton = Skeleton.from_checkpoint(folder, dtype)
     skeleton.keep_initialized(skeleton.model)
     skeleton.fill(skeleton.model, "cpu")
     return skeleton.model
@@ -397,7 +249,7 @@ def _stored(prefix: str, weight: nvfp4.NVFP4Weight, input_global_scale: torch.Te
 def _nvfp4_tensors(model: nn.Module, plan: _Plan, model_dir: Path, texts: Sequence[str]) -> dict[str, torch.Tensor]:
     """The packed tensors of every planned Linear and expert projection, under on-disk names."""
     inputs, _source = calibration_inputs(model_dir, model.config.get_text_config().vocab_size, texts)
-    input_amax, shared_groups, expert_amax = _calibrate(model, plan.linears, plan.experts, inputs)
+    input_amax, shared_groups, expert_amax = calibrate(model, plan.linears, plan.experts, inputs)
     weight_global_scale = {name: nvfp4.global_scale_for(m.weight.abs().max()) for name, m in plan.linears.items()}
     for group in shared_groups:
         # the largest weight sets the scale, so that no member's group scales overflow FP8
@@ -430,10 +282,10 @@ def _nvfp4_tensors(model: nn.Module, plan: _Plan, model_dir: Path, texts: Sequen
 # --------------------------------------------------------------------------- reading
 
 
-def _read_tensors(model_dir: Path):
+def _read_tensors(folder: ModelFolder):
     """All tensors of the folder's safetensors files under transformers' on-disk names, and the
     files (a CheckpointFiles, for naming where each came from)."""
-    files = CheckpointFiles(model_dir)
+    files = CheckpointFiles(folder)
     return {key: files.read(key) for key in files.keys()}, files
 
 
@@ -470,7 +322,7 @@ def _nf4_prefixes(tensors: dict) -> list[str]:
     return [key.removesuffix(suffix) for key in tensors if key.endswith(suffix)]
 
 
-def load_quantized_model(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:
+def load_quantized_model(model_dir: ModelFolder | str | Path, dtype: torch.dtype = torch.float32) -> nn.Module:
     """The HF causal LM of a 4-bit checkpoint, each quantized Linear an `NVFP4Linear` (or
     `NF4Linear`) and each NVFP4 experts module packed (rlvr.quant.experts), computing in `dtype`.
 
@@ -481,23 +333,26 @@ def load_quantized_model(model_dir: str | Path, dtype: torch.dtype = torch.float
     built. A parameter no file provides, or a tensor no module takes, is an error naming it.
     The trainer's ranks load the same skeleton sharded (rlvr.quant.skeleton).
     """
-    quantized_format(model_dir)  # a quantized checkpoint, its config checked
-    skeleton = Skeleton.from_checkpoint(model_dir, dtype)
+    folder = as_model_folder(model_dir)
+    quantized_format(folder)  # a quantized checkpoint, its config checked
+    skeleton = Skeleton.from_checkpoint(folder, dtype)
     skeleton.keep_initialized(skeleton.model)
     skeleton.fill(skeleton.model, "cpu")
     return skeleton.model.eval()
 
 
-def dequantized_state_dict(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def dequantized_state_dict(
+    model_dir: ModelFolder | str | Path, dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
     """The checkpoint's tensors with every packed weight replaced by `P.weight` in `dtype`.
 
     These are the values `load_quantized_model` computes with, under transformers' on-disk names
     (a Mistral folder's mapped as vLLM maps them), which is what an engine without 4-bit kernels
     (vLLM on CPU) loads.
     """
-    model_dir = Path(model_dir)
-    format = quantized_format(model_dir)
-    tensors, files = _read_tensors(model_dir)
+    folder = as_model_folder(model_dir)
+    format = quantized_format(folder)
+    tensors, files = _read_tensors(folder)
     if format == "nf4":
         for prefix in _nf4_prefixes(tensors):
             weight = _pop_nf4(tensors, files, prefix)
@@ -511,18 +366,18 @@ def dequantized_state_dict(model_dir: str | Path, dtype: torch.dtype = torch.flo
 
 
 def write_dequantized_checkpoint(
-    model_dir: str | Path, out_dir: str | Path, dtype: torch.dtype = torch.float32, layout: str = "hf"
+    model_dir: ModelFolder | str | Path, out_dir: str | Path, dtype: torch.dtype = torch.float32, layout: str = "hf"
 ) -> Path:
     """A plain float folder (no quantization) holding `dequantized_state_dict(model_dir)`, in the
     Hugging Face layout (config.json, model.safetensors) or, `layout="mistral"`, in Mistral's
     (params.json, consolidated.safetensors; rlvr.models.mistral_layout)."""
-    model_dir, out_dir = Path(model_dir), Path(out_dir)
-    state = {k: v.contiguous() for k, v in dequantized_state_dict(model_dir, dtype).items()}
-    config = model_config(model_dir)
+    folder, out_dir = as_model_folder(model_dir), Path(out_dir)
+    state = {k: v.contiguous() for k, v in dequantized_state_dict(folder, dtype).items()}
+    config = folder.transformers_config()
     del config.quantization_config
     config.dtype = dtype
     out_dir.mkdir(parents=True, exist_ok=True)
-    _copy_non_weight_files(model_dir, out_dir)
+    _copy_non_weight_files(folder.path, out_dir)
     if layout == "mistral":
         write_mistral_folder(state, config, out_dir)
         return out_dir

@@ -200,9 +200,9 @@ def build_published_model(
     if is_quantized_checkpoint(folders.nvfp4):  # its quantization_config is written last
         say(f"{folders.nvfp4}: already quantized")
     else:
-        check_model_folder(folders.hf, key="MODEL", need_tokenizer=False)
+        folder = check_model_folder(folders.hf, key="MODEL", need_tokenizer=False)
         start = time.perf_counter()
-        quantize_checkpoint(folders.hf, folders.nvfp4, format="nvfp4")
+        quantize_checkpoint(folder, folders.nvfp4, format="nvfp4")
         say(f"{folders.nvfp4}: quantized as rlvr quantize --format nvfp4 does ({_since(start)})")
     return folders
 

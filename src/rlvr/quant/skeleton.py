@@ -19,10 +19,11 @@ The packed layers (`NVFP4Linear`, `NF4Linear`, packed experts) are chosen as
 `load_quantized_model` always chose them: a Linear whose on-disk name has `weight_packed`
 (NF4: `weight.quant_state.bitsandbytes__nf4`), an experts module whose every projection has. Their
 shapes come from the model's own modules and each header is checked against them; every other
-tensor goes through transformers' conversion mapping (rlvr.models.hub_layout). A tensor in the
-files that no module takes, or a parameter no file fills, is an error naming it, before anything
-is read. `load_quantized_model` is this with one process holding every row, so the trainer's
-sharded load and every whole load compute with the same values.
+tensor goes through transformers' conversion mapping (rlvr.models.hub_layout); each tensor's rows
+are read by a source (rlvr.models.checkpoint_files for float tensors, rlvr.quant.row_sources for
+packed ones). A tensor in the files that no module takes, or a parameter no file fills, is an
+error naming it, before anything is read. `load_quantized_model` is this with one process
+holding every row, so the trainer's sharded load and every whole load compute with the same values.
 
 `Skeleton.from_config` builds the same packed tree with no checkpoint at all (every Linear but
 the head and routers packed, as `quantize_checkpoint` writes one): the rehearsal measures a
@@ -38,8 +39,8 @@ import torch
 from accelerate import init_empty_weights
 from torch import nn
 
-from rlvr.models.checkpoint_files import CheckpointFiles, Rows, Source, check_shape, memory_source, rows_of
-from rlvr.models.folder import model_config
+from rlvr.models.checkpoint_files import CheckpointFiles, Source, check_shape, memory_source, rows_of
+from rlvr.models.folder import ModelFolder, as_model_folder
 from rlvr.models.hub_layout import ExpertPiece, disk_name, expert_pieces
 from rlvr.models.moe import expert_projections, moe_layers
 from rlvr.models.multimodal import text_model_config
@@ -48,21 +49,10 @@ from rlvr.quant import nf4, nvfp4
 from rlvr.quant.experts import NVFP4Experts, pack_experts, use_rlvr_experts
 from rlvr.quant.formats import is_quantized_checkpoint, quantized_format
 from rlvr.quant.linear import NF4Linear, NVFP4Linear, QuantizedLinear
-from rlvr.quant.packed_bytes import STORAGE_DTYPE
+from rlvr.quant.row_sources import bytes_of, expert_rows, expert_scales
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
-
-
-def _bytes_of(files: CheckpointFiles, key: str, columns: int) -> Source:
-    """Rows of stored packed bytes (flat or `[rows, columns]`) in their parameter dtype."""
-    stored_by_row = files.meta(key).shape[-1] == columns  # NVFP4 `[out, in/2]`; NF4 flat `[out * in/2, 1]`
-
-    def read(rows: Rows) -> torch.Tensor:
-        flat = rows if stored_by_row or rows is None else slice(rows.start * columns, rows.stop * columns)
-        return files.read(key, flat).reshape(-1, columns).view(STORAGE_DTYPE)
-
-    return read
 
 
 class Skeleton:
@@ -79,11 +69,11 @@ class Skeleton:
     # ------------------------------------------------------------------ building
 
     @classmethod
-    def from_checkpoint(cls, model_dir: str | Path, dtype: torch.dtype) -> Skeleton:
-        model_dir = Path(model_dir)
-        base_format = quantized_format(model_dir) if is_quantized_checkpoint(model_dir) else "hf"
-        files = CheckpointFiles(model_dir)
-        skeleton = cls._empty(model_config(model_dir), dtype, base_format)
+    def from_checkpoint(cls, model_dir: ModelFolder | str | Path, dtype: torch.dtype) -> Skeleton:
+        folder = as_model_folder(model_dir)
+        base_format = quantized_format(folder) if is_quantized_checkpoint(folder) else "hf"
+        files = CheckpointFiles(folder)
+        skeleton = cls._empty(folder.transformers_config(), dtype, base_format)
         skeleton._take_packed_linears(files, dtype)
         skeleton._take_packed_experts(files, dtype)
         skeleton._take_float_tensors(files, dtype)
@@ -91,7 +81,7 @@ class Skeleton:
             key = sorted(files.unclaimed)[0]
             raise ValueError(f"{files.where(key)} belongs to no module of {type(skeleton.model).__name__}")
         skeleton.model.tie_weights()  # the config's tied names (tie_word_embeddings) share one parameter
-        skeleton._find_ties(model_dir)
+        skeleton._find_ties(folder.path)
         return skeleton
 
     @classmethod
@@ -156,7 +146,7 @@ class Skeleton:
         bias = files.meta(f"{disk}.bias") if f"{disk}.bias" in files else None
         input_scale = files.meta(f"{disk}.input_global_scale") if f"{disk}.input_global_scale" in files else None
         layer = NVFP4Linear(weight, bias, input_scale, compute_dtype=dtype)
-        self._add(layer, "weight_packed", _bytes_of(files, f"{disk}.weight_packed", module.in_features // 2))
+        self._add(layer, "weight_packed", bytes_of(files, f"{disk}.weight_packed", module.in_features // 2))
         self._add(layer, "weight_scale", rows_of(files, f"{disk}.weight_scale"))
         self._add(layer, "weight_global_scale", rows_of(files, f"{disk}.weight_global_scale", torch.float32))
         if input_scale is not None:
@@ -179,7 +169,7 @@ class Skeleton:
         check_shape(where, weight.weight_packed, (module.out_features, module.in_features // 2))
         bias = files.meta(f"{disk}.bias") if f"{disk}.bias" in files else None
         layer = NF4Linear(weight, bias, compute_dtype=dtype)
-        self._add(layer, "weight_packed", _bytes_of(files, f"{disk}.weight", module.in_features // 2))
+        self._add(layer, "weight_packed", bytes_of(files, f"{disk}.weight", module.in_features // 2))
         blocks = module.in_features // nf4.BLOCK_SIZE
         self._add(
             layer,
@@ -224,9 +214,9 @@ class Skeleton:
             pack_experts(experts, projections, dtype)
             for p in packed:
                 for suffix in ("weight_packed", "weight_scale"):
-                    self._add(experts, f"{p}_{suffix}", _expert_rows(files, pieces[p], projections[p], suffix))
+                    self._add(experts, f"{p}_{suffix}", expert_rows(files, pieces[p], projections[p], suffix))
                 for suffix in ("weight_global_scale", "input_global_scale"):
-                    self._add(experts, f"{p}_{suffix}", _expert_scales(files, pieces[p], projections[p], suffix))
+                    self._add(experts, f"{p}_{suffix}", expert_scales(files, pieces[p], projections[p], suffix))
             packed_any = True
         if packed_any:
             use_rlvr_experts(self.model)
@@ -358,35 +348,6 @@ def _copy_rows(tensor: torch.Tensor, source: Source) -> None:
             f"rows {rows} read as {data.dtype} {tuple(data.shape)} for a {local.dtype} {tuple(local.shape)} shard"
         )
     local.copy_(data.reshape(local.shape))
-
-
-def _expert_rows(files: CheckpointFiles, pieces: list[ExpertPiece], like: NVFP4Experts, suffix: str) -> Source:
-    """Experts [start, stop) of a packed projection's `weight_packed` or `weight_scale`."""
-    shape = getattr(like, suffix).shape
-
-    def read(rows: Rows) -> torch.Tensor:
-        rows = rows or slice(0, shape[0])
-        dtype = torch.uint8 if suffix == "weight_packed" else torch.float8_e4m3fn
-        out = torch.empty(rows.stop - rows.start, *shape[1:], dtype=dtype)
-        for p in pieces:
-            if rows.start <= p.expert < rows.stop:
-                out[p.expert - rows.start, p.start : p.stop] = files.read(f"{p.prefix}.{suffix}")
-        return out.view(STORAGE_DTYPE) if suffix == "weight_packed" else out
-
-    return read
-
-
-def _expert_scales(files: CheckpointFiles, pieces: list[ExpertPiece], like: NVFP4Experts, suffix: str) -> Source:
-    """A packed projection's `[E, parts]` global scales (1 where the files have no input scale)."""
-
-    def read(rows: Rows) -> torch.Tensor:
-        scales = torch.ones(like.weight_global_scale.shape)
-        for p in pieces:
-            if f"{p.prefix}.{suffix}" in files:
-                scales[p.expert, p.part] = files.read(f"{p.prefix}.{suffix}").reshape(())
-        return scales if rows is None else scales[rows]
-
-    return read
 
 
 def _packed_linear(base_format: str, module: nn.Linear, dtype: torch.dtype, bias: bool) -> QuantizedLinear:
