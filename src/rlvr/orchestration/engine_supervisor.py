@@ -44,7 +44,9 @@ class EngineSupervisor(Engine):
         self._restore: Callable[[Engine], None] | None = None  # pushes the last weights again
         self._in_flight: dict[Hashable, tuple[Request, dict]] = {}  # submitted, not yet polled back
 
-    def generate(self, prompts: list[list[int]], n: int, sampling: Sampling, **options) -> list[Rollout]:
+    def generate(
+        self, prompts: list[list[int]], n: int, sampling: Sampling | Sequence[Sampling], **options
+    ) -> list[Rollout]:
         return self._retrying("generate", lambda engine: engine.generate(prompts, n, sampling, **options))
 
     def submit(self, requests: Sequence[Request], **options) -> None:
