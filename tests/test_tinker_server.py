@@ -306,9 +306,11 @@ def test_save_state_writes_peft_and_loads_back(server, training):
     assert not np.allclose(step_from(training.load_state), resumed, atol=1e-6)  # weights only: Adam starts afresh
     with pytest.raises(tinker.NotFoundError, match="not a checkpoint"):
         training.load_state_with_optimizer(f"tinker://{training.model_id}/weights/never-saved").result()
+    current = _logprobs(training, TOKENS)
     for name in ("../../escape", "a/b", ".."):  # a name that would leave the tenant's folder
         with pytest.raises(tinker.BadRequestError, match="without slashes"):
             training.save_state(name).result()
+    np.testing.assert_array_equal(_logprobs(training, TOKENS), current)  # the refused saves kept their turn
 
 
 @pytest.mark.slow
@@ -680,7 +682,9 @@ def test_limits_are_refused_by_name_and_lose_nothing(server, bob_training):
     assert [status for status, _ in held] == [200, 200]
     status, reply = _http(url, "forward_backward", raw=_forward_backward_body(model, next_seq + 3), key=BOB)
     assert status == 429 and "limits.queued_requests" in reply["detail"]
+    # the call they wait for is taken over the limit: refusing it would hold them, and the queue, forever
     first = _http(url, "forward_backward", raw=_forward_backward_body(model, next_seq), key=BOB)
+    assert first[0] == 200
     results = [_retrieve(url, reply["request_id"], BOB) for _, reply in [first, *held]]
     # the refused call, sent again, takes its turn: nothing was lost
     status, resent = _http(url, "forward_backward", raw=_forward_backward_body(model, next_seq + 3), key=BOB)

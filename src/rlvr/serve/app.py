@@ -163,7 +163,11 @@ def save_weights_for_sampler(server: TinkerServer, tenant: Tenant, body: types.S
 def save_weights(server: TinkerServer, tenant: Tenant, body: types.SaveWeightsRequest) -> dict:
     server.registry.model(body.model_id, tenant)
     if body.path is not None:
-        server.states.folder(tenant, body.model_id, body.path)  # a bad name is refused now, not in the future
+        try:
+            server.states.folder(tenant, body.model_id, body.path)  # a bad name is refused now, not in the future
+        except BadRequest:
+            server.work.skip(body.model_id, body.seq_id)
+            raise
     return server.work.submit(tenant, lambda: server.save_state(tenant, body), body.model_id, body.seq_id)
 
 

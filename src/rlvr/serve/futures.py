@@ -47,12 +47,14 @@ class FutureStore:
         self._open: Counter[str] = Counter()  # tenant -> its requests not yet done
         self._tokens: Counter[str] = Counter()  # tenant -> sampling tokens of its requests not yet done
 
-    def new(self, tenant: Tenant, tokens: int = 0) -> tuple[str, concurrent.futures.Future]:
-        """A new request's future, if the tenant's limits leave room for it."""
+    def new(self, tenant: Tenant, tokens: int = 0, unblocks: bool = False) -> tuple[str, concurrent.futures.Future]:
+        """A new request's future, if the tenant's limits leave room for it. A call that `unblocks`
+        others (the training call their seq_ids wait for) is taken over the queue limit: refusing it
+        would hold them, and so the queue, forever."""
         limits = tenant.limits
         with self._lock:
             self._forget_old(time.monotonic())
-            if self._open[tenant.name] >= limits.queued_requests:
+            if self._open[tenant.name] >= limits.queued_requests and not unblocks:
                 raise OverLimit(
                     f"limits.queued_requests: tenant {tenant.name} has {self._open[tenant.name]} requests unanswered "
                     f"(limit {limits.queued_requests}); retrieve their results first"
@@ -90,7 +92,10 @@ class FutureStore:
     async def answer(self, request_id: str, tenant: Tenant) -> Response:
         """The request's result once it is there; after HOLD_S without one, try_again (the work goes on)."""
         future = self.get(request_id, tenant)
-        done, _ = await asyncio.wait([asyncio.wrap_future(future)], timeout=HOLD_S)  # never cancels the work
+        waited = asyncio.wrap_future(future)
+        # the outcome is read from `future`; marking the copy's as read keeps asyncio from logging it as lost
+        waited.add_done_callback(lambda copy: copy.cancelled() or copy.exception())
+        done, _ = await asyncio.wait([waited], timeout=HOLD_S)  # never cancels the work
         if not done:
             return JSONResponse({"type": "try_again", "request_id": request_id, "queue_state": "active"})
         error = future.exception()

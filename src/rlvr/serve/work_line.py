@@ -41,10 +41,12 @@ class WorkLine:
         **extra,
     ) -> dict:
         """Queue `work` in its session's line (a model's training calls by seq_id); the SDK's UntypedAPIFuture."""
+        unblocks = False
         if model_id is not None and seq_id is not None:
             self._check_seq(model_id, seq_id)
+            unblocks = seq_id == self._next_seq[model_id] and bool(self._waiting[model_id])
         # over a limit (429), the seq_id stays unused: the SDK sends the same call again later
-        request_id, future = self.futures.new(tenant)
+        request_id, future = self.futures.new(tenant, unblocks=unblocks)
 
         def run() -> None:
             if future.set_running_or_notify_cancel():
