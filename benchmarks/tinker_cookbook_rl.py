@@ -31,12 +31,12 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import yaml
 from _ledger import append_line, provenance, write_result
 from _proc import status_bytes, trainer_ranks
+from _serve import start_server
 
 from rlvr.config import set_dotted
 
@@ -44,10 +44,13 @@ ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_S = 0.005
 
 
-def serve_config(folder: Path, rank_alpha: float, settings: list[str]) -> Path:
-    """The served config: the engine's sizes for this machine, LoRA's alpha, and each KEY=VALUE of `settings`."""
+def serve_config(folder: Path, model: str, rank_alpha: float, settings: list[str]) -> Path:
+    """The served config: `model` in the catalog under its own path (the recipe loads its tokenizer
+    by that name, and there is no hub here), the engine's sizes for this machine, LoRA's alpha, and
+    each KEY=VALUE of `settings`."""
     config = {
         "checkpoint_dir": str(folder / "checkpoints"),
+        "models": {model: model},
         "log_every_s": 60,
         "engine": {"max_model_len": 256, "kv_cache_gb": 1, "num_threads": 2},
         "trainer": {"lora": {"alpha": rank_alpha}},
@@ -58,23 +61,6 @@ def serve_config(folder: Path, rank_alpha: float, settings: list[str]) -> Path:
     path = folder / "serve.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
-
-
-def serve(folder: Path, port: int, config: Path) -> subprocess.Popen:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "rlvr.cli", "serve", "--port", str(port), "--config", str(config)],
-        stdout=open(folder / "server.log", "w"),
-        stderr=subprocess.STDOUT,
-    )
-    deadline = time.monotonic() + 300
-    while True:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/api/v1/healthz", timeout=2).close()
-            return process
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"rlvr serve did not start:\n{(folder / 'server.log').read_text()[-2000:]}")
-            time.sleep(1)
 
 
 class PrivateMemory:
@@ -146,9 +132,9 @@ def main() -> None:
         raise SystemExit(f"{args.model}: no model folder; run `make smollm2` first")
 
     folder = Path(tempfile.mkdtemp(prefix="tinker_cookbook_rl_"))
-    config = serve_config(folder, args.alpha, args.settings)
+    config = serve_config(folder, args.model, args.alpha, args.settings)
     plan_rank, plan_all, dtype = planned(config, args.model, args.rank)
-    server = serve(folder, args.port, config)
+    server = start_server(folder, args.port, config)
     memory = PrivateMemory(server.pid)
     command = [
         sys.executable,

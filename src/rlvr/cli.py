@@ -401,14 +401,21 @@ def _run(cfg, resume: bool = False, verbose: bool = False, prepare=None) -> None
 def serve(
     host: Optional[str] = typer.Option(None, "--host", help="address to listen on (default: the config's serve host)"),
     port: Optional[int] = typer.Option(None, "--port", help="TCP port (default: the config's port)"),
-    config: Optional[Path] = typer.Option(None, "--config", help="FILE.yaml: engine and trainer sections, as a run's"),
+    config: Optional[Path] = typer.Option(None, "--config", help="FILE.yaml: catalog, tenants, engine and trainer"),
+    model: list[str] = typer.Option(
+        [], "--model", help="NAME=FOLDER: add a model to the catalog (a FOLDER alone is named by its path)"
+    ),
 ):
     """Serve the Tinker API (the `tinker` SDK's ServiceClient(base_url=...)): LoRA training and sampling."""
     from rlvr.config import ServeConfig
     from rlvr.serve.app import serve as run_server
 
     cfg = load_config(config, schema=ServeConfig) if config else ServeConfig()
-    given = {"host": host, "port": port}
+    catalog = dict(cfg.models)
+    for entry in model:
+        name, _, folder = entry.rpartition("=") if "=" in entry else (entry, "", entry)
+        catalog[name] = folder
+    given = {"host": host, "port": port, "models": catalog}
     run_server(cfg.model_copy(update={key: value for key, value in given.items() if value is not None}))
 
 

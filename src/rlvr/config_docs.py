@@ -57,34 +57,36 @@ def reference_markdown() -> str:
         "or a bad value stops it before anything starts, in one line naming the key.",
     ]
     for path, model in sections():
-        title = path.rstrip(".") or "top level"
-        lines += [
-            "",
-            f"## `{title}`",
-            "",
-            _doc(model),
-            "",
-            "| key | type | default | description |",
-            "|---|---|---|---|",
-        ]
+        lines += _table_head(f"## `{path.rstrip('.') or 'top level'}`", model)
         for name, field in model.model_fields.items():
             shown = _default(field)
             if section_type(field) is not None:
                 shown = "`null`, section below" if shown == "`null`" else "section below"
             lines.append(f"| `{name}` | {_type(field.annotation)} | {shown} | {field.description} |")
-    lines += [
-        "",
-        "## `rlvr serve` (serve.yaml)",
-        "",
-        _doc(ServeConfig),
-        "",
-        "| key | type | default | description |",
-        "|---|---|---|---|",
-    ]
+    lines += _table_head("## `rlvr serve` (serve.yaml)", ServeConfig)
+    run_sections = {model for _, model in sections()}
+    own = []  # the server's own sections (tenants, limits), documented after its table
     for name, field in ServeConfig.model_fields.items():
-        shown = f"the run's `{name}` section, above" if section_type(field) is not None else _default(field)
+        sub = section_type(field)
+        if sub is None:
+            shown = _default(field)
+        elif sub in run_sections:
+            shown = f"the run's `{name}` section, above"
+        else:
+            entry = ".NAME" if typing.get_origin(field.annotation) is dict else ""
+            shown = "section below"
+            own.append((f"{name}{entry}", sub))
         lines.append(f"| `{name}` | {_type(field.annotation)} | {shown} | {field.description} |")
+    for path, model in own:
+        lines += _table_head(f"### `serve: {path}`", model)
+        for name, field in model.model_fields.items():
+            shown = "the server's `limits`" if section_type(field) is not None else _default(field)
+            lines.append(f"| `{name}` | {_type(field.annotation)} | {shown} | {field.description} |")
     return "\n".join(lines) + "\n"
+
+
+def _table_head(title: str, model: type[BaseModel]) -> list[str]:
+    return ["", title, "", _doc(model), "", "| key | type | default | description |", "|---|---|---|---|"]
 
 
 def defaults_yaml() -> str:

@@ -17,7 +17,7 @@ from rlvr.config.model import ArchitectureEstimate, DataConfig, ModelConfig
 from rlvr.config.rollout import EngineConfig, EnvConfig, RolloutConfig, SamplingConfig
 from rlvr.config.run import CheckpointConfig, EvalConfig, PlacementConfig, RunConfig, TrackingConfig
 from rlvr.config.scoring import RewardConfig, SandboxConfig
-from rlvr.config.serve import ServeConfig
+from rlvr.config.serve import LimitsConfig, ServeConfig, TenantConfig
 from rlvr.config.trainer import LoraConfig, TrainerConfig
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "EngineConfig",
     "EnvConfig",
     "EvalConfig",
+    "LimitsConfig",
     "LoraConfig",
     "MaskedISConfig",
     "ModelConfig",
@@ -46,6 +47,7 @@ __all__ = [
     "Section",
     "ServeConfig",
     "SyntheticTaskSpec",
+    "TenantConfig",
     "TinyModelSpec",
     "TrackingConfig",
     "TrainerConfig",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any
+from typing import Any, get_origin
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -60,7 +60,7 @@ def validate_config(raw: dict, source: str = "<config>", schema: type[Section] =
         if not first["loc"]:  # a rule across sections: its message names the keys
             raise ConfigError(f"{source}: {message}") from None
         key = ".".join(str(p) for p in first["loc"])
-        value = _lookup(raw, first["loc"])
+        value = _MISSING if _hides_input(schema, first["loc"]) else _lookup(raw, first["loc"])
         shown = f" (got {value!r})" if value is not _MISSING else ""
         raise ConfigError(f"{source}: {key}: {message}{shown}") from None
 
@@ -97,9 +97,31 @@ def _check_keys(raw: Any, model: type[BaseModel], prefix: str, source: str) -> N
             close = difflib.get_close_matches(str(key), list(fields), n=1, cutoff=0.5)
             hint = f"; did you mean {prefix}{close[0]}?" if close else f"; valid keys: {', '.join(fields)}"
             raise ConfigError(f"{source}: unknown key {full!r}{hint}")
-        sub = _section_type(fields[key].annotation)
-        if sub is not None:
+        annotation = fields[key].annotation
+        sub = _section_type(annotation)
+        if sub is not None and get_origin(annotation) is dict:  # name -> section: each value is one
+            for name, item in (value if isinstance(value, dict) else {}).items():
+                _check_keys(item, sub, prefix=f"{prefix}{key}.{name}.", source=source)
+        elif sub is not None:
             _check_keys(value, sub, prefix=f"{prefix}{key}.", source=source)
+
+
+def _hides_input(model: type[BaseModel], loc: tuple) -> bool:
+    """Whether a section below the root on the way to `loc` keeps its values out of errors (one
+    holding secrets). The root is not asked: it hides inputs from pydantic's own message if any
+    section of it does, since pydantic renders nested errors with the root's config."""
+    parts = list(loc)
+    while parts:
+        field = model.model_fields.get(str(parts.pop(0)))
+        sub = _section_type(field.annotation) if field else None
+        if sub is None:
+            return False
+        if get_origin(field.annotation) is dict and parts:
+            parts.pop(0)  # the entry's name
+        if sub.model_config.get("hide_input_in_errors"):
+            return True
+        model = sub
+    return False
 
 
 def _section_type(annotation: Any) -> type[BaseModel] | None:

@@ -1,48 +1,41 @@
-"""The Tinker API over HTTP: the routes the unmodified `tinker` SDK calls, on rlvr's trainer and engine.
+"""The Tinker API over HTTP: the routes the unmodified `tinker` SDK calls, each a plain function of
+the server, the asking tenant and the request's body.
 
-    rlvr serve --port 8000          # then: tinker.ServiceClient(base_url="http://127.0.0.1:8000")
+    rlvr serve --config serve.yaml     # then: tinker.ServiceClient(base_url="http://127.0.0.1:8000")
 
-Every training or sampling call answers at once with a request id; the work runs on one worker
-thread, the sessions' calls taken in turn (rlvr.serve.fair_queue), each session's in arrival
-order except that a model's training calls run in the order of their seq_id (the SDK sends
-forward_backward chunks in parallel). `retrieve_future` holds a poll until the
-result is there or _HOLD_S has passed, then says try_again. A request that is malformed or
-names what does not exist gets a 400 with its reason, and the model is left as it was.
+Every request but /healthz carries an API key (X-API-Key) naming its tenant (rlvr.serve.tenants),
+and its body is read up to the tenant's body_bytes. Training and sampling calls answer at once
+with a request id; their work runs on one worker thread (rlvr.serve.work_line), and
+`retrieve_future` holds a poll until the result is there. A refused request gets its status
+(rlvr.serve.refusals) and one-line reason, and leaves everything as it was.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import itertools
-import json
-import shutil
-import threading
-import time
+import inspect
 import uuid
 from collections import Counter
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from tinker import types
 
-from rlvr.config import RunConfig, ServeConfig
+from rlvr.config import ServeConfig
 from rlvr.errors import UserError
-from rlvr.models.folder import check_model_folder
-from rlvr.records import LoraAdapter, Sampling
-from rlvr.serve.fair_queue import FairQueue
-from rlvr.serve.model import ServedModel, planned_bytes, served_run
-from rlvr.serve.protocol import BadRequest, forward_backward_output, read_forward_backward, sample_response
+from rlvr.records import Sampling
+from rlvr.serve.protocol import forward_backward_output, read_forward_backward
+from rlvr.serve.refusals import BadRequest, TooLarge, Unauthorized
+from rlvr.serve.sample_batcher import PendingSample
+from rlvr.serve.server import TinkerServer, adam_only
+from rlvr.serve.tenants import Tenant, check_exposure
 
-# The SDK waits 45 s for each retrieve_future answer; holding a poll for less keeps it under that.
-_HOLD_S = 30.0
-_KEEP_S = 600.0
-_PROTOBUF = "application/x-protobuf"
+_API = "/api/v1/"
+_OPEN = {f"{_API}healthz"}  # answered without a key: a load balancer's probe has none
 
 
 class RequestLog:
@@ -72,564 +65,290 @@ class RequestLog:
         self._refused.clear()
 
 
-@dataclass
-class SamplerSession:
-    base_model: str
-    model_id: str | None  # the training model whose engine samples it (None: a base-model session)
-    adapter: LoraAdapter | None  # the snapshot it samples (None: the base)
-    model_path: str | None = None
+# ---------------------------------------------------------------------------------------- routes
 
 
-@dataclass
-class PendingSample:
-    request: types.SampleRequest
-    prompt: list[int]  # the request's tokens, checked against the vocabulary
-    sampler: SamplerSession
-    sampling: Sampling
-    future: concurrent.futures.Future
+def client_config(server: TinkerServer, tenant: Tenant) -> dict:
+    return {"pjwt_auth_enabled": False}  # the SDK then sends its API key on every call
 
 
-def _memory_budget(cfg: ServeConfig) -> float:
-    """memory_gb, else the GPUs' memory, else the RAM this machine has available now: on a machine
-    shared with other processes, its total would admit a model the others leave no room for."""
-    if cfg.memory_gb is not None:
-        return cfg.memory_gb * 1e9
-    import psutil
-    import torch
+def telemetry(server: TinkerServer, tenant: Tenant, body: bytes) -> dict:
+    return {"status": "accepted"}  # the SDK's own error reports: not kept
 
-    if torch.cuda.is_available():
-        return float(sum(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())))
-    return float(psutil.virtual_memory().available)
 
+def capabilities(server: TinkerServer, tenant: Tenant) -> dict:
+    return {
+        "supported_models": [{"model_name": name, "trainable": True, "sampleable": True} for name in server.cfg.models]
+    }
 
-class TinkerServer:
-    """Sessions, models, sampling sessions and futures; `app` is the ASGI application."""
 
-    def __init__(self, cfg: ServeConfig):
-        self.cfg = cfg
-        self.sessions: dict[str, float] = {}  # session id -> when it was last heard from (time.monotonic)
-        self.models: dict = {}  # model id -> rlvr.serve.model.ServedModel
-        self._claimed: dict[str, float] = {}  # models created or being built -> the memory planned for each
-        self._memory_budget = _memory_budget(cfg)  # before any model loads: what the served models may hold together
-        self.samplers: dict[str, SamplerSession] = {}
-        self.named: dict[str, tuple[str, LoraAdapter]] = {}  # tinker:// path -> (model id, adapter)
-        self.futures: dict[str, concurrent.futures.Future] = {}
-        self._done_at: dict[str, float] = {}  # request id -> when its future was done (time.monotonic)
-        self._next_seq: dict[str, int] = {}  # model id -> the seq_id its next training call must carry
-        self._waiting: dict[str, dict[int, Callable | None]] = {}  # model id -> seq_id -> work (None: refused)
-        self._work = FairQueue()
-        self._to_sample: dict[str, list[PendingSample]] = {}  # model id -> sampling calls waiting for its batch
-        self._batch_lock = threading.Lock()  # the routes add to a batch while the worker takes one
-        self._ids = itertools.count(1)
-        self.log = RequestLog(cfg.log_every_s)
-        self.app = self._routes()
+def create_session(server: TinkerServer, tenant: Tenant, body: types.CreateSessionRequest) -> dict:
+    session_id = f"session-{uuid.uuid4().hex}"
+    server.registry.open_session(session_id, tenant)
+    return {"type": "create_session", "session_id": session_id}
 
-    # ------------------------------------------------------------------ futures
 
-    def _submit(
-        self,
-        work: Callable,
-        model_id: str | None = None,
-        seq_id: int | None = None,
-        *,
-        session: str | None = None,
-        **extra,
-    ) -> dict:
-        """Queue `work` in its session's line (a model's training calls by seq_id); the SDK's UntypedAPIFuture."""
-        request_id, future = self._future()
+def session_heartbeat(server: TinkerServer, tenant: Tenant, body: types.SessionHeartbeatRequest) -> dict:
+    server.registry.session(body.session_id, tenant)
+    return {"type": "session_heartbeat"}
 
-        def run() -> None:
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(work())
-                except BaseException as error:  # reported to the client through retrieve_future
-                    future.set_exception(error)
 
-        if model_id is None or seq_id is None:
-            self._work.put(session or _session_of(model_id), run)
-        else:
-            self._in_order(model_id, seq_id, run)
-        return {"request_id": request_id, "model_id": model_id, **extra}
+def finish_session(server: TinkerServer, tenant: Tenant, body: bytes, session_id: str) -> dict:
+    server.registry.session(session_id, tenant)
+    server.registry.end_session(session_id, "finished by its client")
+    return {}
 
-    def _future(self) -> tuple[str, concurrent.futures.Future]:
-        """A new request's future; results retrievable for _KEEP_S after they are done (the SDK
-        retrieves at once, and again only when a poll was lost), then forgotten."""
-        now = time.monotonic()
-        for old in [rid for rid, done in self._done_at.items() if now - done > _KEEP_S]:
-            self.futures.pop(old, None)
-            self._done_at.pop(old)
-        request_id = f"req-{next(self._ids)}"
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        future.add_done_callback(lambda _: self._done_at.__setitem__(request_id, time.monotonic()))
-        self.futures[request_id] = future
-        return request_id, future
 
-    def _in_order(self, model_id: str, seq_id: int, run: Callable | None) -> None:
-        """Run a model's training calls by seq_id: a later one waits for the ones before it; a refused
-        one (`run` None) still takes its turn, so that the calls after it are not held forever."""
-        expected = self._next_seq.setdefault(model_id, 1)
-        if seq_id < expected or seq_id in self._waiting.setdefault(model_id, {}):
-            raise BadRequest(f"seq_id {seq_id} of model {model_id} was already used (the next is {expected})")
-        waiting = self._waiting[model_id]
-        waiting[seq_id] = run
-        while self._next_seq[model_id] in waiting:
-            ready = waiting.pop(self._next_seq[model_id])
-            self._next_seq[model_id] += 1
-            if ready is not None:
-                self._work.put(_session_of(model_id), ready)
+def create_model(server: TinkerServer, tenant: Tenant, body: types.CreateModelRequest) -> dict:
+    server.registry.session(body.session_id, tenant)
+    if body.lora_config is None:
+        raise BadRequest("create_model: full fine-tuning is not served; ask for LoRA (lora_config.rank)")
+    if not (body.lora_config.train_attn and body.lora_config.train_mlp):
+        raise BadRequest("lora_config: LoRA on attention and MLP both is all this server trains")
+    adam_only(body.optimizer_config)
+    seed = server.cfg.seed if body.lora_config.seed is None else body.lora_config.seed
+    return server.start_model(
+        tenant,
+        body.session_id,
+        body.model_seq_id,
+        body.base_model,
+        body.lora_config.rank,
+        seed,
+        lambda model_id: {"model_id": model_id, "type": "create_model"},
+    )
 
-    async def _retrieve(self, request_id: str) -> Response:
-        future = self.futures.get(request_id)
-        if future is None:
-            return _refuse(f"unknown request_id {request_id!r}", status=404)
-        wrapped = asyncio.wrap_future(future)
-        done, _ = await asyncio.wait([wrapped], timeout=_HOLD_S)  # never cancels the work itself
-        if not done:
-            return JSONResponse({"type": "try_again", "request_id": request_id, "queue_state": "active"})
-        error = future.exception()
-        if error is not None:
-            user = isinstance(error, (BadRequest, ValueError)) or getattr(error, "user_error", False)
-            return JSONResponse({"error": f"{type(error).__name__}: {error}", "category": "user" if user else "server"})
-        result = future.result()
-        if isinstance(result, bytes):
-            return Response(result, media_type=_PROTOBUF)
-        return JSONResponse(result)
 
-    # ------------------------------------------------------------------ the work
+def get_info(server: TinkerServer, tenant: Tenant, body: types.GetInfoRequest) -> dict:
+    model = server.registry.model(body.model_id, tenant)
+    return {
+        "type": "get_info",
+        "model_id": model.model_id,
+        "is_lora": True,
+        "lora_rank": model.rank,
+        "model_name": model.base_model,
+        "model_data": {"arch": None, "model_name": model.base_model, "tokenizer_id": model.base_model},
+    }
 
-    def _claim(self, model_id: str, run: RunConfig) -> None:
-        """Count the model's planned memory as held, or refuse it (BadRequest) if the machine cannot hold it too."""
-        need, parts = planned_bytes(run)
-        held = sum(self._claimed.values())
-        budget = self._memory_budget
-        if held + need > budget:
-            others = (
-                f", and the {len(self._claimed)} model(s) served hold ~{held / 1e9:.2f} GB" if self._claimed else ""
-            )
-            raise BadRequest(
-                f"create_model: {run.model.path} with LoRA rank {run.trainer.lora.rank} needs ~{need / 1e9:.2f} GB "
-                f"({parts}){others}, over this server's {budget / 1e9:.2f} GB (memory_gb); nothing was loaded"
-            )
-        self._claimed[model_id] = need
 
-    def _start_model(
-        self, session_id: str, model_seq_id: int, run: RunConfig, seed: int, then: Callable[[str], dict]
-    ) -> dict:
-        """Claim the model's memory now (a request meanwhile counts it as held) and queue its build,
-        whose future answers with `then(model_id)` once it is built."""
-        model_id = f"{session_id}:train:{model_seq_id}"
-        if model_id in self._claimed:
-            raise BadRequest(f"model {model_id} exists (model_seq_id {model_seq_id} was used)")
-        self._claim(model_id, run)
-
-        def build() -> dict:
-            try:
-                model = ServedModel(model_id, run, seed)
-            except BaseException:
-                self._claimed.pop(model_id, None)
-                raise
-            if model_id not in self._claimed:  # its session ended while it was being built
-                model.close()
-                raise BadRequest(f"session {session_id} ended before its model was built")
-            self.models[model_id] = model
-            return then(model_id)
-
-        return self._submit(build, model_id=model_id)
-
-    def _model(self, model_id: str):
-        if model_id not in self.models:
-            raise BadRequest(f"unknown model_id {model_id!r}")
-        session_id = _session_of(model_id)
-        if session_id in self.sessions:  # a call on a model is as good as a heartbeat
-            self.sessions[session_id] = time.monotonic()
-        return self.models[model_id]
-
-    def end_session(self, session_id: str, why: str) -> None:
-        """Forget a session and what it made; its models close once the work queued before now has run."""
-        self.sessions.pop(session_id, None)
-        ended = [model_id for model_id in self._claimed if _session_of(model_id) == session_id]
-        for model_id in ended:
-            self._claimed.pop(model_id)
-            model = self.models.pop(model_id, None)  # None: still being built, _start_model's build closes it
-            if model is not None:
-                self._work.put(session_id, model.close)
-        self.samplers = {
-            key: s for key, s in self.samplers.items() if _session_of(key) != session_id and s.model_id not in ended
-        }
-        self.named = {
-            path: (model_id, adapter) for path, (model_id, adapter) in self.named.items() if model_id not in ended
-        }
-        print(
-            f"rlvr serve: session {session_id} {why}" + (f"; closing {', '.join(ended)}" if ended else ""), flush=True
-        )
-
-    def expire_sessions(self, now: float | None = None) -> None:
-        now = time.monotonic() if now is None else now
-        for session_id, seen in list(self.sessions.items()):
-            if now - seen > self.cfg.session_timeout_s:
-                self.end_session(session_id, f"expired: nothing heard for {now - seen:.0f} s")
-
-    def _save_for_sampler(self, request: types.SaveWeightsForSamplerRequest) -> dict:
-        model = self._model(request.model_id)
-        adapter = model.publish()
-        if request.path is not None:
-            path = f"tinker://{request.model_id}/sampler_weights/{request.path}"
-            self.named[path] = (request.model_id, adapter)
-            return {"path": path, "type": "save_weights_for_sampler"}
-        sampler_id = f"{request.model_id}:sample:{request.sampling_session_seq_id}"
-        self.samplers[sampler_id] = SamplerSession(model.base_model, request.model_id, adapter)
-        return {"sampling_session_id": sampler_id, "type": "save_weights_for_sampler"}
-
-    def _state_folder(self, model_id: str, name: str) -> Path:
-        if not name or name in (".", "..") or "/" in name or "\\" in name:
-            raise BadRequest(f"checkpoint name {name!r}: give a name without slashes")
-        return Path(self.cfg.checkpoint_dir) / model_id.replace(":", "_") / name
-
-    def _save_state(self, request: types.SaveWeightsRequest) -> dict:
-        model = self._model(request.model_id)
-        name = request.path or f"state-{next(self._ids)}"
-        folder = self._state_folder(request.model_id, name)
-        if folder.exists():
-            if not request.overwrite:
-                raise BadRequest(f"checkpoint {name!r} exists ({folder}); save with overwrite=True to replace it")
-            shutil.rmtree(folder)
-        folder.mkdir(parents=True)
-        model.save_state(folder)
-        return {"path": f"tinker://{request.model_id}/weights/{name}", "type": "save_weights"}
-
-    def _load_state(self, request: types.LoadWeightsRequest) -> dict:
-        model = self._model(request.model_id)
-        model.load_state(self._saved_state(request.path), optimizer=request.optimizer)
-        return {"path": request.path, "model_id": request.model_id, "type": "load_weights"}
-
-    def _create_from_state(self, request: types.LoadWeightsRequest) -> dict:
-        """create_training_client_from_state(_with_optimizer): a new model on the checkpoint's base
-        with its LoRA rank (its adapter_config.json says both), then the checkpoint loaded into it."""
-        if request.session_id is None or request.model_seq_id is None:
-            raise BadRequest(
-                "load_weights: give model_id, or session_id and model_seq_id to create a model from the state"
-            )
-        self._session(request.session_id)
-        _adam_only(request.optimizer_config)
-        folder = self._saved_state(request.path)
-        adapter = _json_file(folder / "adapter" / "adapter_config.json")
-        base_model = request.base_model or adapter.get("base_model_name_or_path")
-        if not isinstance(base_model, str) or not isinstance(adapter.get("r"), int):
-            raise BadRequest(
-                f"{folder / 'adapter' / 'adapter_config.json'}: no base_model_name_or_path or r to build the model on"
-            )
-        check_model_folder(base_model, key="base_model")
-        run = served_run(base_model, adapter["r"], self.cfg)
-        return self._start_model(
-            request.session_id,
-            request.model_seq_id,
-            run,
-            self.cfg.seed,
-            lambda model_id: self._load_state(request.model_copy(update={"model_id": model_id})),
-        )
-
-    def _saved_state(self, path: str) -> Path:
-        """The folder of a tinker://MODEL_ID/weights/NAME path save_state returned (this server's or an earlier one's)."""
-        model_id, kind, name = (path.removeprefix("tinker://").rsplit("/", 2) + ["", "", ""])[:3]
-        folder = self._state_folder(model_id, name) if path.startswith("tinker://") and kind == "weights" else None
-        if folder is None or not (folder / "trainer").is_dir():
-            raise BadRequest(f"{path!r} is not a checkpoint save_state wrote under {self.cfg.checkpoint_dir}")
-        return folder
-
-    def _queue_sample(
-        self, request: types.SampleRequest, prompt: list[int], sampler: SamplerSession, sampling: Sampling
-    ) -> str:
-        """Add a sampling call to its model's batch; the first call of a batch queues the batch's turn."""
-        request_id, future = self._future()
-        with self._batch_lock:
-            batch = self._to_sample.setdefault(sampler.model_id, [])
-            batch.append(PendingSample(request, prompt, sampler, sampling, future))
-            first = len(batch) == 1
-        if first:
-            self._work.put(_session_of(sampler.model_id), lambda: self._sample_batch(sampler.model_id))
-        return request_id
-
-    def _sample_batch(self, model_id: str) -> None:
-        """Every sampling call of the model that arrived before its turn came, in one engine batch:
-        the cookbook sends a step's groups as concurrent calls, which one by one would each wait for
-        the engine to run a few sequences. Each call's samples are drawn as alone (its own seeds)."""
-        with self._batch_lock:
-            batch = [item for item in self._to_sample.pop(model_id, []) if item.future.set_running_or_notify_cancel()]
-        try:
-            model = self._model(model_id)
-            scored = {}
-            for item in batch:
-                if item.request.prompt_logprobs:
-                    try:
-                        scored[id(item)] = model.prompt_logprobs(
-                            item.sampler.adapter, item.prompt, item.request.prompt_logprobs_last_n
-                        )
-                    except BadRequest as error:
-                        item.future.set_exception(error)
-            live = [item for item in batch if not item.future.done()]
-            drawn = model.sample_many(
-                [(item.sampler.adapter, item.prompt, item.request.num_samples, item.sampling) for item in live]
-            )
-            for item, rollouts in zip(live, drawn):
-                item.future.set_result(sample_response(rollouts, scored.get(id(item))))
-        except BaseException as error:  # reported to each client through retrieve_future
-            for item in batch:
-                if not item.future.done():
-                    item.future.set_exception(error)
-
-    # ------------------------------------------------------------------ routes
-
-    def _routes(self) -> FastAPI:
-        @asynccontextmanager
-        async def lifespan(_):
-            log_lines = asyncio.create_task(self.log.run())
-            expiry = asyncio.create_task(self._expire_every(min(5.0, self.cfg.session_timeout_s / 2)))
-            yield
-            log_lines.cancel()
-            expiry.cancel()
-            self.log.flush()
-            # here, not after uvicorn.run: on SIGTERM uvicorn re-raises the signal once it has shut down
-            self.close()
-
-        app = FastAPI(title="rlvr serve: the Tinker API", lifespan=lifespan)
-
-        @app.middleware("http")
-        async def count(request: Request, call_next):
-            response = await call_next(request)
-            route = request.scope.get("route")  # the template (samplers/{sampler_id}), not the id
-            path = route.path if route else f"{request.url.path} (no such route)"
-            self.log.add(path.removeprefix("/api/v1/"), response.status_code)
-            return response
-
-        @app.exception_handler(UserError)  # BadRequest, and a model folder that is not one
-        async def bad_request(_, error: UserError):
-            return _refuse(str(error))
-
-        @app.exception_handler(ValidationError)
-        async def invalid(_, error: ValidationError):
-            first = error.errors()[0]
-            return _refuse(f"{error.title}: {'.'.join(map(str, first['loc']))}: {first['msg']}")
-
-        @app.get("/api/v1/healthz")
-        async def healthz():
-            return {"status": "ok"}
-
-        @app.post("/api/v1/telemetry")
-        async def telemetry():
-            return {"status": "accepted"}  # the SDK's own error reports: not kept
-
-        @app.post("/api/v1/client/config")
-        async def client_config():
-            return {"pjwt_auth_enabled": False}
-
-        @app.post("/api/v1/create_session")
-        async def create_session(request: Request):
-            types.CreateSessionRequest.model_validate(await request.json())
-            session_id = f"session-{uuid.uuid4().hex[:12]}"
-            self.sessions[session_id] = time.monotonic()
-            return {"type": "create_session", "session_id": session_id}
-
-        @app.post("/api/v1/session_heartbeat")
-        async def session_heartbeat(request: Request):
-            self._session(types.SessionHeartbeatRequest.model_validate(await request.json()).session_id)
-            return {"type": "session_heartbeat"}
-
-        @app.post("/api/v1/sessions/{session_id}/finish")
-        async def finish_session(session_id: str):
-            self._session(session_id)
-            self.end_session(session_id, "finished by its client")
-            return {}
-
-        @app.post("/api/v1/create_model")
-        async def create_model(request: Request):
-            body = types.CreateModelRequest.model_validate(await request.json())
-            self._session(body.session_id)
-            if body.lora_config is None:
-                raise BadRequest("create_model: full fine-tuning is not served; ask for LoRA (lora_config.rank)")
-            if not (body.lora_config.train_attn and body.lora_config.train_mlp):
-                raise BadRequest("lora_config: LoRA on attention and MLP both is all this server trains")
-            _adam_only(body.optimizer_config)
-            check_model_folder(body.base_model, key="base_model")
-            run = served_run(body.base_model, body.lora_config.rank, self.cfg)
-            seed = self.cfg.seed if body.lora_config.seed is None else body.lora_config.seed
-            return self._start_model(
-                body.session_id,
-                body.model_seq_id,
-                run,
-                seed,
-                lambda model_id: {"model_id": model_id, "type": "create_model"},
-            )
-
-        @app.post("/api/v1/get_info")
-        async def get_info(request: Request):
-            model = self._model(types.GetInfoRequest.model_validate(await request.json()).model_id)
-            return {
-                "type": "get_info",
-                "model_id": model.model_id,
-                "is_lora": True,
-                "lora_rank": model.rank,
-                "model_name": model.base_model,
-                "model_data": {"arch": None, "model_name": model.base_model, "tokenizer_id": model.base_model},
-            }
-
-        @app.post("/api/v1/forward_backward")
-        async def forward_backward(request: Request):
-            batch = read_forward_backward(await request.body())
-            model = self._model(batch.model_id)
-            try:
-                checked = model.check(batch)  # refused here, before the call takes its turn
-            except BadRequest:
-                self._in_order(batch.model_id, batch.seq_id, None)
-                raise
-
-            def work() -> bytes:
-                logprobs, loss = model.forward_backward(checked)
-                return forward_backward_output(logprobs, {"loss:sum": loss})
-
-            return self._submit(work, batch.model_id, batch.seq_id)
-
-        @app.post("/api/v1/optim_step")
-        async def optim_step(request: Request):
-            body = types.OptimStepRequest.model_validate(await request.json())
-            model = self._model(body.model_id)
-            if not isinstance(body.optim_params, types.AdamParams):
-                self._in_order(body.model_id, body.seq_id, None)
-                raise BadRequest(f"optim_step: only AdamParams are supported, not {type(body.optim_params).__name__}")
-            return self._submit(lambda: {"metrics": model.optim_step(body.optim_params)}, body.model_id, body.seq_id)
-
-        @app.post("/api/v1/save_weights_for_sampler")
-        async def save_weights_for_sampler(request: Request):
-            body = types.SaveWeightsForSamplerRequest.model_validate(await request.json())
-            self._model(body.model_id)
-            return self._submit(lambda: self._save_for_sampler(body), body.model_id, body.seq_id)
-
-        @app.post("/api/v1/save_weights")
-        async def save_weights(request: Request):
-            body = types.SaveWeightsRequest.model_validate(await request.json())
-            self._model(body.model_id)
-            return self._submit(lambda: self._save_state(body), body.model_id, body.seq_id)
-
-        @app.post("/api/v1/load_weights")
-        async def load_weights(request: Request):
-            body = types.LoadWeightsRequest.model_validate(await request.json())
-            if body.model_id is None:
-                return self._create_from_state(body)
-            self._model(body.model_id)
-            try:
-                self._saved_state(body.path)
-            except BadRequest:
-                self._in_order(body.model_id, body.seq_id, None)
-                raise
-            return self._submit(lambda: self._load_state(body), body.model_id, body.seq_id)
-
-        @app.post("/api/v1/create_sampling_session")
-        async def create_sampling_session(request: Request):
-            body = types.CreateSamplingSessionRequest.model_validate(await request.json())
-            self._session(body.session_id)
-            sampler_id = f"{body.session_id}:sample:{body.sampling_session_seq_id}"
-            if body.model_path is not None:
-                if body.model_path not in self.named:
-                    raise BadRequest(
-                        f"unknown model_path {body.model_path!r} (save_weights_for_sampler(name=...) makes one)"
-                    )
-                model_id, adapter = self.named[body.model_path]
-                session = SamplerSession(self.models[model_id].base_model, model_id, adapter, body.model_path)
-            elif body.base_model is not None:
-                on_it = [m.model_id for m in self.models.values() if m.base_model == body.base_model]
-                session = SamplerSession(body.base_model, on_it[0] if on_it else None, None)
-            else:
-                raise BadRequest("create_sampling_session: give base_model or model_path")
-            self.samplers[sampler_id] = session
-            return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
-
-        @app.get("/api/v1/samplers/{sampler_id}")
-        async def get_sampler(sampler_id: str):
-            session = self._sampler(sampler_id)
-            return {"sampler_id": sampler_id, "base_model": session.base_model, "model_path": session.model_path}
-
-        @app.post("/api/v1/asample")
-        async def asample(request: Request):
-            body = types.SampleRequest.model_validate(await request.json())
-            if body.sampling_session_id is None:
-                raise BadRequest("asample: sampling_session_id is required (create_sampling_session makes one)")
-            session = self._sampler(body.sampling_session_id)
-            unsupported = {
-                "topk_prompt_logprobs": body.topk_prompt_logprobs,
-                "topk_sample_logprobs": body.topk_sample_logprobs,
-                "prompt_alt_tokens_k": body.prompt_alt_tokens_k,
-                "target_prompt_logprobs": body.target_prompt_logprobs,
-                "record_stability_info": body.record_stability_info,
-            }
-            asked = [name for name, value in unsupported.items() if value]
-            if asked:
-                raise BadRequest(f"asample: {asked[0]} is not supported yet")
-            if session.model_id is None:
-                raise BadRequest(f"sampling {session.base_model} needs a model created on it first (create_model)")
-            model = self._model(session.model_id)
-            sampling = _sampling(body.sampling_params)  # refuse what the engine cannot do now, not in the future
-            prompt = _tokens(body.prompt)
-            model.check_tokens(prompt, "prompt")
-            if sampling.stop_token_ids:
-                model.check_tokens(list(sampling.stop_token_ids), "sampling_params.stop")
-            request_id = self._queue_sample(body, prompt, session, sampling)
-            return {
-                "request_id": request_id,
-                "model_id": None,
-                "sample_sequence_ids": [f"{request_id}:{j}" for j in range(body.num_samples)],
-            }
-
-        @app.post("/api/v1/retrieve_future")
-        async def retrieve_future(request: Request):
-            body = types.FutureRetrieveRequest.model_validate(await request.json())
-            return await self._retrieve(body.request_id)
-
-        return app
-
-    def _session(self, session_id: str) -> None:
-        if session_id not in self.sessions:
-            raise BadRequest(f"unknown session_id {session_id!r}")
-        self.sessions[session_id] = time.monotonic()
-
-    async def _expire_every(self, interval_s: float) -> None:
-        while True:
-            await asyncio.sleep(interval_s)
-            self.expire_sessions()
-
-    def _sampler(self, sampler_id: str) -> SamplerSession:
-        if sampler_id not in self.samplers:
-            raise BadRequest(f"unknown sampling session {sampler_id!r}")
-        return self.samplers[sampler_id]
-
-    def close(self) -> None:
-        for future in self.futures.values():
-            future.cancel()  # what has not started
-        self._work.close()
-        for model in self.models.values():
-            model.close()
-
-
-def _session_of(some_id: str) -> str:
-    """The session a model or sampling-session id belongs to (its first part: SESSION:train:N)."""
-    return some_id.split(":", 1)[0]
-
-
-def _adam_only(optimizer: object) -> None:
-    if optimizer is not None and not isinstance(optimizer, types.AdamOptimizerConfig):
-        raise BadRequest(f"optimizer_config: only Adam is served, not {type(optimizer).__name__}")
-
-
-def _json_file(path: Path) -> dict:
+def forward_backward(server: TinkerServer, tenant: Tenant, body: bytes) -> dict:
+    batch = read_forward_backward(body)
+    model = server.registry.model(batch.model_id, tenant)
     try:
-        found = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise BadRequest(f"{path}: not readable JSON ({error})") from None
-    if not isinstance(found, dict):
-        raise BadRequest(f"{path}: not a JSON object")
-    return found
+        checked = model.check(batch)  # refused here, before the call takes its turn
+    except BadRequest:
+        server.work.skip(batch.model_id, batch.seq_id)
+        raise
+
+    def work() -> bytes:
+        logprobs, loss = model.forward_backward(checked)
+        return forward_backward_output(logprobs, {"loss:sum": loss})
+
+    return server.work.submit(tenant, work, batch.model_id, batch.seq_id)
 
 
-def _refuse(message: str, status: int = 400) -> JSONResponse:
-    return JSONResponse({"detail": message}, status_code=status)
+def optim_step(server: TinkerServer, tenant: Tenant, body: types.OptimStepRequest) -> dict:
+    model = server.registry.model(body.model_id, tenant)
+    if not isinstance(body.optim_params, types.AdamParams):
+        server.work.skip(body.model_id, body.seq_id)
+        raise BadRequest(f"optim_step: only AdamParams are supported, not {type(body.optim_params).__name__}")
+    adam = body.optim_params
+    return server.work.submit(tenant, lambda: {"metrics": model.optim_step(adam)}, body.model_id, body.seq_id)
+
+
+def save_weights_for_sampler(server: TinkerServer, tenant: Tenant, body: types.SaveWeightsForSamplerRequest) -> dict:
+    server.registry.model(body.model_id, tenant)
+    return server.work.submit(tenant, lambda: server.save_for_sampler(tenant, body), body.model_id, body.seq_id)
+
+
+def save_weights(server: TinkerServer, tenant: Tenant, body: types.SaveWeightsRequest) -> dict:
+    server.registry.model(body.model_id, tenant)
+    if body.path is not None:
+        try:
+            server.states.folder(tenant, body.model_id, body.path)  # a bad name is refused now, not in the future
+        except BadRequest:
+            server.work.skip(body.model_id, body.seq_id)
+            raise
+    return server.work.submit(tenant, lambda: server.save_state(tenant, body), body.model_id, body.seq_id)
+
+
+def load_weights(server: TinkerServer, tenant: Tenant, body: types.LoadWeightsRequest) -> dict:
+    if body.model_id is None:
+        return server.create_from_state(tenant, body)
+    server.registry.model(body.model_id, tenant)
+    try:
+        server.states.find(body.path, tenant)
+    except BadRequest:
+        server.work.skip(body.model_id, body.seq_id)
+        raise
+    return server.work.submit(tenant, lambda: server.load_state(tenant, body), body.model_id, body.seq_id)
+
+
+def create_sampling_session(server: TinkerServer, tenant: Tenant, body: types.CreateSamplingSessionRequest) -> dict:
+    server.registry.session(body.session_id, tenant)
+    sampler_id = f"{body.session_id}:sample:{body.sampling_session_seq_id}"
+    server.registry.samplers[sampler_id] = server.sampler_for(tenant, body)
+    return {"type": "create_sampling_session", "sampling_session_id": sampler_id}
+
+
+def get_sampler(server: TinkerServer, tenant: Tenant, sampler_id: str) -> dict:
+    session = server.registry.sampler(sampler_id, tenant)
+    return {"sampler_id": sampler_id, "base_model": session.base_model, "model_path": session.model_path}
+
+
+def asample(server: TinkerServer, tenant: Tenant, body: types.SampleRequest) -> dict:
+    if body.sampling_session_id is None:
+        raise BadRequest("asample: sampling_session_id is required (create_sampling_session makes one)")
+    session = server.registry.sampler(body.sampling_session_id, tenant)
+    unsupported = {
+        "topk_prompt_logprobs": body.topk_prompt_logprobs,
+        "topk_sample_logprobs": body.topk_sample_logprobs,
+        "prompt_alt_tokens_k": body.prompt_alt_tokens_k,
+        "target_prompt_logprobs": body.target_prompt_logprobs,
+        "record_stability_info": body.record_stability_info,
+    }
+    asked = [name for name, value in unsupported.items() if value]
+    if asked:
+        raise BadRequest(f"asample: {asked[0]} is not supported yet")
+    if session.model_id is None:
+        raise BadRequest(f"sampling {session.base_model} needs a model created on it first (create_model)")
+    model = server.registry.model(session.model_id, tenant)
+    sampling = _sampling(body.sampling_params)  # refuse what the engine cannot do now, not in the future
+    prompt = _tokens(body.prompt)
+    model.check_tokens(prompt, "prompt")
+    if sampling.stop_token_ids:
+        model.check_tokens(list(sampling.stop_token_ids), "sampling_params.stop")
+    tokens = body.num_samples * (len(prompt) + sampling.max_tokens)
+    request_id, future = server.futures.new(tenant, tokens=tokens)
+    server.batcher.add(session.model_id, PendingSample(body, prompt, session, sampling, future))
+    return {
+        "request_id": request_id,
+        "model_id": None,
+        "sample_sequence_ids": [f"{request_id}:{j}" for j in range(body.num_samples)],
+    }
+
+
+async def retrieve_future(server: TinkerServer, tenant: Tenant, body: types.FutureRetrieveRequest) -> Response:
+    return await server.futures.answer(body.request_id, tenant)
+
+
+@dataclass(frozen=True)
+class Route:
+    method: str
+    path: str
+    handler: Callable
+    body: type[BaseModel] | type[bytes] | None = None  # the body's SDK type; bytes: as sent; None: none read
+
+
+ROUTES = (
+    Route("POST", "client/config", client_config),
+    Route("POST", "telemetry", telemetry, bytes),
+    Route("GET", "get_server_capabilities", capabilities),
+    Route("POST", "create_session", create_session, types.CreateSessionRequest),
+    Route("POST", "session_heartbeat", session_heartbeat, types.SessionHeartbeatRequest),
+    Route("POST", "sessions/{session_id}/finish", finish_session, bytes),
+    Route("POST", "create_model", create_model, types.CreateModelRequest),
+    Route("POST", "get_info", get_info, types.GetInfoRequest),
+    Route("POST", "forward_backward", forward_backward, bytes),
+    Route("POST", "optim_step", optim_step, types.OptimStepRequest),
+    Route("POST", "save_weights_for_sampler", save_weights_for_sampler, types.SaveWeightsForSamplerRequest),
+    Route("POST", "save_weights", save_weights, types.SaveWeightsRequest),
+    Route("POST", "load_weights", load_weights, types.LoadWeightsRequest),
+    Route("POST", "create_sampling_session", create_sampling_session, types.CreateSamplingSessionRequest),
+    Route("GET", "samplers/{sampler_id}", get_sampler),
+    Route("POST", "asample", asample, types.SampleRequest),
+    Route("POST", "retrieve_future", retrieve_future, types.FutureRetrieveRequest),
+)
+
+
+# ---------------------------------------------------------------------------------------- the app
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refused (413) as soon as it passes `limit` bytes: a huge body is never held whole."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise TooLarge(f"limits.body_bytes: the body's {int(declared)} bytes pass this tenant's {limit}")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise TooLarge(f"limits.body_bytes: the body passes this tenant's {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _endpoint(server: TinkerServer, route: Route) -> Callable:
+    async def endpoint(request: Request):
+        tenant = request.state.tenant
+        args: list = []
+        if route.body is not None:
+            raw = await _read_body(request, tenant.limits.body_bytes)
+            args.append(raw if route.body is bytes else route.body.model_validate_json(raw or b"{}"))
+        answer = route.handler(server, tenant, *args, **request.path_params)
+        return await answer if inspect.isawaitable(answer) else answer
+
+    endpoint.__name__ = route.handler.__name__
+    return endpoint
+
+
+def _refuse(error: UserError) -> JSONResponse:
+    status = getattr(error, "status", 400)
+    headers = {"Retry-After": "1"} if status == 429 else None
+    return JSONResponse({"detail": str(error)}, status_code=status, headers=headers)
+
+
+def build_app(server: TinkerServer) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(_):
+        log = asyncio.create_task(server_log.run())
+        expiry = asyncio.create_task(_expire_every(server, min(5.0, server.cfg.session_timeout_s / 2)))
+        yield
+        log.cancel()
+        expiry.cancel()
+        server_log.flush()
+        # here, not after uvicorn.run: on SIGTERM uvicorn re-raises the signal once it has shut down
+        server.close()
+
+    server_log = RequestLog(server.cfg.log_every_s)
+    app = FastAPI(title="rlvr serve: the Tinker API", lifespan=lifespan)
+
+    @app.middleware("http")
+    async def key_and_count(request: Request, call_next):
+        response = None
+        if request.url.path not in _OPEN:
+            try:
+                request.state.tenant = server.tenants.identify(request.headers.get("x-api-key"))
+            except Unauthorized as error:
+                response = _refuse(error)
+        if response is None:
+            response = await call_next(request)
+        route = request.scope.get("route")  # the template (samplers/{sampler_id}), not the id
+        path = route.path if route else f"{request.url.path} (no such route)"
+        server_log.add(path.removeprefix(_API), response.status_code)
+        return response
+
+    @app.exception_handler(UserError)  # the refusals, and a model folder that is not one
+    async def refused(_, error: UserError):
+        return _refuse(error)
+
+    @app.exception_handler(ValidationError)
+    async def invalid(_, error: ValidationError):
+        first = error.errors()[0]
+        return _refuse(BadRequest(f"{error.title}: {'.'.join(map(str, first['loc']))}: {first['msg']}"))
+
+    @app.get(f"{_API}healthz")
+    async def healthz():
+        return {"status": "ok"}
+
+    for route in ROUTES:
+        app.add_api_route(f"{_API}{route.path}", _endpoint(server, route), methods=[route.method])
+    return app
+
+
+async def _expire_every(server: TinkerServer, interval_s: float) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        server.registry.expire_sessions()
 
 
 def _tokens(model_input: types.ModelInput) -> list[int]:
@@ -669,5 +388,10 @@ def serve(cfg: ServeConfig) -> None:
     import uvicorn
 
     server = TinkerServer(cfg)
-    print(f"rlvr serve: the Tinker API on http://{cfg.host}:{cfg.port}", flush=True)
-    uvicorn.run(server.app, host=cfg.host, port=cfg.port, log_level="warning")
+    check_exposure(cfg.host, server.tenants)
+    keys = f"{len(cfg.tenants)} tenant(s) with keys" if cfg.tenants else "no keys (loopback only)"
+    print(
+        f"rlvr serve: the Tinker API on http://{cfg.host}:{cfg.port}; models: {', '.join(cfg.models)}; {keys}",
+        flush=True,
+    )
+    uvicorn.run(build_app(server), host=cfg.host, port=cfg.port, log_level="warning")

@@ -1,6 +1,6 @@
 """One model a Tinker client trains: LoRA on a frozen base, on rlvr's trainer ranks, sampled by an engine.
 
-    model = ServedModel("s1:train:0", served_run("/models/x", rank=8, cfg=serve_config), seed=0)
+    model = ServedModel("s1:train:0", "Qwen/Qwen3-8B", served_run("/models/x", rank=8, cfg=serve_config), seed=0)
     logprobs, loss = model.forward_backward(batch)     # gradients add up ...
     metrics = model.optim_step(adam)                   # ... until applied here
     adapter = model.publish()                          # the engine serves the adapter, checked by the sync probe
@@ -30,7 +30,8 @@ from rlvr.models.multimodal import text_config
 from rlvr.planning.lora import with_engine_lora_targets
 from rlvr.planning.plan import PlanError, all_devices_bytes, make_plan
 from rlvr.records import LoraAdapter, Request, Rollout, Sampling
-from rlvr.serve.protocol import BadRequest, ForwardBackwardBatch
+from rlvr.serve.protocol import ForwardBackwardBatch
+from rlvr.serve.refusals import BadRequest
 from rlvr.sync.check import SyncCheck
 from rlvr.sync.weights import WeightSync
 from rlvr.tracking.timing import StepTimer
@@ -76,8 +77,8 @@ class CheckedBatch:
     loss_inputs: list[dict[str, torch.Tensor]]  # the loss's per-token inputs, float32
 
 
-def served_run(base_model: str, rank: int, cfg: ServeConfig, log=print) -> RunConfig:
-    """The run a served model's trainer and engine are: `cfg`'s sections on `base_model`, LoRA of the
+def served_run(folder: str, rank: int, cfg: ServeConfig, log=print) -> RunConfig:
+    """The run a served model's trainer and engine are: `cfg`'s sections on the model `folder`, LoRA of the
     requested rank on the targets a run would train (resolved against what the engine applies,
     as `rlvr train` resolves them), so that the plan estimates it as it estimates a run."""
     try:
@@ -87,7 +88,7 @@ def served_run(base_model: str, rank: int, cfg: ServeConfig, log=print) -> RunCo
     # the client brings its own data and lengths, which engine.max_model_len bounds: the run's
     # prompt and sampling lengths are set to their least so that the plan's length check passes
     run = RunConfig(
-        model=ModelConfig(path=base_model),
+        model=ModelConfig(path=folder),
         data=DataConfig(train="(served: the client's data)", max_prompt_tokens=1),
         rollout={"sampling": {"max_tokens": 1}},
         engine=cfg.engine,
@@ -107,9 +108,10 @@ def planned_bytes(run: RunConfig) -> tuple[float, str]:
 
 
 class ServedModel:
-    def __init__(self, model_id: str, run: RunConfig, seed: int):
-        self.model_id, self.base_model, self.rank = model_id, run.model.path, run.trainer.lora.rank
-        self.vocab_size = int(text_config(model_config_dict(self.base_model))["vocab_size"])
+    def __init__(self, model_id: str, base_model: str, run: RunConfig, seed: int):
+        """`base_model`: the catalog's name for the folder `run` trains on, which clients know it by."""
+        self.model_id, self.base_model, self.rank = model_id, base_model, run.trainer.lora.rank
+        self.vocab_size = int(text_config(model_config_dict(run.model.path))["vocab_size"])
         # the schedule is the client's: each optim_step brings its learning rate
         self.trainer = Trainer(
             RankSpec(model=run.model, trainer=run.trainer, algorithm=AlgorithmConfig(), seed=seed, total_steps=1)
@@ -122,7 +124,7 @@ class ServedModel:
         self.sync = WeightSync(
             self.engine,
             self.trainer,
-            sync_probe(self.base_model, run.engine.max_model_len),
+            sync_probe(run.model.path, run.engine.max_model_len),
             SyncCheck(run.engine.sync_threshold(compute_dtype(run.model.dtype, local_device()).name)),
             StepTimer(),
             lora=True,

@@ -16,12 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 from tinker.proto import tinker_public_pb2 as pb
 
-from rlvr.errors import UserError
 from rlvr.records import Rollout
-
-
-class BadRequest(UserError, ValueError):
-    """A request the server refuses before touching any model: its message goes back to the client."""
+from rlvr.serve.refusals import BadRequest
 
 
 @dataclass

@@ -1,0 +1,87 @@
+"""API keys -> tenants, and the server's refusal to listen beyond loopback without them: pure, no model."""
+
+from __future__ import annotations
+
+import pytest
+
+from rlvr.config import ServeConfig
+from rlvr.errors import UserError
+from rlvr.serve.refusals import Unauthorized
+from rlvr.serve.tenants import LOCAL_TENANT, Tenants, check_exposure
+
+
+def _config(**tenants) -> ServeConfig:
+    return ServeConfig.model_validate({"tenants": tenants, "limits": {"models": 3}})
+
+
+def test_each_key_names_its_tenant_with_its_own_limits(tmp_path):
+    keys = tmp_path / "bob.keys"
+    keys.write_text("# bob's two clients\ntml-bob-1\n\n  tml-bob-2  # the laptop\n")
+    tenants = Tenants(
+        _config(alice={"api_keys": ["tml-alice"]}, bob={"api_keys_file": str(keys), "limits": {"models": 1}})
+    )
+    assert tenants.keyed
+    assert tenants.identify("tml-alice").name == "alice" and tenants.identify("tml-alice").limits.models == 3
+    assert {tenants.identify(key).name for key in ("tml-bob-1", "tml-bob-2")} == {"bob"}
+    assert tenants.identify("tml-bob-2").limits.models == 1
+    for key in (None, "", "tml-alicE", "tml-bob-1 "):
+        with pytest.raises(Unauthorized):
+            tenants.identify(key)
+
+
+def test_without_tenants_every_caller_is_the_one_local_tenant():
+    tenants = Tenants(ServeConfig())
+    assert not tenants.keyed
+    assert tenants.identify(None).name == tenants.identify("tml-anything").name == LOCAL_TENANT
+
+
+def test_bad_keys_are_refused_naming_where_without_echoing_the_key(tmp_path):
+    with pytest.raises(ValueError, match=r"tenants.alice.api_keys\n.*key 2 must start with 'tml-'") as refused:
+        _config(alice={"api_keys": ["tml-ok", "sk-secret-value"]})
+    assert "sk-secret-value" not in str(refused.value)
+    with pytest.raises(ValueError, match="tenants.alice\n.*give api_keys or api_keys_file"):
+        _config(alice={})
+    keys = tmp_path / "keys"
+    keys.write_text("tml-one\nsk-secret-value\n")
+    with pytest.raises(UserError, match=f"^{keys}:2: a key must start with 'tml-'") as refused:
+        Tenants(_config(bob={"api_keys_file": str(keys)}))
+    assert "sk-secret-value" not in str(refused.value)
+    with pytest.raises(UserError, match="tenants.bob.api_keys_file: .*missing.keys: No such file"):
+        Tenants(_config(bob={"api_keys_file": str(tmp_path / "missing.keys")}))
+    with pytest.raises(UserError, match="a key of tenant alice is given to bob too"):
+        Tenants(_config(alice={"api_keys": ["tml-shared"]}, bob={"api_keys": ["tml-shared"]}))
+
+
+def test_the_key_is_never_printed_with_the_config():
+    cfg = _config(alice={"api_keys": ["tml-very-secret"]})
+    assert "tml-very-secret" not in repr(cfg) and "tml-very-secret" not in cfg.model_dump_json()
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1", "localhost", "127.0.0.2"])
+def test_loopback_needs_no_keys(host):
+    check_exposure(host, Tenants(ServeConfig()))
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.0.0.5", "my-host.example"])
+def test_any_other_address_needs_keys(host):
+    with pytest.raises(UserError, match=f"host {host} is reachable from other machines"):
+        check_exposure(host, Tenants(ServeConfig()))
+    check_exposure(host, Tenants(_config(alice={"api_keys": ["tml-alice"]})))
+
+
+def test_a_serve_file_names_a_bad_key_s_place_not_the_key(tmp_path):
+    from rlvr.config import load_config
+
+    config = tmp_path / "serve.yaml"
+    config.write_text("tenants:\n  alice:\n    api_keys: [sk-secret-value]\n")
+    with pytest.raises(ValueError) as refused:
+        load_config(config, schema=ServeConfig)
+    assert str(refused.value) == (
+        f"{config}: tenants.alice.api_keys: key 1 must start with 'tml-': the tinker SDK sends no other key"
+    )
+    config.write_text("tenants:\n  alice:\n    api_key: tml-x\n")
+    with pytest.raises(ValueError, match="unknown key 'tenants.alice.api_key'; did you mean tenants.alice.api_keys"):
+        load_config(config, schema=ServeConfig)
+    config.write_text("port: 70000\n")
+    with pytest.raises(ValueError, match="port: .* 65535 \\(got 70000\\)"):  # values outside tenants are shown
+        load_config(config, schema=ServeConfig)
