@@ -32,9 +32,6 @@ def _log_line(log: Path) -> None:
         console.print(f"log: {log}", highlight=False)
 
 
-DEMO_CONFIG = "configs/demo.yaml"
-
-
 @app.command()
 def train(
     config: Optional[str] = typer.Argument(
@@ -127,7 +124,7 @@ def config_command(
 
 @app.command()
 def demo(
-    config: Path = typer.Option(Path(DEMO_CONFIG), "--config", help="the demo's config"),
+    config: Path = typer.Option(Path("configs/demo.yaml"), "--config", help="the demo's config"),
     overrides: Optional[list[str]] = typer.Argument(None, help="dotted overrides"),
     verbose: bool = _verbose("RUN_DIR/logs"),
 ):
@@ -233,7 +230,7 @@ def eval_command(
     verbose: bool = _verbose(),
 ):
     """avg@k, unbiased pass@k and maj@k with standard errors, sampled now or from saved rows."""
-    from rlvr.eval.metrics import headline_line
+    from rlvr.eval.metrics import headline_line, write_summary
 
     lines = []
     if from_rollouts is not None:
@@ -271,11 +268,10 @@ def eval_command(
             answers_fill_model=run is None and max_tokens is None,
         )
         lines.append(f"samples: {samples}" + (f"  log: {log}" if log.is_file() else ""))
-    headline = {key: value for key, value in result.items() if key != "problems"}
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(headline | {"problems": result.get("problems", [])}, indent=2, allow_nan=False))
+        write_summary(out, result)
         lines.append(f"wrote {out}")
+    headline = {key: value for key, value in result.items() if key != "problems"}
     lines.insert(0, json.dumps(headline, allow_nan=False) if as_json else headline_line(result))
     for line in lines:
         console.print(line, highlight=False, markup=False)
@@ -301,19 +297,12 @@ def import_command(
     """Write a GGUF file as a float HF model folder (config, safetensors, tokenizer, chat template),
     or a Mistral folder (params.json, consolidated*.safetensors, tekken.json) in the HF layout
     that transformers' own class loads (a quantized folder's experts as stored, with a note)."""
-    from rlvr.models.gguf_import import import_gguf
-    from rlvr.models.mistral_import import import_mistral, quantized_experts_note
-    from rlvr.models.mistral_layout import is_mistral_folder
+    from rlvr.models.importing import import_model
     from rlvr.tracking.terminal import quiet_output
 
     log = Path(f"{out}.log")
-    note = None
     with quiet_output(log, verbose):
-        if is_mistral_folder(source):
-            wrote = import_mistral(source, out)
-            note = quantized_experts_note(source, out)
-        else:
-            wrote = import_gguf(source, out, dtype=dtype)
+        wrote, note = import_model(source, out, dtype)
     console.print(f"wrote {wrote}")
     if note:
         console.print(note)
@@ -408,14 +397,11 @@ def serve(
 ):
     """Serve the Tinker API (the `tinker` SDK's ServiceClient(base_url=...)): LoRA training and sampling."""
     from rlvr.config import ServeConfig
+    from rlvr.config.serve import catalog_entry
     from rlvr.serve.app import serve as run_server
 
     cfg = load_config(config, schema=ServeConfig) if config else ServeConfig()
-    catalog = dict(cfg.models)
-    for entry in model:
-        name, _, folder = entry.rpartition("=") if "=" in entry else (entry, "", entry)
-        catalog[name] = folder
-    given = {"host": host, "port": port, "models": catalog}
+    given = {"host": host, "port": port, "models": cfg.models | dict(map(catalog_entry, model))}
     run_server(cfg.model_copy(update={key: value for key, value in given.items() if value is not None}))
 
 

@@ -107,3 +107,9 @@ class ServeConfig(Section):
     limits: LimitsConfig = Field(LimitsConfig(), description="each tenant's limits, unless the tenant sets its own")
     engine: EngineConfig = Field(EngineConfig(), description="the engine that samples")
     trainer: TrainerConfig = Field(TrainerConfig(), description="trainer ranks; trainer.lora's rank is the request's")
+
+
+def catalog_entry(text: str) -> tuple[str, str]:
+    """`rlvr serve --model NAME=FOLDER` as (name, folder); a FOLDER alone is named by its path."""
+    name, _, folder = text.rpartition("=")
+    return (name, folder) if name else (text, text)

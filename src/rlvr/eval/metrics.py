@@ -30,8 +30,10 @@ extracted string got a correct reward. Voting is on the exact strings the verifi
 
 from __future__ import annotations
 
+import json
 import math
 from collections import Counter
+from pathlib import Path
 
 # A sample is correct when its reward reaches this. Verifiers give 1 for a correct answer;
 # ">=" keeps a correct answer correct when a shaped reward adds a bonus on top.
@@ -237,3 +239,10 @@ def headline_line(summary: dict, samples: int | None = None) -> str:
     )
     samples = samples or max((row["n"] for row in summary.get("problems", [])), default=None)
     return f"{figures}  ({summary['n_problems']} problems" + (f" x {samples})" if samples else ")")
+
+
+def write_summary(out: Path, summary: dict) -> None:
+    """The summary as JSON at `out`: its headline figures, then each problem's."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    headline = {key: value for key, value in summary.items() if key != "problems"}
+    out.write_text(json.dumps(headline | {"problems": summary.get("problems", [])}, indent=2, allow_nan=False))
