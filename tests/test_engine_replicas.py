@@ -91,7 +91,8 @@ def test_hf_replicas_give_one_engines_rollouts_in_order_and_every_replica_gets_t
         assert logprob_gap(scored, expected_scores) <= 1e-5
 
         peft_model, config = random_lora(_hf_model(model_dir), seed=3)
-        two.update_lora(LoraAdapter(get_peft_model_state_dict(peft_model), config.to_dict(), 0))
+        two.update_lora(LoraAdapter(get_peft_model_state_dict(peft_model), config.to_dict(), 3))
+        assert two.policy_version == 3 and [r.policy_version for r in two.replicas] == [3, 3]  # what a push check reads
         adapted = [reference_greedy(peft_model, p, GREEDY.max_tokens, eos) for p in prompts]
         assert adapted != [r.completion_ids for r in expected[::2]]  # the adapter changes the greedy rollouts
         for replica in two.replicas:  # each replica alone serves the adapter
@@ -129,7 +130,8 @@ def test_vllm_replicas_as_ray_actors_sample_as_one_engine_and_each_serves_the_ad
         assert _drain(two, requests) == {i: [r.completion_ids] for i, r in enumerate(expected)}
 
         peft_model, config = random_lora(_hf_model(model_dir), seed=3, rank=8)
-        two.update_lora(LoraAdapter(get_peft_model_state_dict(peft_model), config.to_dict(), 0))
+        two.update_lora(LoraAdapter(get_peft_model_state_dict(peft_model), config.to_dict(), 3))
+        assert two.policy_version == 3 and [r.policy_version for r in two.replicas] == [3, 3]  # what a push check reads
         adapted = [reference_greedy(peft_model, p, GREEDY.max_tokens, eos) for p in prompts]
         assert adapted != [r.completion_ids for r in expected]
         for replica in two.replicas:

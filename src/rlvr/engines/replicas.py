@@ -188,10 +188,17 @@ class ReplicatedEngine(Engine):
 
     def update_lora(self, adapter: LoraAdapter) -> None:
         self._each(lambda replica: replica.update_lora(adapter))
+        self.policy_version = self._served_version()
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         tensors = list(named_tensors)  # one pass for every replica
         self._each(lambda replica: replica.update_weights(tensors, version))
+        self.policy_version = self._served_version()
+
+    def _served_version(self) -> int:
+        """The version every replica serves (each took the same update); the lowest if they differ,
+        so that a push check sees a replica the update did not reach."""
+        return min(replica.policy_version for replica in self.replicas)
 
     def sleep(self) -> None:
         self._each(lambda replica: replica.sleep())
