@@ -17,8 +17,15 @@ import json
 import shutil
 from pathlib import Path
 
-from rlvr.config import RunConfig
-from rlvr.data.datasets import is_named_source
+from rlvr.config import ConfigError, RunConfig
+from rlvr.data.datasets import is_named_source, load_problems
+from rlvr.data.synthetic import arithmetic_problems, question_expression, solution_text, write_jsonl
+from rlvr.demo.warm_start import warm_start_until_ready
+from rlvr.envs.builtin import Calculator
+from rlvr.models.tiny import build_tiny_model
+from rlvr.models.tokenizer import load_tokenizer
+from rlvr.quant import quantize_checkpoint
+from rlvr.rollout.prompts import Renderer, encode_prompt
 
 
 def ensure_demo_assets(cfg: RunConfig, console) -> dict | None:
@@ -30,8 +37,6 @@ def ensure_demo_assets(cfg: RunConfig, console) -> dict | None:
     # built-in set, a reasoning-gym task) is used as it is, and no file is written under its name
     named = any(is_named_source(source) for source in (cfg.data.train, cfg.data.test) if source)
     if not named and (not train_file.is_file() or not test_file.is_file()):
-        from rlvr.data.synthetic import arithmetic_problems, write_jsonl
-
         train, test = arithmetic_problems(seed=cfg.seed, **spec.task.model_dump())
         write_jsonl(train, train_file)
         write_jsonl(test, test_file)
@@ -42,8 +47,6 @@ def ensure_demo_assets(cfg: RunConfig, console) -> dict | None:
         _build_model(cfg, model_dir, console)
     built = json.loads((model_dir / "config.json").read_text()).get("model_type")
     if built != spec.model.arch:  # a folder built for another arch would be trained silently instead
-        from rlvr.config import ConfigError
-
         raise ConfigError(
             f"{model_dir} holds a {built} model, not demo.model.arch={spec.model.arch}: give the demo "
             f"its own model.path (e.g. model.path=artifacts/demo_{spec.model.arch}/model) or delete the folder"
@@ -60,9 +63,6 @@ def _worked_example(problem, tokenizer, cfg: RunConfig, use_tool: bool) -> tuple
     """(prompt ids, target ids, target loss mask) of one warm-start example: the worked answer;
     with `use_tool`, a call of the calculator, its answer (rendered as a trajectory renders it,
     masked out of the loss) and the boxed result, as the calculator environment plays it."""
-    from rlvr.data.synthetic import question_expression, solution_text
-    from rlvr.envs.builtin import Calculator
-    from rlvr.rollout.prompts import Renderer, encode_prompt
 
     prompt = encode_prompt(problem, tokenizer, cfg.data)
     answer = tokenizer(solution_text(problem.question, problem.answer), add_special_tokens=False).input_ids
@@ -80,10 +80,6 @@ def _worked_example(problem, tokenizer, cfg: RunConfig, use_tool: bool) -> tuple
 
 
 def _build_model(cfg: RunConfig, model_dir: Path, console) -> None:
-    from rlvr.data.datasets import load_problems
-    from rlvr.demo.warm_start import warm_start_until_ready
-    from rlvr.models.tiny import build_tiny_model
-    from rlvr.models.tokenizer import load_tokenizer
 
     spec = cfg.demo
     staging = model_dir.with_name(model_dir.name + ".building")
@@ -108,8 +104,6 @@ def _build_model(cfg: RunConfig, model_dir: Path, console) -> None:
     # the check samples train rows the warm start never sees: the last check.rows of the file
     held_out = w.check.rows if w.check is not None and w.steps else 0
     if held_out >= len(problems):
-        from rlvr.config import ConfigError
-
         raise ConfigError(
             f"demo.warm_start.check.rows={held_out} leaves none of data.train's {len(problems)} rows "
             f"({cfg.data.train}) for the warm start"
@@ -129,8 +123,6 @@ def _build_model(cfg: RunConfig, model_dir: Path, console) -> None:
         record = {"ready": None, "steps": 0, "seed": cfg.seed}
     shutil.rmtree(model_dir, ignore_errors=True)  # a half-built folder without config.json
     if spec.base_format != "hf":
-        from rlvr.quant import quantize_checkpoint
-
         float_dir = model_dir.with_name(model_dir.name + ".float")
         shutil.rmtree(float_dir, ignore_errors=True)
         staging.replace(float_dir)

@@ -26,6 +26,15 @@ from pathlib import Path
 
 from rlvr.config import RunConfig
 from rlvr.demo.skills import Skills, measure, shortfalls
+from rlvr.engines.hf_engine import HFEngine
+from rlvr.envs import EnvContext
+from rlvr.eval.runner import held_out_sampling, scored_samples
+from rlvr.models.multimodal import max_positions
+from rlvr.orchestration.builders import build_scoring_pool, sized_engine
+from rlvr.quant import quantize_checkpoint, write_dequantized_checkpoint
+from rlvr.rollout.prompts import PromptSet, Renderer, encode_prompt
+from rlvr.rollout.trajectories import EnvironmentEngine, TrajectoryRunner
+from rlvr.training.sft import warm_start
 
 ATTEMPT_SEED_STRIDE = 1000  # attempt a's seed is cfg.seed + a * stride: no two demo seeds' attempts meet
 
@@ -53,7 +62,6 @@ def warm_start_until_ready(
     attempt) on `pairs` (rlvr.training.sft), checked on `check_problems`; returns the record summary.json keeps: every attempt's checks,
     and which one the run starts from. With `copy_pairs` (the tool-calling answers alone), each
     attempt first trains on those until the copy checks pass, then on the mix (WarmStartSpec.copy_first)."""
-    from rlvr.training.sft import warm_start
 
     spec = cfg.demo.warm_start
     check = spec.check
@@ -157,10 +165,6 @@ class _Checker:
     """Scores the model in training on the check rows as the run's evaluation would score the base."""
 
     def __init__(self, cfg: RunConfig, problems, tokenizer, staging: Path):
-        from rlvr.envs import EnvContext
-        from rlvr.models.multimodal import max_positions
-        from rlvr.orchestration.builders import build_scoring_pool, sized_engine
-        from rlvr.rollout.prompts import PromptSet, Renderer, encode_prompt
 
         self.problems, self.staging = problems, staging
         self.renderer = Renderer(tokenizer, cfg.data)
@@ -177,16 +181,11 @@ class _Checker:
         self._closing.callback(self.context.close)
 
     def measure(self, model) -> Skills:
-        from rlvr.engines.hf_engine import HFEngine
-        from rlvr.eval.runner import held_out_sampling, scored_samples
-        from rlvr.rollout.trajectories import EnvironmentEngine, TrajectoryRunner
 
         cfg, check = self.cfg, self.cfg.demo.warm_start.check
         model.save_pretrained(self.staging)
         served = self.staging
         if cfg.demo.base_format != "hf":
-            from rlvr.quant import quantize_checkpoint, write_dequantized_checkpoint
-
             self._remove_copies()
             quantize_checkpoint(self.staging, self.quantized, format=cfg.demo.base_format)
             served = write_dequantized_checkpoint(self.quantized, self.view)
