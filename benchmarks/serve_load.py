@@ -34,6 +34,7 @@ TOKENS = list(range(5, 29))
 def serve(folder: Path, model: Path, clients: int, port: int) -> subprocess.Popen:
     config = {
         "checkpoint_dir": str(folder / "checkpoints"),
+        "log_file": str(folder / "libraries.log"),
         "log_every_s": 30,
         "models": {"tiny": str(model)},
         "tenants": {f"client{i}": {"api_keys": [f"tml-load-{i}"]} for i in range(clients)},

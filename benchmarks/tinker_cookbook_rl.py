@@ -50,6 +50,7 @@ def serve_config(folder: Path, model: str, rank_alpha: float, settings: list[str
     each KEY=VALUE of `settings`."""
     config = {
         "checkpoint_dir": str(folder / "checkpoints"),
+        "log_file": str(folder / "libraries.log"),
         "models": {model: model},
         "log_every_s": 60,
         "engine": {"max_model_len": 256, "kv_cache_gb": 1, "num_threads": 2},

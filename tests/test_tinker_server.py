@@ -84,6 +84,7 @@ def serve_config(folder: Path, model: Path, checkpoints: Path | None = None) -> 
         json.dumps(
             {
                 "checkpoint_dir": str(checkpoints or folder / "checkpoints"),
+                "log_file": str(folder / "libraries.log"),
                 "log_every_s": 1,
                 "session_timeout_s": 30,
                 "models": {str(model): str(model)},
@@ -577,6 +578,10 @@ def test_every_call_needs_a_key_a_tenant_holds(server, training):
         service.create_lora_training_client(base_model=server[1], rank=4).result()
     log = server[3].read_text()
     assert ALICE not in log and BOB not in log
+    # the terminal holds the server's own lines; vLLM's, transformers' and the ranks' go to log_file
+    assert all(line.startswith("rlvr serve: ") for line in log.splitlines()), log[-2000:]
+    libraries = (server[3].parent / "libraries.log").read_text()
+    assert "vllm" in libraries.lower() and ALICE not in libraries and BOB not in libraries
 
 
 def _forward_backward_body(model_id: str, seq_id: int) -> bytes:

@@ -391,9 +391,8 @@ def serve(
     host: Optional[str] = typer.Option(None, "--host", help="address to listen on (default: the config's serve host)"),
     port: Optional[int] = typer.Option(None, "--port", help="TCP port (default: the config's port)"),
     config: Optional[Path] = typer.Option(None, "--config", help="FILE.yaml: catalog, tenants, engine and trainer"),
-    model: list[str] = typer.Option(
-        [], "--model", help="NAME=FOLDER: add a model to the catalog (a FOLDER alone is named by its path)"
-    ),
+    model: list[str] = typer.Option([], "--model", help="NAME=FOLDER to serve (FOLDER alone: named by its path)"),
+    verbose: bool = _verbose("the config's log_file"),
 ):
     """Serve the Tinker API (the `tinker` SDK's ServiceClient(base_url=...)): LoRA training and sampling."""
     from rlvr.config import ServeConfig
@@ -402,7 +401,7 @@ def serve(
 
     cfg = load_config(config, schema=ServeConfig) if config else ServeConfig()
     given = {"host": host, "port": port, "models": cfg.models | dict(map(catalog_entry, model))}
-    run_server(cfg.model_copy(update={key: value for key, value in given.items() if value is not None}))
+    run_server(cfg.model_copy(update={key: value for key, value in given.items() if value is not None}), verbose)
 
 
 def main() -> None:

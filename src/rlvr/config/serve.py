@@ -88,6 +88,11 @@ class ServeConfig(Section):
         "refused before anything loads. null: the RAM this machine has available when the server starts, or its GPUs' "
         "memory where it has GPUs",
     )
+    log_file: str = Field(
+        "serve.log",
+        description="where the libraries' own output goes (vLLM, transformers, torch, the trainer ranks); "
+        "the server's own lines stay on the terminal (--verbose: everything there)",
+    )
     checkpoint_dir: str = Field(
         "serve_checkpoints",
         description="folder of save_state's named checkpoints: MODEL_ID/NAME/adapter (PEFT) and "

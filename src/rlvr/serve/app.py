@@ -28,11 +28,13 @@ from tinker import types
 from rlvr.config import ServeConfig
 from rlvr.errors import UserError
 from rlvr.records import Sampling
+from rlvr.serve.fair_queue import Say
 from rlvr.serve.protocol import forward_backward_output, read_forward_backward
 from rlvr.serve.refusals import BadRequest, TooLarge, Unauthorized
 from rlvr.serve.sample_batcher import PendingSample
 from rlvr.serve.server import TinkerServer, adam_only
-from rlvr.serve.tenants import Tenant, check_exposure
+from rlvr.serve.tenants import Tenant, Tenants, check_exposure
+from rlvr.tracking.terminal import quiet_output
 
 _API = "/api/v1/"
 _OPEN = {f"{_API}healthz"}  # answered without a key: a load balancer's probe has none
@@ -42,8 +44,8 @@ class RequestLog:
     """One line per request kind every `every_s` seconds, with its count (a client polls retrieve_future
     many times a second: a line per request would drown everything else)."""
 
-    def __init__(self, every_s: float):
-        self.every_s = every_s
+    def __init__(self, every_s: float, say: Say = print):
+        self.every_s, self._say = every_s, say
         self._counts: Counter[str] = Counter()
         self._refused: Counter[str] = Counter()
 
@@ -60,7 +62,7 @@ class RequestLog:
     def flush(self) -> None:
         for kind, count in sorted(self._counts.items()):
             refused = f", {self._refused[kind]} refused" if self._refused[kind] else ""
-            print(f"rlvr serve: {kind}: {count} in {self.every_s:g} s{refused}", flush=True)
+            self._say(f"rlvr serve: {kind}: {count} in {self.every_s:g} s{refused}")
         self._counts.clear()
         self._refused.clear()
 
@@ -309,7 +311,7 @@ def build_app(server: TinkerServer) -> FastAPI:
         # here, not after uvicorn.run: on SIGTERM uvicorn re-raises the signal once it has shut down
         server.close()
 
-    server_log = RequestLog(server.cfg.log_every_s)
+    server_log = RequestLog(server.cfg.log_every_s, server.say)
     app = FastAPI(title="rlvr serve: the Tinker API", lifespan=lifespan)
 
     @app.middleware("http")
@@ -383,15 +385,22 @@ def _sampling(params: types.SamplingParams) -> Sampling:
     )
 
 
-def serve(cfg: ServeConfig) -> None:
-    """Serve until interrupted; the models' ranks and engines are closed on the way out."""
+def serve(cfg: ServeConfig, verbose: bool = False) -> None:
+    """Serve until interrupted; the models' ranks and engines are closed on the way out. The
+    libraries' output goes to cfg.log_file (with `verbose`, to the terminal), the server's own
+    lines to the terminal."""
     import uvicorn
 
-    server = TinkerServer(cfg)
-    check_exposure(cfg.host, server.tenants)
-    keys = f"{len(cfg.tenants)} tenant(s) with keys" if cfg.tenants else "no keys (loopback only)"
-    print(
-        f"rlvr serve: the Tinker API on http://{cfg.host}:{cfg.port}; models: {', '.join(cfg.models)}; {keys}",
-        flush=True,
-    )
-    uvicorn.run(build_app(server), host=cfg.host, port=cfg.port, log_level="warning")
+    check_exposure(cfg.host, Tenants(cfg))
+    with quiet_output(cfg.log_file, verbose, keep_empty=True) as terminal:
+
+        def say(line: str) -> None:
+            terminal.print(line, highlight=False, markup=False)
+
+        server = TinkerServer(cfg, say)
+        keys = f"{len(cfg.tenants)} tenant(s) with keys" if cfg.tenants else "no keys (loopback only)"
+        logs = "" if verbose else f"; library logs: {cfg.log_file}"
+        say(
+            f"rlvr serve: the Tinker API on http://{cfg.host}:{cfg.port}; models: {', '.join(cfg.models)}; {keys}{logs}"
+        )
+        uvicorn.run(build_app(server), host=cfg.host, port=cfg.port, log_level="warning")

@@ -17,9 +17,12 @@ import threading
 from collections import deque
 from collections.abc import Callable
 
+Say = Callable[[str], None]  # one line for the server's terminal
+
 
 class FairQueue:
-    def __init__(self, name: str = "rlvr-serve"):
+    def __init__(self, name: str = "rlvr-serve", say: Say = print):
+        self._say = say
         self._lines: dict[str, deque[Callable[[], None]]] = {}  # insertion order is the order of turns
         self._changed = threading.Condition()
         self._closing = False
@@ -56,7 +59,7 @@ class FairQueue:
             try:
                 work()  # a request's work reports its outcome through its future
             except Exception as error:  # anything else (a model closing): said, and the others' work goes on
-                print(f"rlvr serve: {type(error).__name__}: {error}", flush=True)
+                self._say(f"rlvr serve: {type(error).__name__}: {error}")
 
     def close(self) -> None:
         """Run what is queued (cancelled futures return at once), then stop the thread."""

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from rlvr.config import RunConfig, ServeConfig
 from rlvr.records import LoraAdapter
+from rlvr.serve.fair_queue import Say
 from rlvr.serve.model import ServedModel, planned_bytes
 from rlvr.serve.refusals import BadRequest, Gone, NotFound, OverLimit
 from rlvr.serve.tenants import Tenant
@@ -52,6 +53,7 @@ class ModelRegistry:
     cfg: ServeConfig
     memory_budget: float  # what the served models may hold together
     work: WorkLine
+    say: Say = print  # a line for the server's terminal
     sessions: dict[str, Session] = field(default_factory=dict)
     models: dict[str, ServedModel] = field(default_factory=dict)
     claimed: dict[str, Claim] = field(default_factory=dict)  # models created or being built
@@ -140,9 +142,7 @@ class ModelRegistry:
             key: s for key, s in self.samplers.items() if session_of(key) != session_id and s.model_id not in ended
         }
         self.named = {path: held for path, held in self.named.items() if held[0] not in ended}
-        print(
-            f"rlvr serve: session {session_id} {why}" + (f"; closing {', '.join(ended)}" if ended else ""), flush=True
-        )
+        self.say(f"rlvr serve: session {session_id} {why}" + (f"; closing {', '.join(ended)}" if ended else ""))
 
     def expire_sessions(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now

@@ -18,6 +18,7 @@ from tinker import types
 from rlvr.config import ServeConfig
 from rlvr.errors import UserError
 from rlvr.models.folder import check_model_folder
+from rlvr.serve.fair_queue import Say
 from rlvr.serve.futures import FutureStore
 from rlvr.serve.model import ServedModel, served_run
 from rlvr.serve.refusals import BadRequest, NotFound
@@ -42,16 +43,16 @@ def memory_budget(cfg: ServeConfig) -> float:
 
 
 class TinkerServer:
-    def __init__(self, cfg: ServeConfig):
+    def __init__(self, cfg: ServeConfig, say: Say = print):
         if not cfg.models:
             raise UserError("serve: models: no model to serve; map a name to a model folder (models: {NAME: FOLDER})")
         for name, folder in cfg.models.items():
             check_model_folder(folder, key=f"models.{name}")
-        self.cfg = cfg
+        self.cfg, self.say = cfg, say
         self.tenants = Tenants(cfg)
         self.futures = FutureStore()
-        self.work = WorkLine(self.futures)
-        self.registry = ModelRegistry(cfg, memory_budget(cfg), self.work)  # the budget before any model loads
+        self.work = WorkLine(self.futures, say)
+        self.registry = ModelRegistry(cfg, memory_budget(cfg), self.work, say)  # the budget before any model loads
         self.batcher = SampleBatcher(self.work, self._served)
         self.states = SavedStates(cfg.checkpoint_dir)
         self._counter = 0

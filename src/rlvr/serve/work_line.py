@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rlvr.serve.fair_queue import FairQueue
+from rlvr.serve.fair_queue import FairQueue, Say
 from rlvr.serve.futures import FutureStore
 from rlvr.serve.refusals import BadRequest
 from rlvr.serve.tenants import Tenant
@@ -22,9 +22,9 @@ def session_of(some_id: str) -> str:
 
 
 class WorkLine:
-    def __init__(self, futures: FutureStore):
+    def __init__(self, futures: FutureStore, say: Say = print):
         self.futures = futures
-        self.queue = FairQueue()
+        self.queue = FairQueue(say=say)
         self._next_seq: dict[str, int] = {}  # model id -> the seq_id its next training call must carry
         self._waiting: dict[
             str, dict[int, Callable[[], None] | None]

@@ -37,9 +37,11 @@ def console_for(file=None, *, stderr: bool = False) -> Console:
     """rlvr's console on `file` (None: stdout, or stderr): a terminal's as Rich makes it; into a
     file or pipe, no line broken at 80 columns (grep and log readers see whole lines)."""
     stream = file if file is not None else sys.stderr if stderr else sys.stdout
+    # emoji off: rlvr's ids and paths hold `:name:` runs (a served model's SESSION:train:N) that
+    # Rich would otherwise print as emoji
     if stream.isatty():
-        return Console(file=file, stderr=stderr)
-    return Console(file=file, stderr=stderr, soft_wrap=True, width=UNBOUNDED_WIDTH)
+        return Console(file=file, stderr=stderr, emoji=False)
+    return Console(file=file, stderr=stderr, soft_wrap=True, width=UNBOUNDED_WIDTH, emoji=False)
 
 
 def run_output(run_dir: str | Path, verbose: bool = False):
