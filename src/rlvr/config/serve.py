@@ -58,8 +58,8 @@ class TenantConfig(Section):
 
 
 class ServeConfig(Section):
-    """`rlvr serve FILE.yaml`: the Tinker API over a run's trainer and engine (the same sections and defaults).
-    The base model and the LoRA rank come with each create_model request."""
+    """`rlvr serve --config FILE.yaml`: the Tinker API over a run's trainer and engine (the same sections and
+    defaults). Each create_model request names a base from `models` and its LoRA rank."""
 
     # pydantic renders a tenant's errors with this config: without this, the rejected key is in the message
     model_config = ConfigDict(**Section.model_config, hide_input_in_errors=True)
