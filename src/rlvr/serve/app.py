@@ -391,13 +391,14 @@ def serve(cfg: ServeConfig, verbose: bool = False) -> None:
     lines to the terminal."""
     import uvicorn
 
-    check_exposure(cfg.host, Tenants(cfg))
+    tenants = Tenants(cfg)
+    check_exposure(cfg.host, tenants)  # before the log file opens: a refusal leaves nothing behind
     with quiet_output(cfg.log_file, verbose, keep_empty=True) as terminal:
 
         def say(line: str) -> None:
             terminal.print(line, highlight=False, markup=False)
 
-        server = TinkerServer(cfg, say)
+        server = TinkerServer(cfg, say, tenants)
         keys = f"{len(cfg.tenants)} tenant(s) with keys" if cfg.tenants else "no keys (loopback only)"
         logs = "" if verbose else f"; library logs: {cfg.log_file}"
         say(

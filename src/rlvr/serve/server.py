@@ -43,13 +43,14 @@ def memory_budget(cfg: ServeConfig) -> float:
 
 
 class TinkerServer:
-    def __init__(self, cfg: ServeConfig, say: Say = print):
+    def __init__(self, cfg: ServeConfig, say: Say = print, tenants: Tenants | None = None):
+        """`tenants`: cfg's, where the caller has read them already (their key files are read once)."""
         if not cfg.models:
             raise UserError("serve: models: no model to serve; map a name to a model folder (models: {NAME: FOLDER})")
         for name, folder in cfg.models.items():
             check_model_folder(folder, key=f"models.{name}")
         self.cfg, self.say = cfg, say
-        self.tenants = Tenants(cfg)
+        self.tenants = Tenants(cfg) if tenants is None else tenants
         self.futures = FutureStore()
         self.work = WorkLine(self.futures, say)
         self.registry = ModelRegistry(cfg, memory_budget(cfg), self.work, say)  # the budget before any model loads
