@@ -41,7 +41,7 @@ from rlvr.engines.inflight import Flight, Preempted, Stitch, aborted, stitched
 from rlvr.engines.lora_merge import MergedAdapters
 from rlvr.engines.lora_targets import engine_uses_mla
 from rlvr.engines.vllm_core import T, call_engine, watch_engine_core
-from rlvr.engines.vllm_options import configure_cpu_threads, llm_options, moe_shape, on_gpu, start_llm
+from rlvr.engines.vllm_options import configure_cpu_threads, llm_options, moe_shape, on_gpu, start_llm, stop_llm
 from rlvr.engines.vllm_replies import (
     RolloutReader,
     finished_samples,
@@ -348,10 +348,7 @@ class VLLMEngine(Engine):
         llm, self._llm = self._llm, None
         if llm is None:
             return
-        # in-process, this also frees the torch.distributed state the worker set up here (vLLM
-        # 0.32's EngineCore.shutdown ends in cleanup_dist_env_and_memory), so that a later engine
-        # (the next test module, a restart) can set it up again
-        llm.llm_engine.engine_core.shutdown()
+        stop_llm(llm, self.in_process)
 
     def _call(self, operation: str, fn: Callable[[LLM], T]) -> T:
         return call_engine(self._llm, operation, fn)

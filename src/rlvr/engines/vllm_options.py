@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import os
 from typing import TYPE_CHECKING
+from unittest.mock import patch
 
 import torch
 
@@ -126,8 +127,17 @@ def llm_options(
     return {k: v for k, v in options.items() if v is not None}
 
 
+# Engine cores running in this process now. They share its torch.distributed state and vLLM's
+# parallel groups (a second one finds them set up and joins them), which EngineCore.shutdown
+# tears down: while another core still serves here (rlvr serve's engine of another base), that
+# would pull its groups from under it, and its next weight reload fails ("pipeline model
+# parallel group is not initialized").
+_cores_in_process = 0
+
+
 def start_llm(options: dict, in_process: bool) -> LLM:
     """vLLM's `LLM` with these options, its engine core in this process or in its own."""
+    global _cores_in_process
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0" if in_process else "1"
     from vllm import LLM, envs  # vllm: only an engine that runs it imports it
 
@@ -136,11 +146,34 @@ def start_llm(options: dict, in_process: bool) -> LLM:
     envs.disable_envs_cache()
     set_num_threads = torch.set_num_threads
     try:
-        return LLM(**options)
+        llm = LLM(**options)
     finally:
         # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole
         # process; in-process, that would silently pin the trainer's threads too.
         torch.set_num_threads = set_num_threads
+    _cores_in_process += in_process
+    return llm
+
+
+def stop_llm(llm: LLM, in_process: bool) -> None:
+    """Shut the engine core down. In-process, the last core also frees the torch.distributed
+    state its workers set up here (vLLM 0.32's EngineCore.shutdown ends in
+    cleanup_dist_env_and_memory), so that a later engine (the next test module, a restart) can
+    set it up again; a core with others still running here leaves it to them."""
+    global _cores_in_process
+    if not in_process:
+        llm.llm_engine.engine_core.shutdown()
+        return
+    _cores_in_process -= 1
+    if _cores_in_process == 0:
+        llm.llm_engine.engine_core.shutdown()
+        return
+    import gc
+
+    from vllm.v1.engine import core
+
+    with patch.object(core, "cleanup_dist_env_and_memory", gc.collect):
+        llm.llm_engine.engine_core.shutdown()
 
 
 def folder_options(model_path: str) -> dict:
