@@ -6,6 +6,7 @@ pipe (rlvr.training.wire) or a Ray actor call alike.
     SumLossInput       -> ForwardBackwardReport   OptimStep(lr, betas, ...) -> OptimizerUpdate
     Adapter / FullWeights / LoraConfigOf / Placement / PackedBaseBytes: what the rank holds
     Save(folder) / Load(folder, optimizer) / Close
+    AdapterSlot(name, forget): which of many LoRA adapters the rank trains (rlvr.training.adapter_slots)
 """
 
 from __future__ import annotations
@@ -108,6 +109,15 @@ class Load:
 
 
 @dataclass(frozen=True)
+class AdapterSlot:
+    """Train, read and save the adapter `name` from now on (a new name starts as the rank started);
+    with `forget`, free its state instead (its model closed)."""
+
+    name: str
+    forget: bool = False
+
+
+@dataclass(frozen=True)
 class Close:
     """Leave the process group and exit."""
 
@@ -124,5 +134,6 @@ Command = (
     | PackedBaseBytes
     | Save
     | Load
+    | AdapterSlot
     | Close
 )

@@ -220,6 +220,15 @@ class Trainer:
         """Put back what `save` wrote (with `optimizer` False: the trainable weights alone, a fresh optimizer)."""
         self._call_all(commands.Load(str(folder), optimizer))
 
+    def use_adapter(self, name: str) -> None:
+        """Train, read and save LoRA adapter `name` from now on, each adapter with its own weights,
+        gradient, optimizer state and RNG (rlvr.training.adapter_slots); a new name starts as the
+        ranks did."""
+        self._call_all(commands.AdapterSlot(name))
+
+    def forget_adapter(self, name: str) -> None:
+        self._call_all(commands.AdapterSlot(name, forget=True))
+
     def close(self) -> None:
         ranks, self._ranks = self._ranks, []
         for rank in ranks:

@@ -29,9 +29,11 @@ from rlvr.hardware import compute_dtype
 from rlvr.models.moe import moe_layers
 from rlvr.quant.experts import packed_base_bytes
 from rlvr.quant.skeleton import Skeleton
+from rlvr.training.adapter_slots import AdapterSlots
 from rlvr.training.attention import use_packed_attention
 from rlvr.training.commands import (
     Adapter,
+    AdapterSlot,
     Command,
     FullWeights,
     Load,
@@ -149,6 +151,7 @@ class Rank:
             foreach=True,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, partial(lr_factor, config, spec.total_steps))
+        self.adapters = AdapterSlots([p for _, p in self.trainable], self.optimizer, self.scheduler, self.device)
 
     def info(self) -> RankStarted:
         """What the controller learns once, when the rank is up."""
@@ -179,6 +182,10 @@ class Rank:
                 return save_rank(
                     folder, self.rank, self.policy, self.optimizer, self.scheduler, self.device, self._alone
                 )
+            case AdapterSlot(name) if self.adapted is None:
+                raise ValueError(f"adapter {name!r}: this rank trains the full model, not LoRA adapters")
+            case AdapterSlot(name, forget):
+                return self.adapters.forget(name) if forget else self.adapters.use(name)
             case Load(folder, optimizer):
                 if not optimizer:
                     return load_rank_weights(folder, self.policy, self.optimizer, self._alone)
