@@ -85,3 +85,33 @@ def test_a_serve_file_names_a_bad_key_s_place_not_the_key(tmp_path):
     config.write_text("port: 70000\n")
     with pytest.raises(ValueError, match="port: .* 65535 \\(got 70000\\)"):  # values outside tenants are shown
         load_config(config, schema=ServeConfig)
+
+
+def test_a_model_on_a_loaded_base_claims_its_adapter_alone(tmp_path):
+    """Models whose base, LoRA rank and seed agree share one host: the base is counted once, however
+    many tenants train on it; another seed or rank is another host, and its base counts again."""
+    from rlvr.models.tiny import build_tiny_model
+    from rlvr.serve.base_host import HostKey
+    from rlvr.serve.futures import FutureStore
+    from rlvr.serve.model import planned_bytes, served_run
+    from rlvr.serve.registry import ModelRegistry
+    from rlvr.serve.work_line import WorkLine
+
+    folder = str(build_tiny_model(tmp_path / "model", "qwen2", hidden_size=64, num_layers=2, num_heads=2))
+    cfg = _config(alice={"api_keys": ["tml-alice"]}, bob={"api_keys": ["tml-bob"]})
+    tenants = Tenants(cfg)
+    alice, bob = tenants.identify("tml-alice"), tenants.identify("tml-bob")
+    run = served_run(folder, 4, cfg, log=lambda *_: None)
+    planned = planned_bytes(run)
+    assert 0 < planned.adapter < planned.base
+    registry = ModelRegistry(cfg, memory_budget=planned.total + 1.5 * planned.adapter, work=WorkLine(FutureStore()))
+    registry.claim(alice, "a:train:0", run, HostKey(folder, 4, 0))
+    registry.claim(bob, "b:train:0", run, HostKey(folder, 4, 0))
+    assert registry.held_bytes() == pytest.approx(planned.base + 2 * planned.adapter)
+    # a third adapter passes the budget; the message says the base is loaded already
+    with pytest.raises(UserError, match=r"its adapter \(the base is loaded already\).*nothing was loaded"):
+        registry.claim(bob, "b:train:1", run, HostKey(folder, 4, 0))
+    registry.memory_budget = 10 * planned.total
+    registry.claim(bob, "b:train:1", run, HostKey(folder, 4, 1))  # another seed: its own host
+    assert registry.held_bytes() == pytest.approx(2 * planned.base + 3 * planned.adapter)
+    registry.work.close()

@@ -1,6 +1,7 @@
 """`rlvr serve` driven by the real `tinker` SDK: a subprocess on a free port, a tiny model, the
 SDK's ServiceClient as a user would write it. The server has two tenants: alice (whose key the
-SDK clients use) and bob, whose key comes from a file and whose limits are small enough to reach."""
+SDK clients use), bob, whose key comes from a file and whose limits are small enough to reach,
+and carol."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from rlvr.models.tiny import build_tiny_model  # noqa: E402
 from rlvr.training.trainer import free_port  # noqa: E402
 
 TOKENS = list(range(5, 29))  # one fixed sequence: the SL loop learns it
-ALICE, BOB = "tml-alice-key", "tml-bob-key"
+ALICE, BOB, CAROL = "tml-alice-key", "tml-bob-key", "tml-carol-key"
 BOB_LIMITS = {"models": 1, "queued_requests": 2, "body_bytes": 65536, "sampling_tokens": 64}
 
 
@@ -89,8 +90,9 @@ def serve_config(folder: Path, model: Path, checkpoints: Path | None = None) -> 
                 "session_timeout_s": 30,
                 "models": {str(model): str(model)},
                 "tenants": {
-                    "alice": {"api_keys": [ALICE]},
+                    "alice": {"api_keys": [ALICE], "limits": {"models": 4}},
                     "bob": {"api_keys_file": str(folder / "bob.keys"), "limits": BOB_LIMITS},
+                    "carol": {"api_keys": [CAROL]},
                 },
                 "engine": {"max_model_len": 128, "kv_cache_gb": 0.25},
             }
@@ -696,3 +698,52 @@ def test_limits_are_refused_by_name_and_lose_nothing(server, bob_training):
     assert status == 200
     results.append(_retrieve(url, resent["request_id"], BOB))
     assert [status for status, _ in results] == [200] * 4
+
+
+@pytest.mark.slow
+def test_adapters_on_one_base_share_its_host_and_train_as_alone(server):
+    """Two tenants' models with the same base, rank and seed: one engine and one set of ranks (the
+    server says so), each adapter switched in per call, and each trained exactly as alone: steps
+    interleaved with the other tenant's give the logprobs one model alone gave, bit for bit."""
+    url, model, _, log = server
+    ours, theirs = TOKENS, TOKENS[::-1]
+
+    def step(training, tokens: list[int]) -> None:
+        training.forward_backward(
+            [_datum(tokens, weights=np.ones(len(tokens) - 1, np.float32))], "cross_entropy"
+        ).result()
+
+    def apply(training) -> np.ndarray:
+        training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        return _logprobs(training, ours)
+
+    def create(key: str):
+        return (
+            tinker.ServiceClient(base_url=url, api_key=key)
+            .create_lora_training_client(base_model=model, rank=4, seed=5)
+            .result()
+        )
+
+    alone = create(CAROL)
+    expected = [_logprobs(alone, ours)]
+    for _ in range(2):
+        step(alone, ours)
+        expected.append(apply(alone))
+    # the model alone ends (its host with it), then carol's and alice's share a new one
+    assert _http(url, f"sessions/{alone.model_id.split(':')[0]}/finish", {}, key=CAROL)[0] == 200
+    carols, alices = create(CAROL), create(ALICE)
+    got = [_logprobs(carols, ours)]
+    for _ in range(2):
+        step(carols, ours)  # carol's gradient waits for her optim_step while alice trains
+        step(alices, theirs)
+        alices_after = apply(alices)
+        got.append(apply(carols))
+    for want, have in zip(expected, got):
+        np.testing.assert_array_equal(have, want)
+    assert not np.array_equal(alices_after, got[-1])  # alice's adapter learned her own sequence
+    deadline = time.monotonic() + 10
+    while f"{alices.model_id} shares the loaded {model} with 1 adapter(s)" not in log.read_text():
+        assert time.monotonic() < deadline, log.read_text()[-2000:]
+        time.sleep(0.2)
+    for training, key in ((carols, CAROL), (alices, ALICE)):
+        assert _http(url, f"sessions/{training.model_id.split(':')[0]}/finish", {}, key=key)[0] == 200

@@ -67,7 +67,9 @@ class ServeConfig(Section):
     host: str = Field("127.0.0.1", description="address the server listens on (--host wins)")
     port: int = Field(8000, ge=1, le=65535, description="TCP port (--port wins)")
     seed: int = Field(
-        0, description="seeds LoRA initialisation (unless the request gives one) and the engine's sampling"
+        0,
+        description="seeds LoRA initialisation (unless the request gives one) and the engine's sampling; models "
+        "whose base, LoRA rank and seed agree share one engine and one set of trainer ranks",
     )
     session_timeout_s: float = Field(
         120.0,

@@ -404,6 +404,14 @@ def all_devices_bytes(plan: Plan) -> tuple[float, str]:
     return sum(parts.values()), ", ".join(f"{name} {size / GB:.2f}" for name, size in largest)
 
 
+def adapter_bytes(plan: Plan) -> float:
+    """What one LoRA adapter's own tensors take on the plan's devices: its weights, gradient and
+    AdamW moments on the trainer ranks, its slot on the engines. A second adapter trained and
+    served on the same base (rlvr serve's shared hosts) adds this, not the base again."""
+    own = ("trainable", "optimizer", "LoRA slot")
+    return sum(device.memory.get(name, 0.0) for device in plan.devices for name in own)
+
+
 def host_parts(plan: Plan, node: int) -> str:
     on_node = [d for d in plan.devices if d.node == node]
     engines = sum(d.engine_rank is not None for d in on_node)

@@ -1,10 +1,11 @@
-"""One model a Tinker client trains: LoRA on a frozen base, on rlvr's trainer ranks, sampled by an engine.
+"""One model a Tinker client trains: a LoRA adapter on a frozen base, on the base's shared host
+(rlvr.serve.base_host: one engine and one set of trainer ranks for every adapter on it).
 
-    model = ServedModel("s1:train:0", "Qwen/Qwen3-8B", served_run("/models/x", rank=8, cfg=serve_config), seed=0)
+    model = ServedModel("s1:train:0", "Qwen/Qwen3-8B", host)
     logprobs, loss = model.forward_backward(batch)     # gradients add up ...
     metrics = model.optim_step(adam)                   # ... until applied here
     adapter = model.publish()                          # the engine serves the adapter, checked by the sync probe
-    rollouts = model.sample(adapter, prompt, n, sampling)
+    rollouts = model.sample_many([(adapter, prompt, n, sampling)])
 
 Every request is checked here before any rank sees it: a rank that fails takes the trainer
 down with it (rlvr.training.trainer), so a bad request must never reach one.
@@ -21,53 +22,14 @@ import torch
 
 from rlvr.algorithms.sum_losses import DEFAULT_CLIP_THRESHOLDS, SUM_LOSS_INPUTS, SUM_LOSSES
 from rlvr.checkpoint.peft_files import save_adapter
-from rlvr.config import AlgorithmConfig, DataConfig, LoraConfig, ModelConfig, RunConfig, ServeConfig
-from rlvr.engines import make_engine
+from rlvr.config import DataConfig, LoraConfig, ModelConfig, RunConfig, ServeConfig
 from rlvr.errors import UserError
-from rlvr.hardware import compute_dtype, local_device
-from rlvr.models.folder import model_config_dict
-from rlvr.models.multimodal import text_config
 from rlvr.planning.lora import with_engine_lora_targets
-from rlvr.planning.plan import PlanError, all_devices_bytes, make_plan
-from rlvr.records import LoraAdapter, Request, Rollout, Sampling
+from rlvr.planning.plan import PlanError, adapter_bytes, all_devices_bytes, make_plan
+from rlvr.records import LoraAdapter, Rollout, Sampling
+from rlvr.serve.base_host import BaseHost
 from rlvr.serve.protocol import ForwardBackwardBatch
 from rlvr.serve.refusals import BadRequest
-from rlvr.sync.check import SyncCheck
-from rlvr.sync.weights import WeightSync
-from rlvr.tracking.timing import StepTimer
-from rlvr.training.trainer import Trainer
-from rlvr.training.worker import RankSpec
-
-# The sync check's probe: short exchanges the model reads and answers in its own tokens. Plausible
-# tokens, and dozens of them: bf16's rounding moves an unlikely token's logprob most, and the mean
-# gap over a handful of arbitrary ids swung past the bf16 threshold on a correctly synced 0.5B.
-_PROBE_TEXTS = [
-    ("Question: What is 17 + 25?\nAnswer:", " 17 + 25 = 42. The answer is 42."),
-    (
-        "Question: A box holds 6 rows of 8 eggs. How many eggs are in the box?\nAnswer:",
-        " 6 rows of 8 eggs make 6 * 8 = 48 eggs. The answer is 48.",
-    ),
-    ("def add(a, b):\n", "    return a + b\n"),
-]
-
-
-def sync_probe(model_path: str, max_model_len: int | None) -> list[tuple[list[int], list[int]]]:
-    """The probe in the tokens of the model at `model_path`, each exchange cut to `max_model_len`
-    (None: the model's own limit, which these few tokens never reach)."""
-    from rlvr.models.tokenizer import load_tokenizer
-
-    tokenizer = load_tokenizer(model_path)
-    probe = []
-    for prompt, completion in _PROBE_TEXTS:
-        prompt_ids, completion_ids = (
-            tokenizer(prompt).input_ids,
-            tokenizer(completion, add_special_tokens=False).input_ids,
-        )
-        if max_model_len is not None:
-            prompt_ids = prompt_ids[: max_model_len // 2]
-            completion_ids = completion_ids[: max_model_len - len(prompt_ids) - 1]  # room for the one token sampled
-        probe.append((prompt_ids, completion_ids))
-    return probe
 
 
 @dataclass
@@ -98,38 +60,32 @@ def served_run(folder: str, rank: int, cfg: ServeConfig, log=print) -> RunConfig
     return with_engine_lora_targets(run, log)
 
 
-def planned_bytes(run: RunConfig) -> tuple[float, str]:
-    """The plan's estimate of what the run's engine and trainer ranks hold together (rlvr plan's
-    figures), and its largest parts in words; 0 where the architecture cannot be read."""
+@dataclass(frozen=True)
+class PlannedBytes:
+    """The plan's estimate of what a served model's engine and trainer ranks hold (rlvr plan's figures)."""
+
+    total: float
+    adapter: float  # of which one adapter's own: what a second model on the same host adds
+    parts: str  # the largest parts, in words
+
+    @property
+    def base(self) -> float:
+        return self.total - self.adapter
+
+
+def planned_bytes(run: RunConfig) -> PlannedBytes:
     try:
-        return all_devices_bytes(make_plan(run))
+        plan = make_plan(run)
     except PlanError as error:
         raise UserError(f"{run.model.path}: {error}") from None
+    total, parts = all_devices_bytes(plan)
+    return PlannedBytes(total, adapter_bytes(plan), parts)
 
 
 class ServedModel:
-    def __init__(self, model_id: str, base_model: str, run: RunConfig, seed: int):
-        """`base_model`: the catalog's name for the folder `run` trains on, which clients know it by."""
-        self.model_id, self.base_model, self.rank = model_id, base_model, run.trainer.lora.rank
-        self.vocab_size = int(text_config(model_config_dict(run.model.path))["vocab_size"])
-        # the schedule is the client's: each optim_step brings its learning rate
-        self.trainer = Trainer(
-            RankSpec(model=run.model, trainer=run.trainer, algorithm=AlgorithmConfig(), seed=seed, total_steps=1)
-        )
-        try:
-            self.engine = make_engine(run.model, run.engine, seed=seed, lora_rank=self.rank)
-        except BaseException:
-            self.trainer.close()
-            raise
-        self.sync = WeightSync(
-            self.engine,
-            self.trainer,
-            sync_probe(run.model.path, run.engine.max_model_len),
-            SyncCheck(run.engine.sync_threshold(compute_dtype(run.model.dtype, local_device()).name)),
-            StepTimer(),
-            lora=True,
-        )
-        self.published = 0
+    def __init__(self, model_id: str, base_model: str, host: BaseHost):
+        """`base_model`: the catalog's name for the host's folder, which clients know it by."""
+        self.model_id, self.base_model, self.host, self.rank = model_id, base_model, host, host.key.rank
 
     def forward_backward(self, checked: CheckedBatch) -> tuple[list[np.ndarray], float]:
         """Each datum's logprobs and the loss summed over all tokens; with forward_only, no gradient."""
@@ -138,7 +94,7 @@ class ServedModel:
             batch.config.get("clip_low_threshold", DEFAULT_CLIP_THRESHOLDS[0]),
             batch.config.get("clip_high_threshold", DEFAULT_CLIP_THRESHOLDS[1]),
         )
-        logprobs, loss = self.trainer.forward_backward(
+        logprobs, loss = self.host.use(self.model_id).forward_backward(
             batch.inputs, checked.targets, batch.loss, checked.loss_inputs, thresholds, backward=not batch.forward_only
         )
         return [row.numpy() for row in logprobs], loss
@@ -149,7 +105,7 @@ class ServedModel:
             value = getattr(adam, name)
             if not math.isfinite(value) or value < 0:
                 raise BadRequest(f"optim_step: adam_params.{name} must be a finite number >= 0, got {value}")
-        update = self.trainer.optim_step(
+        update = self.host.use(self.model_id).optim_step(
             lr=adam.learning_rate,
             betas=(adam.beta1, adam.beta2),
             eps=adam.eps,
@@ -159,69 +115,45 @@ class ServedModel:
         return {"grad_norm:mean": update.grad_norm, "skipped:sum": float(update.skipped)}
 
     def publish(self) -> LoraAdapter:
-        """Serve the trainer's current adapter on the engine; the sync probe checks it arrived."""
-        self.published += 1
-        self.sync.push(self.published, used_unchecked=True)
-        return self.sync.serving
+        """Serve the model's current adapter on the engine; the sync probe checks it arrived."""
+        return self.host.publish(self.model_id)
 
     def save_state(self, folder: Path) -> None:
         """The adapter in PEFT format (folder/adapter) and the trainer's state with its optimizer (folder/trainer)."""
-        save_adapter(self.trainer.adapter(), folder / "adapter")
+        trainer = self.host.use(self.model_id)
+        save_adapter(trainer.adapter(), folder / "adapter")
         (folder / "trainer").mkdir()
-        self.trainer.save(str(folder / "trainer"))
+        trainer.save(str(folder / "trainer"))
 
     def load_state(self, folder: Path, optimizer: bool) -> None:
         """Put back what save_state wrote: the adapter, and with `optimizer` the optimizer's state
         (without: the optimizer starts afresh)."""
-        self.trainer.load(str(folder / "trainer"), optimizer=optimizer)
+        self.host.use(self.model_id).load(str(folder / "trainer"), optimizer=optimizer)
 
     def sample_many(self, calls: list[tuple[LoraAdapter | None, list[int], int, Sampling]]) -> list[list[Rollout]]:
-        """Each call's `n` samples of its prompt from the base with its adapter (a snapshot publish()
-        returned; None: the base), the calls that share an adapter in one engine batch; each call
-        draws as it would alone (its sampling's seed, the j-th sample with seed + j)."""
-        drawn: dict[int, list[Rollout]] = {}
-        by_adapter: dict[int, list[int]] = {}
-        for index, (adapter, *_) in enumerate(calls):
-            by_adapter.setdefault(id(adapter), []).append(index)
-        for indices in by_adapter.values():
-            self._serve(calls[indices[0]][0])
-            self.engine.submit([Request(index, *calls[index][1:]) for index in indices])
-            while not drawn.keys() >= set(indices):
-                drawn.update(self.engine.poll())
-        return [drawn[index] for index in range(len(calls))]
+        return self.host.sample_many(calls)
 
     def prompt_logprobs(self, adapter: LoraAdapter | None, prompt: list[int], last_n: int | None) -> np.ndarray:
         """The engine's logprob of each prompt token after the first (temperature 1), NaN where none is
         scored: the first token, and with `last_n` every token before the last n."""
-        self._serve(adapter)
         if last_n is not None and not 1 <= last_n < len(prompt):
             raise BadRequest(
                 f"prompt_logprobs_last_n={last_n} must be between 1 and len(prompt) - 1 = {len(prompt) - 1}"
             )
         out = np.full(len(prompt), np.nan, dtype=np.float32)
         if len(prompt) > 1:
-            out[1:] = self.engine.score([prompt], [1])[0]
+            out[1:] = self.host.prompt_logprobs(adapter, prompt)
         if last_n is not None:
             out[: len(prompt) - last_n] = np.nan
         return out
 
-    def _serve(self, adapter: LoraAdapter | None) -> None:
-        """Put `adapter` on the engine (prompts were checked when their request came)."""
-        if adapter is None and self.sync.serving is not None:
-            raise BadRequest("sampling the bare base after a save_weights_for_sampler is not supported yet")
-        if adapter is not None and adapter is not self.sync.serving:
-            self.sync.serve(adapter)  # an older snapshot: checked by the probe when it was published
-
     def check_tokens(self, tokens: list[int], where: str) -> None:
         if not tokens:
             raise BadRequest(f"{where}: no tokens")
-        bad = [t for t in tokens if not 0 <= t < self.vocab_size]
+        vocab = self.host.vocab_size
+        bad = [t for t in tokens if not 0 <= t < vocab]
         if bad:
-            raise BadRequest(f"{where}: token id {bad[0]} is outside the vocabulary (0..{self.vocab_size - 1})")
-
-    def close(self) -> None:
-        self.engine.close()
-        self.trainer.close()
+            raise BadRequest(f"{where}: token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
 
     def check(self, batch: ForwardBackwardBatch) -> CheckedBatch:
         """The batch with its targets and per-token loss inputs, if it is valid; BadRequest, naming the datum, otherwise."""

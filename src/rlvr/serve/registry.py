@@ -1,13 +1,15 @@
 """The sessions, models and sampling sessions the server holds, each owned by one tenant.
 
     registry.open_session(tenant)                    # -> session id
-    registry.claim(tenant, model_id, run)            # the model's memory and the tenant's models limit, or refused
+    registry.claim(tenant, model_id, run, key)       # the model's memory and the tenant's models limit, or refused
+    registry.host(key, run)                          # the base's shared host (built on the worker thread)
     registry.model(model_id, tenant)                 # NotFound for another tenant's, as for none at all
     registry.end_session(session_id, why)            # closes what it made, once its queued work has run
 
 Everything is looked up through the asking tenant: a session id names its tenant, and a model,
 sampling session or named sampler path names its session. Memory is claimed when a model is asked
-for, not when it is built, so that requests meanwhile count it as held.
+for, not when it is built, so that requests meanwhile count it as held: a model on a base some
+other claim already holds (the same host key) claims its adapter's bytes alone.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from dataclasses import dataclass, field
 
 from rlvr.config import RunConfig, ServeConfig
 from rlvr.records import LoraAdapter
+from rlvr.serve.base_host import BaseHost, HostKey
 from rlvr.serve.fair_queue import Say
 from rlvr.serve.model import ServedModel, planned_bytes
 from rlvr.serve.refusals import BadRequest, Gone, NotFound, OverLimit
 from rlvr.serve.tenants import Tenant
 from rlvr.serve.work_line import WorkLine, session_of
+from rlvr.training.trainer import TrainerError
 
 # Ended sessions remembered (to answer 410, which stops the SDK's heartbeat), the oldest forgotten first.
 _ENDED_KEPT = 10_000
@@ -45,7 +49,9 @@ class SamplerSession:
 @dataclass
 class Claim:
     tenant: str
-    bytes: float
+    host: HostKey
+    adapter_bytes: float
+    base_bytes: float  # held once for all the claims on one host
 
 
 @dataclass
@@ -57,6 +63,7 @@ class ModelRegistry:
     sessions: dict[str, Session] = field(default_factory=dict)
     models: dict[str, ServedModel] = field(default_factory=dict)
     claimed: dict[str, Claim] = field(default_factory=dict)  # models created or being built
+    hosts: dict[HostKey, BaseHost] = field(default_factory=dict)  # touched on the worker thread only
     samplers: dict[str, SamplerSession] = field(default_factory=dict)
     named: dict[str, tuple[str, LoraAdapter]] = field(default_factory=dict)  # tinker:// path -> (model id, adapter)
     ended: OrderedDict[str, str] = field(default_factory=OrderedDict)  # ended session id -> its tenant
@@ -74,7 +81,7 @@ class ModelRegistry:
         session.seen = time.monotonic()
         return session
 
-    def claim(self, tenant: Tenant, model_id: str, run: RunConfig) -> None:
+    def claim(self, tenant: Tenant, model_id: str, run: RunConfig, host: HostKey) -> None:
         """Count the model's planned memory as held, or refuse it if the tenant's models limit or the
         machine's memory leaves no room for it."""
         if model_id in self.claimed:
@@ -85,23 +92,55 @@ class ModelRegistry:
                 f"limits.models: tenant {tenant.name} has {mine} models (limit {tenant.limits.models}); "
                 "end a session to close its models"
             )
-        need, parts = planned_bytes(run)
-        held = sum(claim.bytes for claim in self.claimed.values())
+        planned = planned_bytes(run)
+        shared = any(claim.host == host for claim in self.claimed.values())
+        need = planned.adapter + (0.0 if shared else planned.base)
+        held = self.held_bytes()
         if held + need > self.memory_budget:
             others = f", and the {len(self.claimed)} model(s) served hold ~{held / 1e9:.2f} GB" if self.claimed else ""
+            what = "its adapter (the base is loaded already)" if shared else planned.parts
             raise BadRequest(
                 f"create_model: {run.model.path} with LoRA rank {run.trainer.lora.rank} needs ~{need / 1e9:.2f} GB "
-                f"({parts}){others}, over this server's {self.memory_budget / 1e9:.2f} GB (memory_gb); nothing was loaded"
+                f"({what}){others}, over this server's {self.memory_budget / 1e9:.2f} GB (memory_gb); nothing was loaded"
             )
-        self.claimed[model_id] = Claim(tenant.name, need)
+        self.claimed[model_id] = Claim(tenant.name, host, planned.adapter, planned.base)
+
+    def held_bytes(self) -> float:
+        """What the claimed models hold: each its adapter, each host its base once."""
+        bases = {claim.host: claim.base_bytes for claim in self.claimed.values()}
+        return sum(claim.adapter_bytes for claim in self.claimed.values()) + sum(bases.values())
+
+    def host(self, key: HostKey, run: RunConfig, model_id: str) -> BaseHost:
+        """The base's host with `model_id`'s adapter on it; the host is built if no model holds one
+        (on the worker thread: builds run there)."""
+        host = self.hosts.get(key)
+        if host is None:
+            host = self.hosts[key] = BaseHost(key, run)
+            self.say(f"rlvr serve: loaded {key.folder} (LoRA rank {key.rank}, seed {key.seed}) for {model_id}")
+        else:
+            self.say(f"rlvr serve: {model_id} shares the loaded {key.folder} with {len(host.adapters)} adapter(s)")
+        host.adapters.add(model_id)
+        return host
 
     def built(self, model_id: str, model: ServedModel) -> bool:
         """Hold a model built for a claim; False (and the model closed) if its session ended meanwhile."""
         if model_id not in self.claimed:
-            model.close()
+            self.release(model)
             return False
         self.models[model_id] = model
         return True
+
+    def release(self, model: ServedModel) -> None:
+        """Free a closed model's adapter, and its host with the last one (on the worker thread)."""
+        host = model.host
+        try:
+            last = host.forget(model.model_id)
+        except TrainerError:  # its ranks are gone: nothing is left to share
+            last = True
+        if last:
+            self.hosts.pop(host.key, None)
+            host.close()
+            self.say(f"rlvr serve: closed {host.key.folder} (LoRA rank {host.key.rank}, seed {host.key.seed})")
 
     def model(self, model_id: str, tenant: Tenant) -> ServedModel:
         """The tenant's model; a call on it is as good as its session's heartbeat."""
@@ -137,7 +176,7 @@ class ModelRegistry:
             self.claimed.pop(model_id)
             model = self.models.pop(model_id, None)  # None: still being built; `built` closes it
             if model is not None:
-                self.work.put(session_id, model.close)
+                self.work.put(session_id, lambda model=model: self.release(model))
         self.samplers = {
             key: s for key, s in self.samplers.items() if session_of(key) != session_id and s.model_id not in ended
         }
@@ -151,5 +190,5 @@ class ModelRegistry:
                 self.end_session(session_id, f"expired: nothing heard for {now - session.seen:.0f} s")
 
     def close(self) -> None:
-        for model in self.models.values():
-            model.close()
+        for host in self.hosts.values():
+            host.close()

@@ -18,6 +18,7 @@ from tinker import types
 from rlvr.config import ServeConfig
 from rlvr.errors import UserError
 from rlvr.models.folder import check_model_folder
+from rlvr.serve.base_host import HostKey
 from rlvr.serve.fair_queue import Say
 from rlvr.serve.futures import FutureStore
 from rlvr.serve.model import ServedModel, served_run
@@ -96,13 +97,15 @@ class TinkerServer:
     ) -> dict:
         """Claim the model's memory now (a request meanwhile counts it as held) and queue its build,
         whose future answers with `then(model_id)` once it is built."""
-        run = served_run(self.catalog_folder(base_model), lora_rank, self.cfg)
+        folder = self.catalog_folder(base_model)
+        run = served_run(folder, lora_rank, self.cfg)
         model_id = f"{session_id}:train:{model_seq_id}"
-        self.registry.claim(tenant, model_id, run)
+        key = HostKey(folder, lora_rank, seed)
+        self.registry.claim(tenant, model_id, run, key)
 
         def build() -> dict:
             try:
-                model = ServedModel(model_id, base_model, run, seed)
+                model = ServedModel(model_id, base_model, self.registry.host(key, run, model_id))
             except BaseException:
                 self.registry.claimed.pop(model_id, None)
                 raise
