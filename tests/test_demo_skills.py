@@ -67,7 +67,7 @@ def test_every_shortfall_is_named_and_a_ready_model_has_none():
     check = ReadinessCheck(base_window=(0.2, 0.7))
     ready = Skills(samples=256, accuracy=0.41, format=0.99, operand_copy=0.97, result_copy=0.95)
     assert shortfalls(ready, check) == []
-    # the Intel run of issue 31: the right format, nothing copied, nothing right
+    # a warm start that learned the format only: nothing copied, nothing right
     stuck = Skills(samples=256, accuracy=0.0, format=0.98, operand_copy=0.0, result_copy=0.0)
     assert shortfalls(stuck, check) == [
         "operand copy 0.00 < 0.8",
