@@ -104,7 +104,7 @@ def run_phase(folder: Path, model: str, seeds: dict[str, int], steps: int, ranks
         server.wait(timeout=120)
     return {
         "seeds": seeds,
-        "hosts_loaded": sum(" loaded " in line for line in log),
+        "hosts_loaded": sum(line.startswith("rlvr serve: loaded ") for line in log),
         "private_gb": round(private / GB, 3),
         "models_built_s": round(built_s, 1),
         "steps_s": round(trained_s, 1),
