@@ -79,6 +79,8 @@ def test_megatron_layout_is_refused_where_it_cannot_run():
         "trainer.megatron.tensor_parallel=3": r"tensor_parallel x expert_parallel x pipeline_parallel = 3 must divide ranks=4",
         "trainer.megatron.pipeline_parallel=2": r"pipeline_parallel=2 needs GPUs \(placement.gpus_per_node\)",
         "trainer.shard_ranks=2": r"shard_ranks is FSDP2's sharding",
+        "trainer.lora=null": r"backend: megatron trains a LoRA adapter \(set lora\)",
+        "trainer.lora.dropout=0.1": r"lora.dropout must be 0 with backend: megatron",
     }
     for override, message in refusals.items():
         with pytest.raises(ConfigError, match=message):

@@ -147,8 +147,15 @@ class TrainerConfig(Section):
                 f"megatron's tensor_parallel x expert_parallel x pipeline_parallel = {model_parallel} must divide "
                 f"ranks={self.ranks}"
             )
+        if self.lora is None:
+            raise ValueError("backend: megatron trains a LoRA adapter (set lora); full fine-tuning is backend: fsdp2's")
+        if self.lora.dropout:
+            raise ValueError(
+                "lora.dropout must be 0 with backend: megatron: each tensor-parallel rank would drop its own "
+                "inputs of the factors it shares"
+            )
         if self.routing_replay:
             raise ValueError("routing_replay is built for backend: fsdp2 only")
-        if self.lora is not None and self.lora.target_experts:
+        if self.lora.target_experts:
             raise ValueError("lora.target_experts is built for backend: fsdp2 only")
         return self

@@ -71,13 +71,10 @@ class RankWeights:
 
 
 def load_rank(model: nn.Module, files: CheckpointFiles, shape: DenseShape, rank: int, ranks: int) -> None:
-    """Fill every base parameter of `model` (this rank's part) from the folder; LoRA factors,
-    which the folder does not hold, are left as built."""
+    """Fill every parameter of `model` (this rank's part) from the folder."""
     weights = RankWeights(files, shape, rank, ranks)
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if ".lora_" in name:
-                continue
             tensor = weights.tensor(name)
             check_shape(f"Megatron {name} from the HF folder", tensor, tuple(param.shape))
             param.copy_(tensor)
