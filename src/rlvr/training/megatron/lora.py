@@ -82,6 +82,7 @@ def attach_lora(gpt: GPTModel, peft: dict[str, torch.Tensor], shape: DenseShape,
     """Put a LoraLinear around each Megatron linear that fuses a PEFT target in `peft` (PEFT's
     whole tensors by name), keeping this rank's part of each factor."""
     rank, ranks = parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size()
+    unplaced = set(peft)
     for layer, block in enumerate(gpt.decoder.layers):
         for path, (module, targets, split) in FUSED.items():
             owner, attr = block.get_submodule(path.rsplit(".", 1)[0]), path.rsplit(".", 1)[1]
@@ -92,6 +93,7 @@ def attach_lora(gpt: GPTModel, peft: dict[str, torch.Tensor], shape: DenseShape,
             factors = {}
             for t in adapted:
                 a, b = peft[names[t].format("A")], peft[names[t].format("B")]
+                unplaced -= {names[t].format("A"), names[t].format("B")}
                 if split == "row":
                     a = a.chunk(ranks, dim=1)[rank]
                 else:
@@ -101,6 +103,8 @@ def attach_lora(gpt: GPTModel, peft: dict[str, torch.Tensor], shape: DenseShape,
             fuse = _fuse_qkv(shape.groups // ranks) if module == "self_attn" else _concat
             wrapped = LoraLinear(getattr(owner, attr), split == "row", factors, rows, fuse, scaling)
             setattr(owner, attr, wrapped)
+    if unplaced:
+        raise ValueError(f"trainer.lora.target_modules: no Megatron layer holds {sorted(unplaced)[0]}")
 
 
 def _target_rows(module: str, shape: DenseShape, ranks: int) -> dict[str, int]:
