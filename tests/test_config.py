@@ -72,6 +72,29 @@ def test_eval_k_larger_than_n_is_rejected():
         load_config(DEMO, ["eval.k=[1,16]"])
 
 
+def test_megatron_layout_is_refused_where_it_cannot_run():
+    megatron = ["trainer.backend=megatron", "trainer.ranks=4"]
+    assert load_config(DEMO, [*megatron, "trainer.megatron.tensor_parallel=2"]).trainer.megatron.tensor_parallel == 2
+    refusals = {
+        "trainer.megatron.tensor_parallel=3": r"tensor_parallel x expert_parallel x pipeline_parallel = 3 must divide ranks=4",
+        "trainer.megatron.pipeline_parallel=2": r"pipeline_parallel=2 needs GPUs \(placement.gpus_per_node\)",
+        "trainer.shard_ranks=2": r"shard_ranks is FSDP2's sharding",
+        "trainer.lora=null": r"backend: megatron trains a LoRA adapter \(set lora\)",
+        "trainer.lora.dropout=0.1": r"lora.dropout must be 0 with backend: megatron",
+    }
+    for override, message in refusals.items():
+        with pytest.raises(ConfigError, match=message):
+            load_config(DEMO, [*megatron, override])
+    with pytest.raises(ConfigError, match=r"sequence_parallel needs GPUs"):
+        load_config(DEMO, [*megatron, "trainer.megatron.tensor_parallel=2", "trainer.megatron.sequence_parallel=true"])
+    with pytest.raises(ConfigError, match=r"sequence_parallel splits tokens over the tensor-parallel ranks"):
+        load_config(DEMO, [*megatron, "trainer.megatron.sequence_parallel=true"])
+    with pytest.raises(ConfigError, match=r"read only with backend: megatron"):
+        load_config(DEMO, ["trainer.megatron.tensor_parallel=2"])
+    on_gpus = load_config(DEMO, [*megatron, "placement.gpus_per_node=4", "trainer.megatron.pipeline_parallel=2"])
+    assert on_gpus.trainer.megatron.pipeline_parallel == 2
+
+
 def test_shard_ranks_must_divide_ranks():
     with pytest.raises(ConfigError, match=r"trainer: shard_ranks=3 must divide ranks=2"):
         load_config(DEMO, ["trainer.shard_ranks=3"])

@@ -18,7 +18,7 @@ from rlvr.config.rollout import EngineConfig, EnvConfig, RolloutConfig, Sampling
 from rlvr.config.run import CheckpointConfig, EvalConfig, PlacementConfig, RunConfig, TrackingConfig
 from rlvr.config.scoring import RewardConfig, SandboxConfig
 from rlvr.config.serve import LimitsConfig, ServeConfig, TenantConfig
-from rlvr.config.trainer import LoraConfig, TrainerConfig
+from rlvr.config.trainer import LoraConfig, MegatronConfig, TrainerConfig
 
 __all__ = [
     "AlgorithmConfig",
@@ -33,6 +33,7 @@ __all__ = [
     "LimitsConfig",
     "LoraConfig",
     "MaskedISConfig",
+    "MegatronConfig",
     "ModelConfig",
     "OverlongPenaltyConfig",
     "PlacementConfig",

@@ -144,6 +144,23 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _megatron_parallelism_this_machine_runs(self) -> RunConfig:
+        # megatron-core's pipeline schedules and sequence-parallel collectives are CUDA-only
+        layout = self.trainer.megatron
+        if self.trainer.backend == "megatron" and not self.placement.gpus_per_node:
+            if layout.pipeline_parallel > 1:
+                raise ValueError(
+                    f"trainer.megatron.pipeline_parallel={layout.pipeline_parallel} needs GPUs "
+                    "(placement.gpus_per_node): megatron-core's pipeline schedules run on CUDA only"
+                )
+            if layout.sequence_parallel:
+                raise ValueError(
+                    "trainer.megatron.sequence_parallel needs GPUs (placement.gpus_per_node): megatron-core's "
+                    "sequence-parallel collectives run on CUDA only"
+                )
+        return self
+
+    @model_validator(mode="after")
     def _correct_stale_rollouts(self) -> RunConfig:
         # Rollouts one policy version behind need the off-policy correction; written into the
         # config itself so that the run's config.yaml says what ran (Yao et al. use cap 2).

@@ -28,10 +28,45 @@ class LoraConfig(Section):
     )
 
 
-class TrainerConfig(Section):
-    """The FSDP2 trainer ranks and their optimizer."""
+class MegatronConfig(Section):
+    """How trainer.backend=megatron lays the model over the ranks (megatron-core's parallel sizes); the
+    ranks left over, trainer.ranks / (tensor x pipeline), each hold a data-parallel replica."""
 
-    ranks: int = Field(1, ge=1, description="FSDP2 worker processes")
+    tensor_parallel: int = Field(
+        1, ge=1, description="ranks each attention and MLP matrix is split over, by heads and hidden columns"
+    )
+    expert_parallel: int = Field(
+        1, ge=1, description="MoE: ranks the routed experts are divided between, each rank holding its own experts"
+    )
+    pipeline_parallel: int = Field(1, ge=1, description="stages the decoder blocks are cut into (needs GPUs)")
+    sequence_parallel: bool = Field(
+        False,
+        description="split the norms' and dropouts' tokens over the tensor-parallel ranks too (needs GPUs and "
+        "tensor_parallel > 1)",
+    )
+
+    @model_validator(mode="after")
+    def _sequence_parallel_over_tensor_ranks(self) -> MegatronConfig:
+        if self.sequence_parallel and self.tensor_parallel == 1:
+            raise ValueError(
+                "sequence_parallel splits tokens over the tensor-parallel ranks: it needs tensor_parallel > 1"
+            )
+        return self
+
+
+class TrainerConfig(Section):
+    """The trainer ranks and their optimizer."""
+
+    backend: Literal["fsdp2", "megatron"] = Field(
+        "fsdp2",
+        description="fsdp2: each rank holds a shard of every parameter and gathers each block for its forward "
+        "(torch's fully_shard on the HF model); megatron: megatron-core's GPTModel, each matrix split by tensor "
+        "parallel and the routed experts by expert parallel (trainer.megatron), converted from the HF folder",
+    )
+    megatron: MegatronConfig = Field(
+        MegatronConfig(), description="parallel sizes for trainer.backend=megatron (read only by that backend)"
+    )
+    ranks: int = Field(1, ge=1, description="trainer worker processes")
     shard_ranks: int | None = Field(
         None,
         ge=1,
@@ -95,4 +130,32 @@ class TrainerConfig(Section):
     def _shards_divide_ranks(self) -> TrainerConfig:
         if self.shard_ranks is not None and self.ranks % self.shard_ranks:
             raise ValueError(f"shard_ranks={self.shard_ranks} must divide ranks={self.ranks}")
+        return self
+
+    @model_validator(mode="after")
+    def _megatron_layout_fits(self) -> TrainerConfig:
+        layout = self.megatron
+        if self.backend != "megatron":
+            if layout != MegatronConfig():
+                raise ValueError("megatron's parallel sizes are read only with backend: megatron")
+            return self
+        if self.shard_ranks is not None:
+            raise ValueError("shard_ranks is FSDP2's sharding; with backend: megatron the layout is trainer.megatron")
+        model_parallel = layout.tensor_parallel * layout.expert_parallel * layout.pipeline_parallel
+        if self.ranks % model_parallel:
+            raise ValueError(
+                f"megatron's tensor_parallel x expert_parallel x pipeline_parallel = {model_parallel} must divide "
+                f"ranks={self.ranks}"
+            )
+        if self.lora is None:
+            raise ValueError("backend: megatron trains a LoRA adapter (set lora); full fine-tuning is backend: fsdp2's")
+        if self.lora.dropout:
+            raise ValueError(
+                "lora.dropout must be 0 with backend: megatron: each tensor-parallel rank would drop its own "
+                "inputs of the factors it shares"
+            )
+        if self.routing_replay:
+            raise ValueError("routing_replay is built for backend: fsdp2 only")
+        if self.lora.target_experts:
+            raise ValueError("lora.target_experts is built for backend: fsdp2 only")
         return self

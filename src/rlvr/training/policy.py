@@ -6,7 +6,7 @@ No model-specific code: decoder blocks are found from the model's own `_no_split
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 from unittest.mock import patch
@@ -69,20 +69,39 @@ class TokenLogprobs(nn.Module):
             raise ValueError("shared prompts need rlvr's packed attention (trainer.attention: packed)")
         hidden = self.lm.get_decoder()(input_ids=input_ids, position_ids=position_ids, use_cache=False, **packed)
         hidden = hidden.last_hidden_state[0].index_select(0, score_positions)
-        head = self.lm.get_output_embeddings()
-        chunk = self.chunk_tokens(hidden.dtype)
-        logprobs, entropies = [], []
-        for h, t in zip(hidden.split(chunk), score_targets.split(chunk)):
-            lp, ent = checkpoint(self._score_chunk, head, h, t, temperature, use_reentrant=False)
-            logprobs.append(lp)
-            entropies.append(ent.detach())
-        return torch.cat(logprobs), torch.cat(entropies)
+        return score_in_chunks(
+            self.lm.get_output_embeddings(),
+            hidden,
+            score_targets,
+            self.chunk_tokens(hidden.dtype),
+            temperature,
+            self.softcap,
+        )
 
-    def _score_chunk(self, head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float):
-        logits = head(hidden)
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logprobs_and_entropy(logits, targets, temperature=temperature, chunk_size=len(targets))
+
+def score_in_chunks(
+    head: Callable[[torch.Tensor], torch.Tensor],
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    chunk: int,
+    temperature: float,
+    softcap: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(logprobs [T], entropy [T], detached) of `targets` under `head`'s logits `[T, vocab]` of the
+    hidden states `[T, hidden]`, `chunk` tokens at a time, each chunk's logits recomputed in backward."""
+    logprobs, entropies = [], []
+    for h, t in zip(hidden.split(chunk), targets.split(chunk)):
+        lp, ent = checkpoint(_score_chunk, head, h, t, temperature, softcap, use_reentrant=False)
+        logprobs.append(lp)
+        entropies.append(ent.detach())
+    return torch.cat(logprobs), torch.cat(entropies)
+
+
+def _score_chunk(head, hidden: torch.Tensor, targets: torch.Tensor, temperature: float, softcap: float | None):
+    logits = head(hidden)
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    return logprobs_and_entropy(logits, targets, temperature=temperature, chunk_size=len(targets))
 
 
 def decoder_blocks(model: nn.Module) -> list[nn.Module]:

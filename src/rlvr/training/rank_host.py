@@ -49,6 +49,10 @@ def join_group(rank: int, world_size: int, master_addr: str, port: int, spec: Ra
     if not use_cuda:  # activations live in host memory: measured, a step's page faults cost ~8% of it
         keep_freed_memory()
     dist.init_process_group("nccl" if use_cuda else "gloo", rank=rank, world_size=world_size)
+    if spec.trainer.backend == "megatron":  # megatron-core is imported by its ranks alone
+        from rlvr.training.megatron.rank import MegatronRank
+
+        return MegatronRank(rank, world_size, spec, use_cuda)
     return Rank(rank, world_size, spec, use_cuda)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from functools import partial
 
@@ -93,6 +94,16 @@ class RankStarted:
     packed_attention: bool  # False where the model has no AttentionInterface: transformers' own, no shared prompts
 
 
+def adamw(params: list[torch.Tensor], config: TrainerConfig, total_steps: int):
+    """The trainable tensors' AdamW and its learning-rate schedule."""
+    # foreach: one op over all (DTensor) parameters instead of a Python loop over them, which
+    # torch picks for CPU tensors by default: 3.8 vs 11 ms a step on a demo rank, same values
+    optimizer = torch.optim.AdamW(
+        params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay, foreach=True
+    )
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_factor, config, total_steps))
+
+
 class Rank:
     def __init__(self, rank: int, world_size: int, spec: RankSpec, use_cuda: bool):
         from torch.distributed.device_mesh import init_device_mesh
@@ -124,7 +135,7 @@ class Rank:
         self.lm = lm
         num_experts = layers[0].num_experts if layers else None  # None: a dense model
         self.routing = RankRouting(lm, num_experts, config.routing_replay, self.device)
-        self.policy = TokenLogprobs(lm, config.logits_chunk_mb)
+        self.policy: torch.nn.Module = TokenLogprobs(lm, config.logits_chunk_mb)
         shard_ranks = config.shard_ranks or world_size
         # FSDP2 on a 1-D mesh shards over every rank; on a 2-D one (replicas x shards) it is HSDP
         mesh = (
@@ -141,17 +152,10 @@ class Rank:
         self.trainable = [(n, p) for n, p in self.policy.named_parameters() if p.requires_grad]
         self.trainable_params = sum(_numel(p) for _, p in self.trainable)
         self.total_params = sum(_numel(p) for p in self.policy.parameters())
-        # foreach: one op over all (DTensor) parameters instead of a Python loop over them, which
-        # torch picks for CPU tensors by default: 3.8 vs 11 ms a step on a demo rank, same values
-        self.optimizer = torch.optim.AdamW(
-            [p for _, p in self.trainable],
-            lr=config.lr,
-            betas=config.betas,
-            weight_decay=config.weight_decay,
-            foreach=True,
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, partial(lr_factor, config, spec.total_steps))
+        self.optimizer, self.scheduler = adamw([p for _, p in self.trainable], config, spec.total_steps)
         self.adapters = AdapterSlots([p for _, p in self.trainable], self.optimizer, self.scheduler, self.device)
+        # FSDP2 averages gradients over the ranks: this factor on each rank's loss makes that their sum
+        self.loss_scale = world_size
 
     def info(self) -> RankStarted:
         """What the controller learns once, when the rank is up."""
@@ -182,7 +186,7 @@ class Rank:
                 return save_rank(
                     folder, self.rank, self.policy, self.optimizer, self.scheduler, self.device, self._alone
                 )
-            case AdapterSlot(name) if self.adapted is None:
+            case AdapterSlot(name) if not self.spec.trainer.lora:
                 raise ValueError(f"adapter {name!r}: this rank trains the full model, not LoRA adapters")
             case AdapterSlot(name, forget):
                 return self.adapters.forget(name) if forget else self.adapters.use(name)
@@ -268,8 +272,7 @@ class Rank:
                     work.clip_thresholds,
                 )
                 if work.backward:
-                    # FSDP averages gradients over ranks; the world_size factor makes that the sum
-                    (loss * self.world_size).backward()
+                    (loss * self.loss_scale).backward()
                 total += loss.item()
                 logprobs_out.update((i, row.detach().float().cpu()) for i, row in zip(mb.sequences, rows))
         return ForwardBackwardReport(logprobs_out, total)
@@ -308,9 +311,9 @@ class Rank:
                     partial(self._reference_logprobs, mb, step.temperature),
                 )
                 weight, denominator = update_share(self.spec.algorithm.agg, kept, mb, mini)
-                # FSDP averages gradients over ranks; the world_size factor turns that into a sum,
-                # so the update's loss is normalised once, by the mini-batch's global denominator.
-                (loss * (weight / denominator) * self.world_size).backward()
+                # gradients add up over the ranks (loss_scale), so the update's loss is normalised
+                # once, by the mini-batch's global denominator
+                (loss * (weight / denominator) * self.loss_scale).backward()
         if measure and routing is not None:
             self.routing.measure(
                 lambda: self._forward(mb, step.temperature)[0], mb, step, routing, logprobs.detach(), report
@@ -355,13 +358,17 @@ class Rank:
 
     def _optimizer_step(self, max_grad_norm: float) -> OptimizerUpdate:
         """Clip and step, unless the gradient is not finite (then the update is skipped)."""
-        norm = torch.nn.utils.clip_grad_norm_([p for _, p in self.trainable], max_grad_norm)
-        grad_norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        grad_norm = self._clip_gradients(max_grad_norm)
         skipped = not math.isfinite(grad_norm)
         if not skipped:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return OptimizerUpdate(grad_norm, skipped)
+
+    def _clip_gradients(self, max_grad_norm: float) -> float:
+        """Scale the gradients to at most `max_grad_norm` in global 2-norm; the norm before."""
+        norm = torch.nn.utils.clip_grad_norm_([p for _, p in self.trainable], max_grad_norm)
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
     @property
     def _alone(self) -> bool:
@@ -383,13 +390,17 @@ class Rank:
         )
 
     def _reference_logprobs(self, mb: MicroBatch, temperature: float) -> torch.Tensor:
+        with torch.no_grad(), self._base_only():
+            ref, _ = self._forward(mb, temperature)
+        return padded(unpack(ref, mb))
+
+    def _base_only(self) -> AbstractContextManager:
+        """While active, the policy is its frozen base: the KL term's reference."""
         if self.adapted is None:
             raise ValueError(
                 "algorithm.kl needs a reference model: it is supported with trainer.lora (the frozen base)"
             )
-        with torch.no_grad(), self.adapted.disable_adapter():
-            ref, _ = self._forward(mb, temperature)
-        return padded(unpack(ref, mb))
+        return self.adapted.disable_adapter()
 
 
 def _numel(p: torch.Tensor) -> int:

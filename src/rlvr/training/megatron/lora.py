@@ -1,0 +1,165 @@
+"""LoRA on Megatron's parallel linears, split as their base is, and gathered back into PEFT's names.
+
+Megatron fuses what PEFT adapts one by one (q, k, v into `linear_qkv`; gate and up into
+`linear_fc1`), so a fused layer carries one LoRA pair per PEFT target it holds, and only for the
+targeted ones. On a column-parallel layer (its output split over the ranks) each pair's A is
+whole on every rank and its B holds the rank's rows of that target's output; on a row-parallel
+layer (its input split) A holds the rank's input columns and B is whole, the ranks' partial
+products summed (Megatron's own split of a matrix product). The factors are PEFT's, drawn for
+the same seed as an FSDP2 rank draws them (rlvr.training.megatron.rank), so both start equal.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.models.gpt import GPTModel
+from megatron.core.tensor_parallel import copy_to_tensor_model_parallel_region, reduce_from_tensor_model_parallel_region
+from torch import nn
+
+from rlvr.training.megatron.gpt import DenseShape
+from rlvr.training.megatron.weights import qkv_interleaved
+
+PEFT_LAYER = "base_model.model.model.layers.{layer}.{module}.{target}.lora_{factor}.weight"
+
+# Megatron's fused layer -> (its HF module, the PEFT targets in the order of its output rows,
+# the split: column-parallel splits the output, row-parallel the input)
+FUSED = {
+    "self_attention.linear_qkv": ("self_attn", ("q_proj", "k_proj", "v_proj"), "column"),
+    "self_attention.linear_proj": ("self_attn", ("o_proj",), "row"),
+    "mlp.linear_fc1": ("mlp", ("gate_proj", "up_proj"), "column"),
+    "mlp.linear_fc2": ("mlp", ("down_proj",), "row"),
+}
+
+Fuse = Callable[[list[torch.Tensor]], torch.Tensor]  # each target's output rows -> the fused layer's
+
+
+class LoraLinear(nn.Module):
+    """A Megatron parallel linear plus one LoRA pair per adapted PEFT target it fuses. `rows`: each
+    target's output rows on this rank (column-parallel), for the targets left unadapted."""
+
+    def __init__(
+        self,
+        base: nn.Module,
+        row_parallel: bool,
+        factors: dict[str, tuple[torch.Tensor, torch.Tensor]],
+        rows: dict[str, int],
+        fuse: Fuse,
+        scaling: float,
+    ):
+        super().__init__()
+        self.base, self.row_parallel, self.rows, self.fuse, self.scaling = base, row_parallel, rows, fuse, scaling
+        self.lora_A = nn.ParameterDict({t: nn.Parameter(a.float()) for t, (a, _) in factors.items()})
+        self.lora_B = nn.ParameterDict({t: nn.Parameter(b.float()) for t, (_, b) in factors.items()})
+        for p in (self.lora_A if row_parallel else self.lora_B).values():
+            p.tensor_model_parallel = True  # split over the ranks: its gradient norm adds up over them
+        self.enabled = True
+
+    def forward(self, x: torch.Tensor):
+        out, bias = self.base(x)
+        if not self.enabled:
+            return out, bias
+        if self.row_parallel:  # x holds this rank's input columns: the ranks' partial products add up
+            ((target, a),) = self.lora_A.items()
+            inner = reduce_from_tensor_model_parallel_region(x @ a.to(x.dtype).T)
+            return out + inner @ self.lora_B[target].to(x.dtype).T * self.scaling, bias
+        parts = []
+        for target, size in self.rows.items():
+            if target not in self.lora_A:
+                parts.append(out.new_zeros(*out.shape[:-1], size))
+                continue
+            # A is whole on every rank: its gradient adds up over the ranks' rows of B
+            inner = copy_to_tensor_model_parallel_region(x @ self.lora_A[target].to(x.dtype).T)
+            parts.append(inner @ self.lora_B[target].to(x.dtype).T * self.scaling)
+        return out + self.fuse(parts), bias
+
+
+def attach_lora(gpt: GPTModel, peft: dict[str, torch.Tensor], shape: DenseShape, scaling: float) -> None:
+    """Put a LoraLinear around each Megatron linear that fuses a PEFT target in `peft` (PEFT's
+    whole tensors by name), keeping this rank's part of each factor."""
+    rank, ranks = parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size()
+    unplaced = set(peft)
+    for layer, block in enumerate(gpt.decoder.layers):
+        for path, (module, targets, split) in FUSED.items():
+            owner, attr = block.get_submodule(path.rsplit(".", 1)[0]), path.rsplit(".", 1)[1]
+            names = {t: PEFT_LAYER.format(layer=layer, module=module, target=t, factor="{}") for t in targets}
+            adapted = [t for t in targets if names[t].format("A") in peft]
+            if not adapted:
+                continue
+            factors = {}
+            for t in adapted:
+                a, b = peft[names[t].format("A")], peft[names[t].format("B")]
+                unplaced -= {names[t].format("A"), names[t].format("B")}
+                if split == "row":
+                    a = a.chunk(ranks, dim=1)[rank]
+                else:
+                    b = b.chunk(ranks, dim=0)[rank]
+                factors[t] = (a.clone(), b.clone())
+            rows = _target_rows(module, shape, ranks)
+            fuse = _fuse_qkv(shape.groups // ranks) if module == "self_attn" else _concat
+            wrapped = LoraLinear(getattr(owner, attr), split == "row", factors, rows, fuse, scaling)
+            setattr(owner, attr, wrapped)
+    if unplaced:
+        raise ValueError(f"trainer.lora.target_modules: no Megatron layer holds {sorted(unplaced)[0]}")
+
+
+def _target_rows(module: str, shape: DenseShape, ranks: int) -> dict[str, int]:
+    if module == "self_attn":
+        q, kv = shape.heads * shape.head_dim // ranks, shape.groups * shape.head_dim // ranks
+        return {"q_proj": q, "k_proj": kv, "v_proj": kv}
+    return {"gate_proj": shape.ffn_size // ranks, "up_proj": shape.ffn_size // ranks}
+
+
+def _fuse_qkv(groups: int) -> Fuse:
+    def fuse(parts: list[torch.Tensor]) -> torch.Tensor:
+        q, k, v = (p.movedim(-1, 0) for p in parts)
+        return qkv_interleaved(q, k, v, groups).movedim(0, -1)
+
+    return fuse
+
+
+def _concat(parts: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat(parts, dim=-1)
+
+
+def peft_tensors(gpt: GPTModel) -> dict[str, torch.Tensor]:
+    """Every LoRA factor whole, under PEFT's names (each rank of a tensor-parallel group gets them)."""
+    group = parallel_state.get_tensor_model_parallel_group()
+    out = {}
+    for layer, block in enumerate(gpt.decoder.layers):
+        for path, (module, _, split) in FUSED.items():
+            lora = block.get_submodule(path)
+            if not isinstance(lora, LoraLinear):
+                continue
+            for target in lora.lora_A:
+                name = PEFT_LAYER.format(layer=layer, module=module, target=target, factor="{}")
+                a, b = lora.lora_A[target].detach(), lora.lora_B[target].detach()
+                if split == "row":
+                    a = _gathered(a, 1, group)
+                else:
+                    b = _gathered(b, 0, group)
+                out[name.format("A")], out[name.format("B")] = a.cpu(), b.cpu()
+    return out
+
+
+def _gathered(part: torch.Tensor, dim: int, group) -> torch.Tensor:
+    parts = [torch.empty_like(part) for _ in range(dist.get_world_size(group))]
+    dist.all_gather(parts, part.contiguous(), group=group)
+    return torch.cat(parts, dim=dim)
+
+
+@contextmanager
+def adapters_off(model: nn.Module) -> Iterator[None]:
+    """The base alone (the KL term's reference), as peft's `disable_adapter`."""
+    layers = [m for m in model.modules() if isinstance(m, LoraLinear)]
+    for layer in layers:
+        layer.enabled = False
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.enabled = True

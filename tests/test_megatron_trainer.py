@@ -1,0 +1,60 @@
+"""trainer.backend=megatron behind the same Trainer as FSDP2: on one tiny dense model, FSDP2 over
+two ranks and Megatron (tensor parallel 2; and two data-parallel replicas) give equal sequence
+logprobs, for the base and with the adapter a train step made, the same step metrics, and the
+same adapter in PEFT's names and config; a saved Megatron rank resumes where it stopped."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _floats import assert_close_scaled
+from engine_fixtures import random_train_batch, rank_spec
+from megatron_fixtures import dense_folder
+
+from rlvr.training.trainer import Trainer
+
+LORA = dict(rank=4, alpha=8.0, dropout=0.0, target_modules="all-linear")
+LAYOUTS = {"fsdp2": {}, "megatron tp2": {"tensor_parallel": 2}, "megatron dp2": {"tensor_parallel": 1}}
+
+
+@pytest.mark.slow
+def test_megatron_trains_like_fsdp2(tmp_path):
+    model = dense_folder(tmp_path / "qwen2", "qwen2")
+    batch = random_train_batch()
+    sequences = [p + c for p, c in zip(batch.prompt_ids, batch.completion_ids)]
+    prompt_lens = [len(p) for p in batch.prompt_ids]
+    results = {}
+    for name, megatron in LAYOUTS.items():
+        backend = dict(backend="megatron", megatron=megatron) if megatron else {}
+        spec = rank_spec(model, lr=1e-2, lora=LORA, ranks=2, micro_batch_tokens=14, total_steps=2, **backend)
+        with Trainer(spec) as trainer:
+            base = trainer.logprobs(sequences, prompt_lens)
+            metrics = trainer.train_step(batch)
+            adapter = trainer.adapter()
+            trained = trainer.logprobs(sequences, prompt_lens)
+            if name == "megatron tp2":
+                trainer.save(str(tmp_path))
+                after = trainer.train_step(batch)
+        results[name] = base, metrics, adapter, trained
+    want_base, want_metrics, want_adapter, want_trained = results["fsdp2"]
+    assert want_adapter.tensors and want_metrics["grad_norm"] > 0
+    for name in LAYOUTS:
+        base, metrics, adapter, trained = results[name]
+        assert_close_scaled(sum(base, []), sum(want_base, []), msg=f"{name} base")
+        assert_close_scaled(sum(trained, []), sum(want_trained, []), msg=f"{name} trained")
+        for key in ("loss", "grad_norm", "policy/entropy", "sync/sampler_trainer_gap"):
+            assert metrics[key] == pytest.approx(want_metrics[key], rel=1e-5, abs=1e-7), (name, key)
+        assert adapter.config == want_adapter.config, name
+        assert adapter.tensors.keys() == want_adapter.tensors.keys(), name
+        for tensor, value in want_adapter.tensors.items():  # as tests/test_trainer.py compares FSDP2's layouts:
+            # Adam's first step is lr * g / (|g| + eps): an entry whose gradient is near eps moves by
+            # a fraction of lr that the gradient's rounding sets
+            torch.testing.assert_close(adapter.tensors[tensor], value, atol=1e-5, rtol=1e-5, msg=f"{name} {tensor}")
+    spec = rank_spec(model, lr=1e-2, lora=LORA, ranks=2, micro_batch_tokens=14, total_steps=2, backend="megatron")
+    spec.trainer.megatron.tensor_parallel = 2
+    with Trainer(spec) as resumed:
+        resumed.load(str(tmp_path))
+        assert_close_scaled(sum(resumed.logprobs(sequences, prompt_lens), []), sum(results["megatron tp2"][3], []))
+        again = resumed.train_step(batch)
+    for key in ("loss", "grad_norm", "lr"):
+        assert again[key] == pytest.approx(after[key], rel=1e-6), key
