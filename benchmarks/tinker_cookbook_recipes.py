@@ -117,6 +117,7 @@ def offline_hub(folder: Path, repo: str) -> dict[str, str]:
 class Recipe:
     module: str
     hub: str | None  # the dataset it loads by name, None: a file it is given
+    data: str  # what that dataset is here, as the ledger says it
     curve: str  # the metric the curve follows
     options: Callable[[argparse.Namespace], list[str]]
     serve: tuple[str, ...] = ()  # served-config keys it needs
@@ -126,12 +127,14 @@ RECIPES = {
     "sl_loop": Recipe(
         "tinker_cookbook.recipes.sl_loop",
         "HuggingFaceH4/no_robots",
+        "GSM8K's train set as chats, standing in for HuggingFaceH4/no_robots",
         "train_mean_nll",
         lambda a: [f"batch_size={a.batch}", f"learning_rate={a.lr}", "max_length=512", "save_every=0"],
     ),
     "rl_loop": Recipe(
         "tinker_cookbook.recipes.rl_loop",
         "openai/gsm8k",
+        "openai/gsm8k (grade-school-math's own train file)",
         "reward/total",
         lambda a: [
             f"batch_size={a.batch}",
@@ -146,6 +149,7 @@ RECIPES = {
     "sl_basic": Recipe(
         "tinker_cookbook.recipes.sl_basic",
         None,
+        "the cookbook's example_data/conversations.jsonl (128 chats)",
         "train_mean_nll",
         lambda a: [
             "dataset_builder=tinker_cookbook.supervised.data:FromConversationFileBuilder",
@@ -163,6 +167,7 @@ RECIPES = {
     "distillation": Recipe(
         "tinker_cookbook.recipes.distillation.on_policy_distillation",
         "zwhe99/DeepMath-103K",
+        "ROLL's 4994-question subset of zwhe99/DeepMath-103K",
         "teacher_kl",
         lambda a: [
             f"teacher_model={CATALOG_NAME}",
@@ -218,7 +223,7 @@ def main() -> None:
         "recipe": args.recipe,
         "module": recipe.module,
         "options": options,
-        "dataset": recipe.hub or str(EXAMPLE_CONVERSATIONS.relative_to(EXAMPLE_CONVERSATIONS.parents[2])),
+        "dataset": recipe.data,
         "model": args.model,
         "catalog_name": CATALOG_NAME,
         "curve_metric": recipe.curve,
