@@ -1,21 +1,34 @@
-"""tinker-cookbook's RL recipe, unmodified, against `rlvr serve`: does the reward rise?
+"""tinker-cookbook's RL recipe, unmodified, against `rlvr serve`: does the correct rate rise, by
+more than its noise?
 
     flock /tmp/rlvr-heavy.lock .venv/bin/python benchmarks/tinker_cookbook_rl.py --out runs/bench/tinker_cookbook_rl.json
 
-`make smollm2`'s NVFP4 SmolLM2-135M-Instruct is the base (LoRA on the frozen 4-bit weights, vLLM
-sampling); the recipe is `tinker_cookbook.recipes.math_rl.train env=arithmetic` (sums of two
-numbers 0-100, with the recipe's one-shot example "What is 4 + 5?" -> "9"), run as its README
-says, with `qwen3_instruct` as the renderer: ChatML, SmolLM2's own chat format, which stops on
-the `<|im_end|>` token id. The recipe draws its problems unseeded, so two runs see different
-sums; the figures are each step's mean reward over groups_per_batch x group_size samples.
+`make smollm2`'s NVFP4 SmolLM2-135M-Instruct is the default base (LoRA on the frozen 4-bit
+weights, vLLM sampling); the recipe is `tinker_cookbook.recipes.math_rl.train env=arithmetic`
+(sums of two numbers 0-100, with the recipe's one-shot example "What is 4 + 5?" -> "9"), run as
+its README says, with `qwen3_instruct` as the renderer: ChatML, which stops on the `<|im_end|>`
+token id. The recipe's step i trains on the sums its ArithmeticDataset draws with seed i.
 
-Written: each step's reward and accuracy as the recipe logged them, the first and last quarter's
-means, the wall time, and the server's request-log lines. And memory: each trainer rank's peak
-private memory (RssAnon, the rank process sampled every 5 ms from outside) and the server
-process's (the controller with its in-process vLLM engine), against the plan's estimate of
-the served run (`rlvr serve`'s memory check: rlvr.serve.model.planned_bytes, per rank the plan's
-trainer column). `--set KEY=VALUE` sets a key of the served config (the serve YAML), e.g.
-`--set trainer.gradient_checkpointing=true`.
+Significance. The recipe's own curve (each step's correct rate over groups_per_batch x
+group_size samples) cannot be paired: every step draws other sums, and a step's samples share
+their few problems. So the benchmark also scores a fixed held-out set through the same server,
+before and after the run: `--eval-problems` sums drawn with `--eval-seed`, none of them one the
+run trains on (the recipe's own dataset lists those), each prompted as the recipe prompts it,
+sampled `--eval-samples` times at the recipe's temperature (1.0) and max_tokens with the same
+seeds before and after, and scored by the recipe's ArithmeticEnv. Before: a fresh LoRA adapter
+of the run's rank (zero-initialised, so the base itself); after: the run's final checkpoint,
+loaded from its saved state. Paired by problem: d_i = (after's correct rate on sum i) -
+(before's); the figure is mean(d) with the standard error sd(d) / sqrt(n), and the rise counts
+when mean(d) >= 2 SE. For the recipe's own curve, the first- and last-quarter means with a
+two-sample standard error over steps (each step's rate one draw: steps see independent sums),
+for reference.
+
+Written: each step's reward and accuracy as the recipe logged them, the quarters, the held-out
+before/after rates with the paired figure, the wall times, the server's request-log lines. And
+memory: each trainer rank's peak private memory (RssAnon, sampled every 5 ms from outside) and
+the server process's (controller and in-process vLLM engine), against the plan's estimate of the
+served run (rlvr.serve.model.planned_bytes' plan, per rank the plan's trainer column).
+`--set KEY=VALUE` sets a key of the served config (the serve YAML).
 
     flock /tmp/rlvr-heavy.lock .venv/bin/python benchmarks/tinker_cookbook_rl.py --out runs/bench/tinker_cookbook_rl_qwen.json \
         --model artifacts/qwen2.5-coder-0.5b/nvfp4 --max-tokens 8 --set trainer.gradient_checkpointing=true
@@ -24,87 +37,98 @@ trainer column). `--set KEY=VALUE` sets a key of the served config (the serve YA
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
-import tempfile
-import threading
+import asyncio
+import statistics
 import time
 from pathlib import Path
 
-import yaml
+import numpy as np
+import tinker
+from _cookbook import API_KEY, Served, final_checkpoint, planned, quarters, run_recipe, served_arguments, serving
 from _ledger import append_line, provenance, write_result
-from _proc import status_bytes, trainer_ranks
-from _serve import start_server
-
-from rlvr.config import set_dotted
+from tinker_cookbook import renderers
+from tinker_cookbook.recipes.math_rl.arithmetic_env import ArithmeticDataset, ArithmeticEnv
+from tinker_cookbook.tokenizer_utils import get_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
-SAMPLE_S = 0.005
+RECIPE_TEMPERATURE = 1.0  # math_rl's CLIConfig default, which the benchmark leaves as it is
 
 
-def serve_config(folder: Path, model: str, rank_alpha: float, settings: list[str]) -> Path:
-    """The served config: `model` in the catalog under its own path (the recipe loads its tokenizer
-    by that name, and there is no hub here), the engine's sizes for this machine, LoRA's alpha, and
-    each KEY=VALUE of `settings`."""
-    config = {
-        "checkpoint_dir": str(folder / "checkpoints"),
-        "log_file": str(folder / "libraries.log"),
-        "models": {model: model},
-        "log_every_s": 60,
-        "engine": {"max_model_len": 256, "kv_cache_gb": 1, "num_threads": 2},
-        "trainer": {"lora": {"alpha": rank_alpha}},
-    }
-    for setting in settings:
-        key, value = setting.split("=", 1)
-        set_dotted(config, key, yaml.safe_load(value), source=f"--set {setting}")
-    path = folder / "serve.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+def trained_sums(renderer: renderers.Renderer, steps: int, groups: int, group_size: int) -> set[tuple[int, int]]:
+    """The (x, y) the recipe trains on in `steps` steps, as its own dataset draws them."""
+    dataset = ArithmeticDataset(batch_size=groups, renderer=renderer, group_size=group_size, n_batches=steps)
+    return {builder.env_thunk.args[:2] for i in range(steps) for builder in dataset.get_batch(i)}  # type: ignore[attr-defined]
 
 
-class PrivateMemory:
-    """Peak private memory (RssAnon) of a server process and of each trainer rank it spawned (its
-    children but multiprocessing's resource tracker), sampled every SAMPLE_S from this process."""
-
-    def __init__(self, server_pid: int):
-        self.server_pid = server_pid
-        self.peaks: dict[int, int] = {}  # pid -> bytes
-        self._ranks: list[int] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-
-    def rank_peaks(self) -> list[int]:
-        return [self.peaks.get(pid, 0) for pid in self._ranks]
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _sample(self) -> None:
-        listed = 0.0
-        while not self._stop.is_set():
-            if time.monotonic() - listed > 1.0:  # ranks start (and restart) with the models the client creates
-                listed = time.monotonic()
-                self._ranks += [pid for pid in trainer_ranks(self.server_pid) if pid not in self._ranks]
-            for pid in (self.server_pid, *self._ranks):
-                self.peaks[pid] = max(self.peaks.get(pid, 0), status_bytes(pid).get("RssAnon", 0))
-            time.sleep(SAMPLE_S)
+def held_out(count: int, seed: int, exclude: set[tuple[int, int]]) -> list[tuple[int, int]]:
+    """`count` distinct sums of two numbers 0-100 (the recipe's range), none in `exclude`."""
+    rng = np.random.RandomState(seed)
+    chosen: list[tuple[int, int]] = []
+    while len(chosen) < count:
+        pair = (int(rng.randint(0, 101)), int(rng.randint(0, 101)))
+        if pair not in exclude and pair not in chosen:
+            chosen.append(pair)
+    return chosen
 
 
-def planned(config: Path, model: str, rank: int) -> tuple[float, float, str]:
-    """The plan's estimate for the served model: (one trainer rank, all its processes together, the compute dtype)."""
-    from rlvr.config import ServeConfig, load_config
-    from rlvr.hardware import compute_dtype, local_device
-    from rlvr.planning.plan import all_devices_bytes, make_plan
-    from rlvr.serve.model import served_run
+def correct_rates(
+    sampler: tinker.SamplingClient,
+    renderer: renderers.Renderer,
+    sums: list[tuple[int, int]],
+    samples: int,
+    max_tokens: int,
+    seed: int,
+) -> list[float]:
+    """Each sum's share of `samples` answers the recipe's ArithmeticEnv scores correct. Sum i's
+    answers are drawn with the seeds seed + i x samples onwards (the server gives the j-th sample
+    seed + j), the same before and after: where the policy did not change, neither does the
+    answer, so the paired difference holds the change and less of the sampling's noise."""
 
-    run = served_run(model, rank, load_config(config, schema=ServeConfig), log=lambda *_: None)
-    plan = make_plan(run)
-    rank_total = max(d.total for d in plan.devices if d.trainer_rank is not None)
-    return rank_total, all_devices_bytes(plan)[0], compute_dtype(run.model.dtype, local_device()).name
+    def params(offset: int) -> tinker.SamplingParams:
+        return tinker.SamplingParams(
+            max_tokens=max_tokens,
+            stop=renderer.get_stop_sequences(),
+            temperature=RECIPE_TEMPERATURE,
+            seed=seed + offset,
+        )
+
+    async def score() -> list[float]:
+        envs = [ArithmeticEnv(x, y, renderer, convo_prefix=ArithmeticEnv.standard_fewshot_prefix()) for x, y in sums]
+        prompts = [(await env.initial_observation())[0] for env in envs]
+        answers = await asyncio.gather(
+            *(sampler.sample_async(prompt, samples, params(i * samples)) for i, prompt in enumerate(prompts))
+        )
+        rates = []
+        for env, answer in zip(envs, answers):
+            steps = [await env.step(sequence.tokens) for sequence in answer.sequences]
+            rates.append(sum(step.metrics["correct"] for step in steps) / len(steps))
+        return rates
+
+    return asyncio.run(score())
+
+
+def evaluate(served: Served, model: str, state_path: str | None, rank: int, score) -> tuple[list[float], float]:
+    """The held-out rates of a fresh adapter (state_path None) or of a saved state, in a session of
+    its own that ends before this returns: (rates, seconds)."""
+    start = time.monotonic()
+    ended = served.sessions_ended()
+    service = tinker.ServiceClient(base_url=served.base_url, api_key=API_KEY)
+    if state_path is None:
+        training = service.create_lora_training_client(base_model=model, rank=rank).result()
+    else:
+        training = service.create_training_client_from_state(state_path).result()
+    rates = score(training.save_weights_and_get_sampling_client().result())
+    service.close("success").result()
+    served.wait_sessions_ended(ended + 1)
+    return rates, time.monotonic() - start
+
+
+def paired(before: list[float], after: list[float]) -> dict:
+    """mean(after - before) over problems, its standard error, and how many SE it is."""
+    diffs = [a - b for a, b in zip(after, before)]
+    mean = statistics.fmean(diffs)
+    se = statistics.stdev(diffs) / len(diffs) ** 0.5
+    return {"rise": round(mean, 4), "se": round(se, 4), "rise_over_se": round(mean / se, 2) if se else None}
 
 
 def main() -> None:
@@ -116,32 +140,21 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=8, help="groups_per_batch")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--lr", type=float, default=3e-4)
-    parser.add_argument("--rank", type=int, default=16)
-    parser.add_argument("--alpha", type=float, default=32.0)
     parser.add_argument("--max-tokens", type=int, default=5, help="the recipe's default: an answer and its stop token")
-    parser.add_argument("--port", type=int, default=18931)
-    parser.add_argument(
-        "--set",
-        dest="settings",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a key of the served config, e.g. trainer.gradient_checkpointing=true (repeatable)",
-    )
-    args = parser.parse_args()
-    if not Path(args.model, "config.json").is_file():
-        raise SystemExit(f"{args.model}: no model folder; run `make smollm2` first")
+    parser.add_argument("--eval-problems", type=int, default=256, help="held-out sums scored before and after")
+    parser.add_argument("--eval-samples", type=int, default=8, help="answers sampled for each held-out sum")
+    parser.add_argument("--eval-seed", type=int, default=1_000_003, help="draws the held-out sums and their answers")
+    args = served_arguments(parser, port=18931)
 
-    folder = Path(tempfile.mkdtemp(prefix="tinker_cookbook_rl_"))
-    config = serve_config(folder, args.model, args.alpha, args.settings)
-    plan_rank, plan_all, dtype = planned(config, args.model, args.rank)
-    server = start_server(folder, args.port, config)
-    memory = PrivateMemory(server.pid)
-    command = [
-        sys.executable,
-        "-m",
-        "tinker_cookbook.recipes.math_rl.train",
-        f"base_url=http://127.0.0.1:{args.port}",
+    renderer = renderers.get_renderer(args.renderer, get_tokenizer(args.model))
+    sums = held_out(
+        args.eval_problems, args.eval_seed, trained_sums(renderer, args.steps, args.groups, args.group_size)
+    )
+
+    def score(sampler: tinker.SamplingClient) -> list[float]:
+        return correct_rates(sampler, renderer, sums, args.eval_samples, args.max_tokens, args.eval_seed)
+
+    options = [
         f"model_name={args.model}",
         f"renderer_name={args.renderer}",
         "env=arithmetic",
@@ -154,26 +167,21 @@ def main() -> None:
         f"max_tokens={args.max_tokens}",
         "eval_every=0",
         "save_every=0",
-        f"log_path={folder / 'run'}",
         "behavior_if_log_dir_exists=delete",
     ]
-    start = time.monotonic()
-    try:
-        done = subprocess.run(
-            command, env={**os.environ, "TINKER_API_KEY": "tml-dummy"}, cwd=folder, capture_output=True, text=True
-        )
-    finally:
-        memory.stop()
-        server.terminate()
-        server.wait(timeout=120)
-    wall = time.monotonic() - start
-    if done.returncode != 0:
-        raise SystemExit(f"the recipe failed (rc {done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
-    steps = [json.loads(line) for line in (folder / "run" / "metrics.jsonl").read_text().splitlines()]
-    steps = [s for s in steps if "env/all/reward/total" in s]
+    with serving("tinker_cookbook_rl_", args.port, {args.model: args.model}, args.alpha, args.settings) as served:
+        plan_rank, plan_all, dtype = planned(served.config, args.model, args.rank)
+        before, before_s = evaluate(served, args.model, None, args.rank, score)
+        ended = served.sessions_ended()
+        wall, logged = run_recipe(served, "tinker_cookbook.recipes.math_rl.train", options)
+        served.wait_sessions_ended(ended + 1)  # the recipe's own, whether it finished it or it timed out
+        after, after_s = evaluate(served, args.model, final_checkpoint(served)["state_path"], args.rank, score)
+        memory = served.memory_result()
+        server_log = served.server_lines()
+    steps = [s for s in logged if "env/all/reward/total" in s]
     reward = [round(s["env/all/reward/total"], 4) for s in steps]
     correct = [round(s["env/all/correct"], 4) for s in steps]
-    quarter = max(1, len(steps) // 4)
+    held = paired(before, after)
     result = {
         **provenance(),
         "model": args.model,
@@ -186,35 +194,41 @@ def main() -> None:
         "max_tokens": args.max_tokens,
         "reward": reward,
         "correct": correct,
-        "reward_first_quarter": round(sum(reward[:quarter]) / quarter, 4),
-        "reward_last_quarter": round(sum(reward[-quarter:]) / quarter, 4),
-        "correct_first_quarter": round(sum(correct[:quarter]) / quarter, 4),
-        "correct_last_quarter": round(sum(correct[-quarter:]) / quarter, 4),
+        "reward_quarters": quarters(reward),
+        "correct_quarters": quarters(correct),
+        "held_out": {
+            "problems": len(sums),
+            "samples_each": args.eval_samples,
+            "seed": args.eval_seed,
+            "before": round(statistics.fmean(before), 4),
+            "after": round(statistics.fmean(after), 4),
+            **held,
+            "before_s": round(before_s, 1),
+            "after_s": round(after_s, 1),
+        },
         "wall_s": round(wall, 1),
         "s_per_step": round(wall / max(1, len(steps)), 1),
-        "served_config": yaml.safe_load(config.read_text()),
+        "served_config": args.settings,
         "compute_dtype": dtype,
-        "rank_peak_private_gb": [round(b / 1e9, 3) for b in memory.rank_peaks()],
-        "server_peak_private_gb": round(memory.peaks.get(server.pid, 0) / 1e9, 3),
+        **memory,
         "plan_rank_gb": round(plan_rank / 1e9, 3),
         "plan_all_gb": round(plan_all / 1e9, 3),
-        "server_log": [
-            line for line in (folder / "server.log").read_text().splitlines() if line.startswith("rlvr serve:")
-        ],
+        "server_log": server_log,
     }
     rank_peak = max(result["rank_peak_private_gb"], default=0.0)
     result["plan_rank_over_measured"] = round(result["plan_rank_gb"] / rank_peak, 3) if rank_peak else None
     write_result(args.out, result)
+    c = result["correct_quarters"]
     append_line(
         f"tinker-cookbook math_rl env=arithmetic, unmodified, against `rlvr serve` ({Path(args.model).name} "
         f"{Path(args.model).parent.name}, {dtype}, LoRA r{args.rank}, renderer {args.renderer}, {args.groups}x{args.group_size} "
-        f"samples a step, lr {args.lr:g}): reward **{result['reward_first_quarter']:.3f} -> {result['reward_last_quarter']:.3f}** "
-        f"(first vs last quarter of {len(steps)} steps), accuracy {result['correct_first_quarter']:.3f} -> "
-        f"{result['correct_last_quarter']:.3f}; {wall:.0f} s ({result['s_per_step']} s a step); peak private memory: "
-        f"trainer rank{'s' * (len(result['rank_peak_private_gb']) > 1)} **{', '.join(f'{g:.2f}' for g in result['rank_peak_private_gb'])} GB** "
-        f"against the plan's {result['plan_rank_gb']:.2f} GB (plan / measured {result['plan_rank_over_measured']}), "
-        f"server process (controller and engine) {result['server_peak_private_gb']:.2f} GB; the plan's total "
-        f"{result['plan_all_gb']:.2f} GB",
+        f"samples a step, lr {args.lr:g}, {len(steps)} steps): held-out correct rate (paired, {len(sums)} sums x "
+        f"{args.eval_samples} samples) **{result['held_out']['before']:.3f} -> {result['held_out']['after']:.3f}, "
+        f"rise {held['rise']:+.3f} +- {held['se']:.3f} ({held['rise_over_se']} SE)**; the recipe's accuracy, first vs last "
+        f"quarter, {c['first_quarter']:.3f} -> {c['last_quarter']:.3f} ({c['rise_over_se']} SE over steps); {wall:.0f} s "
+        f"({result['s_per_step']} s a step); peak private memory: trainer rank"
+        f"{'s' * (len(result['rank_peak_private_gb']) > 1)} **{', '.join(f'{g:.2f}' for g in result['rank_peak_private_gb'])} GB** "
+        f"against the plan's {result['plan_rank_gb']:.2f} GB, server process {result['server_peak_private_gb']:.2f} GB",
         result,
     )
 
