@@ -11,7 +11,7 @@ one CPU machine, checked against the plan.
   `ParallelConfig` resolves to inside it.
 - Sharding: `rlvr.training.sharding_rehearsal.measure_ranks` shards the full model on meta at
   the config's world size; the first, a middle and the last rank's bytes go next to
-  `rlvr.planning.plan.rank_bytes`.
+  `rlvr.planning.rank_memory.rank_bytes`.
 
 ok needs one actor per engine replica, every engine's TP group in its one actor on one node with
 an executor that keeps the workers there, no GPU held twice (split), each HSDP replica's ranks on one node (where shard_ranks <= gpus_per_node), and
@@ -143,7 +143,7 @@ def rehearsed_ranks(world_size: int) -> list[int]:
 def compare_bytes(cfg: RunConfig) -> list[dict]:
     """For the rehearsed ranks: the plan's bytes and those measured on the sharded meta model."""
     from rlvr.planning.lora import with_engine_lora_targets
-    from rlvr.planning.plan import rank_bytes
+    from rlvr.planning.rank_memory import rank_bytes
     from rlvr.training.sharding_rehearsal import measure_ranks
 
     ranks = rehearsed_ranks(cfg.trainer.ranks)
