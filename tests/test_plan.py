@@ -13,7 +13,8 @@ import pytest
 
 from rlvr.config import load_config
 from rlvr.planning.architecture import GB, GiB, read_architecture
-from rlvr.planning.plan import PlanError, make_plan, rank_bytes
+from rlvr.planning.plan import PlanError, make_plan
+from rlvr.planning.rank_memory import rank_bytes
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SMALL = CONFIGS / "gsm8k_qwen2.5_0.5b_1gpu.yaml"
@@ -360,7 +361,7 @@ def test_moe_config_json_counts_match_transformers(tmp_path, arch_name):
 
 def _measured_rank_bytes(model, rank: int, shards: int, dtype_bytes: int) -> dict[str, float]:
     """A rank's bytes on the real module tree by FSDP2's rule (dim 0 split as torch.chunk splits it)."""
-    from rlvr.planning.plan import shard_rows
+    from rlvr.planning.rank_memory import shard_rows
     from rlvr.training.policy import decoder_blocks
 
     local = {False: 0.0, True: 0.0}
@@ -480,7 +481,7 @@ def test_a_cpu_rank_counts_its_logits_chunk_and_its_process():
     """On a CPU machine (the 0.5B of SMALL in float32) a rank's logits are read 280 scored tokens
     at a time (512 MB over 151,936 x (4 + 8) bytes a token), whatever the micro-batch; the
     budget sets the chunk. Its process counts too: on a CPU that is the rank's memory."""
-    from rlvr.planning.plan import CPU_RANK_PROCESS_BYTES
+    from rlvr.planning.rank_memory import CPU_RANK_PROCESS_BYTES
 
     def rank(*overrides):
         (memory,) = [d.memory for d in plan_of(SMALL, *CPU, *overrides).devices if d.trainer_rank is not None]

@@ -73,6 +73,34 @@ def test_measured_bytes_pass_within_two_percent_of_the_plan():
     assert rehearsed_ranks(28) == [0, 14, 27] and rehearsed_ranks(1) == [0]
 
 
+def test_a_megatron_run_is_rehearsed_with_its_planned_bytes_unmeasured():
+    """The meta-device model the rehearsal shards is FSDP2's: a Megatron run's rows carry Megatron's
+    plan, and the record says they were not measured rather than passing FSDP2's figures."""
+    from rlvr.config import load_config
+    from rlvr.orchestration.rehearsal import compare_bytes
+    from rlvr.planning.rank_memory import megatron_rank_bytes
+
+    seed = Path(__file__).parent.parent / "configs" / "aime_mistral_large3_nvfp4_ray.yaml"
+    cfg = load_config(
+        seed,
+        [
+            "trainer.backend=megatron",
+            "trainer.shard_ranks=null",
+            "trainer.routing_replay=false",
+            "trainer.megatron.tensor_parallel=4",
+            "trainer.megatron.expert_parallel=2",
+        ],
+    )
+    rows = compare_bytes(cfg)
+    assert [row["rank"] for row in rows] == [0, 4, 7]
+    assert all(row["planned"] == megatron_rank_bytes(cfg, row["rank"]) and row["measured"] is None for row in rows)
+    assert byte_failures(rows)[0] == (
+        "rank 0: bytes not measured: the rehearsal shards FSDP2's module tree, not trainer.backend megatron's"
+    )
+    report = {"actors": [], "ranks": rows, "ok": False, "failures": byte_failures(rows)}
+    assert summary_lines(report)[0] == "bytes of ranks 0, 4, 7: planned, not measured"
+
+
 SMALL = [
     "placement.nodes=2",
     "placement.gpus_per_node=2",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlvr.config import load_config
-from rlvr.planning.plan import rank_bytes
+from rlvr.planning.rank_memory import rank_bytes
 from rlvr.training.sharding_rehearsal import measure_ranks
 
 SEED = Path(__file__).parent.parent / "configs" / "aime_mistral_large3_nvfp4_ray.yaml"

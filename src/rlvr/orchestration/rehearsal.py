@@ -11,7 +11,8 @@ one CPU machine, checked against the plan.
   `ParallelConfig` resolves to inside it.
 - Sharding: `rlvr.training.sharding_rehearsal.measure_ranks` shards the full model on meta at
   the config's world size; the first, a middle and the last rank's bytes go next to
-  `rlvr.planning.plan.rank_bytes`.
+  `rlvr.planning.rank_memory.rank_bytes`. With trainer.backend megatron those ranks get
+  Megatron's planned bytes (`megatron_rank_bytes`) unmeasured, which the record says and fails on.
 
 ok needs one actor per engine replica, every engine's TP group in its one actor on one node with
 an executor that keeps the workers there, no GPU held twice (split), each HSDP replica's ranks on one node (where shard_ranks <= gpus_per_node), and
@@ -143,10 +144,12 @@ def rehearsed_ranks(world_size: int) -> list[int]:
 def compare_bytes(cfg: RunConfig) -> list[dict]:
     """For the rehearsed ranks: the plan's bytes and those measured on the sharded meta model."""
     from rlvr.planning.lora import with_engine_lora_targets
-    from rlvr.planning.plan import rank_bytes
+    from rlvr.planning.rank_memory import megatron_rank_bytes, rank_bytes
     from rlvr.training.sharding_rehearsal import measure_ranks
 
     ranks = rehearsed_ranks(cfg.trainer.ranks)
+    if cfg.trainer.backend == "megatron":  # the meta-device model is FSDP2's: Megatron's plan goes unmeasured
+        return [{"rank": rank, "planned": megatron_rank_bytes(cfg, rank), "measured": None} for rank in ranks]
     # the trainer's LoRA as the run resolves it (the plan counts it so): not kv_b_proj on MLA
     measured = measure_ranks(with_engine_lora_targets(cfg, log=lambda line: None), ranks)
     return [
@@ -157,6 +160,12 @@ def compare_bytes(cfg: RunConfig) -> list[dict]:
 def byte_failures(ranks: list[dict]) -> list[str]:
     failures = []
     for row in ranks:
+        if row["measured"] is None:
+            failures.append(
+                f"rank {row['rank']}: bytes not measured: the rehearsal shards FSDP2's module tree, not "
+                "trainer.backend megatron's"
+            )
+            continue
         for name, planned in row["planned"].items():
             measured = row["measured"].get(name)
             if measured is None:
@@ -192,7 +201,9 @@ def summary_lines(report: dict) -> list[str]:
             else f", rendezvous {group[0]['rendezvous']}"
         )
         lines.append(line)
-    if report["ranks"]:
+    if report["ranks"] and report["ranks"][0]["measured"] is None:
+        lines.append(f"bytes of ranks {', '.join(str(row['rank']) for row in report['ranks'])}: planned, not measured")
+    elif report["ranks"]:
         gaps = [
             (abs(row["measured"].get(name, 0) - planned) / planned if planned else 0.0, row["rank"], name)
             for row in report["ranks"]

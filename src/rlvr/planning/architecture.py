@@ -1,5 +1,5 @@
 """A decoder's sizes (dense or MoE, GQA or MLA, float or NVFP4), read from a checkpoint's
-config.json or the config's `model.estimate`, and its parameters as FSDP2 shards them.
+config.json or the config's `model.estimate`, and its parameters as the trainer holds them.
 
     arch = read_architecture(cfg)
     arch.params, arch.active_params, arch.weight_bytes(dtype_bytes)
@@ -7,7 +7,8 @@ config.json or the config's `model.estimate`, and its parameters as FSDP2 shards
 
 `units` lists the tensors the trainer's module tree holds, grouped as FSDP2 wraps them (a
 dense block, an MoE block, the root), each as the rows FSDP2 splits (dim 0) and the bytes of
-one row, so a rank's share follows torch.chunk's rule exactly (rlvr.planning.plan):
+one row, so a rank's share follows torch.chunk's rule exactly (rlvr.planning.rank_memory), and
+each tagged with how Megatron's layout splits it (rlvr.planning.params):
 - an NVFP4 Linear (rlvr.quant.linear) stores `weight_packed` uint8 [out, in/2] and
   `weight_scale` FP8 [out, in/16]: out rows of in x 9/16 bytes (the two tensors have the same
   rows, so they shard alike); its global scales are one-float buffers, replicated, not listed;
@@ -38,6 +39,7 @@ from pathlib import Path
 from rlvr.config import LoraConfig, RunConfig
 from rlvr.engines.lora_targets import engine_lora_targets
 from rlvr.hardware import ComputeDtype, compute_dtype, local_device
+from rlvr.planning.params import LINEAR_SPLIT, ParamShape, Unit
 from rlvr.training.logits_memory import working_bytes
 
 GB = 1e9
@@ -59,46 +61,6 @@ def compute_bytes(cfg: RunConfig) -> int:
 
 class NoArchitecture(ValueError):
     """Nothing to estimate memory from: no config.json, no model.estimate, or an unknown layout."""
-
-
-@dataclass(frozen=True)
-class ParamShape:
-    """One parameter as FSDP2 shards it: `rows` along dim 0, each of `row_elements` values of
-    `element_bytes` bytes (9/16 for an NVFP4 weight: its packed values and FP8 scales)."""
-
-    rows: int
-    row_elements: int
-    element_bytes: float
-    trainable: bool = False
-
-    @property
-    def numel(self) -> int:
-        return self.rows * self.row_elements
-
-    @property
-    def bytes(self) -> float:
-        return self.numel * self.element_bytes
-
-    def gathered_bytes(self, dtype_bytes: int) -> float:
-        """Unsharded, as FSDP2 all-gathers it: trainable tensors cast to the model's dtype (the
-        MixedPrecisionPolicy's param_dtype: LoRA's float32 travels as bf16), frozen ones as stored."""
-        return self.numel * (dtype_bytes if self.trainable else self.element_bytes)
-
-
-@dataclass(frozen=True)
-class Unit:
-    """Parameters FSDP2 gathers together: a decoder block (`count` alike) or the root."""
-
-    name: str
-    count: int
-    params: tuple[ParamShape, ...]
-
-    @property
-    def is_block(self) -> bool:
-        return self.name != "root"
-
-    def gathered_bytes(self, dtype_bytes: int) -> float:
-        return sum(p.gathered_bytes(dtype_bytes) for p in self.params)
 
 
 @dataclass(frozen=True)
@@ -260,11 +222,14 @@ class Architecture:
             adapted = engine_lora_targets(lora.target_modules, named, uses_mla=self.mla is not None)[0] if lora else ()
             shapes = []
             for name, (inputs, outputs) in named.items():
-                shapes.append(ParamShape(outputs, inputs, weight, full))
+                # Megatron splits a LoRA pair as its base: B's rows under a column-parallel output, A's inputs under a row-parallel input
+                column = "rows" if LINEAR_SPLIT[name] == "column" else None
+                row = "row_elements" if LINEAR_SPLIT[name] == "row" else None
+                shapes.append(ParamShape(outputs, inputs, weight, full, column or row))
                 if name in adapted:
                     shapes += [
-                        ParamShape(lora.rank, inputs, LORA_DTYPE_BYTES, True),
-                        ParamShape(outputs, lora.rank, LORA_DTYPE_BYTES, True),
+                        ParamShape(lora.rank, inputs, LORA_DTYPE_BYTES, True, row),
+                        ParamShape(outputs, lora.rank, LORA_DTYPE_BYTES, True, column),
                     ]
             return shapes
 
@@ -278,8 +243,10 @@ class Architecture:
             e, h = self.experts, self.hidden
             moe = [
                 ParamShape(e.count, h, b, full),  # the router's gate
-                ParamShape(e.count, 2 * e.width * h, weight, full),  # gate and up fused: [E, 2 x width, hidden]
-                ParamShape(e.count, h * e.width, weight, full),
+                ParamShape(
+                    e.count, 2 * e.width * h, weight, full, "row_elements", True
+                ),  # gate/up: [E, 2 x width, hidden]
+                ParamShape(e.count, h * e.width, weight, full, "row_elements", True),
             ]  # down: [E, hidden, width]
             if e.shared_width:
                 moe += linears(self.mlp_linears(e.shared_width))
@@ -292,8 +259,10 @@ class Architecture:
                     ParamShape(h, pairs, b, True),
                 ]
             units.append(Unit("MoE block", self.moe_layers, tuple(attention + moe)))
-        head = [] if self.tie_word_embeddings else [ParamShape(self.vocab_size, self.hidden, b, full)]
-        units.append(Unit("root", 1, (ParamShape(self.vocab_size, self.hidden, b, full), *vectors(self.hidden), *head)))
+        vocab = [ParamShape(self.vocab_size, self.hidden, b, full, "rows", stage=s) for s in ("first", "last")]
+        norm = ParamShape(self.hidden, 1, b, full, stage="last")
+        head = [] if self.tie_word_embeddings else [vocab[1]]
+        units.append(Unit("root", 1, (vocab[0], norm, *head)))
         return units
 
     def adapter_params(self, lora: LoraConfig) -> int:
@@ -327,13 +296,22 @@ class Architecture:
         moe = e.top_k * e.width + e.shared_width if e else 0
         return max(moe, self.intermediate_size if self.num_layers > self.moe_layers else 0)
 
-    def activation_bytes(self, tokens: int, dtype_bytes: int, checkpointing: bool) -> float:
-        """What the decoder blocks keep for backward over `tokens` tokens (rlvr.planning.plan)."""
-        per_token_layer = dtype_bytes * (
-            6 * self.hidden + 3 * self.q_width + 3 * self.kv_width + 4 * self.active_mlp_width
-        )
+    def activation_bytes(
+        self,
+        tokens: int,
+        dtype_bytes: int,
+        checkpointing: bool,
+        tensor_parallel: int = 1,
+        sequence_parallel: bool = False,
+    ) -> float:
+        """What the decoder blocks keep for backward over `tokens` tokens (rlvr.planning.plan). Megatron's
+        tensor parallel splits the attention's and MLP's inner values over its ranks; its sequence
+        parallel the hidden-size ones too (the norms' values, the block inputs a recompute keeps)."""
+        hidden_split = tensor_parallel if sequence_parallel else 1
+        inner = 3 * self.q_width + 3 * self.kv_width + 4 * self.active_mlp_width
+        per_token_layer = dtype_bytes * (6 * self.hidden / hidden_split + inner / tensor_parallel)
         if checkpointing:
-            return tokens * self.num_layers * self.hidden * dtype_bytes + tokens * per_token_layer
+            return tokens * self.num_layers * self.hidden * dtype_bytes / hidden_split + tokens * per_token_layer
         return tokens * self.num_layers * per_token_layer
 
     def logits_bytes(self, tokens: int, dtype_bytes: int, chunk_mb: float) -> float:

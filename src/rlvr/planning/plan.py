@@ -5,7 +5,7 @@ each phase of a step takes at best: `rlvr train CFG --dry-run`.
     plan.devices                   # per GPU (or CPU process): what runs there, bytes by component
     plan.host                      # per node: host bytes while loading
     plan.step                      # seconds per phase (with placement.gpu; on CPU at measured rates)
-    rank_bytes(cfg, rank)          # a trainer rank's bytes as FSDP2 shards the module tree
+    plan.fsdp2_rank                # trainer.backend megatron: what an FSDP2 rank would hold instead
 
 Placement: rlvr.planning.placement's layout (the Ray backend reserves the same), a device per
 GPU it uses; with no GPUs (gpus_per_node: 0) one process for the controller and the engines, one
@@ -22,19 +22,18 @@ width, Hq/Hkv query/key-value widths (heads x head_dim), V vocabulary, b bytes o
   says how many tokens it holds: GQA stores 2 x L x Hkv / TP values per token, MLA
   L x (kv_lora_rank + qk_rope_head_dim) on every GPU of the group (the latent serves all heads).
 - LoRA slot: the adapter at b / TP (the engine serves one adapter at a time).
-- a trainer rank (`rank_bytes`): FSDP2 (`fully_shard`) splits every parameter along dim 0
-  over the shard group (trainer.shard_ranks ranks, all of them by default; with HSDP each
-  replica holds a whole copy) as torch.chunk does: c = ceil(rows / shards) rows each, shard
-  s holding max(0, min(c, rows - s x c)) (rank r is shard r % shard_ranks: ranks are laid out
-  replica by replica). The tensors are those of rlvr.planning.architecture's `units`.
+- a trainer rank (rlvr.planning.rank_memory, the tensors of rlvr.planning.architecture's `units`):
   base shard: its frozen tensors; trainable: its trainable ones x 2 (value, gradient);
-  optimizer: AdamW's exp_avg and exp_avg_sq, 2 x its trainable bytes; gathered: two decoder
-  blocks unsharded (the one FSDP2 runs and the one it prefetches; an upper bound, since each
-  packed layer is a unit of its own, gathered while it runs), the largest. Shard 0 holds a
-  full chunk of every tensor, so the table shows rank 0, the worst; FSDP2 pads every rank's
-  parameter storage to a full chunk anyway.
-- root gathered: embeddings, final norm and lm_head unsharded: FSDP2 does not reshard its
-  root after forward (backward needs it at once).
+  optimizer: AdamW's exp_avg and exp_avg_sq, 2 x its trainable bytes. FSDP2 (`rank_bytes`)
+  holds dim-0 chunks of every tensor over the shard group; gathered: two decoder blocks
+  unsharded (the one FSDP2 runs and the one it prefetches; an upper bound, since each packed
+  layer is a unit of its own, gathered while it runs), the largest. Shard 0 holds a full chunk
+  of every tensor, so every rank shows rank 0's, the worst; FSDP2 pads every rank's parameter
+  storage to a full chunk anyway. root gathered: embeddings, final norm and lm_head
+  unsharded: FSDP2 does not reshard its root after forward (backward needs it at once).
+  Megatron (`megatron_rank_bytes`, trainer.backend megatron) holds its tensor-, expert- and
+  pipeline-parallel part whole, each rank its own (pipeline stages differ), nothing gathered;
+  the plan also keeps FSDP2's rank 0 (plan.fsdp2_rank) to print beside it.
 - activations, one micro-batch of T = trainer.micro_batch_tokens tokens, flash attention (no
   T x T matrix). Saved per token and layer: b * (6H + 3Hq + 3Hkv + 4I) (each RMSNorm's input,
   normalized value and output, q/k/v before and after RoPE, attention output, MLP
@@ -42,7 +41,9 @@ width, Hq/Hkv query/key-value widths (heads x head_dim), V vocabulary, b bytes o
   on CPU: 27.4k values a token and layer, this 27.9k);
   for an MoE, I = top_k x expert width + shared width (the experts a token passes through).
   Without gradient checkpointing T * L times that; with it T * L * H * b (block inputs) plus
-  one block's worth recomputed.
+  one block's worth recomputed. Megatron's tensor parallel TP divides the 3Hq + 3Hkv + 4I
+  part, its sequence parallel the H parts too; pipeline stages change nothing (the first stage
+  of a 1F1B schedule holds PP micro-batches of L / PP layers).
 - logits: the LM head's working set, one chunk of C = trainer.logits_chunk_mb / (V x (b + 8))
   scored tokens at a time (fewer if the micro-batch scores fewer): C x V x (b + 8), the
   logits and the two float32 copies they are read with (rlvr.training.logits_memory), in
@@ -94,38 +95,9 @@ from rlvr.planning.architecture import (
 )
 from rlvr.planning.cpu_split import CpuSplit, cpu_split
 from rlvr.planning.placement import Layout, PlanError, plan_layout
+from rlvr.planning.rank_memory import megatron_misfit, megatron_rank_bytes, rank_bytes, trainer_memory
 from rlvr.planning.step_time import StepTime, step_time
 from rlvr.rollout.prompts import context_length
-
-# A CPU trainer rank's private memory before it builds its policy: the interpreter, torch,
-# transformers and peft imported, its gloo group up (measured: 0.33 GB, torch 2.13, transformers 5.19)
-CPU_RANK_PROCESS_BYTES = 0.33 * GB
-
-
-def shard_rows(rows: int, shards: int, index: int) -> int:
-    """Rows of a `rows`-row tensor on shard `index` of `shards`, as FSDP2 splits dim 0 (torch.chunk)."""
-    chunk = -(-rows // shards)
-    return max(0, min(chunk, rows - index * chunk))
-
-
-def rank_bytes(cfg: RunConfig, rank: int, arch: Architecture | None = None) -> dict[str, float]:
-    """Trainer rank `rank`'s bytes on its device between steps, by FSDP2's chunk rule (see the
-    module doc-string): base_shard, gathered, trainable, optimizer."""
-    arch = arch or read_architecture(cfg)
-    trainer, b = cfg.trainer, compute_bytes(cfg)
-    shards = trainer.shard_ranks or trainer.ranks
-    local = {False: 0.0, True: 0.0}  # by trainable
-    for unit in arch.units(b, trainer.lora):
-        for param in unit.params:
-            rows = shard_rows(param.rows, shards, rank % shards)
-            local[param.trainable] += unit.count * rows * param.row_elements * param.element_bytes
-    return {
-        "base_shard": local[False],
-        "gathered": 2 * arch.block_bytes(b, trainer.lora),
-        "trainable": 2 * local[True],
-        "optimizer": 2 * local[True],
-    }
-
 
 # ------------------------------------------------------------------------- the plan
 
@@ -163,6 +135,8 @@ class Plan:
     host: dict[int, float] = field(default_factory=dict)  # node -> host bytes while loading
     step: StepTime | None = None  # with placement.gpu, or on CPU at measured rates
     cores: CpuSplit | None = None  # no GPUs: this machine's cores for the controller and each rank
+    trainer_backend: str = "fsdp2"
+    fsdp2_rank: dict[str, float] = field(default_factory=dict)  # FSDP2's rank 0 by component, to set beside Megatron's
 
 
 def make_plan(cfg: RunConfig, cpu_rates: Callable[[int], CpuRates] | None = None) -> Plan:
@@ -186,13 +160,17 @@ def make_plan(cfg: RunConfig, cpu_rates: Callable[[int], CpuRates] | None = None
     except NoArchitecture as missing:
         arch, unknown = None, str(missing)
     host: dict[int, float] = {}
+    fsdp2: dict[str, float] = {}
     timed: StepTime | None = None
     if arch is not None:
         if arch.num_heads % tp:
             raise PlanError(
                 f"engine.tensor_parallel_size={tp} does not divide the model's {arch.num_heads} attention heads"
             )
-        host = _estimate(cfg, arch, devices, notes)
+        misfit = megatron_misfit(arch, cfg.trainer.megatron) if cfg.trainer.backend == "megatron" else None
+        if misfit:
+            raise PlanError(misfit)
+        host, fsdp2 = _estimate(cfg, arch, devices, notes)
         if p.gpu and p.gpus_per_node:
             timed = step_time(cfg, arch)
         elif not p.gpus_per_node and cpu_rates is not None:
@@ -218,6 +196,8 @@ def make_plan(cfg: RunConfig, cpu_rates: Callable[[int], CpuRates] | None = None
         notes=notes,
         host=host,
         step=timed,
+        trainer_backend=cfg.trainer.backend,
+        fsdp2_rank=fsdp2,
         cores=None if p.gpus_per_node else cpu_split(cfg, allowed_cores()),
     )
     _check_fit(cfg, plan)  # nothing to check without an architecture: no device holds bytes
@@ -270,8 +250,11 @@ def _devices(layout: Layout) -> list[Device]:
     return [devices[place] for place in sorted(devices)]
 
 
-def _estimate(cfg: RunConfig, arch: Architecture, devices: list[Device], notes: list[str]) -> dict[int, float]:
-    """Fill each device's memory; return each node's host bytes while loading (GPU placements)."""
+def _estimate(
+    cfg: RunConfig, arch: Architecture, devices: list[Device], notes: list[str]
+) -> tuple[dict[int, float], dict[str, float]]:
+    """Fill each device's memory; return each node's host bytes while loading (GPU placements) and
+    what an FSDP2 rank would hold (the trainer's memory beside Megatron's)."""
     b = compute_bytes(cfg)
     tp, lora = cfg.engine.tensor_parallel_size, cfg.trainer.lora
     base = arch.weight_bytes(b)
@@ -283,33 +266,52 @@ def _estimate(cfg: RunConfig, arch: Architecture, devices: list[Device], notes: 
         engine = {"engine weights": arch.weight_bytes(b, nvfp4=False)}
         notes.append("engine.backend hf: its KV cache grows with the batch and is not estimated")
     _note_encoders(cfg, notes)
-    shard = rank_bytes(cfg, 0, arch)  # shard 0 holds the most (see the module doc-string)
-    root = next(u for u in arch.units(b, lora) if not u.is_block)
-    trainer = {
-        "base shard": shard["base_shard"],
-        "gathered": shard["gathered"],
-        "root gathered": root.gathered_bytes(b),
-        "trainable": shard["trainable"],
-        "optimizer": shard["optimizer"],
-        "activations": arch.activation_bytes(cfg.trainer.micro_batch_tokens, b, cfg.trainer.gradient_checkpointing),
-        "logits": arch.logits_bytes(cfg.trainer.micro_batch_tokens, b, cfg.trainer.logits_chunk_mb),
-    }
-    if not cfg.placement.gpus_per_node:  # a CPU rank's memory is its process's
-        trainer["rank process"] = CPU_RANK_PROCESS_BYTES
-    if arch.experts:
+    fsdp2 = trainer_memory(cfg, arch, rank_bytes(cfg, 0, arch))  # shard 0 holds the most (see the module doc-string)
+    trainer = [fsdp2] * cfg.trainer.ranks
+    if cfg.trainer.backend == "megatron":
+        layout = cfg.trainer.megatron
+        trainer = [trainer_memory(cfg, arch, megatron_rank_bytes(cfg, r, arch), layout) for r in range(len(trainer))]
+        _note_megatron(cfg, arch, notes)
+    elif arch.experts:
         _note_experts(cfg, arch, notes)
     host: dict[int, float] = {}
     for device in devices:
+        rank = trainer[device.trainer_rank] if device.trainer_rank is not None else {}
         if device.engine_rank is not None:
             device.memory |= {k: v for k, v in engine.items() if v}
-        if device.trainer_rank is not None:
-            device.memory |= {k: v for k, v in trainer.items() if v}
+        device.memory |= {k: v for k, v in rank.items() if v}
         if cfg.placement.gpus_per_node:
             loading = (engine["engine weights"] if device.engine_rank is not None else 0.0) + (
-                shard["base_shard"] + arch.block_bytes(b) if device.trainer_rank is not None else 0.0
+                rank["base shard"] + arch.block_bytes(b) if rank else 0.0
             )
             host[device.node] = host.get(device.node, 0.0) + loading
-    return host
+    return host, fsdp2
+
+
+def _note_megatron(cfg: RunConfig, arch: Architecture, notes: list[str]) -> None:
+    m, ranks = cfg.trainer.megatron, cfg.trainer.ranks
+    if arch.experts:
+        notes.append(
+            f"trainer MoE: Megatron's expert parallel {m.expert_parallel}: {arch.experts.count // m.expert_parallel} of "
+            f"{arch.experts.count} routed experts per rank and layer, each split {m.tensor_parallel} ways by tensor "
+            f"parallel; held whole, never gathered"
+        )
+    if m.pipeline_parallel > 1:
+        notes.append(
+            f"pipeline: {m.pipeline_parallel} stages of {arch.num_layers // m.pipeline_parallel} layers (ranks "
+            f"{ranks // m.pipeline_parallel} apart); activations counted for all {arch.num_layers} layers, as the first "
+            f"stage of a 1F1B schedule holds {m.pipeline_parallel} micro-batches in flight"
+        )
+    missing = [what for what, there in (("MLA", arch.mla), ("MoE", arch.experts), ("NVFP4", arch.nvfp4)) if there]
+    if missing:
+        notes.append(
+            f"trainer.backend megatron: its rank converts dense float HF folders only today ({', '.join(missing)} not "
+            f"built); this is the layout megatron-core would hold, the base counted as stored"
+        )
+    if cfg.trainer.gradient_checkpointing:
+        notes.append(
+            "gradient checkpointing counted as megatron-core's full recompute, which the Megatron rank does not set yet"
+        )
 
 
 def _note_experts(cfg: RunConfig, arch: Architecture, notes: list[str]) -> None:

@@ -32,6 +32,13 @@ def print_plan(plan: Plan, cfg: RunConfig, console) -> None:
     tuned = f"LoRA rank {lora.rank}" if lora else "full fine-tuning"
     shards = cfg.trainer.shard_ranks or plan.fsdp_world
     mesh = f"HSDP, {plan.fsdp_world // shards} replicas x {shards} shards" if shards < plan.fsdp_world else "FSDP2"
+    if plan.trainer_backend == "megatron":
+        m = cfg.trainer.megatron
+        replicas = plan.fsdp_world // (m.tensor_parallel * m.pipeline_parallel)
+        mesh = (
+            f"Megatron: tensor parallel {m.tensor_parallel}, expert parallel {m.expert_parallel}, pipeline "
+            f"{m.pipeline_parallel}{', sequence parallel' * m.sequence_parallel}, {replicas} data-parallel replica{'s' * (replicas > 1)}"
+        )
     engines = f"{plan.engine_replicas} replicas x " if plan.engine_replicas > 1 else ""
     say(
         f"engine: {cfg.engine.backend}, {engines}tensor parallel {plan.engine_tp}; trainer: world size {plan.fsdp_world} ({mesh}), {tuned}"
@@ -68,6 +75,12 @@ def print_plan(plan: Plan, cfg: RunConfig, console) -> None:
     if components:
         table.add_row("total", *(_gb(g[0].total) for g in groups), style="bold")
     console.print(table)
+    if plan.trainer_backend == "megatron" and plan.fsdp2_rank:
+        parts = ", ".join(f"{name} {size / GB:.2f}" for name, size in plan.fsdp2_rank.items() if size)
+        say(
+            f"FSDP2 instead (trainer.backend=fsdp2, sharded over all {plan.fsdp_world} ranks): each trainer rank "
+            f"{sum(plan.fsdp2_rank.values()) / GB:.2f} GB ({parts})"
+        )
     for note in plan.notes:
         say(note)
     if arch is not None:
@@ -131,6 +144,11 @@ def _print_step(plan: Plan, cfg: RunConfig, say) -> None:
         f"bound; rlvr.planning.step_time): generate {t.generate:,.0f} s ({t.engines} engine{'s' * (t.engines > 1)} of "
         f"TP {plan.engine_tp}: {t.decoded_at_once} sequences at once{' each' * (t.engines > 1)}, {t.waves} waves), train {t.train:,.0f} s (compute {t.train_compute:,.0f} s, "
         f"FSDP2 communication {t.train_communication:,.0f} s), sync {t.sync:.1f} s"
+        + (
+            " (trainer.backend megatron: its tensor- and expert-parallel collectives are not timed; FSDP2's stand in)"
+            if plan.trainer_backend == "megatron"
+            else ""
+        )
     )
     busy = t.train + t.sync
     ratio = t.generate / busy
@@ -189,7 +207,9 @@ def _moved(plan: Plan, cfg: RunConfig, engines: int) -> str:
     """What the step would take with `engines` engines more (+1) or fewer (-1), their GPUs taken
     from or given to the trainer ranks (a split run generating ahead); empty where impossible."""
     replicas, ranks = plan.engine_replicas + engines, plan.fsdp_world - engines * plan.engine_tp
-    if replicas < 1 or ranks < (cfg.trainer.shard_ranks or 1):
+    m = cfg.trainer.megatron
+    layout = m.tensor_parallel * m.expert_parallel * m.pipeline_parallel if plan.trainer_backend == "megatron" else 1
+    if replicas < 1 or ranks < (cfg.trainer.shard_ranks or 1) or ranks % layout:
         return ""
     moved = cfg.model_copy(
         update={
