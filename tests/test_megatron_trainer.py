@@ -11,7 +11,7 @@ from _floats import assert_close_scaled
 from engine_fixtures import random_train_batch, rank_spec
 from megatron_fixtures import dense_folder
 
-from rlvr.training.trainer import Trainer
+from rlvr.training.trainer import Trainer, TrainerError
 
 LORA = dict(rank=4, alpha=8.0, dropout=0.0, target_modules="all-linear")
 LAYOUTS = {"fsdp2": {}, "megatron tp2": {"tensor_parallel": 2}, "megatron dp2": {"tensor_parallel": 1}}
@@ -58,3 +58,15 @@ def test_megatron_trains_like_fsdp2(tmp_path):
         again = resumed.train_step(batch)
     for key in ("loss", "grad_norm", "lr"):
         assert again[key] == pytest.approx(after[key], rel=1e-6), key
+
+
+@pytest.mark.slow
+def test_megatron_refuses_recompute_it_does_not_do(tmp_path):
+    """gradient_checkpointing is planned for a Megatron layout, but its rank does not recompute yet:
+    the run stops at start, saying so, rather than holding every block's activations unasked."""
+    model = dense_folder(tmp_path / "qwen2", "qwen2")
+    spec = rank_spec(model, lora=LORA, ranks=1, backend="megatron", gradient_checkpointing=True)
+    trainer = Trainer(spec)
+    with pytest.raises(TrainerError, match="does not recompute blocks yet"):
+        trainer.wait_started()
+    trainer.close()

@@ -578,8 +578,13 @@ def test_every_call_needs_a_key_a_tenant_holds(server, training):
     with pytest.raises(tinker.AuthenticationError):
         service = tinker.ServiceClient(base_url=url, api_key="tml-nobody-holds-this")
         service.create_lora_training_client(base_model=server[1], rank=4).result()
+    assert _http(url, "client/dynamic_config", {}) == (
+        200,
+        {"refresh_interval_sec": 300, "sample_cancel_enabled": False},
+    )
     log = server[3].read_text()
     assert ALICE not in log and BOB not in log
+    assert "no such route" not in log  # every route the SDK called so far exists
     # the terminal holds the server's own lines; vLLM's, transformers' and the ranks' go to log_file
     assert all(line.startswith("rlvr serve: ") for line in log.splitlines()), log[-2000:]
     libraries = (server[3].parent / "libraries.log").read_text()

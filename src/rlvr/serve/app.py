@@ -74,6 +74,12 @@ def client_config(server: TinkerServer, tenant: Tenant) -> dict:
     return {"pjwt_auth_enabled": False}  # the SDK then sends its API key on every call
 
 
+def dynamic_config(server: TinkerServer, tenant: Tenant) -> dict:
+    # the SDK re-reads this every refresh_interval_sec; a sampling call is not cancelled from the
+    # client (its future expires with its session instead)
+    return {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
+
+
 def telemetry(server: TinkerServer, tenant: Tenant, body: bytes) -> dict:
     return {"status": "accepted"}  # the SDK's own error reports: not kept
 
@@ -243,6 +249,7 @@ class Route:
 
 ROUTES = (
     Route("POST", "client/config", client_config),
+    Route("POST", "client/dynamic_config", dynamic_config),
     Route("POST", "telemetry", telemetry, bytes),
     Route("GET", "get_server_capabilities", capabilities),
     Route("POST", "create_session", create_session, types.CreateSessionRequest),

@@ -53,6 +53,10 @@ class MegatronRank(Rank):
         config = spec.trainer
         if config.lora is None:
             raise ValueError("trainer.backend=megatron trains a LoRA adapter: set trainer.lora")
+        if config.gradient_checkpointing:  # the plan may still count it: a GPU layout is planned with it
+            raise ValueError(
+                "trainer.gradient_checkpointing: the Megatron rank does not recompute blocks yet; set it false"
+            )
         compute = compute_dtype(spec.model.dtype, self.device.type).torch
         start_model_parallel(config.megatron, use_cuda)
         # PEFT's factors for this seed, drawn as an FSDP2 rank draws them, on a base never read
