@@ -17,6 +17,7 @@ A new adapter starts from the state the rank had at the first `use`, when nothin
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +36,9 @@ class AdapterState:
 
 
 class AdapterSlots:
-    def __init__(self, params: list[torch.Tensor], optimizer: torch.optim.Optimizer, scheduler, device: torch.device):
+    def __init__(
+        self, params: Sequence[torch.Tensor], optimizer: torch.optim.Optimizer, scheduler, device: torch.device
+    ):
         self.params, self.optimizer, self.scheduler, self.device = params, optimizer, scheduler, device
         self.active: str | None = None
         self._fresh: AdapterState | None = None  # what a new adapter starts from

@@ -94,16 +94,6 @@ class RankStarted:
     packed_attention: bool  # False where the model has no AttentionInterface: transformers' own, no shared prompts
 
 
-def adamw(params: list[torch.Tensor], config: TrainerConfig, total_steps: int):
-    """The trainable tensors' AdamW and its learning-rate schedule."""
-    # foreach: one op over all (DTensor) parameters instead of a Python loop over them, which
-    # torch picks for CPU tensors by default: 3.8 vs 11 ms a step on a demo rank, same values
-    optimizer = torch.optim.AdamW(
-        params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay, foreach=True
-    )
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_factor, config, total_steps))
-
-
 class Rank:
     def __init__(self, rank: int, world_size: int, spec: RankSpec, use_cuda: bool):
         from torch.distributed.device_mesh import init_device_mesh
@@ -152,10 +142,23 @@ class Rank:
         self.trainable = [(n, p) for n, p in self.policy.named_parameters() if p.requires_grad]
         self.trainable_params = sum(_numel(p) for _, p in self.trainable)
         self.total_params = sum(_numel(p) for p in self.policy.parameters())
-        self.optimizer, self.scheduler = adamw([p for _, p in self.trainable], config, spec.total_steps)
-        self.adapters = AdapterSlots([p for _, p in self.trainable], self.optimizer, self.scheduler, self.device)
+        self._start_optimizer()
         # FSDP2 averages gradients over the ranks: this factor on each rank's loss makes that their sum
         self.loss_scale = world_size
+
+    def _start_optimizer(self) -> None:
+        """AdamW over the trainable tensors, its learning-rate schedule, and the adapter slots that
+        park both per adapter (every backend's rank calls this once its trainable tensors exist)."""
+        config, params = self.spec.trainer, [p for _, p in self.trainable]
+        # foreach: one op over all (DTensor) parameters instead of a Python loop over them, which
+        # torch picks for CPU tensors by default: 3.8 vs 11 ms a step on a demo rank, same values
+        self.optimizer = torch.optim.AdamW(
+            params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay, foreach=True
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, partial(lr_factor, config, self.spec.total_steps)
+        )
+        self.adapters = AdapterSlots(params, self.optimizer, self.scheduler, self.device)
 
     def info(self) -> RankStarted:
         """What the controller learns once, when the rank is up."""

@@ -18,7 +18,6 @@ from megatron.core import parallel_state
 
 from rlvr.hardware import compute_dtype
 from rlvr.quant.skeleton import Skeleton
-from rlvr.training.adapter_slots import AdapterSlots
 from rlvr.training.commands import (
     Adapter,
     Command,
@@ -40,7 +39,7 @@ from rlvr.training.policy import apply_lora
 from rlvr.training.rank_routing import RankRouting
 from rlvr.training.rank_weights import lora_config, public_name
 from rlvr.training.report import ForwardBackwardReport, TrainReport
-from rlvr.training.worker import Rank, RankSpec, adamw
+from rlvr.training.worker import Rank, RankSpec
 
 
 class MegatronRank(Rank):
@@ -79,8 +78,7 @@ class MegatronRank(Rank):
         self.trainable = [(n, p) for n, p in self.policy.named_parameters() if p.requires_grad]
         self.trainable_params = _global_numel(p for _, p in self.trainable)
         self.total_params = _global_numel(self.policy.parameters())
-        self.optimizer, self.scheduler = adamw([p for _, p in self.trainable], config, spec.total_steps)
-        self.adapters = AdapterSlots([p for _, p in self.trainable], self.optimizer, self.scheduler, self.device)
+        self._start_optimizer()
         self.loss_scale = 1  # gradients are summed over the replicas (_clip_gradients)
         self.tensor_group = parallel_state.get_tensor_model_parallel_group()
         self.first_in_group = parallel_state.get_tensor_model_parallel_rank() == 0
