@@ -4,8 +4,6 @@ interface. Each backend reads the options of `EngineConfig` that mean something 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from rlvr.config import EngineConfig, ModelConfig
 from rlvr.engines.base import Engine, cpu_threads
 
@@ -73,8 +71,7 @@ def served_model_path(model_path: str, native_nvfp4: bool = True) -> str:
     import torch
 
     from rlvr.models.folder import config_file, read_model_folder
-    from rlvr.models.mistral_layout import WEIGHTS_FILE
-    from rlvr.quant.checkpoint import write_dequantized_checkpoint
+    from rlvr.quant.checkpoint import dequantized_view
     from rlvr.quant.formats import is_quantized_checkpoint, quantized_format
 
     if not config_file(model_path).is_file():
@@ -84,11 +81,7 @@ def served_model_path(model_path: str, native_nvfp4: bool = True) -> str:
         return model_path
     if native_nvfp4 and torch.cuda.is_available() and quantized_format(folder) == "nvfp4":
         return model_path
-    layout = "mistral" if native_nvfp4 and folder.mistral else "hf"
-    view = Path(str(model_path).rstrip("/") + (".dequantized" if layout == "hf" else ".dequantized-mistral"))
-    if not (view / (WEIGHTS_FILE if layout == "mistral" else "model.safetensors")).is_file():  # written last
-        write_dequantized_checkpoint(folder, view, layout=layout)
-    return str(view)
+    return str(dequantized_view(folder, layout="mistral" if native_nvfp4 and folder.mistral else "hf"))
 
 
 __all__ = ["Engine", "cpu_threads", "make_engine", "served_model_path"]

@@ -11,8 +11,11 @@ one CPU machine, checked against the plan.
   `ParallelConfig` resolves to inside it.
 - Sharding: `rlvr.training.sharding_rehearsal.measure_ranks` shards the full model on meta at
   the config's world size; the first, a middle and the last rank's bytes go next to
-  `rlvr.planning.rank_memory.rank_bytes`. With trainer.backend megatron those ranks get
-  Megatron's planned bytes (`megatron_rank_bytes`) unmeasured, which the record says and fails on.
+  `rlvr.planning.rank_memory.rank_bytes`. With trainer.backend megatron,
+  `rlvr.training.megatron.rehearsal.measure_megatron_ranks` builds those ranks' part of
+  megatron-core's model on meta under the config's layout, next to `megatron_rank_bytes`; a
+  layout or model the Megatron rank does not build (pipeline stages, a family it does not
+  convert) is planned unmeasured, and the record says why and fails on it.
 
 ok needs one actor per engine replica, every engine's TP group in its one actor on one node with
 an executor that keeps the workers there, no GPU held twice (split), each HSDP replica's ranks on one node (where shard_ranks <= gpus_per_node), and
@@ -145,11 +148,17 @@ def compare_bytes(cfg: RunConfig) -> list[dict]:
     """For the rehearsed ranks: the plan's bytes and those measured on the sharded meta model."""
     from rlvr.planning.lora import with_engine_lora_targets
     from rlvr.planning.rank_memory import megatron_rank_bytes, rank_bytes
+    from rlvr.training.megatron.rehearsal import measure_megatron_ranks, unbuilt
     from rlvr.training.sharding_rehearsal import measure_ranks
 
     ranks = rehearsed_ranks(cfg.trainer.ranks)
-    if cfg.trainer.backend == "megatron":  # the meta-device model is FSDP2's: Megatron's plan goes unmeasured
-        return [{"rank": rank, "planned": megatron_rank_bytes(cfg, rank), "measured": None} for rank in ranks]
+    if cfg.trainer.backend == "megatron":
+        why = unbuilt(cfg)  # a layout or model the Megatron rank does not build: planned, not measured
+        measured = measure_megatron_ranks(cfg, ranks) if why is None else [None] * len(ranks)
+        return [
+            {"rank": rank, "planned": megatron_rank_bytes(cfg, rank), "measured": bytes_, "unmeasured": why}
+            for rank, bytes_ in zip(ranks, measured)
+        ]
     # the trainer's LoRA as the run resolves it (the plan counts it so): not kv_b_proj on MLA
     measured = measure_ranks(with_engine_lora_targets(cfg, log=lambda line: None), ranks)
     return [
@@ -161,10 +170,7 @@ def byte_failures(ranks: list[dict]) -> list[str]:
     failures = []
     for row in ranks:
         if row["measured"] is None:
-            failures.append(
-                f"rank {row['rank']}: bytes not measured: the rehearsal shards FSDP2's module tree, not "
-                "trainer.backend megatron's"
-            )
+            failures.append(f"rank {row['rank']}: bytes not measured: {row['unmeasured']}")
             continue
         for name, planned in row["planned"].items():
             measured = row["measured"].get(name)

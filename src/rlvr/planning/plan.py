@@ -302,11 +302,15 @@ def _note_megatron(cfg: RunConfig, arch: Architecture, notes: list[str]) -> None
             f"{ranks // m.pipeline_parallel} apart); activations counted for all {arch.num_layers} layers, as the first "
             f"stage of a 1F1B schedule holds {m.pipeline_parallel} micro-batches in flight"
         )
-    missing = [what for what, there in (("MLA", arch.mla), ("MoE", arch.experts), ("NVFP4", arch.nvfp4)) if there]
+    missing = [what for what, there in (("MLA", arch.mla), ("MoE", arch.experts)) if there]
     if missing:
         notes.append(
-            f"trainer.backend megatron: its rank converts dense float HF folders only today ({', '.join(missing)} not "
-            f"built); this is the layout megatron-core would hold, the base counted as stored"
+            f"trainer.backend megatron: its rank converts dense HF folders only today ({', '.join(missing)} not "
+            f"built); this is the layout megatron-core would hold"
+        )
+    if arch.nvfp4:
+        notes.append(
+            "trainer.backend megatron: the 4-bit base counted dequantized to the compute dtype, as its rank reads it"
         )
     if cfg.trainer.gradient_checkpointing:
         notes.append(

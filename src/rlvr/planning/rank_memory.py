@@ -19,12 +19,15 @@ expert parallel gives each rank E / EP routed experts; stage s holds decoder lay
 embeddings, the last the final norm and LM head (with tied embeddings and PP > 1, a copy of the
 embeddings as its head); the data-parallel replicas each hold the same. LoRA's factors are
 split as their base; trainable counts value and gradient, optimizer AdamW's two moments, both of
-the rank's own factors (no distributed optimizer).
+the rank's own factors (no distributed optimizer). A 4-bit base (NVFP4, NF4) counts at the compute
+dtype: the Megatron rank reads it dequantized (it has no packed linears; TransformerEngine's
+NVFP4 would keep it packed on GPUs), which `rlvr rehearse` measures on its module tree.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from rlvr.config import MegatronConfig, RunConfig
 from rlvr.planning.architecture import GB, Architecture, compute_bytes, read_architecture
@@ -55,7 +58,7 @@ def rank_bytes(cfg: RunConfig, rank: int, arch: Architecture | None = None) -> d
 def megatron_rank_bytes(cfg: RunConfig, rank: int, arch: Architecture | None = None) -> dict[str, float]:
     """Trainer rank `rank`'s bytes under Megatron's tensor/expert/pipeline layout (trainer.megatron):
     base_shard, trainable, optimizer."""
-    arch = arch or read_architecture(cfg)
+    arch = replace(arch or read_architecture(cfg), nvfp4=False)  # read dequantized
     layout = cfg.trainer.megatron
     tp, ep, pp = layout.tensor_parallel, layout.expert_parallel, layout.pipeline_parallel
     tensor, expert, stage = rank % tp, rank // tp % ep, rank // (cfg.trainer.ranks // pp)

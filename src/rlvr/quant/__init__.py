@@ -2,6 +2,7 @@
 
 from rlvr.quant.checkpoint import (
     dequantized_state_dict,
+    dequantized_view,
     load_quantized_model,
     quantize_checkpoint,
     write_dequantized_checkpoint,
@@ -23,6 +24,7 @@ __all__ = [
     "QuantizedLinear",
     "QuantizedLoraLinear",
     "dequantized_state_dict",
+    "dequantized_view",
     "load_quantized_model",
     "peft_targets_as_given",
     "prepare_lora_config",

@@ -31,7 +31,8 @@ quantizes `nn.Linear` only, so MoE experts stay float in an NF4 folder.
   copy of their weights is ever built.
 - `dequantized_state_dict(model_dir)` / `write_dequantized_checkpoint(model_dir, out_dir)`: the
   float weights, for an engine with no 4-bit kernel (vLLM on CPU), so that sampler and trainer
-  compute with the same numbers.
+  compute with the same numbers; `dequantized_view(model_dir)`: that folder beside the checkpoint,
+  written once, for the engine and a trainer that reads float weights alike.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +52,7 @@ from torch import nn
 from rlvr.models.checkpoint_files import CheckpointFiles
 from rlvr.models.folder import ModelFolder, as_model_folder
 from rlvr.models.hub_layout import ExpertPiece, disk_name, expert_pieces, to_disk
-from rlvr.models.mistral_layout import PARAMS_FILE, write_mistral_folder
+from rlvr.models.mistral_layout import PARAMS_FILE, WEIGHTS_FILE, write_mistral_folder
 from rlvr.models.moe import expert_projections, moe_layers
 from rlvr.models.transformers_classes import causal_lm_from_pretrained
 from rlvr.quant import nf4, nvfp4
@@ -386,3 +388,23 @@ def write_dequantized_checkpoint(
     config.save_pretrained(out_dir)
     save_file(state, out_dir / "model.safetensors", metadata={"format": "pt"})
     return out_dir
+
+
+def dequantized_view(model_dir: ModelFolder | str | Path, layout: str = "hf") -> Path:
+    """`write_dequantized_checkpoint`'s float32 folder beside the checkpoint (`<folder>.dequantized`,
+    or `.dequantized-mistral`), written on first use. Written aside and renamed into place: the
+    engine and the trainer ranks of a run start together, and each may be the first to ask."""
+    folder = as_model_folder(model_dir)
+    view = Path(str(folder.path).rstrip("/") + (".dequantized" if layout == "hf" else ".dequantized-mistral"))
+    done = view / (WEIGHTS_FILE if layout == "mistral" else "model.safetensors")  # written last
+    if done.is_file():
+        return view
+    staging = Path(tempfile.mkdtemp(prefix=view.name + ".", dir=view.parent))
+    write_dequantized_checkpoint(folder, staging, layout=layout)
+    if not done.is_file():
+        shutil.rmtree(view, ignore_errors=True)  # what a process killed while writing it left
+    try:
+        staging.rename(view)
+    except OSError:  # another process's copy got there first: the same values
+        shutil.rmtree(staging)
+    return view

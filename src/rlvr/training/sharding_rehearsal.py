@@ -37,7 +37,32 @@ def measure_ranks(cfg: RunConfig, ranks: list[int]) -> list[dict[str, int]]:
     return [_measure(cfg, rank) for rank in ranks]
 
 
-def _skeleton(cfg: RunConfig, dtype: torch.dtype) -> Skeleton:
+def held_bytes(params: list[torch.Tensor]) -> dict[str, int]:
+    """base_shard, trainable (value and gradient) and optimizer of a rank's parameters on meta
+    (each its local part where it is a DTensor): AdamW's state as AdamW itself creates it."""
+    trainable = [p for p in params if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, foreach=False)
+    for p in trainable:
+        p.grad = torch.zeros_like(p)
+    optimizer.step()  # AdamW creates its state, on meta: nothing is computed
+    return {
+        "base_shard": sum(_local_bytes(p) for p in params if not p.requires_grad),
+        "trainable": 2 * sum(_local_bytes(p) for p in trainable),
+        "optimizer": sum(
+            _local_bytes(t) for state in optimizer.state.values() for name, t in state.items() if name != "step"
+        ),
+    }
+
+
+def _local_bytes(p: torch.Tensor) -> int:
+    from torch.distributed.tensor import DTensor
+
+    local = p.to_local() if isinstance(p, DTensor) else p
+    return local.numel() * local.element_size()
+
+
+def rehearsal_skeleton(cfg: RunConfig, dtype: torch.dtype) -> Skeleton:
+    """The run's model on the meta device: the checkpoint's (its headers only), else model.estimate's."""
     path = Path(cfg.model.path)
     if config_file(path).is_file() and any(path.glob("*.safetensors")):
         return Skeleton.from_checkpoint(path, dtype)
@@ -51,7 +76,6 @@ def _skeleton(cfg: RunConfig, dtype: torch.dtype) -> Skeleton:
 
 def _measure(cfg: RunConfig, rank: int) -> dict[str, int]:
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     world_size, trainer = cfg.trainer.ranks, cfg.trainer
@@ -59,7 +83,7 @@ def _measure(cfg: RunConfig, rank: int) -> dict[str, int]:
     dtype = compute_dtype(cfg.model.dtype, local_device(cfg.placement.gpus_per_node)).torch
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
-        base = _skeleton(cfg, dtype).model
+        base = rehearsal_skeleton(cfg, dtype).model
         lm = apply_lora(base, **trainer.lora.model_dump(), shapes_only=True) if trainer.lora else base
         policy = TokenLogprobs(lm, trainer.logits_chunk_mb)
         # the worker's mesh: 1-D over every rank, or replicas x shards (HSDP)
@@ -72,28 +96,10 @@ def _measure(cfg: RunConfig, rank: int) -> dict[str, int]:
         )
         policy.to("meta")  # what was built for real (rotary buffers, expert LoRA): only shapes are measured
         shard(policy, mesh, param_dtype=dtype, reduce_dtype=torch.float32)
-
-        def local_bytes(p: torch.Tensor) -> int:
-            local = p.to_local() if isinstance(p, DTensor) else p
-            return local.numel() * local.element_size()
-
-        params = list(policy.parameters())
-        trainable = [p for p in params if p.requires_grad]
-        optimizer = torch.optim.AdamW(trainable, foreach=False)
-        for p in trainable:
-            p.grad = torch.zeros_like(p)
-        optimizer.step()  # AdamW creates its state, on meta: nothing is computed
         blocks = [
             sum(p.numel() * (dtype.itemsize if p.requires_grad else p.element_size()) for p in block.parameters())
             for block in decoder_blocks(policy)
         ]
-        return {
-            "base_shard": sum(local_bytes(p) for p in params if not p.requires_grad),
-            "gathered": 2 * max(blocks),
-            "trainable": 2 * sum(local_bytes(p) for p in trainable),
-            "optimizer": sum(
-                local_bytes(t) for state in optimizer.state.values() for name, t in state.items() if name != "step"
-            ),
-        }
+        return {"gathered": 2 * max(blocks)} | held_bytes(list(policy.parameters()))
     finally:
         dist.destroy_process_group()

@@ -21,8 +21,11 @@ from megatron.core.models.gpt import GPTModel
 from megatron.core.tensor_parallel import copy_to_tensor_model_parallel_region, reduce_from_tensor_model_parallel_region
 from torch import nn
 
+from rlvr.config import LoraConfig
 from rlvr.training.megatron.gpt import DenseShape
 from rlvr.training.megatron.weights import qkv_interleaved
+from rlvr.training.policy import apply_lora
+from rlvr.training.rank_weights import public_name
 
 PEFT_LAYER = "base_model.model.model.layers.{layer}.{module}.{target}.lora_{factor}.weight"
 
@@ -76,6 +79,13 @@ class LoraLinear(nn.Module):
             inner = copy_to_tensor_model_parallel_region(x @ self.lora_A[target].to(x.dtype).T)
             parts.append(inner @ self.lora_B[target].to(x.dtype).T * self.scaling)
         return out + self.fuse(parts), bias
+
+
+def peft_factors(model: nn.Module, lora: LoraConfig, shapes_only: bool = False) -> tuple[nn.Module, dict]:
+    """(PEFT's model, its factors by PEFT's public names): the factors an FSDP2 rank draws for
+    `lora` on the same skeleton (the caller seeds the draw), or with `shapes_only` their shapes."""
+    peft = apply_lora(model, **lora.model_dump(), shapes_only=shapes_only)
+    return peft, {public_name(n): p.detach() for n, p in peft.named_parameters() if p.requires_grad}
 
 
 def attach_lora(gpt: GPTModel, peft: dict[str, torch.Tensor], shape: DenseShape, scaling: float) -> None:

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from rlvr.hardware import compute_dtype
+from rlvr.quant.checkpoint import dequantized_view
 from rlvr.quant.skeleton import Skeleton
 from rlvr.training.commands import (
     Adapter,
@@ -31,13 +32,12 @@ from rlvr.training.commands import (
     SumLossInput,
 )
 from rlvr.training.megatron.checkpoint import load_rank, save_rank
-from rlvr.training.megatron.lora import adapters_off, attach_lora, peft_tensors
+from rlvr.training.megatron.lora import adapters_off, attach_lora, peft_factors, peft_tensors
 from rlvr.training.megatron.parallel import start_model_parallel
 from rlvr.training.megatron.policy import MegatronPolicy
 from rlvr.training.packing import MicroBatch
-from rlvr.training.policy import apply_lora
 from rlvr.training.rank_routing import RankRouting
-from rlvr.training.rank_weights import lora_config, public_name
+from rlvr.training.rank_weights import lora_config
 from rlvr.training.report import ForwardBackwardReport, TrainReport
 from rlvr.training.worker import Rank, RankSpec
 
@@ -61,19 +61,16 @@ class MegatronRank(Rank):
         # PEFT's factors for this seed, drawn as an FSDP2 rank draws them, on a base never read
         torch.manual_seed(spec.seed)
         skeleton = Skeleton.from_checkpoint(spec.model.path, compute)
-        if skeleton.base_format != "hf":
-            raise ValueError(
-                f"trainer.backend=megatron reads float HF weights; {spec.model.path} is {skeleton.base_format}"
-            )
-        peft = apply_lora(skeleton.model, **config.lora.model_dump())
+        peft, factors = peft_factors(skeleton.model, config.lora)
         self.peft_config = lora_config(peft)
-        factors = {public_name(n): p.detach() for n, p in peft.named_parameters() if p.requires_grad}
-        self.megatron = MegatronPolicy(spec.model.path, compute, config.logits_chunk_mb)
+        # a 4-bit base is read as the float values its packed layers compute with: the engine's view on CPU
+        base = spec.model.path if skeleton.base_format == "hf" else str(dequantized_view(spec.model.path))
+        self.megatron = MegatronPolicy(base, compute, config.logits_chunk_mb)
         for p in self.megatron.parameters():
             p.requires_grad_(False)
         attach_lora(self.megatron.gpt, factors, self.megatron.shape, scaling=config.lora.alpha / config.lora.rank)
         self.policy = self.megatron.to(self.device)
-        self.base_format, self.packed_attention, self.adapted = "hf", True, None
+        self.base_format, self.packed_attention, self.adapted = skeleton.base_format, True, None
         self.routing = RankRouting(self.policy, None, False, self.device)
         self.trainable = [(n, p) for n, p in self.policy.named_parameters() if p.requires_grad]
         self.trainable_params = _global_numel(p for _, p in self.trainable)

@@ -1,0 +1,75 @@
+"""What a trainer rank of trainer.backend=megatron would hold, measured on megatron-core's own
+module tree at the run's real size with no GPU and no weights: `rlvr rehearse`'s Megatron half
+(rlvr.training.sharding_rehearsal is FSDP2's).
+
+For each rank asked, megatron-core's process groups are started over torch's fake process group
+at the config's world size and layout (trainer.megatron), and the rank's part of the model is
+built as its rank builds it (`build_gpt`, the PEFT factors drawn on the skeleton, `attach_lora`)
+on the meta device: megatron-core itself decides each rank's share of every tensor. Then, in bytes:
+
+- base_shard: the rank's part of every frozen parameter, at the compute dtype (a 4-bit base is
+  read dequantized: rlvr.training.megatron.rank);
+- trainable: the rank's part of the LoRA factors, value and gradient;
+- optimizer: AdamW's state for those, created by AdamW itself (exp_avg, exp_avg_sq).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from rlvr.config import RunConfig
+from rlvr.hardware import compute_dtype, local_device
+from rlvr.models.estimate import estimate_config
+from rlvr.models.folder import config_file, model_config
+from rlvr.training.megatron.gpt import DENSE, DenseShape, build_gpt
+from rlvr.training.megatron.lora import attach_lora, peft_factors
+from rlvr.training.megatron.parallel import start_model_parallel, stop_model_parallel, tensor_rank
+from rlvr.training.sharding_rehearsal import held_bytes, rehearsal_skeleton
+
+
+def measure_megatron_ranks(cfg: RunConfig, ranks: list[int]) -> list[dict[str, int]]:
+    """Each rank's bytes (see the module doc-string), in the order of `ranks`."""
+    return [_measure(cfg, rank) for rank in ranks]
+
+
+def unbuilt(cfg: RunConfig) -> str | None:
+    """Why a Megatron rank would not build this run's model, so nothing can be measured (or None)."""
+    if cfg.trainer.megatron.pipeline_parallel > 1:
+        return "the Megatron rank builds no pipeline stages (trainer.megatron.pipeline_parallel)"
+    path = Path(cfg.model.path)
+    if config_file(path).is_file():
+        model_type = model_config(path).model_type
+    elif cfg.model.estimate is not None:
+        model_type = estimate_config(cfg.model.estimate).model_type
+    else:
+        return None  # the measurement says what is missing
+    if model_type not in DENSE:
+        return f"the Megatron rank converts {', '.join(DENSE)} models, not {model_type}"
+    return None
+
+
+def _measure(cfg: RunConfig, rank: int) -> dict[str, int]:
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    trainer = cfg.trainer
+    assert trainer.lora is not None  # TrainerConfig requires it with backend megatron
+    dtype = compute_dtype(cfg.model.dtype, local_device(cfg.placement.gpus_per_node)).torch
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=trainer.ranks)
+    try:
+        start_model_parallel(trainer.megatron, use_cuda=False)
+        skeleton = rehearsal_skeleton(cfg, dtype)
+        names = {name for name, _ in skeleton.model.named_parameters()}
+        shape = DenseShape.of(skeleton.model.config, "model.layers.0.self_attn.q_proj.bias" in names)
+        _, factors = peft_factors(skeleton.model, trainer.lora, shapes_only=True)
+        with torch.device("meta"):
+            gpt = build_gpt(shape, tensor_rank()[1], dtype)
+            for p in gpt.parameters():
+                p.requires_grad_(False)
+            attach_lora(gpt, factors, shape, scaling=trainer.lora.alpha / trainer.lora.rank)
+        return held_bytes(list(gpt.parameters()))
+    finally:
+        stop_model_parallel()
+        dist.destroy_process_group()
