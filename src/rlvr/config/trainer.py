@@ -154,8 +154,6 @@ class TrainerConfig(Section):
                 "lora.dropout must be 0 with backend: megatron: each tensor-parallel rank would drop its own "
                 "inputs of the factors it shares"
             )
-        if self.routing_replay:
-            raise ValueError("routing_replay is built for backend: fsdp2 only")
         if self.lora.target_experts:
             raise ValueError("lora.target_experts is built for backend: fsdp2 only")
         return self

@@ -19,12 +19,15 @@ expert parallel gives each rank E / EP routed experts; stage s holds decoder lay
 embeddings, the last the final norm and LM head (with tied embeddings and PP > 1, a copy of the
 embeddings as its head); the data-parallel replicas each hold the same. LoRA's factors are
 split as their base; trainable counts value and gradient, optimizer AdamW's two moments, both of
-the rank's own factors (no distributed optimizer).
+the rank's own factors (no distributed optimizer). A quantized base counts at the compute dtype
+on CPU, where the Megatron rank holds it dequantized, and packed on GPUs (TransformerEngine's FP4,
+which the rank does not build yet: it refuses a quantized base on CUDA).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 from rlvr.config import MegatronConfig, RunConfig
 from rlvr.planning.architecture import GB, Architecture, compute_bytes, read_architecture
@@ -56,6 +59,8 @@ def megatron_rank_bytes(cfg: RunConfig, rank: int, arch: Architecture | None = N
     """Trainer rank `rank`'s bytes under Megatron's tensor/expert/pipeline layout (trainer.megatron):
     base_shard, trainable, optimizer."""
     arch = arch or read_architecture(cfg)
+    if not cfg.placement.gpus_per_node:  # a CPU rank holds a quantized base dequantized (rlvr.training.megatron.policy)
+        arch = replace(arch, nvfp4=False)
     layout = cfg.trainer.megatron
     tp, ep, pp = layout.tensor_parallel, layout.expert_parallel, layout.pipeline_parallel
     tensor, expert, stage = rank % tp, rank // tp % ep, rank // (cfg.trainer.ranks // pp)

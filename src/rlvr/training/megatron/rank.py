@@ -61,9 +61,10 @@ class MegatronRank(Rank):
         # PEFT's factors for this seed, drawn as an FSDP2 rank draws them, on a base never read
         torch.manual_seed(spec.seed)
         skeleton = Skeleton.from_checkpoint(spec.model.path, compute)
-        if skeleton.base_format != "hf":
+        if use_cuda and skeleton.base_format != "hf":
             raise ValueError(
-                f"trainer.backend=megatron reads float HF weights; {spec.model.path} is {skeleton.base_format}"
+                f"trainer.backend=megatron on GPUs: {spec.model.path} is {skeleton.base_format}, which would be held "
+                "in TransformerEngine's FP4, not built yet (a CPU rank holds it dequantized)"
             )
         peft = apply_lora(skeleton.model, **config.lora.model_dump())
         self.peft_config = lora_config(peft)
@@ -73,8 +74,12 @@ class MegatronRank(Rank):
             p.requires_grad_(False)
         attach_lora(self.megatron.gpt, factors, self.megatron.shape, scaling=config.lora.alpha / config.lora.rank)
         self.policy = self.megatron.to(self.device)
+        # a quantized base is held dequantized (rlvr.training.megatron.policy): it computes as a float one
         self.base_format, self.packed_attention, self.adapted = "hf", True, None
-        self.routing = RankRouting(self.policy, None, False, self.device)
+        layers = self.megatron.moe_layers()
+        if config.routing_replay and not layers:
+            raise ValueError(f"trainer.routing_replay: {spec.model.path} has no mixture-of-experts layers to replay")
+        self.routing = RankRouting(layers, config.routing_replay, self.device)
         self.trainable = [(n, p) for n, p in self.policy.named_parameters() if p.requires_grad]
         self.trainable_params = _global_numel(p for _, p in self.trainable)
         self.total_params = _global_numel(self.policy.parameters())
@@ -173,9 +178,13 @@ def _split(p: torch.Tensor) -> bool:
 
 
 def _global_numel(params) -> int:
-    """Elements of the whole model: a split tensor's parts added up over the tensor-parallel ranks."""
+    """Elements of the whole model: a split tensor's parts added up over the tensor-parallel ranks,
+    a routed expert's over the expert-parallel ones (megatron-core marks those `allreduce=False`)."""
     ranks = parallel_state.get_tensor_model_parallel_world_size()
-    return sum(p.numel() * (ranks if _split(p) else 1) for p in params)
+    experts = parallel_state.get_expert_model_parallel_world_size()
+    return sum(
+        p.numel() * (ranks if _split(p) else 1) * (1 if getattr(p, "allreduce", True) else experts) for p in params
+    )
 
 
 def _unsummed(report: TrainReport) -> TrainReport:
