@@ -19,12 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from megatron.core.extensions import transformer_engine
 from megatron.core.models.common.embeddings import RotaryEmbedding
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_decoder_block_spec
 from megatron.core.transformer import multi_latent_attention
 from megatron.core.transformer.moe import moe_utils
+from megatron.core.transformer.moe.token_dispatcher import MoEAllGatherTokenDispatcher
 from megatron.core.transformer.transformer_config import MLATransformerConfig
 from torch import nn
 
@@ -174,6 +176,25 @@ class PositionedRotary(nn.Module):
         return self.rotary(int(at.max()) + 1).index_select(0, at)  # [L, 1, 1, rope_dim]
 
 
+class EvenAllGatherDispatcher(MoEAllGatherTokenDispatcher):
+    """megatron-core's allgather dispatcher for ranks whose rows differ in length: it gathers
+    equal shares (Megatron's own ranks run equal sequences), so each rank's tokens are padded to
+    the group's longest row, routed nowhere, and cut off again after the experts."""
+
+    def token_dispatch(self, hidden_states, probs):
+        self.tokens = hidden_states.shape[0]
+        most = torch.tensor([self.tokens], device=hidden_states.device)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX, group=self.tp_ep_group)
+        pad = int(most) - self.tokens
+        if pad:
+            hidden_states, probs = (torch.cat([x, x.new_zeros(pad, x.shape[1])]) for x in (hidden_states, probs))
+            self.routing_map = torch.cat([self.routing_map, self.routing_map.new_zeros(pad, self.routing_map.shape[1])])
+        return super().token_dispatch(hidden_states, probs)
+
+    def token_combine(self, hidden_states):
+        return super().token_combine(hidden_states)[: self.tokens]
+
+
 class RowPositions:
     """The position ids of the row being scored, shared by every layer's PositionedRotary."""
 
@@ -204,6 +225,9 @@ def build_gpt(shape: LatentShape, tensor_parallel: int, expert_parallel: int, dt
     for block in gpt.decoder.layers:
         attention = block.self_attention
         attention.rotary_pos_emb = PositionedRotary(attention.rotary_pos_emb, gpt.row_positions)
+        dispatcher = getattr(block.mlp, "token_dispatcher", None)
+        if type(dispatcher) is MoEAllGatherTokenDispatcher:
+            dispatcher.__class__ = EvenAllGatherDispatcher
     return gpt
 
 
