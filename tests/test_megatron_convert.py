@@ -2,7 +2,8 @@
 equal transformers' within 1e-5 of their scale in float32, one rank or split by tensor parallel
 over two, for each dense family, a packed row of two sequences scored as each alone; and with a
 PEFT adapter on some of the targets a fused Megatron layer holds, equal to peft's. The same for a
-DeepSeek-V3 (MLA, dense then MoE layers), its routed experts split by expert parallel."""
+DeepSeek-V3 (MLA, dense then MoE layers), its routed experts split by expert parallel, and for
+its NVFP4 base, read dequantized."""
 
 from __future__ import annotations
 
@@ -102,5 +103,20 @@ def test_a_deepseek_v3_by_expert_parallel_gives_transformers_logits(tmp_path):
     want, adapter = _peft_logits(path, targets)
     assert any(".shared_experts." in name for name in adapter)
     for rank, got in run_ranks(_megatron_logits, 2, str(path), adapter, "expert_parallel").items():
+        error = (got - want).abs().max() / want.abs().max()
+        assert error < 1e-5, (rank, float(error))
+
+
+@pytest.mark.slow
+def test_an_nvfp4_deepseek_v3_is_read_dequantized(tmp_path):
+    """Every expert, MLA and shared-expert projection packed: the Megatron ranks compute with the
+    values the engine serves from it (its dequantized view), not the float folder's."""
+    from rlvr.quant import quantize_checkpoint, write_dequantized_checkpoint
+
+    nvfp4 = quantize_checkpoint(moe_folder(tmp_path / "deepseek_v3"), tmp_path / "nvfp4")
+    view = AutoModelForCausalLM.from_pretrained(write_dequantized_checkpoint(nvfp4, tmp_path / "view"))
+    with torch.no_grad():
+        want = torch.cat([view.float()(torch.tensor([s])).logits[0] for s in SEQUENCES])
+    for rank, got in run_ranks(_megatron_logits, 2, str(nvfp4), None, "expert_parallel").items():
         error = (got - want).abs().max() / want.abs().max()
         assert error < 1e-5, (rank, float(error))
