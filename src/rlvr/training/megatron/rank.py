@@ -141,6 +141,7 @@ class MegatronRank(Rank):
             for k, mini in enumerate(step.mini_batches)
         ]
         masks = None if step.loss_masks is None else {i: m for s in steps for i, m in (s.loss_masks or {}).items()}
+        routes = None if step.routes is None else {i: r for s in steps for i, r in (s.routes or {}).items()}
         return StepInput(
             mini_batches=minis,
             epochs=step.epochs,
@@ -149,6 +150,7 @@ class MegatronRank(Rank):
             loss_masks=masks,
             max_len=step.max_len,
             temperature=step.temperature,
+            routes=routes,
         )
 
     # ------------------------------------------------------------------ gradients
