@@ -24,7 +24,8 @@ class LoraConfig(Section):
     target_experts: bool = Field(
         False,
         description="MoE: also train a LoRA pair per routed expert (gate/up and down), in peft's target_parameters "
-        "layout; attention, MLA and shared experts are covered by target_modules. Needs dropout 0",
+        "layout; attention, MLA and shared experts are covered by target_modules. Needs dropout 0 and backend: fsdp2 "
+        "(backend: megatron adapts target_modules only)",
     )
 
 
