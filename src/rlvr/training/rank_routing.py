@@ -31,6 +31,10 @@ class RankRouting:
     replay: bool
     device: torch.device
 
+    def __post_init__(self):
+        if self.replay and not self.layers:
+            raise ValueError("trainer.routing_replay: the policy has no mixture-of-experts layers to replay")
+
     @property
     def num_experts(self) -> int | None:
         return self.layers[0].num_experts if self.layers else None

@@ -119,9 +119,6 @@ class Rank:
         # the LoRA-wrapped policy, whose frozen base is the KL term's reference (None: full fine-tuning)
         self.adapted = apply_lora(base, **config.lora.model_dump()) if config.lora else None
         lm = base if self.adapted is None else self.adapted
-        layers = moe_layers(lm)
-        if config.routing_replay and not layers:
-            raise ValueError(f"trainer.routing_replay: {spec.model.path} has no mixture-of-experts layers to replay")
         self.lm = lm
         self.policy: torch.nn.Module = TokenLogprobs(lm, config.logits_chunk_mb)
         shard_ranks = config.shard_ranks or world_size

@@ -11,34 +11,16 @@ import torch
 from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 from torch import nn
 
-from rlvr.models.checkpoint_files import CheckpointFiles, Rows
+from rlvr.models.checkpoint_files import CheckpointFiles
 from rlvr.models.folder import as_model_folder
 from rlvr.models.moe import MoELayer
-from rlvr.quant.checkpoint import dequantized_state_dict
 from rlvr.quant.formats import is_quantized_checkpoint
 from rlvr.training.attention import PackedLayout
 from rlvr.training.logits_memory import chunk_tokens
 from rlvr.training.megatron import gpt, mla
 from rlvr.training.megatron.parallel import expert_rank, tensor_rank
-from rlvr.training.megatron.weights import RankWeights, load_rank
+from rlvr.training.megatron.weights import DequantizedFiles, RankWeights, load_rank
 from rlvr.training.policy import score_in_chunks
-
-
-class DequantizedFiles:
-    """A quantized folder's tensors, read as CheckpointFiles reads a float folder's: each packed
-    weight as its float32 `weight`."""
-
-    def __init__(self, folder):
-        self.tensors = dequantized_state_dict(folder, torch.float32)
-
-    def __contains__(self, key: str) -> bool:
-        return key in self.tensors
-
-    def meta(self, key: str) -> torch.Tensor:
-        return self.tensors[key]
-
-    def read(self, key: str, rows: Rows = None) -> torch.Tensor:
-        return self.tensors[key] if rows is None else self.tensors[key][rows]
 
 
 class MegatronPolicy(nn.Module):
@@ -59,7 +41,7 @@ class MegatronPolicy(nn.Module):
             self.shape = gpt.DenseShape.of(config, "model.layers.0.self_attn.q_proj.bias" in files)
             self.gpt = gpt.build_gpt(self.shape, ranks, dtype)
         self.family = mla if isinstance(self.shape, mla.LatentShape) else gpt
-        load_rank(self.gpt, RankWeights(files, self.shape, rank, ranks, experts_at, expert_ranks))  # type: ignore[arg-type]
+        load_rank(self.gpt, RankWeights(files, self.shape, rank, ranks, experts_at, expert_ranks))
         self.logits_chunk_bytes = logits_chunk_mb * 1e6
 
     def hidden(self, input_ids: torch.Tensor, position_ids: torch.Tensor, layout: PackedLayout | None) -> torch.Tensor:

@@ -76,10 +76,7 @@ class MegatronRank(Rank):
         self.policy = self.megatron.to(self.device)
         # a quantized base is held dequantized (rlvr.training.megatron.policy): it computes as a float one
         self.base_format, self.packed_attention, self.adapted = "hf", True, None
-        layers = self.megatron.moe_layers()
-        if config.routing_replay and not layers:
-            raise ValueError(f"trainer.routing_replay: {spec.model.path} has no mixture-of-experts layers to replay")
-        self.routing = RankRouting(layers, config.routing_replay, self.device)
+        self.routing = RankRouting(self.megatron.moe_layers(), config.routing_replay, self.device)
         self.trainable = [(n, p) for n, p in self.policy.named_parameters() if p.requires_grad]
         self.trainable_params = _global_numel(p for _, p in self.trainable)
         self.total_params = _global_numel(self.policy.parameters())

@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rlvr.models.checkpoint_files import CheckpointFiles, check_shape
+from rlvr.models.checkpoint_files import CheckpointFiles, Rows, check_shape
+from rlvr.quant.checkpoint import dequantized_state_dict
 from rlvr.training.megatron.gpt import DenseShape
 from rlvr.training.megatron.mla import LatentShape
 
@@ -44,13 +45,30 @@ def qkv_interleaved(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, groups: i
     return torch.cat([q, k, v], dim=1).reshape(-1, *q.shape[2:])
 
 
+class DequantizedFiles:
+    """A quantized folder's tensors, read as CheckpointFiles reads a float folder's: each packed
+    weight as its float32 `weight`."""
+
+    def __init__(self, folder):
+        self.tensors = dequantized_state_dict(folder, torch.float32)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.tensors
+
+    def meta(self, key: str) -> torch.Tensor:
+        return self.tensors[key]
+
+    def read(self, key: str, rows: Rows = None) -> torch.Tensor:
+        return self.tensors[key] if rows is None else self.tensors[key][rows]
+
+
 class RankWeights:
     """Reads one rank's part of each Megatron parameter from the HF files: `rank` of `ranks` tensor
     parallel, `expert_rank` of `expert_ranks` expert parallel."""
 
     def __init__(
         self,
-        files: CheckpointFiles,
+        files: CheckpointFiles | DequantizedFiles,
         shape: DenseShape | LatentShape,
         rank: int,
         ranks: int,
