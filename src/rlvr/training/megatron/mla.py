@@ -113,7 +113,7 @@ class LatentShape:
         )
 
     def check_split(self, tensor_parallel: int, expert_parallel: int) -> None:
-        if tensor_parallel > 1:  # megatron-core's MoE with tensor parallel needs CUDA (its probe on CPU failed)
+        if tensor_parallel > 1:  # megatron-core's MoE with tensor parallel needed CUDA when probed on CPU
             raise ValueError(
                 f"trainer.megatron.tensor_parallel={tensor_parallel}: an MLA/MoE model is split by "
                 "expert_parallel on CPU; tensor_parallel must be 1"
