@@ -116,7 +116,7 @@ class LatentShape:
         if tensor_parallel > 1:  # megatron-core's MoE with tensor parallel needed CUDA when probed on CPU
             raise ValueError(
                 f"trainer.megatron.tensor_parallel={tensor_parallel}: an MLA/MoE model is split by "
-                "expert_parallel on CPU; tensor_parallel must be 1"
+                "expert_parallel alone; tensor_parallel must be 1"
             )
         if self.experts % expert_parallel:
             raise ValueError(
