@@ -120,3 +120,26 @@ def test_an_nvfp4_deepseek_v3_is_read_dequantized(tmp_path):
     for rank, got in run_ranks(_megatron_logits, 2, str(nvfp4), None, "expert_parallel").items():
         error = (got - want).abs().max() / want.abs().max()
         assert error < 1e-5, (rank, float(error))
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        ({"rope_interleave": False}, "rope_interleave: true"),
+        ({"num_experts_per_tok": 4, "topk_group": 1}, "top 2 experts"),
+        ({"norm_topk_prob": False}, "normalises the chosen experts' weights"),
+        ({"model_type_override": "mistral4"}, "converts MLA models of deepseek_v3"),
+    ],
+)
+def test_a_deepseek_v3_megatron_would_compute_otherwise_is_refused_in_one_line(change, refusal):
+    """What megatron-core's MLA and router do differently from transformers' model is refused at
+    the rank's start, naming the config.json key, rather than trained as another model."""
+    from rlvr.models.tiny import tiny_config
+    from rlvr.training.megatron.mla import LatentShape
+
+    sizes = {k: v for k, v in change.items() if k != "model_type_override"}
+    arch = change.get("model_type_override", "deepseek_v3")
+    config = tiny_config(arch, vocab_size=128, hidden_size=64, num_heads=4, num_layers=3, **sizes)
+    with pytest.raises(ValueError, match=refusal) as error:
+        LatentShape.of(config)
+    assert "\n" not in str(error.value) and "config.json" in str(error.value)
