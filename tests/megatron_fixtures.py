@@ -1,6 +1,6 @@
-"""What the Megatron tests share: tiny dense folders whose norms and biases are random too (a
-freshly built model has unit norms and zero biases, which hide a misplaced one), and ranks run
-as spawned processes over gloo."""
+"""What the Megatron tests share: tiny dense and DeepSeek-V3 folders whose norms and biases are
+random too (a freshly built model has unit norms and zero biases, which hide a misplaced one),
+and ranks run as spawned processes over gloo."""
 
 from __future__ import annotations
 
@@ -26,6 +26,27 @@ def dense_folder(out_dir: Path, arch: str, tied: bool = True) -> Path:
         for name, param in model.named_parameters():
             if param.dim() == 1:  # norms around 1, biases around 0
                 param.add_(0.2 * torch.randn(param.shape, generator=generator))
+    model.save_pretrained(path)
+    return path
+
+
+def moe_folder(out_dir: Path) -> Path:
+    """A tiny DeepSeek-V3: MLA, layer 0 dense, then two MoE layers of 8 routed experts (top 2 of
+    the best of 2 groups) and a shared expert. Its routers' weights are large enough that no two
+    experts' scores are within rounding of each other (the two backends' float32 sums must choose
+    alike), and their correction biases random, so that they change some choices."""
+    path = build_tiny_model(out_dir, "deepseek_v3", hidden_size=64, num_heads=4, num_layers=3, intermediate_size=128)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if param.dim() == 1:
+                param.add_(0.2 * torch.randn(param.shape, generator=generator))
+            if name.endswith("mlp.gate.weight"):
+                param.copy_(0.5 * torch.randn(param.shape, generator=generator))
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(0.1 * torch.randn(buffer.shape, generator=generator))
     model.save_pretrained(path)
     return path
 

@@ -1,13 +1,15 @@
 """The HF folder converted into megatron-core's GPTModel (rlvr.training.megatron): its logits
 equal transformers' within 1e-5 of their scale in float32, one rank or split by tensor parallel
 over two, for each dense family, a packed row of two sequences scored as each alone; and with a
-PEFT adapter on some of the targets a fused Megatron layer holds, equal to peft's."""
+PEFT adapter on some of the targets a fused Megatron layer holds, equal to peft's. The same for a
+DeepSeek-V3 (MLA, dense then MoE layers), its routed experts split by expert parallel, and for
+its NVFP4 base, read dequantized."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from megatron_fixtures import dense_folder, run_ranks
+from megatron_fixtures import dense_folder, moe_folder, run_ranks
 from transformers import AutoModelForCausalLM
 
 from rlvr.training.attention import PackedLayout, Segment
@@ -16,13 +18,15 @@ RANK, ALPHA = 4, 8.0
 SEQUENCES = [[5, 17, 33, 90, 41, 7, 66], [12, 3, 88, 45, 9]]
 
 
-def _megatron_logits(rank: int, world_size: int, path: str, adapter: dict | None = None) -> torch.Tensor:
+def _megatron_logits(
+    rank: int, world_size: int, path: str, adapter: dict | None = None, split: str = "tensor_parallel"
+) -> torch.Tensor:
     from rlvr.config import MegatronConfig
     from rlvr.training.megatron.lora import attach_lora
     from rlvr.training.megatron.parallel import start_model_parallel, stop_model_parallel
     from rlvr.training.megatron.policy import MegatronPolicy
 
-    start_model_parallel(MegatronConfig(tensor_parallel=world_size), use_cuda=False)
+    start_model_parallel(MegatronConfig(**{split: world_size}), use_cuda=False)
     try:
         policy = MegatronPolicy(path, torch.float32, logits_chunk_mb=64)
         if adapter is not None:
@@ -54,19 +58,88 @@ def test_converted_logits_equal_transformers(tmp_path, arch, tied):
 def test_a_peft_adapter_on_megatron_layers_gives_peft_logits(tmp_path):
     """q and v of the fused q/k/v (k left as is), up of the fused gate/up, and the row-parallel
     down projection: each factor lands on its rows or columns of the split layer."""
-    from peft import LoraConfig, get_peft_model
-
     path = dense_folder(tmp_path / "qwen2", "qwen2")
-    config = LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=["q_proj", "v_proj", "up_proj", "down_proj"])
-    peft = get_peft_model(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), config)
-    generator = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for param in peft.parameters():
-            if param.requires_grad:  # B too: an adapter that changes the output
-                param.copy_(0.3 * torch.randn(param.shape, generator=generator))
-        want = torch.cat([peft(torch.tensor([s])).logits[0] for s in SEQUENCES])
-    adapter = {n.replace(".default.", "."): p.detach() for n, p in peft.named_parameters() if p.requires_grad}
+    want, adapter = _peft_logits(path, ["q_proj", "v_proj", "up_proj", "down_proj"])
     for ranks in (1, 2):
         for rank, got in run_ranks(_megatron_logits, ranks, str(path), adapter).items():
             error = (got - want).abs().max() / want.abs().max()
             assert error < 1e-5, (ranks, rank, float(error))
+
+
+def _peft_logits(path, targets: list[str]) -> tuple[torch.Tensor, dict]:
+    """peft's logits of the sequences with a random adapter (B too: one that changes the output)
+    on `targets`, and that adapter's tensors by name."""
+    from peft import LoraConfig, get_peft_model
+
+    from rlvr.quant import peft_targets_as_given
+
+    config = LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=targets)
+    with peft_targets_as_given():  # gate/up/down_proj: the dense MLP's and shared experts', not the routed ones
+        peft = get_peft_model(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), config)
+    generator = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for param in peft.parameters():
+            if param.requires_grad:
+                param.copy_(0.3 * torch.randn(param.shape, generator=generator))
+        want = torch.cat([peft(torch.tensor([s])).logits[0] for s in SEQUENCES])
+    return want, {n.replace(".default.", "."): p.detach() for n, p in peft.named_parameters() if p.requires_grad}
+
+
+@pytest.mark.slow
+def test_a_deepseek_v3_by_expert_parallel_gives_transformers_logits(tmp_path):
+    """MLA (interleaved rotary dimensions, position ids restarting per packed sequence), the dense
+    first layer, group-limited sigmoid routing with correction bias and scaling, the shared
+    expert; each rank holding 4 of the 8 routed experts; and a PEFT adapter on every MLA
+    projection, the dense MLP and the shared experts."""
+    path = moe_folder(tmp_path / "deepseek_v3")
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():
+        want = torch.cat([hf(torch.tensor([s])).logits[0] for s in SEQUENCES])
+    for ranks in (1, 2):
+        for rank, got in run_ranks(_megatron_logits, ranks, str(path), None, "expert_parallel").items():
+            error = (got - want).abs().max() / want.abs().max()
+            assert error < 1e-5, (ranks, rank, float(error))
+    targets = ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    want, adapter = _peft_logits(path, targets)
+    assert any(".shared_experts." in name for name in adapter)
+    for rank, got in run_ranks(_megatron_logits, 2, str(path), adapter, "expert_parallel").items():
+        error = (got - want).abs().max() / want.abs().max()
+        assert error < 1e-5, (rank, float(error))
+
+
+@pytest.mark.slow
+def test_an_nvfp4_deepseek_v3_is_read_dequantized(tmp_path):
+    """Every expert, MLA and shared-expert projection packed: the Megatron ranks compute with the
+    values the engine serves from it (its dequantized view), not the float folder's."""
+    from rlvr.quant import quantize_checkpoint, write_dequantized_checkpoint
+
+    nvfp4 = quantize_checkpoint(moe_folder(tmp_path / "deepseek_v3"), tmp_path / "nvfp4")
+    view = AutoModelForCausalLM.from_pretrained(write_dequantized_checkpoint(nvfp4, tmp_path / "view"))
+    with torch.no_grad():
+        want = torch.cat([view.float()(torch.tensor([s])).logits[0] for s in SEQUENCES])
+    for rank, got in run_ranks(_megatron_logits, 2, str(nvfp4), None, "expert_parallel").items():
+        error = (got - want).abs().max() / want.abs().max()
+        assert error < 1e-5, (rank, float(error))
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        ({"rope_interleave": False}, "rope_interleave: true"),
+        ({"num_experts_per_tok": 4, "topk_group": 1}, "top 2 experts"),
+        ({"norm_topk_prob": False}, "normalises the chosen experts' weights"),
+        ({"model_type_override": "mistral4"}, "converts MLA models of deepseek_v3"),
+    ],
+)
+def test_a_deepseek_v3_megatron_would_compute_otherwise_is_refused_in_one_line(change, refusal):
+    """What megatron-core's MLA and router do differently from transformers' model is refused at
+    the rank's start, naming the config.json key, rather than trained as another model."""
+    from rlvr.models.tiny import tiny_config
+    from rlvr.training.megatron.mla import LatentShape
+
+    sizes = {k: v for k, v in change.items() if k != "model_type_override"}
+    arch = change.get("model_type_override", "deepseek_v3")
+    config = tiny_config(arch, vocab_size=128, hidden_size=64, num_heads=4, num_layers=3, **sizes)
+    with pytest.raises(ValueError, match=refusal) as error:
+        LatentShape.of(config)
+    assert "\n" not in str(error.value) and "config.json" in str(error.value)

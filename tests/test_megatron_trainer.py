@@ -1,7 +1,8 @@
 """trainer.backend=megatron behind the same Trainer as FSDP2: on one tiny dense model, FSDP2 over
 two ranks and Megatron (tensor parallel 2; and two data-parallel replicas) give equal sequence
 logprobs, for the base and with the adapter a train step made, the same step metrics, and the
-same adapter in PEFT's names and config; a saved Megatron rank resumes where it stopped."""
+same adapter in PEFT's names and config; a saved Megatron rank resumes where it stopped. On a tiny
+DeepSeek-V3, Megatron's expert parallel 2 does the same as FSDP2, routing replayed."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 from _floats import assert_close_scaled
 from engine_fixtures import random_train_batch, rank_spec
-from megatron_fixtures import dense_folder
+from megatron_fixtures import dense_folder, moe_folder
 
 from rlvr.training.trainer import Trainer, TrainerError
 
@@ -58,6 +59,50 @@ def test_megatron_trains_like_fsdp2(tmp_path):
         again = resumed.train_step(batch)
     for key in ("loss", "grad_norm", "lr"):
         assert again[key] == pytest.approx(after[key], rel=1e-6), key
+
+
+@pytest.mark.slow
+def test_megatron_expert_parallel_trains_a_deepseek_v3_like_fsdp2(tmp_path):
+    """The engine's routes (random here, so that replay visibly differs from the trainer's own
+    choices) are replayed by both backends' routers; the adapter covers every MLA projection, the
+    dense MLP and the shared experts."""
+    model = moe_folder(tmp_path / "deepseek_v3")
+    batch = random_train_batch()
+    sequences = [p + c for p, c in zip(batch.prompt_ids, batch.completion_ids)]
+    prompt_lens = [len(p) for p in batch.prompt_ids]
+    g = torch.Generator().manual_seed(5)
+    batch.routes = [  # [positions fed, 2 MoE layers, top 2]: two distinct experts of 8 each
+        torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(2 * (len(s) - 1))]).view(-1, 2, 2).byte()
+        for s in sequences
+    ]
+    results = {}
+    for name, backend in {
+        "fsdp2": {},
+        "megatron ep2": dict(backend="megatron", megatron={"expert_parallel": 2}),
+    }.items():
+        spec = rank_spec(
+            model, lr=1e-2, lora=LORA, ranks=2, micro_batch_tokens=14, total_steps=2, routing_replay=True, **backend
+        )
+        with Trainer(spec) as trainer:
+            base = trainer.logprobs(sequences, prompt_lens)
+            metrics = trainer.train_step(batch)
+            adapter = trainer.adapter()
+            trained = trainer.logprobs(sequences, prompt_lens)
+        results[name] = base, metrics, adapter, trained
+    (want_base, want_metrics, want_adapter, want_trained), (base, metrics, adapter, trained) = results.values()
+    assert any(".shared_experts." in t for t in want_adapter.tensors) and any(
+        ".q_a_proj." in t for t in adapter.tensors
+    )
+    assert metrics["moe/routing_agreement"] < 0.5  # the routes are not the routers' own
+    assert_close_scaled(sum(base, []), sum(want_base, []), msg="base")
+    assert_close_scaled(sum(trained, []), sum(want_trained, []), msg="trained")
+    for key in ("loss", "grad_norm", "policy/entropy", "sync/sampler_trainer_gap", "moe/routing_agreement",
+                "moe/sampler_trainer_gap_no_replay", "moe/expert_load_max_over_mean"):  # fmt: skip
+        assert metrics[key] == pytest.approx(want_metrics[key], rel=1e-5, abs=1e-7), key
+    assert adapter.config == want_adapter.config
+    assert adapter.tensors.keys() == want_adapter.tensors.keys()
+    for tensor, value in want_adapter.tensors.items():
+        torch.testing.assert_close(adapter.tensors[tensor], value, atol=1e-5, rtol=1e-5, msg=tensor)
 
 
 @pytest.mark.slow

@@ -106,9 +106,12 @@ class RoutingRecord:
         )
 
 
+Routed = nn.Module | list[MoELayer]  # a transformers model, or the MoE layers of another (a Megatron model's)
+
+
 @contextmanager
-def _watch_routers(model: nn.Module, routes: torch.Tensor | None, every_call: bool) -> Iterator[RoutingRecord]:
-    layers = moe_layers(model)
+def _watch_routers(model: Routed, routes: torch.Tensor | None, every_call: bool) -> Iterator[RoutingRecord]:
+    layers = model if isinstance(model, list) else moe_layers(model)
     if not layers:
         raise ValueError(f"{type(model).__name__} has no MoE layers to route")
     if routes is not None and (routes.ndim != 3 or routes.shape[1] != len(layers)):
@@ -127,7 +130,7 @@ def _watch_routers(model: nn.Module, routes: torch.Tensor | None, every_call: bo
             handle.remove()
 
 
-def record_routing(model: nn.Module):
+def record_routing(model: Routed):
     """Context manager: within it, every forward of `model` records its routers' top-k choices.
 
     with record_routing(model) as record:
@@ -137,7 +140,7 @@ def record_routing(model: nn.Module):
     return _watch_routers(model, None, every_call=True)
 
 
-def replay_routing(model: nn.Module, routes: torch.Tensor | None):
+def replay_routing(model: Routed, routes: torch.Tensor | None):
     """Context manager: within it, every forward of `model` over `routes.shape[0]` tokens routes
     token t in MoE layer l to the experts `routes[t, l]` (where they are >= 0), with gate weights
     from its own router's scores. It yields the record of the router's *own* choices in the

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from rlvr.models.moe import MoELayer
 from rlvr.models.routing import RoutingRecord, agreement_counts, expert_counts, replay_routing, row_routes
 from rlvr.training.commands import StepInput
 from rlvr.training.packing import MicroBatch, unpack
@@ -23,13 +24,20 @@ Routing = tuple[torch.Tensor | None, RoutingRecord]
 
 @dataclass(frozen=True)
 class RankRouting:
-    """How a rank's policy `lm` routes: `num_experts` per MoE layer (None: a dense model, which has
-    nothing to route), the engine's routes replayed or not (`replay`, trainer.routing_replay)."""
+    """How a rank's policy routes: its MoE `layers` (none: a dense model, which has nothing to
+    route), the engine's routes replayed or not (`replay`, trainer.routing_replay)."""
 
-    lm: torch.nn.Module
-    num_experts: int | None
+    layers: list[MoELayer]
     replay: bool
     device: torch.device
+
+    def __post_init__(self):
+        if self.replay and not self.layers:
+            raise ValueError("trainer.routing_replay: the policy has no mixture-of-experts layers to replay")
+
+    @property
+    def num_experts(self) -> int | None:
+        return self.layers[0].num_experts if self.layers else None
 
     @contextmanager
     def routed(self, mb: MicroBatch, step: StepInput) -> Iterator[Routing | None]:
@@ -40,7 +48,7 @@ class RankRouting:
             yield None
             return
         recorded = row_routes(mb, step.routes)
-        with replay_routing(self.lm, recorded if self.replay else None) as own:
+        with replay_routing(self.layers, recorded if self.replay else None) as own:
             yield recorded, own
 
     def measure(
@@ -58,7 +66,7 @@ class RankRouting:
         from one more `forward` without gradient, on every rank: FSDP2's collectives need all ranks
         in it)."""
         recorded, own = routing
-        with torch.no_grad(), replay_routing(self.lm, None if self.replay else recorded) as other_own:
+        with torch.no_grad(), replay_routing(self.layers, None if self.replay else recorded) as other_own:
             other = forward()
         if mb.is_empty or recorded is None or self.num_experts is None:  # routes come for MoE rows only
             return

@@ -119,12 +119,7 @@ class Rank:
         # the LoRA-wrapped policy, whose frozen base is the KL term's reference (None: full fine-tuning)
         self.adapted = apply_lora(base, **config.lora.model_dump()) if config.lora else None
         lm = base if self.adapted is None else self.adapted
-        layers = moe_layers(lm)
-        if config.routing_replay and not layers:
-            raise ValueError(f"trainer.routing_replay: {spec.model.path} has no mixture-of-experts layers to replay")
         self.lm = lm
-        num_experts = layers[0].num_experts if layers else None  # None: a dense model
-        self.routing = RankRouting(lm, num_experts, config.routing_replay, self.device)
         self.policy: torch.nn.Module = TokenLogprobs(lm, config.logits_chunk_mb)
         shard_ranks = config.shard_ranks or world_size
         # FSDP2 on a 1-D mesh shards over every rank; on a 2-D one (replicas x shards) it is HSDP
@@ -139,6 +134,7 @@ class Rank:
         # each rank reads its rows of each tensor straight into its shard on the device: neither
         # host nor device ever holds more than the shards and one tensor's rows
         shard_and_load(self.policy, skeleton, mesh, param_dtype=compute, device=self.device)
+        self.routing = RankRouting(moe_layers(lm), config.routing_replay, self.device)  # the modules as loaded
         self.trainable = [(n, p) for n, p in self.policy.named_parameters() if p.requires_grad]
         self.trainable_params = sum(_numel(p) for _, p in self.trainable)
         self.total_params = sum(_numel(p) for p in self.policy.parameters())

@@ -14,13 +14,16 @@ class PackedCoreAttention(MegatronModule):
     """Takes `core_attention`'s place in megatron-core's layer spec. The row's `PackedLayout`
     arrives where Megatron passes its attention mask, untouched down to here."""
 
-    def __init__(self, config, layer_number, attn_mask_type, attention_type, attention_dropout=None, **unused):
+    def __init__(
+        self, config, layer_number, attn_mask_type, attention_type, attention_dropout=None, softmax_scale=None, **unused
+    ):
         super().__init__(config=config)
-        self.scale = config.softmax_scale if config.softmax_scale is not None else config.kv_channels**-0.5
+        # MLA passes its own scale (its query/key head is wider than its value head)
+        self.scale = softmax_scale or config.softmax_scale or config.kv_channels**-0.5
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None, **unused):
         """`[s, 1, heads, dim]` query, `[s, 1, groups, dim]` key and value (this rank's heads) in,
-        `[s, 1, heads x dim]` out."""
+        `[s, 1, heads x value dim]` out."""
         layout = attention_mask if isinstance(attention_mask, PackedLayout) else None
         heads = [x.permute(1, 2, 0, 3) for x in (query, key, value)]  # [1, heads, s, dim]
         out, _ = packed_attention(self, *heads, None, scaling=self.scale, rlvr_layout=layout)

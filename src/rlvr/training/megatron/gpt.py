@@ -79,33 +79,42 @@ class DenseShape:
                 )
 
 
-def transformer_config(shape: DenseShape, tensor_parallel: int, dtype: torch.dtype) -> TransformerConfig:
-    # megatron-core's fusions are CUDA kernels: off, so each op is the plain torch one on any device
-    return TransformerConfig(
+def decoder_settings(shape, tensor_parallel: int, dtype: torch.dtype) -> dict:
+    """TransformerConfig's settings every converted family shares: an RMSNorm SwiGLU decoder of
+    unbiased linears, no dropout, weights read from the folder. `shape`: DenseShape or
+    rlvr.training.megatron.mla.LatentShape."""
+    return dict(
         num_layers=shape.layers,
         hidden_size=shape.hidden_size,
         num_attention_heads=shape.heads,
-        num_query_groups=shape.groups,
-        kv_channels=shape.head_dim,
         ffn_hidden_size=shape.ffn_size,
         normalization="RMSNorm",
         layernorm_epsilon=shape.norm_eps,
         gated_linear_unit=True,
         activation_func=F.silu,
         add_bias_linear=False,
-        add_qkv_bias=shape.qkv_bias,
         hidden_dropout=0.0,
         attention_dropout=0.0,
         tensor_model_parallel_size=tensor_parallel,
         params_dtype=dtype,
         use_cpu_initialization=True,
         perform_initialization=False,  # every weight is read from the folder
+        # megatron-core's fusions are CUDA kernels: off, so each op is the plain torch one on any device
         bias_activation_fusion=False,
         masked_softmax_fusion=False,
         persist_layer_norm=False,
         bias_dropout_fusion=False,
         apply_rope_fusion=False,
         gradient_accumulation_fusion=False,
+    )
+
+
+def transformer_config(shape: DenseShape, tensor_parallel: int, dtype: torch.dtype) -> TransformerConfig:
+    return TransformerConfig(
+        **decoder_settings(shape, tensor_parallel, dtype),
+        num_query_groups=shape.groups,
+        kv_channels=shape.head_dim,
+        add_qkv_bias=shape.qkv_bias,
     )
 
 

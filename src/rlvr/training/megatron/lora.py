@@ -22,7 +22,6 @@ from megatron.core.tensor_parallel import copy_to_tensor_model_parallel_region, 
 from torch import nn
 
 from rlvr.config import LoraConfig
-from rlvr.training.megatron.gpt import DenseShape
 from rlvr.training.megatron.weights import qkv_interleaved
 from rlvr.training.policy import apply_lora
 from rlvr.training.rank_weights import public_name
@@ -30,12 +29,21 @@ from rlvr.training.rank_weights import public_name
 PEFT_LAYER = "base_model.model.model.layers.{layer}.{module}.{target}.lora_{factor}.weight"
 
 # Megatron's fused layer -> (its HF module, the PEFT targets in the order of its output rows,
-# the split: column-parallel splits the output, row-parallel the input)
+# the split: column-parallel splits the output, row-parallel the input); a layer a block lacks
+# (MLA's in a dense model, shared experts in a dense layer) is passed over
+QKV = ("q_proj", "k_proj", "v_proj")
 FUSED = {
-    "self_attention.linear_qkv": ("self_attn", ("q_proj", "k_proj", "v_proj"), "column"),
+    "self_attention.linear_qkv": ("self_attn", QKV, "column"),
+    "self_attention.linear_q_proj": ("self_attn", ("q_proj",), "column"),
+    "self_attention.linear_q_down_proj": ("self_attn", ("q_a_proj",), "column"),
+    "self_attention.linear_q_up_proj": ("self_attn", ("q_b_proj",), "column"),
+    "self_attention.linear_kv_down_proj": ("self_attn", ("kv_a_proj_with_mqa",), "column"),
+    "self_attention.linear_kv_up_proj": ("self_attn", ("kv_b_proj",), "column"),
     "self_attention.linear_proj": ("self_attn", ("o_proj",), "row"),
     "mlp.linear_fc1": ("mlp", ("gate_proj", "up_proj"), "column"),
     "mlp.linear_fc2": ("mlp", ("down_proj",), "row"),
+    "mlp.shared_experts.linear_fc1": ("mlp.shared_experts", ("gate_proj", "up_proj"), "column"),
+    "mlp.shared_experts.linear_fc2": ("mlp.shared_experts", ("down_proj",), "row"),
 }
 
 Fuse = Callable[[list[torch.Tensor]], torch.Tensor]  # each target's output rows -> the fused layer's
@@ -88,14 +96,17 @@ def peft_factors(model: nn.Module, lora: LoraConfig, shapes_only: bool = False) 
     return peft, {public_name(n): p.detach() for n, p in peft.named_parameters() if p.requires_grad}
 
 
-def attach_lora(gpt: GPTModel, peft: dict[str, torch.Tensor], shape: DenseShape, scaling: float) -> None:
+def attach_lora(gpt: GPTModel, peft: dict[str, torch.Tensor], shape, scaling: float) -> None:
     """Put a LoraLinear around each Megatron linear that fuses a PEFT target in `peft` (PEFT's
-    whole tensors by name), keeping this rank's part of each factor."""
+    whole tensors by name), keeping this rank's part of each factor. `shape`: the model's
+    (rlvr.training.megatron.gpt.DenseShape or .mla.LatentShape)."""
     rank, ranks = parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size()
     unplaced = set(peft)
     for layer, block in enumerate(gpt.decoder.layers):
         for path, (module, targets, split) in FUSED.items():
-            owner, attr = block.get_submodule(path.rsplit(".", 1)[0]), path.rsplit(".", 1)[1]
+            base = _linear(block, path)
+            if base is None:
+                continue
             names = {t: PEFT_LAYER.format(layer=layer, module=module, target=t, factor="{}") for t in targets}
             adapted = [t for t in targets if names[t].format("A") in peft]
             if not adapted:
@@ -109,19 +120,23 @@ def attach_lora(gpt: GPTModel, peft: dict[str, torch.Tensor], shape: DenseShape,
                 else:
                     b = b.chunk(ranks, dim=0)[rank]
                 factors[t] = (a.clone(), b.clone())
-            rows = _target_rows(module, shape, ranks)
-            fuse = _fuse_qkv(shape.groups // ranks) if module == "self_attn" else _concat
-            wrapped = LoraLinear(getattr(owner, attr), split == "row", factors, rows, fuse, scaling)
-            setattr(owner, attr, wrapped)
+            if targets == QKV:
+                q, kv = shape.heads * shape.head_dim // ranks, shape.groups * shape.head_dim // ranks
+                rows, fuse = dict(zip(QKV, (q, kv, kv))), _fuse_qkv(shape.groups // ranks)
+            else:  # gate and up halves, or one target: the rank's output rows
+                rows, fuse = {t: base.get_parameter("weight").shape[0] // len(targets) for t in targets}, _concat
+            owner, attr = block.get_submodule(path.rsplit(".", 1)[0]), path.rsplit(".", 1)[1]
+            setattr(owner, attr, LoraLinear(base, split == "row", factors, rows, fuse, scaling))
     if unplaced:
         raise ValueError(f"trainer.lora.target_modules: no Megatron layer holds {sorted(unplaced)[0]}")
 
 
-def _target_rows(module: str, shape: DenseShape, ranks: int) -> dict[str, int]:
-    if module == "self_attn":
-        q, kv = shape.heads * shape.head_dim // ranks, shape.groups * shape.head_dim // ranks
-        return {"q_proj": q, "k_proj": kv, "v_proj": kv}
-    return {"gate_proj": shape.ffn_size // ranks, "up_proj": shape.ffn_size // ranks}
+def _linear(block: nn.Module, path: str) -> nn.Module | None:
+    """The block's layer at `path`, None where the block has none."""
+    try:
+        return block.get_submodule(path)
+    except AttributeError:
+        return None
 
 
 def _fuse_qkv(groups: int) -> Fuse:
@@ -142,7 +157,7 @@ def peft_tensors(gpt: GPTModel) -> dict[str, torch.Tensor]:
     out = {}
     for layer, block in enumerate(gpt.decoder.layers):
         for path, (module, _, split) in FUSED.items():
-            lora = block.get_submodule(path)
+            lora = _linear(block, path)
             if not isinstance(lora, LoraLinear):
                 continue
             for target in lora.lora_A:

@@ -30,5 +30,10 @@ def tensor_rank() -> tuple[int, int]:
     return parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size()
 
 
+def expert_rank() -> tuple[int, int]:
+    """(this rank's index in its expert-parallel group, the group's size)."""
+    return parallel_state.get_expert_model_parallel_rank(), parallel_state.get_expert_model_parallel_world_size()
+
+
 def stop_model_parallel() -> None:
     parallel_state.destroy_model_parallel()

@@ -17,7 +17,6 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from rlvr.hardware import compute_dtype
-from rlvr.quant.checkpoint import dequantized_view
 from rlvr.quant.skeleton import Skeleton
 from rlvr.training.commands import (
     Adapter,
@@ -63,15 +62,13 @@ class MegatronRank(Rank):
         skeleton = Skeleton.from_checkpoint(spec.model.path, compute)
         peft, factors = peft_factors(skeleton.model, config.lora)
         self.peft_config = lora_config(peft)
-        # a 4-bit base is read as the float values its packed layers compute with: the engine's view on CPU
-        base = spec.model.path if skeleton.base_format == "hf" else str(dequantized_view(spec.model.path))
-        self.megatron = MegatronPolicy(base, compute, config.logits_chunk_mb)
+        self.megatron = MegatronPolicy(spec.model.path, compute, config.logits_chunk_mb)
         for p in self.megatron.parameters():
             p.requires_grad_(False)
         attach_lora(self.megatron.gpt, factors, self.megatron.shape, scaling=config.lora.alpha / config.lora.rank)
         self.policy = self.megatron.to(self.device)
         self.base_format, self.packed_attention, self.adapted = skeleton.base_format, True, None
-        self.routing = RankRouting(self.policy, None, False, self.device)
+        self.routing = RankRouting(self.megatron.moe_layers(), config.routing_replay, self.device)
         self.trainable = [(n, p) for n, p in self.policy.named_parameters() if p.requires_grad]
         self.trainable_params = _global_numel(p for _, p in self.trainable)
         self.total_params = _global_numel(self.policy.parameters())
@@ -133,6 +130,7 @@ class MegatronRank(Rank):
             for k, mini in enumerate(step.mini_batches)
         ]
         masks = None if step.loss_masks is None else {i: m for s in steps for i, m in (s.loss_masks or {}).items()}
+        routes = None if step.routes is None else {i: r for s in steps for i, r in (s.routes or {}).items()}
         return StepInput(
             mini_batches=minis,
             epochs=step.epochs,
@@ -141,6 +139,7 @@ class MegatronRank(Rank):
             loss_masks=masks,
             max_len=step.max_len,
             temperature=step.temperature,
+            routes=routes,
         )
 
     # ------------------------------------------------------------------ gradients
@@ -170,9 +169,13 @@ def _split(p: torch.Tensor) -> bool:
 
 
 def _global_numel(params) -> int:
-    """Elements of the whole model: a split tensor's parts added up over the tensor-parallel ranks."""
+    """Elements of the whole model: a split tensor's parts added up over the tensor-parallel ranks,
+    a routed expert's over the expert-parallel ones (megatron-core marks those `allreduce=False`)."""
     ranks = parallel_state.get_tensor_model_parallel_world_size()
-    return sum(p.numel() * (ranks if _split(p) else 1) for p in params)
+    experts = parallel_state.get_expert_model_parallel_world_size()
+    return sum(
+        p.numel() * (ranks if _split(p) else 1) * (1 if getattr(p, "allreduce", True) else experts) for p in params
+    )
 
 
 def _unsummed(report: TrainReport) -> TrainReport:
