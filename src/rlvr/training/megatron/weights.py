@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from rlvr.models.checkpoint_files import CheckpointFiles, Rows, check_shape
+from rlvr.models.checkpoint_files import CheckpointFiles, check_shape
 from rlvr.training.megatron.gpt import DenseShape
 from rlvr.training.megatron.mla import LatentShape
 
