@@ -43,6 +43,14 @@ def _same(got: list[Rollout], want: list[Rollout], what: str) -> None:
         assert_close_scaled(g.logprobs, w.logprobs, rel=REL, msg=what)
 
 
+def _apart(got: list[Rollout], want: list[Rollout]) -> bool:
+    """Other tokens, or logprobs a hundred times farther apart than `_same` allows."""
+    if [r.completion_ids for r in got] != [r.completion_ids for r in want]:
+        return True
+    got_lp, want_lp = (torch.tensor([lp for r in rollouts for lp in r.logprobs]) for rollouts in (got, want))
+    return bool((got_lp - want_lp).abs().max() > 100 * REL * want_lp.abs().max())
+
+
 @pytest.mark.slow
 def test_adapters_and_the_base_sampled_in_one_batch_draw_as_each_alone(tmp_path):
     model_dir = build_peaked_model(tmp_path / "model")
@@ -72,12 +80,11 @@ def test_adapters_and_the_base_sampled_in_one_batch_draw_as_each_alone(tmp_path)
             _same(together[key], want, f"adapter {key[0]}, prompt {key[1]}: in one batch and alone")
         for i in range(len(prompts)):  # the zeros adapter is the model as loaded
             _same(alone[(0, i)], alone[(None, i)], f"prompt {i}: the zeros adapter and no adapter")
-            # each adapter samples its own tokens, so that one given to every request fails the check above
-            assert len({tuple(r.completion_ids for r in alone[(v, i)]) for v in adapters}) == len(adapters)
+            # each adapter draws its own, so that one given to every request fails the check above
+            assert all(_apart(alone[(v, i)], alone[(w, i)]) for v in adapters for w in adapters if v < w)
         # the mutation the check above catches: every request sampled with adapter 1
         mutated = _sample(engine, [replace(request, adapter=1) for request in requests(each)])
-        wrong = [key for key, want in alone.items() if mutated[key][0].completion_ids != want[0].completion_ids]
-        assert {version for version, _ in wrong} == {None, 0, 2}
+        assert {key[0] for key, want in alone.items() if _apart(mutated[key], want)} == {None, 0, 2}
 
         # a fourth adapter takes the slot of the least recently used (adapter 0: added first, and
         # sampled before the others); a request naming it is refused, not loaded from a path
