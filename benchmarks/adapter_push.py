@@ -57,8 +57,8 @@ def build_model(folder: Path) -> Path:
     return folder
 
 
-def random_adapter(model_dir: Path, version: int):
-    """A rank-RANK adapter on every target of the model, in PEFT naming, float32."""
+def random_adapter(model_dir: Path | str, version: int, rank: int = RANK):
+    """A rank-`rank` adapter on every target of the model, in PEFT naming, float32."""
     import torch
     from peft import LoraConfig
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -71,9 +71,9 @@ def random_adapter(model_dir: Path, version: int):
         if name.rpartition(".")[2] in TARGETS:
             out_features, in_features = module.weight.shape
             prefix = f"base_model.model.{name}"
-            tensors[f"{prefix}.lora_A.weight"] = torch.randn(RANK, in_features, generator=generator) * 0.01
-            tensors[f"{prefix}.lora_B.weight"] = torch.randn(out_features, RANK, generator=generator) * 0.01
-    config = LoraConfig(r=RANK, lora_alpha=2 * RANK, target_modules=TARGETS).to_dict()
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, in_features, generator=generator) * 0.01
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(out_features, rank, generator=generator) * 0.01
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=TARGETS).to_dict()
     config["target_modules"] = sorted(config["target_modules"])
     from rlvr.records import LoraAdapter
 

@@ -26,6 +26,7 @@ def start_engine(
     *,
     seed: int = 0,
     lora_rank: int | None = None,
+    max_loras: int = 1,
     placement=None,
     dtype: str = "float32",
     **options,
@@ -37,6 +38,7 @@ def start_engine(
         EngineConfig(backend=backend, **options),
         seed=seed,
         lora_rank=lora_rank,
+        max_loras=max_loras,
         placement=placement,
     )
 

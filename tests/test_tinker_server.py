@@ -709,7 +709,8 @@ def test_limits_are_refused_by_name_and_lose_nothing(server, bob_training):
 def test_adapters_on_one_base_share_its_host_and_train_as_alone(server):
     """Two tenants' models with the same base, rank and seed: one engine and one set of ranks (the
     server says so), each adapter switched in per call, and each trained exactly as alone: steps
-    interleaved with the other tenant's give the logprobs one model alone gave, bit for bit."""
+    interleaved with the other tenant's give the logprobs one model alone gave, bit for bit; and the
+    two tenants' sampling calls, sent together, each draw what the model alone drew."""
     url, model, _, log = server
     ours, theirs = TOKENS, TOKENS[::-1]
 
@@ -729,11 +730,25 @@ def test_adapters_on_one_base_share_its_host_and_train_as_alone(server):
             .result()
         )
 
+    prompt, params = types.ModelInput.from_ints(ours[:5]), types.SamplingParams(max_tokens=6, seed=3)
+
+    def sample_at_once(training_clients) -> list:
+        """Each model's sampler sampled, the calls sent together: they share a batch of the host's engine
+        (a LoRA slot each where adapters are not merged), each drawing as it would alone."""
+        samplers = [training.save_weights_and_get_sampling_client().result() for training in training_clients]
+        ours_forward = training_clients[0].forward(
+            [_datum(ours, weights=np.ones(len(ours) - 1, np.float32))], "cross_entropy"
+        )
+        futures = [sampler.sample(prompt, 2, params) for sampler in samplers]  # queued behind the forward
+        ours_forward.result()
+        return [future.result().sequences for future in futures]
+
     alone = create(CAROL)
     expected = [_logprobs(alone, ours)]
     for _ in range(2):
         step(alone, ours)
         expected.append(apply(alone))
+    [sampled_alone] = sample_at_once([alone])
     # the model alone ends (its host with it), then carol's and alice's share a new one
     assert _http(url, f"sessions/{alone.model_id.split(':')[0]}/finish", {}, key=CAROL)[0] == 200
     carols, alices = create(CAROL), create(ALICE)
@@ -746,6 +761,11 @@ def test_adapters_on_one_base_share_its_host_and_train_as_alone(server):
     for want, have in zip(expected, got):
         np.testing.assert_array_equal(have, want)
     assert not np.array_equal(alices_after, got[-1])  # alice's adapter learned her own sequence
+    carols_sampled, alices_sampled = sample_at_once([carols, alices])
+    assert [s.tokens for s in carols_sampled] == [s.tokens for s in sampled_alone]
+    np.testing.assert_allclose([s.logprobs for s in carols_sampled], [s.logprobs for s in sampled_alone], atol=1e-5)
+    # alice's call sampled her adapter, not carol's
+    assert [(s.tokens, s.logprobs) for s in alices_sampled] != [(s.tokens, s.logprobs) for s in carols_sampled]
     deadline = time.monotonic() + 10
     while f"{alices.model_id} shares the loaded {model} with 1 adapter(s)" not in log.read_text():
         assert time.monotonic() < deadline, log.read_text()[-2000:]

@@ -54,6 +54,9 @@ class Request:
     prompt: list[int]
     n: int
     sampling: Sampling
+    # the version of an adapter the engine holds in a LoRA slot (Engine.add_lora) to sample with;
+    # None: the policy the engine serves
+    adapter: int | None = None
 
 
 @dataclass

@@ -113,6 +113,14 @@ class ServeConfig(Section):
     )
     limits: LimitsConfig = Field(LimitsConfig(), description="each tenant's limits, unless the tenant sets its own")
     engine: EngineConfig = Field(EngineConfig(), description="the engine that samples")
+    max_loras: int = Field(
+        4,
+        ge=1,
+        description="adapters of one base its engine holds at once, each in its own slot of vLLM's LoRA layers (vLLM's "
+        "max_loras and max_cpu_loras), so that the sampling calls of up to this many models on that base run in one "
+        "batch; a further adapter takes the slot of the least recently used. Unused where adapters are merged into "
+        "the base (engine.merge_lora, the default on CPU): the engine serves one at a time",
+    )
     trainer: TrainerConfig = Field(TrainerConfig(), description="trainer ranks; trainer.lora's rank is the request's")
 
 

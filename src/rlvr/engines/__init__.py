@@ -14,13 +14,15 @@ def make_engine(
     *,
     seed: int,
     lora_rank: int | None = None,
+    max_loras: int = 1,
     sleep_mode: bool = False,
     placement=None,
 ) -> Engine:
     """Start `engine.backend` on `model.path` (a local HF folder; a 4-bit one is served as
     `served_model_path` says); `engine.replicas` of them behind one `ReplicatedEngine`.
 
-    `lora_rank`: the engine serves LoRA adapters of up to this rank (None: no adapters).
+    `lora_rank`: the engine serves LoRA adapters of up to this rank (None: no adapters), through
+    vLLM's LoRA layers up to `max_loras` of them at once (`Engine.lora_slots`; merged: one).
     `sleep_mode`: the engine may free its device memory between steps (GPU vLLM only).
     `placement`: None runs it here; a `rlvr.orchestration.ray_placement.RayCluster` runs each
     replica in an actor of the cluster's placement group (which calls this again, there)."""
@@ -32,12 +34,18 @@ def make_engine(
     one = engine.model_copy(update={"replicas": 1})
     seeds = [replica_seed(seed, i) for i in range(engine.replicas)]
     if placement is not None:
-        engines = placement.engines(model, one, seeds=seeds, lora_rank=lora_rank, sleep_mode=sleep_mode)
+        engines = placement.engines(
+            model, one, seeds=seeds, lora_rank=lora_rank, max_loras=max_loras, sleep_mode=sleep_mode
+        )
     else:
         engines = []
         try:
             for each_seed in seeds:
-                engines.append(_start_here(model, one, seed=each_seed, lora_rank=lora_rank, sleep_mode=sleep_mode))
+                engines.append(
+                    _start_here(
+                        model, one, seed=each_seed, lora_rank=lora_rank, max_loras=max_loras, sleep_mode=sleep_mode
+                    )
+                )
         except BaseException:
             for started in engines:
                 started.close()
@@ -46,13 +54,13 @@ def make_engine(
 
 
 def _start_here(
-    model: ModelConfig, engine: EngineConfig, *, seed: int, lora_rank: int | None, sleep_mode: bool
+    model: ModelConfig, engine: EngineConfig, *, seed: int, lora_rank: int | None, max_loras: int, sleep_mode: bool
 ) -> Engine:
     served = model.model_copy(update={"path": served_model_path(model.path, native_nvfp4=engine.backend == "vllm")})
     if engine.backend == "vllm":
         from rlvr.engines.vllm_engine import VLLMEngine
 
-        return VLLMEngine(served, engine, seed=seed, lora_rank=lora_rank, sleep_mode=sleep_mode)
+        return VLLMEngine(served, engine, seed=seed, lora_rank=lora_rank, max_loras=max_loras, sleep_mode=sleep_mode)
     from rlvr.engines.hf_engine import HFEngine
 
     return HFEngine(served, engine, seed=seed)

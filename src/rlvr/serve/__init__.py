@@ -7,7 +7,7 @@ registry.py       sessions, models, sampling sessions, each visible to its tenan
 futures.py        every request's future (retrieve_future), and the tenant limits on what is in flight
 work_line.py      the one worker thread's order: sessions in turn, a model's calls by seq_id
 fair_queue.py     the sessions-in-turn queue itself
-sample_batcher.py sampling calls gathered into one engine batch per model
+sample_batcher.py sampling calls gathered into one engine batch per base, of every model on it
 saved_states.py   save_state's checkpoints, under each tenant's own folder
 model.py          one served model: LoRA trainer ranks + engine + sync probe; checks each request first
 protocol.py       the SDK's protobuf bodies (tinker.proto), read and written

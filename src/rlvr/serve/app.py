@@ -227,7 +227,7 @@ def asample(server: TinkerServer, tenant: Tenant, body: types.SampleRequest) -> 
         model.check_tokens(list(sampling.stop_token_ids), "sampling_params.stop")
     tokens = body.num_samples * (len(prompt) + sampling.max_tokens)
     request_id, future = server.futures.new(tenant, tokens=tokens)
-    server.batcher.add(session.model_id, PendingSample(body, prompt, session, sampling, future))
+    server.batcher.add(model.host, PendingSample(body, prompt, session, sampling, future))
     return {
         "request_id": request_id,
         "model_id": None,

@@ -1,6 +1,6 @@
 """One base model's engine and trainer ranks, shared by every LoRA adapter trained on it.
 
-    host = BaseHost(HostKey(folder, rank=16, seed=0), run)
+    host = BaseHost(HostKey(folder, rank=16, seed=0), run, max_loras=4)
     host.use("s1:train:0")                # the ranks switch to that model's adapter state ...
     host.trainer.forward_backward(...)    # ... and train it
     adapter = host.publish("s1:train:0")  # the engine serves it, checked by the sync probe
@@ -8,7 +8,8 @@
 
 Two clients on the same base hold it once: the ranks keep each adapter's weights, gradient,
 optimizer state and RNG apart (rlvr.training.adapter_slots) and switch them per request; the
-engine serves the adapter a sampling call names (merged into the base on CPU, a LoRA slot on GPU).
+engine serves the adapter a sampling call names: on GPU from one of its LoRA slots, so that the calls
+of several adapters share a batch; on CPU merged into the base, one adapter after another.
 Adapters share a host when their base, LoRA rank and seed agree: the ranks' tensors have one
 shape, and a new adapter starts from the factors the host's seed drew, as it would alone.
 """
@@ -77,7 +78,7 @@ class HostKey:
 
 
 class BaseHost:
-    def __init__(self, key: HostKey, run: RunConfig):
+    def __init__(self, key: HostKey, run: RunConfig, max_loras: int = 1):
         self.key = key
         self.vocab_size = int(text_config(model_config_dict(run.model.path))["vocab_size"])
         # the schedule is the client's: each optim_step brings its learning rate
@@ -85,7 +86,7 @@ class BaseHost:
             RankSpec(model=run.model, trainer=run.trainer, algorithm=AlgorithmConfig(), seed=key.seed, total_steps=1)
         )
         try:
-            self.engine = make_engine(run.model, run.engine, seed=key.seed, lora_rank=key.rank)
+            self.engine = make_engine(run.model, run.engine, seed=key.seed, lora_rank=key.rank, max_loras=max_loras)
         except BaseException:
             self.trainer.close()
             raise
@@ -127,18 +128,36 @@ class BaseHost:
 
     def sample_many(self, calls: list[tuple[LoraAdapter | None, list[int], int, Sampling]]) -> list[list[Rollout]]:
         """Each call's `n` samples of its prompt from the base with its adapter (a snapshot publish()
-        returned; None: the base), the calls that share an adapter in one engine batch; each call
-        draws as it would alone (its sampling's seed, the j-th sample with seed + j)."""
+        returned; None: the base); each call draws as it would alone (its sampling's seed, the j-th
+        sample with seed + j). One engine batch takes the calls of as many adapters as the engine has
+        LoRA slots; where it serves one adapter at a time (merged), those of one adapter."""
         drawn: dict[int, list[Rollout]] = {}
         by_adapter: dict[int, list[int]] = {}
         for index, (adapter, *_) in enumerate(calls):
             by_adapter.setdefault(id(adapter), []).append(index)
-        for indices in by_adapter.values():
-            self.serve(calls[indices[0]][0])
-            self.engine.submit([Request(index, *calls[index][1:]) for index in indices])
-            while not drawn.keys() >= set(indices):
+        groups, width = list(by_adapter.values()), max(1, self.engine.lora_slots)
+        for start in range(0, len(groups), width):
+            requests = []
+            for indices in groups[start : start + width]:
+                adapter = self._sampled_by(calls[indices[0]][0])
+                requests += [Request(index, *calls[index][1:], adapter=adapter) for index in indices]
+            self.engine.submit(requests)
+            while not drawn.keys() >= {request.key for request in requests}:
                 drawn.update(self.engine.poll())
         return [drawn[index] for index in range(len(calls))]
+
+    def _sampled_by(self, adapter: LoraAdapter | None) -> int | None:
+        """What a request names to sample with `adapter` (None: the bare base): its version, held in
+        one of the engine's LoRA slots; where the engine has none, None, the policy, switched to it."""
+        if not self.engine.lora_slots:
+            self.serve(adapter)
+            return None
+        if adapter is None:
+            if self.sync.serving is None:  # nothing published yet: the policy is the bare base
+                return None
+            adapter = self._bare_base(self.sync.serving)
+        self.engine.add_lora(adapter)
+        return adapter.version
 
     def prompt_logprobs(self, adapter: LoraAdapter | None, prompt: list[int]) -> list[float]:
         """The engine's logprob of each prompt token after the first (temperature 1)."""
@@ -151,6 +170,8 @@ class BaseHost:
             if self.sync.serving is None:  # nothing published yet: the engine holds the base
                 return
             adapter = self._bare_base(self.sync.serving)
+        if self.engine.lora_slots:
+            self.engine.add_lora(adapter)  # back in a slot, if other adapters took the one it had
         if adapter is not self.sync.serving:
             self.sync.serve(adapter)  # a snapshot: checked by the probe when it was published
 

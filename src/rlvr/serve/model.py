@@ -5,7 +5,7 @@
     logprobs, loss = model.forward_backward(batch)     # gradients add up ...
     metrics = model.optim_step(adam)                   # ... until applied here
     adapter = model.publish()                          # the engine serves the adapter, checked by the sync probe
-    rollouts = model.sample_many([(adapter, prompt, n, sampling)])
+    rollouts = model.host.sample_many([(adapter, prompt, n, sampling)])  # beside other models' calls
 
 Every request is checked here before any rank sees it: a rank that fails takes the trainer
 down with it (rlvr.training.trainer), so a bad request must never reach one.
@@ -26,7 +26,7 @@ from rlvr.config import DataConfig, LoraConfig, ModelConfig, RunConfig, ServeCon
 from rlvr.errors import UserError
 from rlvr.planning.lora import with_engine_lora_targets
 from rlvr.planning.plan import PlanError, adapter_bytes, all_devices_bytes, make_plan
-from rlvr.records import LoraAdapter, Rollout, Sampling
+from rlvr.records import LoraAdapter
 from rlvr.serve.base_host import BaseHost
 from rlvr.serve.protocol import ForwardBackwardBatch
 from rlvr.serve.refusals import BadRequest
@@ -129,9 +129,6 @@ class ServedModel:
         """Put back what save_state wrote: the adapter, and with `optimizer` the optimizer's state
         (without: the optimizer starts afresh)."""
         self.host.use(self.model_id).load(str(folder / "trainer"), optimizer=optimizer)
-
-    def sample_many(self, calls: list[tuple[LoraAdapter | None, list[int], int, Sampling]]) -> list[list[Rollout]]:
-        return self.host.sample_many(calls)
 
     def prompt_logprobs(self, adapter: LoraAdapter | None, prompt: list[int], last_n: int | None) -> np.ndarray:
         """The engine's logprob of each prompt token after the first (temperature 1), NaN where none is

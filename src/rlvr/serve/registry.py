@@ -115,7 +115,7 @@ class ModelRegistry:
         (on the worker thread: builds run there)."""
         host = self.hosts.get(key)
         if host is None:
-            host = self.hosts[key] = BaseHost(key, run)
+            host = self.hosts[key] = BaseHost(key, run, self.cfg.max_loras)
             self.say(f"rlvr serve: loaded {key.folder} (LoRA rank {key.rank}, seed {key.seed}) for {model_id}")
         else:
             self.say(f"rlvr serve: {model_id} shares the loaded {key.folder} with {len(host.adapters)} adapter(s)")
