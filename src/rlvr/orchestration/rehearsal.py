@@ -152,15 +152,16 @@ def compare_bytes(cfg: RunConfig) -> list[dict]:
     from rlvr.training.sharding_rehearsal import measure_ranks
 
     ranks = rehearsed_ranks(cfg.trainer.ranks)
+    # the trainer's LoRA as the run resolves it (the plan counts it so): not kv_b_proj on MLA
+    resolved = with_engine_lora_targets(cfg, log=lambda line: None)
     if cfg.trainer.backend == "megatron":
         why = unbuilt(cfg)  # a layout or model the Megatron rank does not build: planned, not measured
-        measured = measure_megatron_ranks(cfg, ranks) if why is None else [None] * len(ranks)
+        measured = measure_megatron_ranks(resolved, ranks) if why is None else [None] * len(ranks)
         return [
             {"rank": rank, "planned": megatron_rank_bytes(cfg, rank), "measured": bytes_, "unmeasured": why}
             for rank, bytes_ in zip(ranks, measured)
         ]
-    # the trainer's LoRA as the run resolves it (the plan counts it so): not kv_b_proj on MLA
-    measured = measure_ranks(with_engine_lora_targets(cfg, log=lambda line: None), ranks)
+    measured = measure_ranks(resolved, ranks)
     return [
         {"rank": rank, "planned": rank_bytes(cfg, rank), "measured": bytes_} for rank, bytes_ in zip(ranks, measured)
     ]

@@ -9,6 +9,7 @@ with, held in full precision, not 4-bit."""
 from __future__ import annotations
 
 import torch
+from megatron.core.models.gpt import GPTModel
 from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 from torch import nn
 
@@ -25,6 +26,18 @@ from rlvr.training.megatron.weights import RankWeights, load_rank
 from rlvr.training.policy import score_in_chunks
 
 
+def build_rank_model(config, qkv_bias: bool, dtype: torch.dtype) -> tuple[gpt.DenseShape | mla.LatentShape, GPTModel]:
+    """This rank's part of megatron-core's model of the transformers `config` (dense, or MLA + MoE),
+    at its tensor- and expert-parallel place, with no weights read: what the rank loads into and
+    what `rlvr rehearse` measures."""
+    tensor_ranks, expert_ranks = tensor_rank()[1], expert_rank()[1]
+    if config.model_type in mla.LATENT:
+        latent = mla.LatentShape.of(config)
+        return latent, mla.build_gpt(latent, tensor_ranks, expert_ranks, dtype)
+    dense = gpt.DenseShape.of(config, qkv_bias)
+    return dense, gpt.build_gpt(dense, tensor_ranks, dtype)
+
+
 class MegatronPolicy(nn.Module):
     """forward: (logprobs [T], entropy [T]) of a packed row's scored tokens, as TokenLogprobs's."""
 
@@ -35,16 +48,9 @@ class MegatronPolicy(nn.Module):
             folder = as_model_folder(dequantized_view(folder))
         files = CheckpointFiles(folder)
         config = folder.transformers_config()
-        rank, ranks = tensor_rank()
-        experts_at, expert_ranks = expert_rank()
-        self.shape: gpt.DenseShape | mla.LatentShape
-        if config.model_type in mla.LATENT:
-            self.shape = mla.LatentShape.of(config)
-            self.gpt = mla.build_gpt(self.shape, ranks, expert_ranks, dtype)
-        else:
-            self.shape = gpt.DenseShape.of(config, "model.layers.0.self_attn.q_proj.bias" in files)
-            self.gpt = gpt.build_gpt(self.shape, ranks, dtype)
+        self.shape, self.gpt = build_rank_model(config, "model.layers.0.self_attn.q_proj.bias" in files, dtype)
         self.family = mla if isinstance(self.shape, mla.LatentShape) else gpt
+        (rank, ranks), (experts_at, expert_ranks) = tensor_rank(), expert_rank()
         load_rank(self.gpt, RankWeights(files, self.shape, rank, ranks, experts_at, expert_ranks))
         self.logits_chunk_bytes = logits_chunk_mb * 1e6
 

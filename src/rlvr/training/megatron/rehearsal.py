@@ -4,7 +4,8 @@ module tree at the run's real size with no GPU and no weights: `rlvr rehearse`'s
 
 For each rank asked, megatron-core's process groups are started over torch's fake process group
 at the config's world size and layout (trainer.megatron), and the rank's part of the model is
-built as its rank builds it (`build_gpt`, the PEFT factors drawn on the skeleton, `attach_lora`)
+built as its rank builds it (`build_rank_model`: dense, or MLA + MoE with its routed experts split
+by expert parallel; the PEFT factors drawn on the skeleton, `attach_lora`)
 on the meta device: megatron-core itself decides each rank's share of every tensor. Then, in bytes:
 
 - base_shard: the rank's part of every frozen parameter, at the compute dtype (a 4-bit base is
@@ -24,9 +25,11 @@ from rlvr.config import RunConfig
 from rlvr.hardware import compute_dtype, local_device
 from rlvr.models.estimate import estimate_config
 from rlvr.models.folder import config_file, model_config
-from rlvr.training.megatron.gpt import DENSE, DenseShape, build_gpt
+from rlvr.training.megatron.gpt import DENSE
 from rlvr.training.megatron.lora import attach_lora, peft_factors
-from rlvr.training.megatron.parallel import start_model_parallel, stop_model_parallel, tensor_rank
+from rlvr.training.megatron.mla import LATENT, LatentShape
+from rlvr.training.megatron.parallel import start_model_parallel, stop_model_parallel
+from rlvr.training.megatron.policy import build_rank_model
 from rlvr.training.sharding_rehearsal import held_bytes, rehearsal_skeleton
 
 
@@ -41,13 +44,20 @@ def unbuilt(cfg: RunConfig) -> str | None:
         return "the Megatron rank builds no pipeline stages (trainer.megatron.pipeline_parallel)"
     path = Path(cfg.model.path)
     if config_file(path).is_file():
-        model_type = model_config(path).model_type
+        config = model_config(path)
     elif cfg.model.estimate is not None:
-        model_type = estimate_config(cfg.model.estimate).model_type
+        config = estimate_config(cfg.model.estimate)
     else:
         return None  # the measurement says what is missing
-    if model_type not in DENSE:
-        return f"the Megatron rank converts {', '.join(DENSE)} models, not {model_type}"
+    if config.model_type in LATENT:
+        try:  # what the rank refuses of an MLA + MoE model, or of its split
+            LatentShape.of(config).check_split(
+                cfg.trainer.megatron.tensor_parallel, cfg.trainer.megatron.expert_parallel
+            )
+        except ValueError as refusal:
+            return str(refusal)
+    elif config.model_type not in DENSE:
+        return f"the Megatron rank converts {', '.join(DENSE + LATENT)} models, not {config.model_type}"
     return None
 
 
@@ -62,10 +72,9 @@ def _measure(cfg: RunConfig, rank: int) -> dict[str, int]:
         start_model_parallel(trainer.megatron, use_cuda=False)
         skeleton = rehearsal_skeleton(cfg, dtype)
         names = {name for name, _ in skeleton.model.named_parameters()}
-        shape = DenseShape.of(skeleton.model.config, "model.layers.0.self_attn.q_proj.bias" in names)
         _, factors = peft_factors(skeleton.model, trainer.lora, shapes_only=True)
         with torch.device("meta"):
-            gpt = build_gpt(shape, tensor_rank()[1], dtype)
+            shape, gpt = build_rank_model(skeleton.model.config, "model.layers.0.self_attn.q_proj.bias" in names, dtype)
             for p in gpt.parameters():
                 p.requires_grad_(False)
             attach_lora(gpt, factors, shape, scaling=trainer.lora.alpha / trainer.lora.rank)
