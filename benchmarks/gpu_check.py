@@ -212,11 +212,13 @@ def train_batch():
 
 
 def trainer_spec(model_dir: Path, dtype: str, steps: int):
-    from rlvr.config import AlgorithmConfig, LoraConfig, ModelConfig, TrainerConfig
+    from rlvr.config import AlgorithmConfig, LoraConfig, TrainerConfig
+    from rlvr.models.folder import read_model_folder
     from rlvr.training.worker import RankSpec
 
     return RankSpec(
-        model=ModelConfig(path=str(model_dir), dtype=dtype),
+        folder=read_model_folder(model_dir),
+        dtype=dtype,
         trainer=TrainerConfig(
             ranks=1, lr=1e-4, micro_batch_tokens=8192, lora=LoraConfig(rank=16, alpha=32, target_modules="all-linear")
         ),

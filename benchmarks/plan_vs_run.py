@@ -58,9 +58,10 @@ def merge_seconds(cfg, arch, threads: int) -> float:
     import torch
     from safetensors.torch import load_file
 
-    from rlvr.engines import served_model_path
+    from rlvr.engines import served_folder
     from rlvr.engines.lora_merge import merged_weights
     from rlvr.engines.lora_targets import engine_lora_targets
+    from rlvr.models.folder import read_model_folder
     from rlvr.planning.architecture import planned_dtype
 
     lora = cfg.trainer.lora
@@ -68,7 +69,7 @@ def merge_seconds(cfg, arch, threads: int) -> float:
     targets = engine_lora_targets(lora.target_modules, linears, uses_mla=arch.mla is not None)[0]
     base = {
         name: tensor
-        for f in sorted(Path(served_model_path(cfg.model.path)).glob("*.safetensors"))
+        for f in sorted(served_folder(read_model_folder(cfg.model.path)).path.glob("*.safetensors"))
         for name, tensor in load_file(f).items()
     }
     adapted = [

@@ -161,13 +161,14 @@ def _held_bytes(rank: int, world_size: int, path: str, adapter: dict) -> dict[st
     import torch
 
     from rlvr.config import MegatronConfig
+    from rlvr.models.folder import read_model_folder
     from rlvr.training.megatron.lora import attach_lora
     from rlvr.training.megatron.parallel import start_model_parallel, stop_model_parallel
     from rlvr.training.megatron.policy import MegatronPolicy
 
     start_model_parallel(MegatronConfig(tensor_parallel=world_size), use_cuda=False)
     try:
-        policy = MegatronPolicy(path, torch.float32, logits_chunk_mb=64)
+        policy = MegatronPolicy(read_model_folder(path), torch.float32, logits_chunk_mb=64)
         for p in policy.parameters():
             p.requires_grad_(False)
         attach_lora(policy.gpt, adapter, policy.shape, scaling=2.0)

@@ -20,7 +20,7 @@ from rlvr.affinity import allowed_cores, pinned
 from rlvr.config import RunConfig, dump_config
 from rlvr.engines import make_engine
 from rlvr.envs import EnvContext
-from rlvr.models.folder import check_model_folder
+from rlvr.models.folder import ModelFolder, check_model_folder
 from rlvr.models.tokenizer import load_tokenizer
 from rlvr.orchestration.engine_supervisor import EngineSupervisor
 from rlvr.orchestration.evaluation import Evaluation
@@ -95,8 +95,8 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     resume_from = checkpoints.resumable() if resume else None
     cores = place_on_cores(cfg, stack, log)  # before anything starts: what it starts inherits the controller's cores
     pool = stack.enter_context(build_scoring_pool(cfg, log))  # first: a bad reward.options fails before the slow starts
-    trainer = stack.enter_context(build_trainer(cfg, cores))  # its ranks load while the engine starts
-    engine = stack.enter_context(build_engine(cfg, log, cores))
+    trainer = stack.enter_context(build_trainer(cfg, folder, cores))  # its ranks load while the engine starts
+    engine = stack.enter_context(build_engine(cfg, folder, log, cores))
     trainer.wait_started()
     logger = stack.enter_context(MetricsLogger(run_dir, cfg.tracking.backends, config=cfg.model_dump(mode="json")))
     sampler = EpochSampler(len(train_set.problems), cfg.seed)
@@ -208,13 +208,14 @@ def place_on_cores(cfg: RunConfig, stack: ExitStack, log=print) -> CpuSplit | No
     return cores
 
 
-def build_trainer(cfg: RunConfig, cores: CpuSplit | None = None):
-    """The trainer ranks: local processes, or Ray actors with `placement.backend: ray`; with a
-    split of the cores, each on its own."""
+def build_trainer(cfg: RunConfig, folder: ModelFolder, cores: CpuSplit | None = None):
+    """The trainer ranks on the model `folder` (cfg.model.path's, read once): local processes, or
+    Ray actors with `placement.backend: ray`; with a split of the cores, each on its own."""
 
     split = cores if cores is not None and cores.split else None
     spec = RankSpec(
-        model=cfg.model,
+        folder=folder,
+        dtype=cfg.model.dtype,
         trainer=cfg.trainer,
         algorithm=cfg.algorithm,
         seed=cfg.seed,
@@ -225,9 +226,9 @@ def build_trainer(cfg: RunConfig, cores: CpuSplit | None = None):
     return Trainer(spec, launch=_ray_cluster(cfg).launch_ranks if cfg.placement.backend == "ray" else None)
 
 
-def build_engine(cfg: RunConfig, log=print, cores: CpuSplit | None = None):
-    """The engine, restarted by its supervisor when its process dies; with a split of the cores,
-    a thread per core of its own."""
+def build_engine(cfg: RunConfig, folder: ModelFolder, log=print, cores: CpuSplit | None = None):
+    """The engine on the model `folder` (cfg.model.path's, read once), restarted by its supervisor
+    when its process dies; with a split of the cores, a thread per core of its own."""
 
     engine = cfg.engine
     if cores is not None and cores.split:
@@ -235,8 +236,9 @@ def build_engine(cfg: RunConfig, log=print, cores: CpuSplit | None = None):
 
     def start():
         return make_engine(
-            cfg.model,
+            folder,
             engine,
+            dtype=cfg.model.dtype,
             seed=cfg.seed,
             lora_rank=cfg.trainer.lora.rank if cfg.trainer.lora else None,
             # colocated, the engine frees its device memory while the ranks train (GPU engines only)

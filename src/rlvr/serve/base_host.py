@@ -1,6 +1,6 @@
 """One base model's engine and trainer ranks, shared by every LoRA adapter trained on it.
 
-    host = BaseHost(HostKey(folder, rank=16, seed=0), run)
+    host = BaseHost(HostKey(path, rank=16, seed=0), run, folder)   # folder: path's ModelFolder
     host.use("s1:train:0")                # the ranks switch to that model's adapter state ...
     host.trainer.forward_backward(...)    # ... and train it
     adapter = host.publish("s1:train:0")  # the engine serves it, checked by the sync probe
@@ -22,7 +22,7 @@ import torch
 from rlvr.config import AlgorithmConfig, RunConfig
 from rlvr.engines import make_engine
 from rlvr.hardware import compute_dtype, local_device
-from rlvr.models.folder import model_config_dict
+from rlvr.models.folder import ModelFolder
 from rlvr.models.multimodal import text_config
 from rlvr.records import LoraAdapter, Request, Rollout, Sampling
 from rlvr.sync.check import SyncCheck
@@ -77,15 +77,23 @@ class HostKey:
 
 
 class BaseHost:
-    def __init__(self, key: HostKey, run: RunConfig):
+    def __init__(self, key: HostKey, run: RunConfig, folder: ModelFolder):
+        """`folder`: the model folder at key.folder, read once by the server."""
         self.key = key
-        self.vocab_size = int(text_config(model_config_dict(run.model.path))["vocab_size"])
+        self.vocab_size = int(text_config(folder.config_dict)["vocab_size"])
         # the schedule is the client's: each optim_step brings its learning rate
         self.trainer = Trainer(
-            RankSpec(model=run.model, trainer=run.trainer, algorithm=AlgorithmConfig(), seed=key.seed, total_steps=1)
+            RankSpec(
+                folder=folder,
+                dtype=run.model.dtype,
+                trainer=run.trainer,
+                algorithm=AlgorithmConfig(),
+                seed=key.seed,
+                total_steps=1,
+            )
         )
         try:
-            self.engine = make_engine(run.model, run.engine, seed=key.seed, lora_rank=key.rank)
+            self.engine = make_engine(folder, run.engine, dtype=run.model.dtype, seed=key.seed, lora_rank=key.rank)
         except BaseException:
             self.trainer.close()
             raise

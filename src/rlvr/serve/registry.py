@@ -2,7 +2,7 @@
 
     registry.open_session(tenant)                    # -> session id
     registry.claim(tenant, model_id, run, key)       # the model's memory and the tenant's models limit, or refused
-    registry.host(key, run)                          # the base's shared host (built on the worker thread)
+    registry.host(key, run, folder, model_id)        # the base's shared host (built on the worker thread)
     registry.model(model_id, tenant)                 # NotFound for another tenant's, as for none at all
     registry.end_session(session_id, why)            # closes what it made, once its queued work has run
 
@@ -19,6 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from rlvr.config import RunConfig, ServeConfig
+from rlvr.models.folder import ModelFolder
 from rlvr.records import LoraAdapter
 from rlvr.serve.base_host import BaseHost, HostKey
 from rlvr.serve.fair_queue import Say
@@ -110,12 +111,12 @@ class ModelRegistry:
         bases = {claim.host: claim.base_bytes for claim in self.claimed.values()}
         return sum(claim.adapter_bytes for claim in self.claimed.values()) + sum(bases.values())
 
-    def host(self, key: HostKey, run: RunConfig, model_id: str) -> BaseHost:
+    def host(self, key: HostKey, run: RunConfig, folder: ModelFolder, model_id: str) -> BaseHost:
         """The base's host with `model_id`'s adapter on it; the host is built if no model holds one
         (on the worker thread: builds run there)."""
         host = self.hosts.get(key)
         if host is None:
-            host = self.hosts[key] = BaseHost(key, run)
+            host = self.hosts[key] = BaseHost(key, run, folder)
             self.say(f"rlvr serve: loaded {key.folder} (LoRA rank {key.rank}, seed {key.seed}) for {model_id}")
         else:
             self.say(f"rlvr serve: {model_id} shares the loaded {key.folder} with {len(host.adapters)} adapter(s)")

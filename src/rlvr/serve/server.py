@@ -48,8 +48,8 @@ class TinkerServer:
         """`tenants`: cfg's, where the caller has read them already (their key files are read once)."""
         if not cfg.models:
             raise UserError("serve: models: no model to serve; map a name to a model folder (models: {NAME: FOLDER})")
-        for name, folder in cfg.models.items():
-            check_model_folder(folder, key=f"models.{name}")
+        # read once: each base's engine and ranks start from its record
+        self.folders = {name: check_model_folder(folder, key=f"models.{name}") for name, folder in cfg.models.items()}
         self.cfg, self.say = cfg, say
         self.tenants = Tenants(cfg) if tenants is None else tenants
         self.futures = FutureStore()
@@ -105,7 +105,9 @@ class TinkerServer:
 
         def build() -> dict:
             try:
-                model = ServedModel(model_id, base_model, self.registry.host(key, run, model_id))
+                model = ServedModel(
+                    model_id, base_model, self.registry.host(key, run, self.folders[base_model], model_id)
+                )
             except BaseException:
                 self.registry.claimed.pop(model_id, None)
                 raise

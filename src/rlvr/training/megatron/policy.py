@@ -8,7 +8,7 @@ from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_regi
 from torch import nn
 
 from rlvr.models.checkpoint_files import CheckpointFiles
-from rlvr.models.folder import as_model_folder
+from rlvr.models.folder import ModelFolder
 from rlvr.training.attention import PackedLayout
 from rlvr.training.logits_memory import chunk_tokens
 from rlvr.training.megatron.gpt import DenseShape, build_gpt, final_hidden
@@ -20,9 +20,8 @@ from rlvr.training.policy import score_in_chunks
 class MegatronPolicy(nn.Module):
     """forward: (logprobs [T], entropy [T]) of a packed row's scored tokens, as TokenLogprobs's."""
 
-    def __init__(self, path: str, dtype: torch.dtype, logits_chunk_mb: float):
+    def __init__(self, folder: ModelFolder, dtype: torch.dtype, logits_chunk_mb: float):
         super().__init__()
-        folder = as_model_folder(path)
         files = CheckpointFiles(folder)
         self.shape = DenseShape.of(folder.transformers_config(), "model.layers.0.self_attn.q_proj.bias" in files)
         rank, ranks = tensor_rank()

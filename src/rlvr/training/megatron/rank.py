@@ -56,19 +56,19 @@ class MegatronRank(Rank):
             raise ValueError(
                 "trainer.gradient_checkpointing: the Megatron rank does not recompute blocks yet; set it false"
             )
-        compute = compute_dtype(spec.model.dtype, self.device.type).torch
+        compute = compute_dtype(spec.dtype, self.device.type).torch
         start_model_parallel(config.megatron, use_cuda)
         # PEFT's factors for this seed, drawn as an FSDP2 rank draws them, on a base never read
         torch.manual_seed(spec.seed)
-        skeleton = Skeleton.from_checkpoint(spec.model.path, compute)
+        skeleton = Skeleton.from_checkpoint(spec.folder, compute)
         if skeleton.base_format != "hf":
             raise ValueError(
-                f"trainer.backend=megatron reads float HF weights; {spec.model.path} is {skeleton.base_format}"
+                f"trainer.backend=megatron reads float HF weights; {spec.folder.path} is {skeleton.base_format}"
             )
         peft = apply_lora(skeleton.model, **config.lora.model_dump())
         self.peft_config = lora_config(peft)
         factors = {public_name(n): p.detach() for n, p in peft.named_parameters() if p.requires_grad}
-        self.megatron = MegatronPolicy(spec.model.path, compute, config.logits_chunk_mb)
+        self.megatron = MegatronPolicy(spec.folder, compute, config.logits_chunk_mb)
         for p in self.megatron.parameters():
             p.requires_grad_(False)
         attach_lora(self.megatron.gpt, factors, self.megatron.shape, scaling=config.lora.alpha / config.lora.rank)
