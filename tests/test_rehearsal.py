@@ -79,6 +79,7 @@ def test_a_megatron_run_is_rehearsed_with_its_planned_bytes_unmeasured():
     from rlvr.config import load_config
     from rlvr.orchestration.rehearsal import compare_bytes
     from rlvr.planning.rank_memory import megatron_rank_bytes
+    from rlvr.planning.sections import PlanSections
 
     seed = Path(__file__).parent.parent / "configs" / "aime_mistral_large3_nvfp4_ray.yaml"
     cfg = load_config(
@@ -93,7 +94,8 @@ def test_a_megatron_run_is_rehearsed_with_its_planned_bytes_unmeasured():
     )
     rows = compare_bytes(cfg)
     assert [row["rank"] for row in rows] == [0, 4, 7]
-    assert all(row["planned"] == megatron_rank_bytes(cfg, row["rank"]) and row["measured"] is None for row in rows)
+    sections = PlanSections.of(cfg)
+    assert all(row["planned"] == megatron_rank_bytes(sections, row["rank"]) and row["measured"] is None for row in rows)
     assert byte_failures(rows)[0] == (
         "rank 0: bytes not measured: the rehearsal shards FSDP2's module tree, not trainer.backend megatron's"
     )

@@ -29,6 +29,7 @@ from rlvr.orchestration.run_state import RunCheckpoints
 from rlvr.planning.architecture import planned_dtype
 from rlvr.planning.cpu_split import CpuSplit, cpu_split
 from rlvr.planning.lora import with_engine_lora_targets
+from rlvr.planning.sections import PlanSections
 from rlvr.rewards import ScoringPool
 from rlvr.rollout.async_groups import AsyncGroups
 from rlvr.rollout.collect import RolloutCollector, training_sampling
@@ -75,7 +76,7 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     run_dir.mkdir(parents=True, exist_ok=True)
     # as given: a resumed run sizes its engine again, and picks model.dtype: auto's dtype on its own machine
     (run_dir / "config.yaml").write_text(dump_config(cfg))
-    log(planned_dtype(cfg).line())
+    log(planned_dtype(cfg.model, cfg.placement).line())
     torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.model.path)
     train_set = load_prompt_set(cfg.data, cfg.data.train, tokenizer)
@@ -83,7 +84,7 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
         load_prompt_set(cfg.data, cfg.data.test, tokenizer, limit=cfg.eval.max_problems) if cfg.data.test else None
     )
     cfg = sized_engine(cfg, [train_set, *([test_set] if test_set else [])], folder.max_positions)
-    cfg = with_engine_lora_targets(cfg, log)
+    cfg = cfg.model_copy(update={"trainer": with_engine_lora_targets(cfg.model, cfg.trainer, log)})
     shared = test_set.shared_with(train_set) if test_set is not None else 0
     if test_set is not None and shared:
         log(
@@ -133,7 +134,7 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
         engine,
         trainer,
         train_set.probe(tokenizer),
-        SyncCheck(cfg.engine.sync_threshold(planned_dtype(cfg).name)),
+        SyncCheck(cfg.engine.sync_threshold(planned_dtype(cfg.model, cfg.placement).name)),
         timer,
         lora=cfg.trainer.lora is not None,
         check_every=cfg.engine.sync_check_every,
@@ -200,7 +201,7 @@ def place_on_cores(cfg: RunConfig, stack: ExitStack, log=print) -> CpuSplit | No
 
     if cfg.placement.gpus_per_node or torch.cuda.is_available():
         return None
-    cores = cpu_split(cfg, allowed_cores())
+    cores = cpu_split(PlanSections.of(cfg), allowed_cores())
     if cores.warning:
         log(f"warning: {cores.warning}")
     if cores.split:

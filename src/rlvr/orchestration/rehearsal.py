@@ -145,15 +145,18 @@ def compare_bytes(cfg: RunConfig) -> list[dict]:
     """For the rehearsed ranks: the plan's bytes and those measured on the sharded meta model."""
     from rlvr.planning.lora import with_engine_lora_targets
     from rlvr.planning.rank_memory import megatron_rank_bytes, rank_bytes
+    from rlvr.planning.sections import PlanSections
     from rlvr.training.sharding_rehearsal import measure_ranks
 
-    ranks = rehearsed_ranks(cfg.trainer.ranks)
+    ranks, sections = rehearsed_ranks(cfg.trainer.ranks), PlanSections.of(cfg)
     if cfg.trainer.backend == "megatron":  # the meta-device model is FSDP2's: Megatron's plan goes unmeasured
-        return [{"rank": rank, "planned": megatron_rank_bytes(cfg, rank), "measured": None} for rank in ranks]
+        return [{"rank": rank, "planned": megatron_rank_bytes(sections, rank), "measured": None} for rank in ranks]
     # the trainer's LoRA as the run resolves it (the plan counts it so): not kv_b_proj on MLA
-    measured = measure_ranks(with_engine_lora_targets(cfg, log=lambda line: None), ranks)
+    trainer = with_engine_lora_targets(cfg.model, cfg.trainer, log=lambda line: None)
+    measured = measure_ranks(cfg.model_copy(update={"trainer": trainer}), ranks)
     return [
-        {"rank": rank, "planned": rank_bytes(cfg, rank), "measured": bytes_} for rank, bytes_ in zip(ranks, measured)
+        {"rank": rank, "planned": rank_bytes(sections, rank), "measured": bytes_}
+        for rank, bytes_ in zip(ranks, measured)
     ]
 
 
