@@ -119,7 +119,7 @@ def test_vllm_routed_experts_become_rollout_routes_of_the_moe_blocks(model_dir):
     from rlvr.engines.vllm_replies import RolloutReader
     from rlvr.records import Request
 
-    experts_per_layer, moe_blocks = moe_shape(model_dir)
+    experts_per_layer, moe_blocks = moe_shape(read_model_folder(model_dir))
     assert moe_blocks == [1, 2] and experts_per_layer == 8  # layer 0 is dense
     reader = RolloutReader(lambda ids: "", moe_blocks, experts_per_layer)  # as a GPU engine reads its outputs
     prompt, completion = [5, 6, 7], [8, 9]
