@@ -90,8 +90,9 @@ def moe_layers(model: nn.Module) -> list[MoELayer]:
 
 def moe_layer_numbers(config) -> list[int]:
     """The decoder-block index of each MoE layer, in forward order, from the model's transformers
-    config alone (the model built on the meta device, no weights read; the config is not changed). vLLM's routed experts
-    have a row for every decoder block, dense ones included; these select rlvr's MoE layers."""
+    config alone (the model built on the meta device from a copy of it, no weights read). vLLM's
+    routed experts have a row for every decoder block, dense ones included; these select rlvr's
+    MoE layers."""
     with torch.device("meta"):
         model = causal_lm_from_config(copy.deepcopy(config))
     # every transformers decoder keeps its blocks in one ModuleList: the first index in a name is the block's

@@ -2,7 +2,7 @@
 
     cluster = RayCluster.shared(cfg.placement, ranks=2, engines=cfg.engine.replicas, tp=4)
     trainer = Trainer(spec, launch=cluster.launch_ranks)
-    engine = make_engine(folder, cfg.engine, dtype=cfg.model.dtype, seed=cfg.seed, placement=cluster)   # cluster.engines(...)
+    engine = make_engine(folder, cfg.engine, dtype=cfg.model.dtype, seed=cfg.seed, placement=cluster)  # .engines(...)
 
 The controller cannot tell the difference: `Trainer` keeps all its command and gather logic
 and only talks to `RayRank` handles instead of pipes, and `RayEngine` is an `Engine` whose

@@ -102,8 +102,8 @@ class ModelRegistry:
             others = f", and the {len(self.claimed)} model(s) served hold ~{held / 1e9:.2f} GB" if self.claimed else ""
             what = "its adapter (the base is loaded already)" if shared else planned.parts
             raise BadRequest(
-                f"create_model: {sections.model.path} with LoRA rank {sections.trainer.lora.rank} needs ~{need / 1e9:.2f} GB "
-                f"({what}){others}, over this server's {self.memory_budget / 1e9:.2f} GB (memory_gb); nothing was loaded"
+                f"create_model: {sections.model.path} with LoRA rank {sections.trainer.lora.rank} needs "
+                f"~{need / 1e9:.2f} GB ({what}){others}, over this server's {self.memory_budget / 1e9:.2f} GB (memory_gb); nothing was loaded"
             )
         self.claimed[model_id] = Claim(tenant.name, host, planned.adapter, planned.base)
 
