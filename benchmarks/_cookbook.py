@@ -82,12 +82,12 @@ def planned(config: Path, model: str, rank: int) -> tuple[float, float, str]:
     from rlvr.config import ServeConfig, load_config
     from rlvr.hardware import compute_dtype, local_device
     from rlvr.planning.plan import all_devices_bytes, make_plan
-    from rlvr.serve.model import served_run
+    from rlvr.serve.model import served_sections
 
-    run = served_run(model, rank, load_config(config, schema=ServeConfig), log=lambda *_: None)
-    plan = make_plan(run)
+    sections = served_sections(model, rank, load_config(config, schema=ServeConfig), log=lambda *_: None)
+    plan = make_plan(sections)
     rank_total = max(d.total for d in plan.devices if d.trainer_rank is not None)
-    return rank_total, all_devices_bytes(plan)[0], compute_dtype(run.model.dtype, local_device()).name
+    return rank_total, all_devices_bytes(plan)[0], compute_dtype(sections.model.dtype, local_device()).name
 
 
 @dataclass

@@ -163,6 +163,7 @@ def main() -> None:
 
     from rlvr.config import EngineConfig, ModelConfig, PlacementConfig
     from rlvr.engines import make_engine
+    from rlvr.models.folder import read_model_folder
     from rlvr.orchestration.ray_placement import RayCluster
     from rlvr.records import Sampling
 
@@ -172,8 +173,9 @@ def main() -> None:
         backend="vllm", merge_lora=False, in_process=args.in_process, max_model_len=64, kv_cache_gb=0.25
     )
     pushes = []
+    model = ModelConfig(path=str(model_dir))
     with make_engine(
-        ModelConfig(path=str(model_dir)), engine_config, seed=0, lora_rank=RANK, placement=cluster
+        read_model_folder(model.path), engine_config, dtype=model.dtype, seed=0, lora_rank=RANK, placement=cluster
     ) as engine:
         MemoryWatch.in_process = args.in_process
         watch = MemoryWatch()

@@ -145,7 +145,7 @@ def measure(cfg, steps: int, log) -> dict:
                 + ", ".join(f"{k} {v:.3g}" for k, v in per_step[-1].items() if k not in ("step", "tokens"))
             )
     return summarize(per_step, on_policy, stale) | {
-        "compute_dtype": planned_dtype(cfg).name,
+        "compute_dtype": planned_dtype(cfg.model, cfg.placement).name,
         "probe_tokens": sum(len(c) for _, c in sync.probe),
         "startup_s": round(startup, 1),
         "per_step": per_step,

@@ -26,6 +26,7 @@ from safetensors.torch import load_file
 
 from rlvr.config import EngineConfig, ModelConfig
 from rlvr.engines import make_engine
+from rlvr.models.folder import read_model_folder
 from rlvr.models.tiny import build_tiny_model
 from rlvr.records import LoraAdapter, Sampling
 
@@ -119,16 +120,20 @@ def main() -> None:
     # Throughput without LoRA (vLLM's CPU LoRA kernels cost extra per layer, and the demo
     # rollouts are measured on the base model); the LoRA sync is timed on its own engine.
     model = ModelConfig(path=str(model_dir))
+    folder = read_model_folder(model.path)
     with make_engine(
-        model,
+        folder,
         EngineConfig(max_model_len=1024, kv_cache_gb=2, max_num_seqs=PROMPTS * SAMPLES, num_threads=args.vllm_threads),
+        dtype=model.dtype,
         seed=args.seed,
     ) as vllm:
         tokens_per_s(vllm, prompts[:8], None)  # warm-up: first-call allocations
         results["fixed"]["vllm_tokens_per_s"] = tokens_per_s(vllm, prompts, None)
         print("vllm fixed", results["fixed"], flush=True)
         results["variable"]["vllm_tokens_per_s"] = tokens_per_s(vllm, prompts, lengths)
-    with make_engine(model, EngineConfig(max_model_len=256, kv_cache_gb=1), seed=args.seed, lora_rank=16) as vllm:
+    with make_engine(
+        folder, EngineConfig(max_model_len=256, kv_cache_gb=1), dtype=model.dtype, seed=args.seed, lora_rank=16
+    ) as vllm:
         syncs = []
         for version in range(1, 6):
             adapter = lora_adapter(model_dir, version)
@@ -136,7 +141,9 @@ def main() -> None:
             vllm.update_lora(adapter)
             syncs.append((time.perf_counter() - start) * 1e3)
         results["lora_sync_ms"] = sorted(syncs)[len(syncs) // 2]
-    hf = make_engine(model, EngineConfig(backend="hf", hf_batch_size=args.hf_batch_size), seed=args.seed)
+    hf = make_engine(
+        folder, EngineConfig(backend="hf", hf_batch_size=args.hf_batch_size), dtype=model.dtype, seed=args.seed
+    )
     with hf:
         results["fixed"]["hf_tokens_per_s"] = tokens_per_s(hf, prompts, None)
         print("hf fixed", results["fixed"], flush=True)

@@ -212,11 +212,13 @@ def train_batch():
 
 
 def trainer_spec(model_dir: Path, dtype: str, steps: int):
-    from rlvr.config import AlgorithmConfig, LoraConfig, ModelConfig, TrainerConfig
+    from rlvr.config import AlgorithmConfig, LoraConfig, TrainerConfig
+    from rlvr.models.folder import read_model_folder
     from rlvr.training.worker import RankSpec
 
     return RankSpec(
-        model=ModelConfig(path=str(model_dir), dtype=dtype),
+        folder=read_model_folder(model_dir),
+        dtype=dtype,
         trainer=TrainerConfig(
             ranks=1, lr=1e-4, micro_batch_tokens=8192, lora=LoraConfig(rank=16, alpha=32, target_modules="all-linear")
         ),
@@ -239,29 +241,32 @@ def planned_train_seconds(model_dir: Path, dtype: str, batch, kind: str) -> tupl
     from rlvr.config import load_config
     from rlvr.planning.accelerators import ACCELERATORS
     from rlvr.planning.architecture import read_architecture
+    from rlvr.planning.sections import PlanSections
     from rlvr.planning.step_time import step_time
 
     prompt = round(statistics.mean(len(p) for p in batch.prompt_ids))
     completion = round(statistics.mean(len(c) for c in batch.completion_ids))
-    cfg = load_config(
-        "configs/demo.yaml",
-        [
-            f"model.path={model_dir}",
-            f"model.dtype={dtype}",
-            f"placement.gpu={kind}",
-            "trainer.ranks=1",
-            "trainer.micro_batch_tokens=8192",
-            "trainer.lora.rank=16",
-            "trainer.lora.target_modules=all-linear",
-            "rollout.prompts_per_step=16",
-            "rollout.samples_per_prompt=8",
-            f"data.max_prompt_tokens={prompt}",
-            f"rollout.sampling.max_tokens={completion}",
-            "trainer.mini_batches=1",
-            "trainer.epochs=1",
-            "trainer.gradient_checkpointing=false",
-            "algorithm.kl_coef=0",
-        ],
+    cfg = PlanSections.of(
+        load_config(
+            "configs/demo.yaml",
+            [
+                f"model.path={model_dir}",
+                f"model.dtype={dtype}",
+                f"placement.gpu={kind}",
+                "trainer.ranks=1",
+                "trainer.micro_batch_tokens=8192",
+                "trainer.lora.rank=16",
+                "trainer.lora.target_modules=all-linear",
+                "rollout.prompts_per_step=16",
+                "rollout.samples_per_prompt=8",
+                f"data.max_prompt_tokens={prompt}",
+                f"rollout.sampling.max_tokens={completion}",
+                "trainer.mini_batches=1",
+                "trainer.epochs=1",
+                "trainer.gradient_checkpointing=false",
+                "algorithm.kl_coef=0",
+            ],
+        )
     )
     return step_time(cfg, read_architecture(cfg)).train_compute, ACCELERATORS[kind].matmul_flops
 

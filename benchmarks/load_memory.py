@@ -217,7 +217,8 @@ def tensor_bytes(model_dir: Path) -> tuple[int, int]:
 def run(model_dir: Path, ranks: int, reports: Path) -> dict:
     import multiprocessing as mp
 
-    from rlvr.config import AlgorithmConfig, LoraConfig, ModelConfig, TrainerConfig
+    from rlvr.config import AlgorithmConfig, LoraConfig, TrainerConfig
+    from rlvr.models.folder import read_model_folder
     from rlvr.records import TrainBatch
     from rlvr.training.worker import RankSpec
 
@@ -239,7 +240,8 @@ def run(model_dir: Path, ranks: int, reports: Path) -> dict:
         start_timeout_s=1800,
     )  # one sequence each: the same GEMMs at any N
     spec = RankSpec(
-        model=ModelConfig(path=str(model_dir), dtype="float32"),
+        folder=read_model_folder(model_dir),
+        dtype="float32",
         trainer=trainer_cfg,
         algorithm=AlgorithmConfig(),
         seed=0,

@@ -67,12 +67,14 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from rlvr.config import EngineConfig, ModelConfig
-    from rlvr.engines import make_engine, served_model_path
+    from rlvr.engines import make_engine, served_folder
     from rlvr.hardware import compute_dtype
+    from rlvr.models.folder import read_model_folder
     from rlvr.records import Request, Sampling
 
     model = ModelConfig(path=args.model)
-    served = served_model_path(args.model, native_nvfp4=False)
+    folder = read_model_folder(args.model)
+    served = str(served_folder(folder, native_nvfp4=False).path)
     tokenizer = AutoTokenizer.from_pretrained(served)
     prompts = [tokenizer.encode(text) for text in TEXTS[: args.prompts]]
     adapters = [random_adapter(served, version, RANK) for version in range(1, args.adapters + 1)]
@@ -95,7 +97,12 @@ def main() -> None:
         "dtype": compute_dtype(model.dtype, "cpu").name,
     }
     with make_engine(
-        model, EngineConfig(**engine_cfg, merge_lora=False), seed=0, lora_rank=RANK, max_loras=args.adapters
+        folder,
+        EngineConfig(**engine_cfg, merge_lora=False),
+        dtype=model.dtype,
+        seed=0,
+        lora_rank=RANK,
+        max_loras=args.adapters,
     ) as engine:
         for adapter in adapters:
             engine.add_lora(adapter)
@@ -113,7 +120,9 @@ def main() -> None:
     same = {k: [r.completion_ids for r in v] for k, v in together.items()} == {
         k: [r.completion_ids for r in v] for k, v in apart.items()
     }
-    with make_engine(model, EngineConfig(**engine_cfg, merge_lora=True), seed=0, lora_rank=RANK) as engine:
+    with make_engine(
+        folder, EngineConfig(**engine_cfg, merge_lora=True), dtype=model.dtype, seed=0, lora_rank=RANK
+    ) as engine:
         pushes = iter(range(1000, 10**6))  # each push a new version, as every switch is
 
         def merged() -> dict:

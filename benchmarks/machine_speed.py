@@ -394,6 +394,7 @@ def profile_train_step(overrides: list[str], prompts: list[int], completions: li
     from transformers import AutoConfig
 
     from rlvr.config import load_config
+    from rlvr.models.folder import read_model_folder
     from rlvr.records import TrainBatch
     from rlvr.training.trainer import Trainer
     from rlvr.training.worker import RankSpec
@@ -415,7 +416,14 @@ def profile_train_step(overrides: list[str], prompts: list[int], completions: li
         advantages=torch.linspace(-1.0, 1.0, len(group)),
         group=torch.tensor(group),
     )
-    spec = RankSpec(model=cfg.model, trainer=cfg.trainer, algorithm=cfg.algorithm, seed=cfg.seed, total_steps=cfg.steps)
+    spec = RankSpec(
+        folder=read_model_folder(cfg.model.path),
+        dtype=cfg.model.dtype,
+        trainer=cfg.trainer,
+        algorithm=cfg.algorithm,
+        seed=cfg.seed,
+        total_steps=cfg.steps,
+    )
     with Trainer(spec, launch=lambda world_size, spec: [InProcessRank(spec)]) as trainer:
         trainer.train_step(batch)  # warm-up: first-call allocations, oneDNN primitive creation
         with profile(activities=[ProfilerActivity.CPU], with_flops=True) as profiler:

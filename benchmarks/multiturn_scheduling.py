@@ -30,6 +30,7 @@ from _ledger import append_line, provenance, write_result
 from rlvr.config import DataConfig, EngineConfig, EnvConfig, ModelConfig, SandboxConfig
 from rlvr.engines import make_engine
 from rlvr.envs import ENVIRONMENTS, EnvContext, EnvStep
+from rlvr.models.folder import read_model_folder
 from rlvr.models.tiny import build_tiny_model
 from rlvr.records import Problem, Sampling
 from rlvr.rollout.prompts import Renderer
@@ -95,7 +96,8 @@ def main() -> None:
     problems = [Problem(id=f"q{i}", question=f"count to {i}", answer="") for i in range(args.prompts)]
     seconds: dict[str, list[float]] = {mode: [] for mode in MODES}
     turns = 0
-    with make_engine(model, EngineConfig(max_model_len=MAX_MODEL_LEN, kv_cache_gb=1), seed=0) as engine:
+    engine_config = EngineConfig(max_model_len=MAX_MODEL_LEN, kv_cache_gb=1)
+    with make_engine(read_model_folder(model.path), engine_config, dtype=model.dtype, seed=0) as engine:
         from transformers import AutoTokenizer
 
         renderer = Renderer(AutoTokenizer.from_pretrained(model_dir), data)

@@ -58,9 +58,10 @@ def merge_seconds(cfg, arch, threads: int) -> float:
     import torch
     from safetensors.torch import load_file
 
-    from rlvr.engines import served_model_path
+    from rlvr.engines import served_folder
     from rlvr.engines.lora_merge import merged_weights
     from rlvr.engines.lora_targets import engine_lora_targets
+    from rlvr.models.folder import read_model_folder
     from rlvr.planning.architecture import planned_dtype
 
     lora = cfg.trainer.lora
@@ -68,7 +69,7 @@ def merge_seconds(cfg, arch, threads: int) -> float:
     targets = engine_lora_targets(lora.target_modules, linears, uses_mla=arch.mla is not None)[0]
     base = {
         name: tensor
-        for f in sorted(Path(served_model_path(cfg.model.path)).glob("*.safetensors"))
+        for f in sorted(served_folder(read_model_folder(cfg.model.path)).path.glob("*.safetensors"))
         for name, tensor in load_file(f).items()
     }
     adapted = [
@@ -88,7 +89,7 @@ def merge_seconds(cfg, arch, threads: int) -> float:
         best = float("inf")
         for _ in range(2):
             start = time.perf_counter()
-            merged_weights(base, adapter, config, planned_dtype(cfg).torch)
+            merged_weights(base, adapter, config, planned_dtype(cfg.model, cfg.placement).torch)
             best = min(best, time.perf_counter() - start)
     finally:
         torch.set_num_threads(previous)
@@ -99,6 +100,7 @@ def compare(run_dir: Path) -> dict:
     from rlvr.config import load_config
     from rlvr.hardware import cpu_rates, matmul_flops
     from rlvr.planning.architecture import planned_dtype, read_architecture
+    from rlvr.planning.sections import PlanSections
     from rlvr.planning.step_time import step_time
 
     cfg = load_config(run_dir / "config.yaml")
@@ -108,14 +110,17 @@ def compare(run_dir: Path) -> dict:
     steps = [m for m in rows if m.get("step", 0) >= 1 and "time/train" in m]
     if len(steps) < 2:
         raise SystemExit(f"{run_dir}: {len(steps)} RL steps in metrics.jsonl; at least 2 (the first warms up)")
-    arch = read_architecture(cfg)
+    sections = PlanSections.of(cfg)
+    arch = read_architecture(sections)
     shapes = step_shapes(cfg, cfg.model.path, steps)[1:]
     timed = steps[1:]
     per_step = []
     for m, (prompts, completions) in zip(timed, shapes):
         prompt = round(statistics.mean(prompts))
-        longest = step_time(shaped(cfg, prompt, m["response/length_max"]), arch, cpu_rates)
-        typical = step_time(shaped(cfg, prompt, max(1, round(m["response/length_mean"]))), arch, cpu_rates)
+        longest = step_time(PlanSections.of(shaped(cfg, prompt, m["response/length_max"])), arch, cpu_rates)
+        typical = step_time(
+            PlanSections.of(shaped(cfg, prompt, max(1, round(m["response/length_mean"])))), arch, cpu_rates
+        )
         copies = [1 if cfg.trainer.share_prompts else len(cs) for cs in completions]
         trained = sum(p * n for p, n in zip(prompts, copies)) + sum(sum(cs) for cs in completions)
         per_step.append(
@@ -136,8 +141,8 @@ def compare(run_dir: Path) -> dict:
     if unprobed:  # the sync as the formula sees it: the push alone
         measured["sync"] = statistics.mean(s["measured"]["sync"] for s in unprobed)
     predicted = {phase: statistics.mean(s["predicted"][phase] for s in per_step) for phase in PHASES}
-    last = step_time(cfg, arch, cpu_rates)
-    dtype = planned_dtype(cfg)
+    last = step_time(sections, arch, cpu_rates)
+    dtype = planned_dtype(cfg.model, cfg.placement)
     rows = round(statistics.mean(s["decoded_at_once"] for s in per_step))
     decode = matmul_flops(dtype.torch, last.engine_threads, rows, arch.hidden, arch.intermediate_size)
     merges = cfg.trainer.lora and cfg.engine.backend == "vllm" and cfg.engine.merge_lora is not False

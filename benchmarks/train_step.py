@@ -29,6 +29,7 @@ from _ledger import append_line, provenance, write_result
 
 import rlvr.training.attention as attention_module
 from rlvr.config import AlgorithmConfig, LoraConfig, ModelConfig, TrainerConfig
+from rlvr.models.folder import read_model_folder
 from rlvr.records import TrainBatch
 from rlvr.training.trainer import Trainer
 from rlvr.training.worker import RankSpec
@@ -95,6 +96,8 @@ def main() -> None:
     args = parser.parse_args()
 
     batch = SHAPES[args.shape]()
+    model = ModelConfig(path=args.model)
+    folder = read_model_folder(model.path)
     lora = LoraConfig(rank=16, alpha=32, dropout=0.0, target_modules="all-linear")
     settings = {}
     for attention in args.attention.split(","):
@@ -110,7 +113,8 @@ def main() -> None:
             # split can beat keeps each micro-batch one padded batch
             attention_module.CALL_OVERHEAD_PAIRS = float("inf") if attention == "shared1" else DEFAULT_OVERHEAD
             spec = RankSpec(
-                model=ModelConfig(path=args.model),
+                folder=folder,
+                dtype=model.dtype,
                 trainer=trainer_cfg,
                 algorithm=AlgorithmConfig(),
                 seed=0,

@@ -104,7 +104,8 @@ def packed_base_bytes_per_rank(model_dir: Path, ranks: int, dtype_name: str, bat
     """Bytes of packed base (Linears and experts) each trainer rank holds after one LoRA train step."""
     import torch
 
-    from rlvr.config import AlgorithmConfig, LoraConfig, ModelConfig, TrainerConfig
+    from rlvr.config import AlgorithmConfig, LoraConfig, TrainerConfig
+    from rlvr.models.folder import read_model_folder
     from rlvr.records import TrainBatch
     from rlvr.training.trainer import Trainer
     from rlvr.training.worker import RankSpec
@@ -123,7 +124,8 @@ def packed_base_bytes_per_rank(model_dir: Path, ranks: int, dtype_name: str, bat
         ranks=ranks, lora=LoraConfig(rank=16, alpha=32.0, dropout=0.0, target_modules="all-linear")
     )
     spec = RankSpec(
-        model=ModelConfig(path=str(model_dir), dtype=dtype_name),
+        folder=read_model_folder(model_dir),
+        dtype=dtype_name,
         trainer=trainer_cfg,
         algorithm=AlgorithmConfig(),
         seed=0,

@@ -341,6 +341,7 @@ def evaluate_adapters(
     from rlvr.checkpoint.peft_files import load_adapter
     from rlvr.engines import make_engine
     from rlvr.eval.runner import evaluate, held_out_sampling
+    from rlvr.models.folder import read_model_folder
     from rlvr.orchestration.builders import build_scoring_pool
     from rlvr.rollout.prompts import load_prompt_set
 
@@ -350,7 +351,13 @@ def evaluate_adapters(
     results = {}
     samples_dir.mkdir(parents=True, exist_ok=True)
     with (
-        make_engine(cfg.model, cfg.engine, seed=cfg.seed, lora_rank=cfg.trainer.lora.rank) as engine,
+        make_engine(
+            read_model_folder(cfg.model.path),
+            cfg.engine,
+            dtype=cfg.model.dtype,
+            seed=cfg.seed,
+            lora_rank=cfg.trainer.lora.rank,
+        ) as engine,
         build_scoring_pool(cfg) as pool,
     ):
         for version, (name, folder) in enumerate(adapters.items(), start=1):

@@ -7,8 +7,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlvr.config import AlgorithmConfig, EngineConfig, ModelConfig, TrainerConfig
+from rlvr.config import AlgorithmConfig, EngineConfig, TrainerConfig
 from rlvr.engines import make_engine
+from rlvr.models.folder import read_model_folder
 from rlvr.models.tiny import build_tiny_model
 from rlvr.records import Sampling, TrainBatch
 from rlvr.training.worker import RankSpec
@@ -34,8 +35,9 @@ def start_engine(
     """`make_engine` for a model folder; `options` are EngineConfig fields. float32 unless asked: the
     engine tests compare logprobs with transformers' and the trainer's to float32 rounding."""
     return make_engine(
-        ModelConfig(path=str(model_path), dtype=dtype),
+        read_model_folder(model_path),
         EngineConfig(backend=backend, **options),
+        dtype=dtype,
         seed=seed,
         lora_rank=lora_rank,
         max_loras=max_loras,
@@ -48,7 +50,8 @@ def rank_spec(
 ) -> RankSpec:
     """A trainer's spec from typed sections; `trainer` are TrainerConfig fields (lora as a dict)."""
     return RankSpec(
-        model=ModelConfig(path=str(model_path), dtype=dtype),
+        folder=read_model_folder(model_path),
+        dtype=dtype,
         trainer=TrainerConfig(**trainer),
         algorithm=AlgorithmConfig(**(algorithm or {})),
         seed=seed,

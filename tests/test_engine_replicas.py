@@ -32,7 +32,7 @@ def test_requests_go_whole_to_the_replica_with_the_fewest_samples_pending():
     assert assign(loads, [1, 1, 1, 1, 1]) == [1, 1, 1, 1, 0] and loads == [9, 8]
 
 
-def test_vllm_replicas_in_the_controller_process_are_refused_in_one_line():
+def test_vllm_replicas_in_the_controller_process_are_refused_in_one_line(model_dir):
     local = EngineConfig(replicas=2)
     assert unplaceable(local, on_ray=False) == (
         "engine.replicas=2: vLLM replicas run as Ray actors (placement.backend: ray); "
@@ -42,7 +42,7 @@ def test_vllm_replicas_in_the_controller_process_are_refused_in_one_line():
     assert unplaceable(EngineConfig(backend="hf", replicas=2), on_ray=False) is None
     assert unplaceable(EngineConfig(), on_ray=False) is None
     with pytest.raises(ValueError, match=r"^engine.replicas=2: vLLM replicas run as Ray actors"):
-        start_engine("vllm", "unused", replicas=2)
+        start_engine("vllm", model_dir, replicas=2)  # refused before anything starts
     assert PlacementConfig().backend == "local"
 
 

@@ -13,6 +13,7 @@ from rlvr.models.multimodal import max_positions
 from rlvr.models.tiny import build_char_tokenizer, build_tiny_model
 from rlvr.orchestration.builders import sized_engine
 from rlvr.planning.plan import PlanError, make_plan
+from rlvr.planning.sections import PlanSections
 from rlvr.rollout.prompts import context_length, load_prompt_set
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -119,13 +120,15 @@ def test_train_sizes_from_the_longest_prompt_of_both_sets_and_names_the_row(tmp_
 def test_the_plan_applies_the_same_rule():
     """The plan has no data: a prompt as long as data.max_prompt_tokens allows is the one that must fit."""
     cfg = load_config(CONFIGS / "gsm8k_qwen2.5_0.5b_1gpu.yaml", ["engine.max_model_len=null"])
-    make_plan(cfg)  # sized: no length to refuse (model.path is not on this machine: no positions to cap at)
+    make_plan(
+        PlanSections.of(cfg)
+    )  # sized: no length to refuse (model.path is not on this machine: no positions to cap at)
     with pytest.raises(
         PlanError,
         match=r"^a prompt of data.max_prompt_tokens=512 has 512 prompt tokens: with "
         r"rollout.sampling.max_tokens=1024 that is 1536, more than engine.max_model_len=1000",
     ):
-        make_plan(load_config(CONFIGS / "gsm8k_qwen2.5_0.5b_1gpu.yaml", ["engine.max_model_len=1000"]))
+        make_plan(PlanSections.of(load_config(CONFIGS / "gsm8k_qwen2.5_0.5b_1gpu.yaml", ["engine.max_model_len=1000"])))
 
 
 def test_rlvr_eval_names_a_prompt_too_long_for_the_model_in_one_line(tmp_path, short_model):

@@ -111,8 +111,9 @@ def test_a_mistral_large_3_folder_drops_kv_b_proj_as_vllm_reads_it(tmp_path, lay
     if layout == "hf":
         path = import_mistral(path, tmp_path / "hf")
     said = []
-    cfg = with_engine_lora_targets(load_config("configs/demo.yaml", [f"model.path={path}"]), log=said.append)
-    assert "kv_b_proj" not in cfg.trainer.lora.target_modules and "q_b_proj" in cfg.trainer.lora.target_modules
+    cfg = load_config("configs/demo.yaml", [f"model.path={path}"])
+    lora = with_engine_lora_targets(cfg.model, cfg.trainer, log=said.append).lora
+    assert "kv_b_proj" not in lora.target_modules and "q_b_proj" in lora.target_modules
     assert said == [f"LoRA: not adapting kv_b_proj: {MLA_DECODE_ABSORBS['kv_b_proj']}"]
 
 

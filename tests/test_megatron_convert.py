@@ -22,13 +22,14 @@ def _megatron_logits(
     rank: int, world_size: int, path: str, adapter: dict | None = None, split: str = "tensor_parallel"
 ) -> torch.Tensor:
     from rlvr.config import MegatronConfig
+    from rlvr.models.folder import read_model_folder
     from rlvr.training.megatron.lora import attach_lora
     from rlvr.training.megatron.parallel import start_model_parallel, stop_model_parallel
     from rlvr.training.megatron.policy import MegatronPolicy
 
     start_model_parallel(MegatronConfig(**{split: world_size}), use_cuda=False)
     try:
-        policy = MegatronPolicy(path, torch.float32, logits_chunk_mb=64)
+        policy = MegatronPolicy(read_model_folder(path), torch.float32, logits_chunk_mb=64)
         if adapter is not None:
             attach_lora(policy.gpt, adapter, policy.shape, scaling=ALPHA / RANK)
         ids = torch.tensor([sum(SEQUENCES, [])])

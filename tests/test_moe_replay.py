@@ -19,8 +19,9 @@ import torch
 from engine_fixtures import rank_spec
 from transformers import AutoModelForCausalLM
 
-from rlvr.config import EngineConfig, ModelConfig
+from rlvr.config import EngineConfig
 from rlvr.engines.hf_engine import HFEngine
+from rlvr.models.folder import read_model_folder
 from rlvr.models.moe import moe_layers
 from rlvr.models.routing import record_routing
 from rlvr.models.tiny import build_tiny_model
@@ -38,7 +39,7 @@ def model_dir(tmp_path_factory):
 
 
 def _engine(path) -> HFEngine:
-    return HFEngine(ModelConfig(path=str(path), dtype="float32"), EngineConfig(backend="hf", num_threads=1), seed=0)
+    return HFEngine(read_model_folder(path), EngineConfig(backend="hf", num_threads=1), dtype="float32", seed=0)
 
 
 def test_the_hf_engine_returns_each_positions_experts_as_a_forward_over_the_rollout_chooses_them(model_dir):
@@ -118,7 +119,7 @@ def test_vllm_routed_experts_become_rollout_routes_of_the_moe_blocks(model_dir):
     from rlvr.engines.vllm_replies import RolloutReader
     from rlvr.records import Request
 
-    experts_per_layer, moe_blocks = moe_shape(model_dir)
+    experts_per_layer, moe_blocks = moe_shape(read_model_folder(model_dir))
     assert moe_blocks == [1, 2] and experts_per_layer == 8  # layer 0 is dense
     reader = RolloutReader(lambda ids: "", moe_blocks, experts_per_layer)  # as a GPU engine reads its outputs
     prompt, completion = [5, 6, 7], [8, 9]

@@ -235,6 +235,7 @@ def test_the_plan_counts_what_is_loaded(mistral3):
     """Both sides hold the text model alone (the plan sizes it from text_config); the note says what is left out."""
     from rlvr.config import load_config
     from rlvr.planning.plan import make_plan
+    from rlvr.planning.sections import PlanSections
 
     stored = load_file(mistral3 / "model.safetensors")
     encoder = {n: t for n, t in stored.items() if n.startswith(("vision_tower.", "multi_modal_projector."))}
@@ -243,7 +244,7 @@ def test_the_plan_counts_what_is_loaded(mistral3):
     cfg = load_config(
         Path(__file__).resolve().parents[1] / "configs" / "demo.yaml", [f"model.path={mistral3}", "model.dtype=float32"]
     )
-    plan = make_plan(cfg)
+    plan = make_plan(PlanSections.of(cfg))
     size = sum(t.numel() * t.element_size() for t in encoder.values())
     assert (
         f"multimodal checkpoint (image, video), run text-only: the trainer builds the language model alone and the "

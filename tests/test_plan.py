@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from rlvr.config import load_config
 from rlvr.planning.architecture import GB, GiB, read_architecture
 from rlvr.planning.plan import PlanError, make_plan
 from rlvr.planning.rank_memory import rank_bytes
+from rlvr.planning.sections import PlanSections
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SMALL = CONFIGS / "gsm8k_qwen2.5_0.5b_1gpu.yaml"
@@ -22,8 +24,13 @@ MEDIUM = CONFIGS / "math_7b_8gpu.yaml"
 LARGE = CONFIGS / "aime_mistral_large2_dense_nvfp4_ray.yaml"
 
 
+def sections(config: Path, overrides: list[str] | None = None) -> PlanSections:
+    """A config's plan sections, as `rlvr train --dry-run` reads them."""
+    return PlanSections.of(load_config(config, overrides or []))
+
+
 def plan_of(config: Path, *overrides: str):
-    return make_plan(load_config(config, list(overrides)))
+    return make_plan(sections(config, list(overrides)))
 
 
 @pytest.mark.parametrize("config", [SMALL, MEDIUM, LARGE], ids=lambda p: p.stem)
@@ -79,7 +86,7 @@ def test_eight_node_plan_puts_the_engine_on_node_0_and_56_ranks_on_nodes_1_to_7(
 
 
 def test_qwen2_5_0_5b_weights_by_hand():
-    arch = read_architecture(load_config(SMALL))
+    arch = read_architecture(sections(SMALL))
     # per layer: q 896x896, k and v 896x128, o 896x896, gate/up/down 3x896x4864, two norms
     layer = 896 * 896 * 2 + 896 * 128 * 2 + 3 * 896 * 4864 + 2 * 896
     params = 24 * layer + 151936 * 896 + 896  # tied embedding, final norm
@@ -89,7 +96,7 @@ def test_qwen2_5_0_5b_weights_by_hand():
 
 
 def test_qwen2_5_7b_weights_match_the_published_sizes():
-    arch = read_architecture(load_config(MEDIUM))
+    arch = read_architecture(sections(MEDIUM))
     # Qwen reports 7.61B parameters; per layer 29,360,128 in attention and 203,685,888 in the MLP
     assert arch.packed_params == 28 * (29_360_128 + 203_685_888)  # every Linear of the 28 blocks
     assert round(arch.weight_bytes(2) / GB, 2) == 15.23  # "a 7B model is ~15 GB in bf16"
@@ -98,7 +105,7 @@ def test_qwen2_5_7b_weights_match_the_published_sizes():
 
 
 def test_nvfp4_bytes_and_per_device_figures_by_hand():
-    cfg = load_config(LARGE)
+    cfg = sections(LARGE)
     arch = read_architecture(cfg)
     linear = 88 * (12288 * 12288 * 2 + 12288 * 1024 * 2 + 3 * 12288 * 28672)
     rest = 2 * 32768 * 12288 + 88 * 2 * 12288 + 12288  # embedding + lm_head, norms: bf16
@@ -148,12 +155,12 @@ def test_config_json_wins_and_matches_the_real_model(tmp_path):
     path = build_tiny_model(
         tmp_path / "llama", "llama", hidden_size=128, num_layers=2, intermediate_size=256, tie_word_embeddings=False
     )
-    arch = read_architecture(load_config(SMALL, [f"model.path={path}"]))  # config.json over model.estimate
+    arch = read_architecture(sections(SMALL, [f"model.path={path}"]))  # config.json over model.estimate
     assert arch.source.endswith("config.json") and arch.hidden == 128 and not arch.nvfp4
     assert arch.params == AutoModelForCausalLM.from_pretrained(path).num_parameters()
 
     packed = quantize_checkpoint(path, tmp_path / "nvfp4")
-    arch = read_architecture(load_config(SMALL, [f"model.path={packed}"]))
+    arch = read_architecture(sections(SMALL, [f"model.path={packed}"]))
     assert arch.nvfp4
     stored = _tensor_bytes(Path(packed) / "model.safetensors")
     assert abs(arch.weight_bytes(4) - stored) / stored < 0.01  # float32 rest; per-tensor global scales not counted
@@ -272,7 +279,7 @@ def test_the_seed_layout_is_faster_than_one_engine_more_or_one_fewer():
     from rlvr.planning.step_time import step_time
 
     def step(replicas: int, ranks: int) -> float:
-        cfg = load_config(
+        cfg = sections(
             SEED, [f"engine.replicas={replicas}", f"trainer.ranks={ranks}", f"placement.engine_gpus={4 * replicas}"]
         )
         t = step_time(cfg, read_architecture(cfg))
@@ -303,7 +310,7 @@ def test_seed_base_shard_follows_trainer_shard_ranks(shard_ranks, base_shard_gb,
     (row,) = [line for line in out.stdout.splitlines() if line.startswith("base shard")]
     assert float(row.split()[-1]) == base_shard_gb
     assert (
-        round(rank_bytes(load_config(SEED, [f"trainer.shard_ranks={shard_ranks}"]), 0)["base_shard"] / GB, 2)
+        round(rank_bytes(sections(SEED, [f"trainer.shard_ranks={shard_ranks}"]), 0)["base_shard"] / GB, 2)
         == base_shard_gb
     )
 
@@ -328,10 +335,10 @@ def test_moe_estimate_counts_as_transformers_builds_the_model():
     from rlvr.models.estimate import estimate_config
     from rlvr.models.params import parameter_counts
 
-    config = estimate_config(load_config(SEED).model.estimate)
+    config = estimate_config(sections(SEED).model.estimate)
     assert type(config).__name__ == "DeepseekV3Config"
     counts = parameter_counts(config)
-    arch = read_architecture(load_config(SEED))
+    arch = read_architecture(sections(SEED))
     assert (arch.params, arch.active_params) == (counts.total, counts.active)
     assert arch.routed_params == counts.routed_experts
     # MLA's cache: the latent and the RoPE key, per layer, on every GPU of the TP group
@@ -347,14 +354,14 @@ def test_moe_config_json_counts_match_transformers(tmp_path, arch_name):
     from rlvr.quant.checkpoint import quantize_checkpoint
 
     path = build_tiny_model(tmp_path / arch_name, arch_name)
-    arch = read_architecture(load_config(SMALL, [f"model.path={path}"]))
+    arch = read_architecture(sections(SMALL, [f"model.path={path}"]))
     counts = count_parameters(AutoModelForCausalLM.from_pretrained(path))
     assert arch.routed_params == counts.routed_experts
     assert arch.params - arch.active_params == counts.total - counts.active
     assert abs(arch.params - counts.total) / counts.total < 1e-3  # Qwen3's per-head q/k norms are left out
 
     packed = quantize_checkpoint(path, tmp_path / "nvfp4")
-    arch = read_architecture(load_config(SMALL, [f"model.path={packed}"]))
+    arch = read_architecture(sections(SMALL, [f"model.path={packed}"]))
     stored = sum(_tensor_bytes(f) for f in Path(packed).glob("*.safetensors"))
     assert arch.nvfp4 and abs(arch.weight_bytes(4) - stored) / stored < 0.02  # per-tensor global scales not counted
 
@@ -413,7 +420,7 @@ def test_rank_bytes_match_the_real_module_tree(tmp_path, arch_name, quantized, l
         path = quantize_checkpoint(path, tmp_path / "nvfp4")
     lora_keys = [f"trainer.{item}" for item in ["lora.rank=4", "lora.dropout=0", *lora]] if lora else []
     for ranks, shard_ranks in [(5, "null"), (3, "null"), (6, "2"), (1, "null")]:
-        cfg = load_config(
+        cfg = sections(
             SMALL,
             [
                 f"model.path={path}",
@@ -425,7 +432,8 @@ def test_rank_bytes_match_the_real_module_tree(tmp_path, arch_name, quantized, l
             ],
         )
         model = Skeleton.from_checkpoint(path, torch.bfloat16).model  # on meta: shapes and dtypes only
-        cfg = with_engine_lora_targets(cfg)  # as the run resolves them: MLA's all-linear drops kv_b_proj
+        # as the run resolves them: MLA's all-linear drops kv_b_proj
+        cfg = replace(cfg, trainer=with_engine_lora_targets(cfg.model, cfg.trainer))
         if cfg.trainer.lora:
             model = apply_lora(model, **cfg.trainer.lora.model_dump())
         shards = cfg.trainer.shard_ranks or ranks
@@ -449,7 +457,7 @@ def test_train_and_sync_time_by_hand():
     TFLOP/s per GPU; with two mini-batches pi_old's forward and the one after the updates too."""
     from rlvr.planning.step_time import step_time
 
-    cfg = load_config(MEDIUM, ["placement.gpu=h100"])
+    cfg = sections(MEDIUM, ["placement.gpu=h100"])
     arch = read_architecture(cfg)
     sequences, length = 128 * 8, 1536 + 4096
     multiplied = arch.active_params - 152064 * 3584  # the input embedding is a lookup
@@ -457,7 +465,7 @@ def test_train_and_sync_time_by_hand():
     attention = 2 * 28 * (128 + 128) * length**2 / 2 * 28 * sequences * (1 + 1 + 2)
     t = step_time(cfg, arch)
     assert t.train_compute == pytest.approx((linear + attention) / (4 * 1979e12 / 2), rel=1e-12)
-    two = step_time(load_config(MEDIUM, ["placement.gpu=h100", "trainer.mini_batches=2"]), arch)
+    two = step_time(sections(MEDIUM, ["placement.gpu=h100", "trainer.mini_batches=2"]), arch)
     assert two.train_compute == pytest.approx(
         t.train_compute
         + (2 * multiplied * sequences * length * 2 + 2 * 28 * 256 * length**2 / 2 * 28 * sequences * 2)
@@ -543,7 +551,7 @@ def test_cpu_step_time_by_hand(monkeypatch):
 
     monkeypatch.setattr("rlvr.planning.step_time.allowed_cores", lambda: list(range(8)))
     asked = []
-    cpu = load_config(
+    cpu = sections(
         SMALL, ["placement.gpus_per_node=0", "placement.gpu=null", "trainer.ranks=2", "engine.num_threads=3"]
     )
     arch = read_architecture(cpu)
@@ -556,7 +564,7 @@ def test_cpu_step_time_by_hand(monkeypatch):
     memory, peak = 5e9 * 3, 250e9 * 3
     step = max((2 * n + at_once * 1024 * kv) / memory, (2 * n * at_once + 4 * 14 * 64 * 24 * 1024 * at_once) / peak)
     assert t.generate == pytest.approx(2 * n * 64 * 512 / peak + 2 * 1024 * step, rel=1e-12)
-    gpu = step_time(load_config(SMALL, ["trainer.ranks=2", "placement.gpus_per_node=2", "placement.gpu=h100"]), arch)
+    gpu = step_time(sections(SMALL, ["trainer.ranks=2", "placement.gpus_per_node=2", "placement.gpu=h100"]), arch)
     assert t.train_compute == pytest.approx(gpu.train_compute * 2 * 989.5e12 / (250e9 * 8), rel=1e-12)
     # both ranks' FSDP2 traffic through one loopback instead of each over its own NVLink
     assert t.train_communication == pytest.approx(2 * gpu.train_communication * 450e9 / 2e9, rel=1e-12)
@@ -574,7 +582,7 @@ def test_cpu_plan_is_timed_only_with_rates_and_says_it_is_the_bound():
 
     from rlvr.planning.plan_report import print_plan
 
-    cfg = load_config(SMALL, ["placement.gpus_per_node=0", "placement.gpu=null"])
+    cfg = sections(SMALL, ["placement.gpus_per_node=0", "placement.gpu=null"])
     assert make_plan(cfg).step is None  # nothing measured: the memory check of `rlvr serve` stays instant
     plan = make_plan(cfg, cpu_rates=_rates)
     assert plan.step.generate > 0 and plan.step.train > 0 and plan.step.sync > 0
@@ -585,7 +593,7 @@ def test_cpu_plan_is_timed_only_with_rates_and_says_it_is_the_bound():
     assert f"generate {plan.step.generate:.2f} s" in line and f"sync {plan.step.sync:.2f} s" in line
     assert "balance: the engine and the ranks share the cores" in out.getvalue()
     half = make_plan(
-        load_config(SMALL, ["placement.gpus_per_node=0", "placement.gpu=null", "model.dtype=float16"]), cpu_rates=_rates
+        sections(SMALL, ["placement.gpus_per_node=0", "placement.gpu=null", "model.dtype=float16"]), cpu_rates=_rates
     )
     assert half.step is None and any("only float32 and bfloat16" in note for note in half.notes)
 
@@ -601,7 +609,7 @@ def test_cpu_split_cores_time_each_side_on_its_own_and_overlap(monkeypatch):
 
     monkeypatch.setattr("rlvr.planning.step_time.allowed_cores", lambda: list(range(8)))
     monkeypatch.setattr("rlvr.planning.plan.allowed_cores", lambda: list(range(8)))
-    cfg = load_config(
+    cfg = sections(
         SMALL,
         [
             "placement.gpus_per_node=0",

@@ -16,6 +16,7 @@ from rlvr.config import load_config
 from rlvr.planning.architecture import read_architecture
 from rlvr.planning.plan import PlanError, make_plan
 from rlvr.planning.rank_memory import megatron_rank_bytes
+from rlvr.planning.sections import PlanSections
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SMALL = CONFIGS / "gsm8k_qwen2.5_0.5b_1gpu.yaml"
@@ -49,8 +50,12 @@ MOE = [
 ]
 
 
+def sections(config: Path, overrides: list[str]) -> PlanSections:
+    return PlanSections.of(load_config(config, overrides))
+
+
 def megatron(*overrides: str):
-    return load_config(SMALL, [*DENSE, *overrides])
+    return sections(SMALL, [*DENSE, *overrides])
 
 
 def test_tensor_parallel_2_holds_half_of_each_split_tensor_and_all_of_the_rest():
@@ -148,8 +153,8 @@ def test_dry_run_of_a_gpu_config_with_pipeline_and_sequence_parallel_prints_both
     assert out.returncode == 0, out.stdout + out.stderr
     assert "Megatron: tensor parallel 2, expert parallel 1, pipeline 2, sequence parallel" in out.stdout
     assert "trainer ranks 0-1" in out.stdout and "trainer ranks 2-3" in out.stdout  # the two stages apart
-    cfg = load_config(MEDIUM, ["trainer.backend=megatron", "trainer.lora.dropout=0", *layout])
-    fsdp2 = make_plan(load_config(MEDIUM)).devices[4].memory
+    cfg = sections(MEDIUM, ["trainer.backend=megatron", "trainer.lora.dropout=0", *layout])
+    fsdp2 = make_plan(sections(MEDIUM, [])).devices[4].memory
     (line,) = [text for text in out.stdout.splitlines() if text.startswith("FSDP2 instead")]
     assert f"each trainer rank {sum(fsdp2.values()) / 1e9:.2f} GB" in line
     rank = make_plan(cfg).devices[4].memory
@@ -161,13 +166,14 @@ def _held_bytes(rank: int, world_size: int, path: str, adapter: dict) -> dict[st
     import torch
 
     from rlvr.config import MegatronConfig
+    from rlvr.models.folder import read_model_folder
     from rlvr.training.megatron.lora import attach_lora
     from rlvr.training.megatron.parallel import start_model_parallel, stop_model_parallel
     from rlvr.training.megatron.policy import MegatronPolicy
 
     start_model_parallel(MegatronConfig(tensor_parallel=world_size), use_cuda=False)
     try:
-        policy = MegatronPolicy(path, torch.float32, logits_chunk_mb=64)
+        policy = MegatronPolicy(read_model_folder(path), torch.float32, logits_chunk_mb=64)
         for p in policy.parameters():
             p.requires_grad_(False)
         attach_lora(policy.gpt, adapter, policy.shape, scaling=2.0)
@@ -195,7 +201,7 @@ def test_megatron_rank_bytes_are_those_of_the_module_tree_a_rank_builds(tmp_path
         LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"),
     )
     adapter = {n.replace(".default.", "."): p.detach() for n, p in peft.named_parameters() if p.requires_grad}
-    cfg = load_config(
+    cfg = sections(
         SMALL,
         [
             f"model.path={path}",

@@ -175,12 +175,13 @@ def test_a_linear_with_a_partial_block_per_row_is_refused_with_its_name(tmp_path
 def test_vllm_has_no_bitsandbytes_method_so_every_engine_gets_the_dequantized_view(nf4_dir):
     from vllm.config import ModelConfig
 
-    from rlvr.engines import served_model_path
+    from rlvr.engines import served_folder
+    from rlvr.models.folder import read_model_folder
 
     with pytest.raises(ValueError, match="Unknown quantization method: bitsandbytes"):
         ModelConfig(model=str(nf4_dir))
-    view = served_model_path(str(nf4_dir))
-    assert view == f"{nf4_dir}.dequantized"
+    view = served_folder(read_model_folder(nf4_dir))
+    assert str(view.path) == f"{nf4_dir}.dequantized" and view.quantization_config is None
     assert "quantization_config" not in json.loads(
         (nf4_dir.parent / f"{nf4_dir.name}.dequantized" / "config.json").read_text()
     )

@@ -80,12 +80,13 @@ def test_a_megatron_run_is_rehearsed_on_megatrons_module_tree():
     megatron_rank_bytes plans (its NVFP4 base read dequantized, as the Megatron rank reads it)."""
     from rlvr.orchestration.rehearsal import compare_bytes
     from rlvr.planning.rank_memory import megatron_rank_bytes
+    from rlvr.planning.sections import PlanSections
 
     dense = SEED.with_name("aime_mistral_large2_dense_nvfp4_ray.yaml")
     cfg = load_config(dense, ["trainer.backend=megatron", "trainer.megatron.tensor_parallel=8"])
     rows = compare_bytes(cfg)
     assert [row["rank"] for row in rows] == [0, 28, 55]
-    assert all(row["planned"] == megatron_rank_bytes(cfg, row["rank"]) for row in rows)
+    assert all(row["planned"] == megatron_rank_bytes(PlanSections.of(cfg), row["rank"]) for row in rows)
     assert rows[0]["measured"]["base_shard"] > 8 * 123e9 / 56  # bf16 weights, not 4-bit ones
     assert byte_failures(rows) == []
     report = {"actors": [], "ranks": rows, "ok": True, "failures": []}
@@ -101,18 +102,22 @@ def test_the_seeds_mla_moe_model_is_rehearsed_on_megatrons_module_tree_split_by_
     it was not measured."""
     from rlvr.orchestration.rehearsal import compare_bytes
     from rlvr.planning.rank_memory import megatron_rank_bytes
+    from rlvr.planning.sections import PlanSections
 
     megatron = ["trainer.backend=megatron", "trainer.shard_ranks=null", "trainer.routing_replay=false"]
     cfg = load_config(SEED, [*megatron, "trainer.megatron.expert_parallel=8"])
     rows = compare_bytes(cfg)
     assert [row["rank"] for row in rows] == [0, 4, 7]
-    assert all(row["planned"] == megatron_rank_bytes(cfg, row["rank"]) for row in rows)
+    assert all(row["planned"] == megatron_rank_bytes(PlanSections.of(cfg), row["rank"]) for row in rows)
     assert rows[0]["measured"]["base_shard"] > 2 * 673e9 / 8  # bf16 weights, not 4-bit ones
     assert byte_failures(rows) == []
 
     cfg = load_config(SEED, [*megatron, "trainer.megatron.tensor_parallel=4", "trainer.megatron.expert_parallel=2"])
     rows = compare_bytes(cfg)
-    assert all(row["planned"] == megatron_rank_bytes(cfg, row["rank"]) and row["measured"] is None for row in rows)
+    assert all(
+        row["planned"] == megatron_rank_bytes(PlanSections.of(cfg), row["rank"]) and row["measured"] is None
+        for row in rows
+    )
     assert byte_failures(rows)[0] == (
         "rank 0: bytes not measured: trainer.megatron.tensor_parallel=4: an MLA/MoE model is split by "
         "expert_parallel alone; tensor_parallel must be 1"

@@ -93,7 +93,7 @@ def test_a_model_on_a_loaded_base_claims_its_adapter_alone(tmp_path):
     from rlvr.models.tiny import build_tiny_model
     from rlvr.serve.base_host import HostKey
     from rlvr.serve.futures import FutureStore
-    from rlvr.serve.model import planned_bytes, served_run
+    from rlvr.serve.model import planned_bytes, served_sections
     from rlvr.serve.registry import ModelRegistry
     from rlvr.serve.work_line import WorkLine
 
@@ -101,17 +101,39 @@ def test_a_model_on_a_loaded_base_claims_its_adapter_alone(tmp_path):
     cfg = _config(alice={"api_keys": ["tml-alice"]}, bob={"api_keys": ["tml-bob"]})
     tenants = Tenants(cfg)
     alice, bob = tenants.identify("tml-alice"), tenants.identify("tml-bob")
-    run = served_run(folder, 4, cfg, log=lambda *_: None)
-    planned = planned_bytes(run)
+    sections = served_sections(folder, 4, cfg, log=lambda *_: None)
+    planned = planned_bytes(sections)
     assert 0 < planned.adapter < planned.base
     registry = ModelRegistry(cfg, memory_budget=planned.total + 1.5 * planned.adapter, work=WorkLine(FutureStore()))
-    registry.claim(alice, "a:train:0", run, HostKey(folder, 4, 0))
-    registry.claim(bob, "b:train:0", run, HostKey(folder, 4, 0))
+    registry.claim(alice, "a:train:0", sections, HostKey(folder, 4, 0))
+    registry.claim(bob, "b:train:0", sections, HostKey(folder, 4, 0))
     assert registry.held_bytes() == pytest.approx(planned.base + 2 * planned.adapter)
     # a third adapter passes the budget; the message says the base is loaded already
     with pytest.raises(UserError, match=r"its adapter \(the base is loaded already\).*nothing was loaded"):
-        registry.claim(bob, "b:train:1", run, HostKey(folder, 4, 0))
+        registry.claim(bob, "b:train:1", sections, HostKey(folder, 4, 0))
     registry.memory_budget = 10 * planned.total
-    registry.claim(bob, "b:train:1", run, HostKey(folder, 4, 1))  # another seed: its own host
+    registry.claim(bob, "b:train:1", sections, HostKey(folder, 4, 1))  # another seed: its own host
     assert registry.held_bytes() == pytest.approx(2 * planned.base + 3 * planned.adapter)
     registry.work.close()
+
+
+def test_a_served_model_s_sequences_are_bounded_by_engine_max_model_len(tmp_path):
+    """A served model has no data of its own: its plan checks engine.max_model_len, the longest
+    sequence a client may send or sample, against the model and the trainer's micro-batches."""
+    from rlvr.models.tiny import build_tiny_model
+    from rlvr.serve.model import planned_bytes, served_sections
+
+    folder = str(build_tiny_model(tmp_path / "model", "qwen2", hidden_size=64, num_layers=2, num_heads=2))
+
+    def planned(engine: dict, trainer: dict):
+        cfg = ServeConfig.model_validate({"engine": engine, "trainer": trainer})
+        return planned_bytes(served_sections(folder, 4, cfg, log=lambda *_: None))
+
+    assert planned({"max_model_len": 1024}, {"micro_batch_tokens": 1024}).total > 0
+    assert planned({"max_model_len": None}, {"micro_batch_tokens": 1}).total > 0  # as long as the engine makes them
+    with pytest.raises(UserError, match=r"engine.max_model_len=2048 exceeds the model's max_position_embeddings=1024"):
+        planned({"max_model_len": 2048}, {"micro_batch_tokens": 4096})
+    with pytest.raises(
+        UserError, match=r"trainer.micro_batch_tokens=512 < the longest sequence \(engine.max_model_len=1024\)$"
+    ):
+        planned({"max_model_len": 1024}, {"micro_batch_tokens": 512})

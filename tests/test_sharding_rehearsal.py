@@ -10,6 +10,7 @@ import pytest
 
 from rlvr.config import load_config
 from rlvr.planning.rank_memory import rank_bytes
+from rlvr.planning.sections import PlanSections
 from rlvr.training.sharding_rehearsal import measure_ranks
 
 SEED = Path(__file__).parent.parent / "configs" / "aime_mistral_large3_nvfp4_ray.yaml"
@@ -48,7 +49,9 @@ def test_measured_rank_bytes_are_the_plans(layout):
     from rlvr.planning.lora import with_engine_lora_targets
 
     # LoRA as the run resolves it (the plan counts it so): MLA's all-linear without kv_b_proj
-    cfg = with_engine_lora_targets(load_config(SEED, [*SMALL_MOE, *layout]))
+    cfg = load_config(SEED, [*SMALL_MOE, *layout])
+    cfg = cfg.model_copy(update={"trainer": with_engine_lora_targets(cfg.model, cfg.trainer)})
     ranks = sorted({0, cfg.trainer.ranks // 2, cfg.trainer.ranks - 1})
     for rank, measured in zip(ranks, measure_ranks(cfg, ranks)):
-        assert measured == {name: int(value) for name, value in rank_bytes(cfg, rank).items()}, rank
+        planned = rank_bytes(PlanSections.of(cfg), rank)
+        assert measured == {name: int(value) for name, value in planned.items()}, rank

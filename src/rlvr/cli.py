@@ -56,21 +56,23 @@ def train(
     if dry_run:
         from rlvr.hardware import cpu_rates
         from rlvr.planning.plan_report import print_plan
+        from rlvr.planning.sections import PlanSections
 
         console.print(dump_config(cfg), highlight=False, end="")
-        plan = _plan(cfg, config or resume, cpu_rates=cpu_rates)
+        sections = PlanSections.of(cfg)
+        plan = _plan(sections, config or resume, cpu_rates=cpu_rates)
         console.print()
-        print_plan(plan, cfg, console)
+        print_plan(plan, sections, console)
         return
     _run(cfg, resume=resume is not None, verbose=verbose)
 
 
-def _plan(cfg, source, **options):
+def _plan(sections, source, **options):
     """The run's plan (rlvr.planning.plan.make_plan); a plan error ends the command in one line, exit code 2."""
     from rlvr.planning.plan import PlanError, make_plan
 
     try:
-        return make_plan(cfg, **options)
+        return make_plan(sections, **options)
     except PlanError as err:
         errors.print(f"[red]plan error:[/red] {source}: {err}", highlight=False)
         raise typer.Exit(2) from None
@@ -89,10 +91,11 @@ def rehearse(
     simulated cluster of the config's nodes and GPUs, its ranks' shards on meta; checked against the plan."""
     from rlvr.orchestration.rehearsal import rehearse as run_rehearsal
     from rlvr.orchestration.rehearsal import summary_lines
+    from rlvr.planning.sections import PlanSections
     from rlvr.tracking.terminal import quiet_output
 
     cfg = load_config(config, overrides or [])
-    _plan(cfg, config)
+    _plan(PlanSections.of(cfg), config)
     log = Path(cfg.run_dir) / "logs" / "rehearse.log"
     with quiet_output(log, verbose):
         report = run_rehearsal(cfg)

@@ -29,6 +29,7 @@ from rlvr.demo.skills import Skills, measure, shortfalls
 from rlvr.engines.hf_engine import HFEngine
 from rlvr.envs import EnvContext
 from rlvr.eval.runner import held_out_sampling, scored_samples
+from rlvr.models.folder import read_model_folder
 from rlvr.models.multimodal import max_positions
 from rlvr.orchestration.builders import build_scoring_pool, sized_engine
 from rlvr.quant import quantize_checkpoint, write_dequantized_checkpoint
@@ -190,8 +191,9 @@ class _Checker:
             quantize_checkpoint(self.staging, self.quantized, format=cfg.demo.base_format)
             served = write_dequantized_checkpoint(self.quantized, self.view)
         engine = HFEngine(
-            cfg.model.model_copy(update={"path": str(served)}),
+            read_model_folder(served),
             cfg.engine.model_copy(update={"hf_batch_size": len(self.problems) * check.samples}),
+            dtype=cfg.model.dtype,
             seed=cfg.seed,
         )
         try:

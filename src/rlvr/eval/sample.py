@@ -15,7 +15,7 @@ from rlvr.checkpoint.peft_files import load_adapter
 from rlvr.config import DataConfig, EngineConfig, ModelConfig, RewardConfig
 from rlvr.engines import make_engine
 from rlvr.eval.runner import evaluate
-from rlvr.models.multimodal import max_positions
+from rlvr.models.folder import read_model_folder
 from rlvr.models.tokenizer import load_tokenizer
 from rlvr.records import Sampling
 from rlvr.rewards import ScoringPool
@@ -44,11 +44,12 @@ def evaluate_model(
     `sampling.max_tokens` is at most what the model's positions leave after the longest prompt
     (`rlvr eval MODEL` with no --max-tokens, on a model shorter than its default answer)."""
 
+    folder = read_model_folder(model.path)
     prompt_set = load_prompt_set(data, source, load_tokenizer(model.path), limit=limit)
     if reward is None:
         reward = RewardConfig(verifier=prompt_set.problems[0].meta.get("verifier", "math"))
     lora = load_adapter(adapter) if adapter else None
-    positions = max_positions(model.path)
+    positions = folder.max_positions
     if answers_fill_model and positions is not None:
         room = positions - prompt_set.longest()[1]
         sampling = replace(sampling, max_tokens=max(1, min(sampling.max_tokens, room)))
@@ -64,7 +65,7 @@ def evaluate_model(
     engine = engine.model_copy(update={"max_model_len": context})
     lora_rank = int(lora.config.get("r", 16)) if lora is not None else None
     with (
-        make_engine(model, engine, seed=seed, lora_rank=lora_rank) as served,
+        make_engine(folder, engine, dtype=model.dtype, seed=seed, lora_rank=lora_rank) as served,
         ScoringPool(
             reward.verifier,
             workers=reward.workers,

@@ -14,13 +14,13 @@ No per-model code. transformers 5 gives every MoE model two hooks rlvr relies on
 
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from rlvr.models.folder import model_config
 from rlvr.models.transformers_classes import causal_lm_from_config
 
 _EXPERTS_FLAGS = ("has_gate", "has_bias", "is_transposed", "is_concatenated", "num_experts")
@@ -88,11 +88,12 @@ def moe_layers(model: nn.Module) -> list[MoELayer]:
     return layers
 
 
-def moe_layer_numbers(model_path: str) -> list[int]:
-    """The decoder-block index of each MoE layer, in forward order, from the model folder's
-    config alone (the model built on the meta device, no weights read). vLLM's routed experts
-    have a row for every decoder block, dense ones included; these select rlvr's MoE layers."""
+def moe_layer_numbers(config) -> list[int]:
+    """The decoder-block index of each MoE layer, in forward order, from the model's transformers
+    config alone (the model built on the meta device from a copy of it, no weights read). vLLM's
+    routed experts have a row for every decoder block, dense ones included; these select rlvr's
+    MoE layers."""
     with torch.device("meta"):
-        model = causal_lm_from_config(model_config(model_path))
+        model = causal_lm_from_config(copy.deepcopy(config))
     # every transformers decoder keeps its blocks in one ModuleList: the first index in a name is the block's
     return [int(re.search(r"\.(\d+)\.", layer.router_name).group(1)) for layer in moe_layers(model)]

@@ -20,7 +20,7 @@ from rlvr.affinity import allowed_cores, pinned
 from rlvr.config import RunConfig, dump_config
 from rlvr.engines import make_engine
 from rlvr.envs import EnvContext
-from rlvr.models.folder import check_model_folder
+from rlvr.models.folder import ModelFolder, check_model_folder
 from rlvr.models.tokenizer import load_tokenizer
 from rlvr.orchestration.engine_supervisor import EngineSupervisor
 from rlvr.orchestration.evaluation import Evaluation
@@ -29,6 +29,7 @@ from rlvr.orchestration.run_state import RunCheckpoints
 from rlvr.planning.architecture import planned_dtype
 from rlvr.planning.cpu_split import CpuSplit, cpu_split
 from rlvr.planning.lora import with_engine_lora_targets
+from rlvr.planning.sections import PlanSections
 from rlvr.rewards import ScoringPool
 from rlvr.rollout.async_groups import AsyncGroups
 from rlvr.rollout.collect import RolloutCollector, training_sampling
@@ -75,7 +76,7 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     run_dir.mkdir(parents=True, exist_ok=True)
     # as given: a resumed run sizes its engine again, and picks model.dtype: auto's dtype on its own machine
     (run_dir / "config.yaml").write_text(dump_config(cfg))
-    log(planned_dtype(cfg).line())
+    log(planned_dtype(cfg.model, cfg.placement).line())
     torch.manual_seed(cfg.seed)
     tokenizer = load_tokenizer(cfg.model.path)
     train_set = load_prompt_set(cfg.data, cfg.data.train, tokenizer)
@@ -83,7 +84,7 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
         load_prompt_set(cfg.data, cfg.data.test, tokenizer, limit=cfg.eval.max_problems) if cfg.data.test else None
     )
     cfg = sized_engine(cfg, [train_set, *([test_set] if test_set else [])], folder.max_positions)
-    cfg = with_engine_lora_targets(cfg, log)
+    cfg = cfg.model_copy(update={"trainer": with_engine_lora_targets(cfg.model, cfg.trainer, log)})
     shared = test_set.shared_with(train_set) if test_set is not None else 0
     if test_set is not None and shared:
         log(
@@ -95,8 +96,8 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     resume_from = checkpoints.resumable() if resume else None
     cores = place_on_cores(cfg, stack, log)  # before anything starts: what it starts inherits the controller's cores
     pool = stack.enter_context(build_scoring_pool(cfg, log))  # first: a bad reward.options fails before the slow starts
-    trainer = stack.enter_context(build_trainer(cfg, cores))  # its ranks load while the engine starts
-    engine = stack.enter_context(build_engine(cfg, log, cores))
+    trainer = stack.enter_context(build_trainer(cfg, folder, cores))  # its ranks load while the engine starts
+    engine = stack.enter_context(build_engine(cfg, folder, log, cores))
     trainer.wait_started()
     logger = stack.enter_context(MetricsLogger(run_dir, cfg.tracking.backends, config=cfg.model_dump(mode="json")))
     sampler = EpochSampler(len(train_set.problems), cfg.seed)
@@ -133,7 +134,7 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
         engine,
         trainer,
         train_set.probe(tokenizer),
-        SyncCheck(cfg.engine.sync_threshold(planned_dtype(cfg).name)),
+        SyncCheck(cfg.engine.sync_threshold(planned_dtype(cfg.model, cfg.placement).name)),
         timer,
         lora=cfg.trainer.lora is not None,
         check_every=cfg.engine.sync_check_every,
@@ -200,7 +201,7 @@ def place_on_cores(cfg: RunConfig, stack: ExitStack, log=print) -> CpuSplit | No
 
     if cfg.placement.gpus_per_node or torch.cuda.is_available():
         return None
-    cores = cpu_split(cfg, allowed_cores())
+    cores = cpu_split(PlanSections.of(cfg), allowed_cores())
     if cores.warning:
         log(f"warning: {cores.warning}")
     if cores.split:
@@ -208,13 +209,14 @@ def place_on_cores(cfg: RunConfig, stack: ExitStack, log=print) -> CpuSplit | No
     return cores
 
 
-def build_trainer(cfg: RunConfig, cores: CpuSplit | None = None):
-    """The trainer ranks: local processes, or Ray actors with `placement.backend: ray`; with a
-    split of the cores, each on its own."""
+def build_trainer(cfg: RunConfig, folder: ModelFolder, cores: CpuSplit | None = None):
+    """The trainer ranks on the model `folder` (cfg.model.path's, read once): local processes, or
+    Ray actors with `placement.backend: ray`; with a split of the cores, each on its own."""
 
     split = cores if cores is not None and cores.split else None
     spec = RankSpec(
-        model=cfg.model,
+        folder=folder,
+        dtype=cfg.model.dtype,
         trainer=cfg.trainer,
         algorithm=cfg.algorithm,
         seed=cfg.seed,
@@ -225,9 +227,9 @@ def build_trainer(cfg: RunConfig, cores: CpuSplit | None = None):
     return Trainer(spec, launch=_ray_cluster(cfg).launch_ranks if cfg.placement.backend == "ray" else None)
 
 
-def build_engine(cfg: RunConfig, log=print, cores: CpuSplit | None = None):
-    """The engine, restarted by its supervisor when its process dies; with a split of the cores,
-    a thread per core of its own."""
+def build_engine(cfg: RunConfig, folder: ModelFolder, log=print, cores: CpuSplit | None = None):
+    """The engine on the model `folder` (cfg.model.path's, read once), restarted by its supervisor
+    when its process dies; with a split of the cores, a thread per core of its own."""
 
     engine = cfg.engine
     if cores is not None and cores.split:
@@ -235,8 +237,9 @@ def build_engine(cfg: RunConfig, log=print, cores: CpuSplit | None = None):
 
     def start():
         return make_engine(
-            cfg.model,
+            folder,
             engine,
+            dtype=cfg.model.dtype,
             seed=cfg.seed,
             lora_rank=cfg.trainer.lora.rank if cfg.trainer.lora else None,
             # colocated, the engine frees its device memory while the ranks train (GPU engines only)

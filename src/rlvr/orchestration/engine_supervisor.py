@@ -1,6 +1,7 @@
 """An engine that outlives its process: a dead engine is rebuilt, re-synced, and the call retried.
 
-    engine = EngineSupervisor(lambda: make_engine(cfg.model, cfg.engine, seed=0), max_restarts=2, log=print)
+    start = lambda: make_engine(folder, cfg.engine, dtype=cfg.model.dtype, seed=0)
+    engine = EngineSupervisor(start, max_restarts=2, log=print)
     engine.update_lora(adapter)
     rollouts = engine.generate(prompts, n, sampling)   # survives a killed vLLM engine core
 

@@ -156,7 +156,7 @@ def _describe(run: Run) -> dict:
             "through transformers' AttentionInterface): training with sdpa's block-diagonal mask and a prompt "
             "copy per sample"
         )
-    compute = planned_dtype(cfg)
+    compute = planned_dtype(cfg.model, cfg.placement)
     return {
         "compute_dtype": compute.name,
         "compute_dtype_reason": compute.reason,

@@ -90,10 +90,10 @@ class EngineActor:
         )
         return {**_where(), "executor_backend": parallel.distributed_executor_backend}
 
-    def start(self, model, engine, options: dict) -> str:
+    def start(self, folder, engine, options: dict) -> str:
         from rlvr.engines import make_engine
 
-        self.engine = make_engine(model, engine, **options)
+        self.engine = make_engine(folder, engine, **options)
         return self.engine.name
 
     def call(self, method: str, args: tuple, kwargs: dict):

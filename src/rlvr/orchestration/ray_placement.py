@@ -2,7 +2,7 @@
 
     cluster = RayCluster.shared(cfg.placement, ranks=2, engines=cfg.engine.replicas, tp=4)
     trainer = Trainer(spec, launch=cluster.launch_ranks)
-    engine = make_engine(cfg.model, cfg.engine, seed=cfg.seed, placement=cluster)   # cluster.engines(...)
+    engine = make_engine(folder, cfg.engine, dtype=cfg.model.dtype, seed=cfg.seed, placement=cluster)  # .engines(...)
 
 The controller cannot tell the difference: `Trainer` keeps all its command and gather logic
 and only talks to `RayRank` handles instead of pipes, and `RayEngine` is an `Engine` whose
@@ -32,8 +32,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from rlvr.config import EngineConfig, ModelConfig, PlacementConfig
+from rlvr.config import EngineConfig, PlacementConfig
 from rlvr.engines.base import Engine
+from rlvr.models.folder import ModelFolder
 from rlvr.orchestration import RunStopped
 from rlvr.orchestration.ray_actors import EngineActor, RankActor
 from rlvr.planning.placement import Layout, Slot, plan_layout
@@ -231,7 +232,7 @@ class RayCluster:
             raise EngineError(f"the engine actor failed to start:\n{error}") from None
         return Placed(actor, slot.bundle, where)
 
-    def engines(self, model: ModelConfig, engine: EngineConfig, *, seeds: list[int], **options) -> list[RayEngine]:
+    def engines(self, folder: ModelFolder, engine: EngineConfig, *, seeds: list[int], **options) -> list[RayEngine]:
         """One engine per slot of the plan (`seeds[i]` for replica i), each built by `make_engine`
         inside its actor; they start side by side. One that fails takes the others down with it."""
         if len(seeds) != len(self.layout.engines):
@@ -241,7 +242,7 @@ class RayCluster:
         try:
             for replica in range(len(seeds)):
                 placed.append(self.place_engine(engine, replica))
-            starts = [p.actor.start.remote(model, engine, {**options, "seed": seed}) for p, seed in zip(placed, seeds)]
+            starts = [p.actor.start.remote(folder, engine, {**options, "seed": seed}) for p, seed in zip(placed, seeds)]
             for p, start in zip(placed, starts):
                 handed += 1  # a RayEngine that fails to start kills its own actor
                 started.append(RayEngine(p.actor, start, self))

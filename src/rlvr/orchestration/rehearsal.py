@@ -148,22 +148,26 @@ def compare_bytes(cfg: RunConfig) -> list[dict]:
     """For the rehearsed ranks: the plan's bytes and those measured on the sharded meta model."""
     from rlvr.planning.lora import with_engine_lora_targets
     from rlvr.planning.rank_memory import megatron_rank_bytes, rank_bytes
+    from rlvr.planning.sections import PlanSections
     from rlvr.training.megatron.rehearsal import measure_megatron_ranks, unbuilt
     from rlvr.training.sharding_rehearsal import measure_ranks
 
-    ranks = rehearsed_ranks(cfg.trainer.ranks)
+    ranks, sections = rehearsed_ranks(cfg.trainer.ranks), PlanSections.of(cfg)
     # the trainer's LoRA as the run resolves it (the plan counts it so): not kv_b_proj on MLA
-    resolved = with_engine_lora_targets(cfg, log=lambda line: None)
+    resolved = cfg.model_copy(
+        update={"trainer": with_engine_lora_targets(cfg.model, cfg.trainer, log=lambda line: None)}
+    )
     if cfg.trainer.backend == "megatron":
         why = unbuilt(cfg)  # a layout or model the Megatron rank does not build: planned, not measured
         measured = measure_megatron_ranks(resolved, ranks) if why is None else [None] * len(ranks)
         return [
-            {"rank": rank, "planned": megatron_rank_bytes(cfg, rank), "measured": bytes_, "unmeasured": why}
+            {"rank": rank, "planned": megatron_rank_bytes(sections, rank), "measured": bytes_, "unmeasured": why}
             for rank, bytes_ in zip(ranks, measured)
         ]
     measured = measure_ranks(resolved, ranks)
     return [
-        {"rank": rank, "planned": rank_bytes(cfg, rank), "measured": bytes_} for rank, bytes_ in zip(ranks, measured)
+        {"rank": rank, "planned": rank_bytes(sections, rank), "measured": bytes_}
+        for rank, bytes_ in zip(ranks, measured)
     ]
 
 

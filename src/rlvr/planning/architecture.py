@@ -36,10 +36,11 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlvr.config import LoraConfig, RunConfig
+from rlvr.config import LoraConfig, ModelConfig, PlacementConfig
 from rlvr.engines.lora_targets import engine_lora_targets
 from rlvr.hardware import ComputeDtype, compute_dtype, local_device
 from rlvr.planning.params import LINEAR_SPLIT, ParamShape, Unit
+from rlvr.planning.sections import PlanSections
 from rlvr.training.logits_memory import working_bytes
 
 GB = 1e9
@@ -49,14 +50,14 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 LORA_DTYPE_BYTES = 4  # peft keeps adapter weights in float32 on a bf16 base
 
 
-def planned_dtype(cfg: RunConfig) -> ComputeDtype:
+def planned_dtype(model: ModelConfig, placement: PlacementConfig) -> ComputeDtype:
     """model.dtype as the planned devices compute it: the placement's GPUs, or this machine's CPU."""
-    return compute_dtype(cfg.model.dtype, local_device(cfg.placement.gpus_per_node))
+    return compute_dtype(model.dtype, local_device(placement.gpus_per_node))
 
 
-def compute_bytes(cfg: RunConfig) -> int:
+def compute_bytes(cfg: PlanSections) -> int:
     """Bytes of one element of the planned compute dtype."""
-    return DTYPE_BYTES[planned_dtype(cfg).name]
+    return DTYPE_BYTES[planned_dtype(cfg.model, cfg.placement).name]
 
 
 class NoArchitecture(ValueError):
@@ -356,7 +357,7 @@ def _mla_from_config(text: dict) -> LatentAttention | None:
     )
 
 
-def read_architecture(cfg: RunConfig) -> Architecture:
+def read_architecture(cfg: PlanSections) -> Architecture:
     """From model.path's config (config.json, or Mistral's params.json) when it exists, else from
     model.estimate."""
     path = Path(cfg.model.path)

@@ -33,8 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rlvr.affinity import core_list, rank_threads
-from rlvr.config import RunConfig
 from rlvr.engines.base import cpu_threads
+from rlvr.planning.sections import PlanSections
 
 
 @dataclass
@@ -66,7 +66,7 @@ def _cores(cores: list[int]) -> str:
     return f"core{'s' * (len(cores) != 1)} {core_list(cores)}"
 
 
-def cpu_split(cfg: RunConfig, allowed: list[int]) -> CpuSplit:
+def cpu_split(cfg: PlanSections, allowed: list[int]) -> CpuSplit:
     """The cores and threads of the controller (with its engine) and of each trainer rank, out of
     the `allowed` cores this run may use (rlvr.affinity.allowed_cores), as the module doc-string says."""
     ranks, wanted = cfg.trainer.ranks, cfg.placement.engine_cpus
@@ -99,11 +99,13 @@ def cpu_split(cfg: RunConfig, allowed: list[int]) -> CpuSplit:
             f"trainer.ranks={ranks} ({ranks * per_rank} threads) on {len(left)} "
             f"core{'s' * (len(left) != 1)} ({core_list(left)})"
         )
-    overlapping = cfg.rollout.max_staleness > 0  # generation runs while the ranks train
-    if wanted is None and overlapping and engine_threads + ranks * per_rank > len(allowed):
+    # a mode that generates ahead runs the engine while the ranks train (None: the phases take turns,
+    # or a served model, whose client samples when it asks)
+    ahead = cfg.steps.rollout.mode if cfg.steps is not None and cfg.steps.rollout.max_staleness > 0 else None
+    if wanted is None and ahead is not None and engine_threads + ranks * per_rank > len(allowed):
         problems.append(
             f"the engine's {engine_threads} thread{'s' * (engine_threads != 1)} and trainer.ranks={ranks} "
-            f"x {per_rank} run at once (rollout.mode: {cfg.rollout.mode}) on {len(allowed)} cores; "
+            f"x {per_rank} run at once (rollout.mode: {ahead}) on {len(allowed)} cores; "
             "placement.colocate: false with placement.engine_cpus gives each its own"
         )
     warning = f"cores oversubscribed: {'; '.join(problems)}" if problems else None

@@ -1,7 +1,7 @@
 """Where a run's processes go, how much memory each device and each node needs, and how long
 each phase of a step takes at best: `rlvr train CFG --dry-run`.
 
-    plan = make_plan(cfg)          # PlanError (one line) when the placement cannot hold the run
+    plan = make_plan(sections)     # PlanSections.of(cfg); PlanError (one line) when the placement cannot hold the run
     plan.devices                   # per GPU (or CPU process): what runs there, bytes by component
     plan.host                      # per node: host bytes while loading
     plan.step                      # seconds per phase (with placement.gpu; on CPU at measured rates)
@@ -80,7 +80,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rlvr.affinity import allowed_cores
-from rlvr.config import RunConfig
 from rlvr.engines.replicas import unplaceable
 from rlvr.hardware import CpuRates
 from rlvr.models.multimodal import encoder_weight_bytes, max_positions, modalities, read_model_config
@@ -96,8 +95,9 @@ from rlvr.planning.architecture import (
 from rlvr.planning.cpu_split import CpuSplit, cpu_split
 from rlvr.planning.placement import Layout, PlanError, plan_layout
 from rlvr.planning.rank_memory import megatron_misfit, megatron_rank_bytes, rank_bytes, trainer_memory
+from rlvr.planning.sections import PlanSections
 from rlvr.planning.step_time import StepTime, step_time
-from rlvr.rollout.prompts import context_length
+from rlvr.rollout.prompts import check_max_model_len, context_length
 
 # ------------------------------------------------------------------------- the plan
 
@@ -139,7 +139,7 @@ class Plan:
     fsdp2_rank: dict[str, float] = field(default_factory=dict)  # FSDP2's rank 0 by component, to set beside Megatron's
 
 
-def make_plan(cfg: RunConfig, cpu_rates: Callable[[int], CpuRates] | None = None) -> Plan:
+def make_plan(cfg: PlanSections, cpu_rates: Callable[[int], CpuRates] | None = None) -> Plan:
     """The placement and, when the architecture is known, the memory of every device and node
     and the time of each phase: on a known GPU (placement.gpu), or without GPUs at this CPU's
     rates on so many threads, `cpu_rates(threads)` (rlvr.hardware.cpu_rates; None: not timed)."""
@@ -174,7 +174,7 @@ def make_plan(cfg: RunConfig, cpu_rates: Callable[[int], CpuRates] | None = None
         if p.gpu and p.gpus_per_node:
             timed = step_time(cfg, arch)
         elif not p.gpus_per_node and cpu_rates is not None:
-            if planned_dtype(cfg).name in ("float32", "bfloat16"):
+            if planned_dtype(cfg.model, cfg.placement).name in ("float32", "bfloat16"):
                 timed = step_time(cfg, arch, cpu_rates)
             else:
                 notes.append(
@@ -205,27 +205,36 @@ def make_plan(cfg: RunConfig, cpu_rates: Callable[[int], CpuRates] | None = None
     return plan
 
 
-def _check_lengths(cfg: RunConfig) -> None:
+def _check_lengths(cfg: PlanSections) -> None:
     """The run's own length rule (rlvr.rollout.prompts.context_length) for a prompt as long as
     data.max_prompt_tokens allows: the engine's max_model_len, and the longest sequence a
-    micro-batch must hold."""
+    micro-batch must hold. A served model's sequences are its clients', each at most
+    engine.max_model_len (none given: as long as the engine makes them)."""
 
+    steps, positions = cfg.steps, max_positions(cfg.model.path)
     try:
-        context = context_length(
-            cfg.data.max_prompt_tokens,
-            f"a prompt of data.max_prompt_tokens={cfg.data.max_prompt_tokens}",
-            max_tokens=cfg.rollout.sampling.max_tokens,
-            env=cfg.env,
-            max_model_len=cfg.engine.max_model_len,
-            positions=max_positions(cfg.model.path),
-            model=cfg.model.path,
-        )
+        if steps is None:
+            check_max_model_len(cfg.engine.max_model_len, positions, cfg.model.path)
+            context = cfg.engine.max_model_len
+            longest = f"engine.max_model_len={context}"
+        else:
+            context = context_length(
+                steps.max_prompt_tokens,
+                f"a prompt of data.max_prompt_tokens={steps.max_prompt_tokens}",
+                max_tokens=steps.rollout.sampling.max_tokens,
+                env=steps.env,
+                max_model_len=cfg.engine.max_model_len,
+                positions=positions,
+                model=cfg.model.path,
+            )
+            longest = (
+                f"the engine's max_model_len {context} for a prompt of data.max_prompt_tokens={steps.max_prompt_tokens}"
+            )
     except ValueError as why:
         raise PlanError(str(why)) from None
-    if cfg.trainer.micro_batch_tokens < context:
+    if context is not None and cfg.trainer.micro_batch_tokens < context:
         raise PlanError(
-            f"trainer.micro_batch_tokens={cfg.trainer.micro_batch_tokens} < the longest sequence (the engine's "
-            f"max_model_len {context} for a prompt of data.max_prompt_tokens={cfg.data.max_prompt_tokens})"
+            f"trainer.micro_batch_tokens={cfg.trainer.micro_batch_tokens} < the longest sequence ({longest})"
         )
 
 
@@ -251,7 +260,7 @@ def _devices(layout: Layout) -> list[Device]:
 
 
 def _estimate(
-    cfg: RunConfig, arch: Architecture, devices: list[Device], notes: list[str]
+    cfg: PlanSections, arch: Architecture, devices: list[Device], notes: list[str]
 ) -> tuple[dict[int, float], dict[str, float]]:
     """Fill each device's memory; return each node's host bytes while loading (GPU placements) and
     what an FSDP2 rank would hold (the trainer's memory beside Megatron's)."""
@@ -288,7 +297,7 @@ def _estimate(
     return host, fsdp2
 
 
-def _note_megatron(cfg: RunConfig, arch: Architecture, notes: list[str]) -> None:
+def _note_megatron(cfg: PlanSections, arch: Architecture, notes: list[str]) -> None:
     m, ranks = cfg.trainer.megatron, cfg.trainer.ranks
     if arch.experts:
         notes.append(
@@ -318,7 +327,7 @@ def _note_megatron(cfg: RunConfig, arch: Architecture, notes: list[str]) -> None
         )
 
 
-def _note_experts(cfg: RunConfig, arch: Architecture, notes: list[str]) -> None:
+def _note_experts(cfg: PlanSections, arch: Architecture, notes: list[str]) -> None:
     e, tp = arch.experts, cfg.engine.tensor_parallel_size
     shards = cfg.trainer.shard_ranks or cfg.trainer.ranks
     if cfg.engine.backend == "vllm":
@@ -337,7 +346,7 @@ def _note_experts(cfg: RunConfig, arch: Architecture, notes: list[str]) -> None:
     )
 
 
-def _note_encoders(cfg: RunConfig, notes: list[str]) -> None:
+def _note_encoders(cfg: PlanSections, notes: list[str]) -> None:
     """A multimodal checkpoint runs text-only: its encoders are loaded by neither side, so counted on neither."""
 
     found = modalities(read_model_config(cfg.model.path))
@@ -350,19 +359,23 @@ def _note_encoders(cfg: RunConfig, notes: list[str]) -> None:
         )
 
 
-def _note_kv(cfg: RunConfig, arch: Architecture, notes: list[str]) -> None:
+def _note_kv(cfg: PlanSections, arch: Architecture, notes: list[str]) -> None:
     per_token = arch.kv_bytes_per_token(cfg.engine.tensor_parallel_size, compute_bytes(cfg))
     tokens = int(cfg.engine.kv_cache_gb * GiB // per_token)
-    longest = cfg.data.max_prompt_tokens + cfg.rollout.sampling.max_tokens
-    asked, replicas = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt, cfg.engine.replicas
+    held = f"KV cache: {cfg.engine.kv_cache_gb:g} GiB per engine GPU holds {tokens:,} tokens"
+    steps = cfg.steps
+    if steps is None:  # a served model: its clients' sequences are theirs
+        notes.append(held)
+        return
+    longest = steps.max_prompt_tokens + steps.rollout.sampling.max_tokens
+    asked, replicas = steps.rollout.prompts_per_step * steps.rollout.samples_per_prompt, cfg.engine.replicas
     each = f", {math.ceil(asked / replicas):,} per engine at most" if replicas > 1 else ""
     notes.append(
-        f"KV cache: {cfg.engine.kv_cache_gb:g} GiB per engine GPU holds {tokens:,} tokens = {tokens // longest:,} "
-        f"sequences of {longest:,} tokens at once (a step samples {asked:,}{each})"
+        f"{held} = {tokens // longest:,} sequences of {longest:,} tokens at once (a step samples {asked:,}{each})"
     )
 
 
-def _check_fit(cfg: RunConfig, plan: Plan) -> None:
+def _check_fit(cfg: PlanSections, plan: Plan) -> None:
     capacity = cfg.placement.gpu_memory_gb
     if capacity is None or not cfg.placement.gpus_per_node:
         return
@@ -377,7 +390,7 @@ def _check_fit(cfg: RunConfig, plan: Plan) -> None:
         )
 
 
-def _check_host(cfg: RunConfig, plan: Plan) -> None:
+def _check_host(cfg: PlanSections, plan: Plan) -> None:
     capacity = cfg.placement.host_memory_gb
     if capacity is None:
         return

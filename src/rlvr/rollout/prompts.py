@@ -168,6 +168,14 @@ def engine_context(
     )
 
 
+def check_max_model_len(max_model_len: int | None, positions: int | None, model: str) -> None:
+    """A ValueError where engine.max_model_len is longer than the model's `positions` allow."""
+    if max_model_len is not None and positions is not None and max_model_len > positions:
+        raise ValueError(
+            f"engine.max_model_len={max_model_len} exceeds the model's max_position_embeddings={positions} ({model})"
+        )
+
+
 def context_length(
     longest_prompt: int,
     where: str,
@@ -186,10 +194,7 @@ def context_length(
     its first answer (prompt + max_tokens): the longest (`where`) not fitting is an error naming it,
     not a run that skips it (a held-out score over fewer problems than asked is not the score
     asked for; verl's default, data.truncation 'error', also stops)."""
-    if max_model_len is not None and positions is not None and max_model_len > positions:
-        raise ValueError(
-            f"engine.max_model_len={max_model_len} exceeds the model's max_position_embeddings={positions} ({model})"
-        )
+    check_max_model_len(max_model_len, positions, model)
     if max_model_len is None:
         limit, by = positions, "the model's max_position_embeddings"
     else:

@@ -1,6 +1,6 @@
 """One base model's engine and trainer ranks, shared by every LoRA adapter trained on it.
 
-    host = BaseHost(HostKey(folder, rank=16, seed=0), run, max_loras=4)
+    host = BaseHost(HostKey(path, rank=16, seed=0), sections, folder, max_loras=4)   # folder: path's ModelFolder
     host.use("s1:train:0")                # the ranks switch to that model's adapter state ...
     host.trainer.forward_backward(...)    # ... and train it
     adapter = host.publish("s1:train:0")  # the engine serves it, checked by the sync probe
@@ -20,11 +20,12 @@ from dataclasses import dataclass
 
 import torch
 
-from rlvr.config import AlgorithmConfig, RunConfig
+from rlvr.config import AlgorithmConfig
 from rlvr.engines import make_engine
 from rlvr.hardware import compute_dtype, local_device
-from rlvr.models.folder import model_config_dict
+from rlvr.models.folder import ModelFolder
 from rlvr.models.multimodal import text_config
+from rlvr.planning.sections import PlanSections
 from rlvr.records import LoraAdapter, Request, Rollout, Sampling
 from rlvr.sync.check import SyncCheck
 from rlvr.sync.weights import WeightSync
@@ -78,23 +79,40 @@ class HostKey:
 
 
 class BaseHost:
-    def __init__(self, key: HostKey, run: RunConfig, max_loras: int = 1):
+    def __init__(self, key: HostKey, sections: PlanSections, folder: ModelFolder, max_loras: int = 1):
+        """The engine and ranks of `sections` (rlvr.serve.model.served_sections) on `folder`, the model
+        folder at key.folder as the server read it; up to `max_loras` adapters sampled in one batch
+        where the engine has LoRA slots."""
         self.key = key
-        self.vocab_size = int(text_config(model_config_dict(run.model.path))["vocab_size"])
+        self.vocab_size = int(text_config(folder.config_dict)["vocab_size"])
         # the schedule is the client's: each optim_step brings its learning rate
         self.trainer = Trainer(
-            RankSpec(model=run.model, trainer=run.trainer, algorithm=AlgorithmConfig(), seed=key.seed, total_steps=1)
+            RankSpec(
+                folder=folder,
+                dtype=sections.model.dtype,
+                trainer=sections.trainer,
+                algorithm=AlgorithmConfig(),
+                seed=key.seed,
+                total_steps=1,
+            )
         )
         try:
-            self.engine = make_engine(run.model, run.engine, seed=key.seed, lora_rank=key.rank, max_loras=max_loras)
+            self.engine = make_engine(
+                folder,
+                sections.engine,
+                dtype=sections.model.dtype,
+                seed=key.seed,
+                lora_rank=key.rank,
+                max_loras=max_loras,
+            )
         except BaseException:
             self.trainer.close()
             raise
         self.sync = WeightSync(
             self.engine,
             self.trainer,
-            sync_probe(run.model.path, run.engine.max_model_len),
-            SyncCheck(run.engine.sync_threshold(compute_dtype(run.model.dtype, local_device()).name)),
+            sync_probe(sections.model.path, sections.engine.max_model_len),
+            SyncCheck(sections.engine.sync_threshold(compute_dtype(sections.model.dtype, local_device()).name)),
             StepTimer(),
             lora=True,
         )

@@ -22,10 +22,11 @@ import torch
 
 from rlvr.algorithms.sum_losses import DEFAULT_CLIP_THRESHOLDS, SUM_LOSS_INPUTS, SUM_LOSSES
 from rlvr.checkpoint.peft_files import save_adapter
-from rlvr.config import DataConfig, LoraConfig, ModelConfig, RunConfig, ServeConfig
+from rlvr.config import LoraConfig, ModelConfig, PlacementConfig, ServeConfig
 from rlvr.errors import UserError
 from rlvr.planning.lora import with_engine_lora_targets
 from rlvr.planning.plan import PlanError, adapter_bytes, all_devices_bytes, make_plan
+from rlvr.planning.sections import PlanSections
 from rlvr.records import LoraAdapter
 from rlvr.serve.base_host import BaseHost
 from rlvr.serve.protocol import ForwardBackwardBatch
@@ -39,25 +40,23 @@ class CheckedBatch:
     loss_inputs: list[dict[str, torch.Tensor]]  # the loss's per-token inputs, float32
 
 
-def served_run(folder: str, rank: int, cfg: ServeConfig, log=print) -> RunConfig:
-    """The run a served model's trainer and engine are: `cfg`'s sections on the model `folder`, LoRA of the
-    requested rank on the targets a run would train (resolved against what the engine applies,
-    as `rlvr train` resolves them), so that the plan estimates it as it estimates a run."""
+def served_sections(folder: str, rank: int, cfg: ServeConfig, log=print) -> PlanSections:
+    """The sections a served model's trainer and engine run with, as a plan reads them: `cfg`'s on
+    the model `folder` (placed as a run is by default), LoRA of the requested rank on the targets
+    a run would train (resolved against what the engine applies, as `rlvr train` resolves them).
+    The client brings its own data, each sequence bounded by engine.max_model_len: no step shape."""
     try:
         lora = LoraConfig.model_validate({**(cfg.trainer.lora or LoraConfig()).model_dump(), "rank": rank})
     except ValueError as error:
         raise UserError(f"lora_config.rank={rank}: {error.errors()[0]['msg']}") from None
-    # the client brings its own data and lengths, which engine.max_model_len bounds: the run's
-    # prompt and sampling lengths are set to their least so that the plan's length check passes
-    run = RunConfig(
-        model=ModelConfig(path=folder),
-        data=DataConfig(train="(served: the client's data)", max_prompt_tokens=1),
-        rollout={"sampling": {"max_tokens": 1}},
+    model = ModelConfig(path=folder)
+    return PlanSections(
+        model=model,
         engine=cfg.engine,
-        trainer=cfg.trainer.model_copy(update={"lora": lora}),
-        seed=cfg.seed,
+        trainer=with_engine_lora_targets(model, cfg.trainer.model_copy(update={"lora": lora}), log),
+        placement=PlacementConfig(),
+        steps=None,
     )
-    return with_engine_lora_targets(run, log)
 
 
 @dataclass(frozen=True)
@@ -73,11 +72,11 @@ class PlannedBytes:
         return self.total - self.adapter
 
 
-def planned_bytes(run: RunConfig) -> PlannedBytes:
+def planned_bytes(sections: PlanSections) -> PlannedBytes:
     try:
-        plan = make_plan(run)
+        plan = make_plan(sections)
     except PlanError as error:
-        raise UserError(f"{run.model.path}: {error}") from None
+        raise UserError(f"{sections.model.path}: {error}") from None
     total, parts = all_devices_bytes(plan)
     return PlannedBytes(total, adapter_bytes(plan), parts)
 

@@ -1,8 +1,8 @@
 """The sessions, models and sampling sessions the server holds, each owned by one tenant.
 
     registry.open_session(tenant)                    # -> session id
-    registry.claim(tenant, model_id, run, key)       # the model's memory and the tenant's models limit, or refused
-    registry.host(key, run)                          # the base's shared host (built on the worker thread)
+    registry.claim(tenant, model_id, sections, key)  # the model's memory and the tenant's models limit, or refused
+    registry.host(key, sections, folder, model_id)   # the base's shared host (built on the worker thread)
     registry.model(model_id, tenant)                 # NotFound for another tenant's, as for none at all
     registry.end_session(session_id, why)            # closes what it made, once its queued work has run
 
@@ -18,7 +18,9 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from rlvr.config import RunConfig, ServeConfig
+from rlvr.config import ServeConfig
+from rlvr.models.folder import ModelFolder
+from rlvr.planning.sections import PlanSections
 from rlvr.records import LoraAdapter
 from rlvr.serve.base_host import BaseHost, HostKey
 from rlvr.serve.fair_queue import Say
@@ -81,7 +83,7 @@ class ModelRegistry:
         session.seen = time.monotonic()
         return session
 
-    def claim(self, tenant: Tenant, model_id: str, run: RunConfig, host: HostKey) -> None:
+    def claim(self, tenant: Tenant, model_id: str, sections: PlanSections, host: HostKey) -> None:
         """Count the model's planned memory as held, or refuse it if the tenant's models limit or the
         machine's memory leaves no room for it."""
         if model_id in self.claimed:
@@ -92,7 +94,7 @@ class ModelRegistry:
                 f"limits.models: tenant {tenant.name} has {mine} models (limit {tenant.limits.models}); "
                 "end a session to close its models"
             )
-        planned = planned_bytes(run)
+        planned = planned_bytes(sections)
         shared = any(claim.host == host for claim in self.claimed.values())
         need = planned.adapter + (0.0 if shared else planned.base)
         held = self.held_bytes()
@@ -100,8 +102,8 @@ class ModelRegistry:
             others = f", and the {len(self.claimed)} model(s) served hold ~{held / 1e9:.2f} GB" if self.claimed else ""
             what = "its adapter (the base is loaded already)" if shared else planned.parts
             raise BadRequest(
-                f"create_model: {run.model.path} with LoRA rank {run.trainer.lora.rank} needs ~{need / 1e9:.2f} GB "
-                f"({what}){others}, over this server's {self.memory_budget / 1e9:.2f} GB (memory_gb); nothing was loaded"
+                f"create_model: {sections.model.path} with LoRA rank {sections.trainer.lora.rank} needs "
+                f"~{need / 1e9:.2f} GB ({what}){others}, over this server's {self.memory_budget / 1e9:.2f} GB (memory_gb); nothing was loaded"
             )
         self.claimed[model_id] = Claim(tenant.name, host, planned.adapter, planned.base)
 
@@ -110,12 +112,12 @@ class ModelRegistry:
         bases = {claim.host: claim.base_bytes for claim in self.claimed.values()}
         return sum(claim.adapter_bytes for claim in self.claimed.values()) + sum(bases.values())
 
-    def host(self, key: HostKey, run: RunConfig, model_id: str) -> BaseHost:
+    def host(self, key: HostKey, sections: PlanSections, folder: ModelFolder, model_id: str) -> BaseHost:
         """The base's host with `model_id`'s adapter on it; the host is built if no model holds one
         (on the worker thread: builds run there)."""
         host = self.hosts.get(key)
         if host is None:
-            host = self.hosts[key] = BaseHost(key, run, self.cfg.max_loras)
+            host = self.hosts[key] = BaseHost(key, sections, folder, self.cfg.max_loras)
             self.say(f"rlvr serve: loaded {key.folder} (LoRA rank {key.rank}, seed {key.seed}) for {model_id}")
         else:
             self.say(f"rlvr serve: {model_id} shares the loaded {key.folder} with {len(host.adapters)} adapter(s)")

@@ -21,7 +21,7 @@ from rlvr.models.folder import check_model_folder
 from rlvr.serve.base_host import HostKey
 from rlvr.serve.fair_queue import Say
 from rlvr.serve.futures import FutureStore
-from rlvr.serve.model import ServedModel, served_run
+from rlvr.serve.model import ServedModel, served_sections
 from rlvr.serve.refusals import BadRequest, NotFound
 from rlvr.serve.registry import ModelRegistry, SamplerSession
 from rlvr.serve.sample_batcher import SampleBatcher
@@ -48,8 +48,8 @@ class TinkerServer:
         """`tenants`: cfg's, where the caller has read them already (their key files are read once)."""
         if not cfg.models:
             raise UserError("serve: models: no model to serve; map a name to a model folder (models: {NAME: FOLDER})")
-        for name, folder in cfg.models.items():
-            check_model_folder(folder, key=f"models.{name}")
+        # read once: each base's engine and ranks start from its record
+        self.folders = {name: check_model_folder(folder, key=f"models.{name}") for name, folder in cfg.models.items()}
         self.cfg, self.say = cfg, say
         self.tenants = Tenants(cfg) if tenants is None else tenants
         self.futures = FutureStore()
@@ -98,14 +98,16 @@ class TinkerServer:
         """Claim the model's memory now (a request meanwhile counts it as held) and queue its build,
         whose future answers with `then(model_id)` once it is built."""
         folder = self.catalog_folder(base_model)
-        run = served_run(folder, lora_rank, self.cfg)
+        sections = served_sections(folder, lora_rank, self.cfg)
         model_id = f"{session_id}:train:{model_seq_id}"
         key = HostKey(folder, lora_rank, seed)
-        self.registry.claim(tenant, model_id, run, key)
+        self.registry.claim(tenant, model_id, sections, key)
 
         def build() -> dict:
             try:
-                model = ServedModel(model_id, base_model, self.registry.host(key, run, model_id))
+                model = ServedModel(
+                    model_id, base_model, self.registry.host(key, sections, self.folders[base_model], model_id)
+                )
             except BaseException:
                 self.registry.claimed.pop(model_id, None)
                 raise

@@ -1,6 +1,7 @@
 """The controller's handle on the trainer ranks: start them, feed them, read them, stop them.
 
-    with Trainer(RankSpec(model=cfg.model, trainer=cfg.trainer, ...)) as trainer:   # cfg.trainer.ranks ranks
+    spec = RankSpec(folder=folder, dtype=cfg.model.dtype, trainer=cfg.trainer, ...)  # folder: the run's ModelFolder
+    with Trainer(spec) as trainer:   # cfg.trainer.ranks ranks
         metrics = trainer.train_step(batch, temperature=1.0)
         adapter = trainer.adapter()
 

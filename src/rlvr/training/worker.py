@@ -25,8 +25,9 @@ import torch
 from rlvr.affinity import process_cores
 from rlvr.algorithms import importance_ratios
 from rlvr.algorithms.sum_losses import sum_loss
-from rlvr.config import AlgorithmConfig, ModelConfig, TrainerConfig
+from rlvr.config import AlgorithmConfig, TrainerConfig
 from rlvr.hardware import compute_dtype
+from rlvr.models.folder import ModelFolder
 from rlvr.models.moe import moe_layers
 from rlvr.quant.experts import packed_base_bytes
 from rlvr.quant.skeleton import Skeleton
@@ -59,10 +60,11 @@ from rlvr.training.report import ForwardBackwardReport, OptimizerUpdate, TrainRe
 
 @dataclass
 class RankSpec:
-    """Everything a rank needs to build its policy: the run's typed config sections (they
-    pickle), sent once at start. Every default lives in rlvr.config."""
+    """Everything a rank needs to build its policy: the model folder the run opened, and the run's
+    typed config sections (they pickle), sent once at start. Every default lives in rlvr.config."""
 
-    model: ModelConfig
+    folder: ModelFolder
+    dtype: str  # model.dtype
     trainer: TrainerConfig
     algorithm: AlgorithmConfig
     seed: int
@@ -103,7 +105,7 @@ class Rank:
         if use_cuda:
             torch.cuda.set_device(self.device)  # FSDP2 and NCCL place this rank's tensors on the current device
         config = spec.trainer
-        compute = compute_dtype(spec.model.dtype, self.device.type).torch
+        compute = compute_dtype(spec.dtype, self.device.type).torch
         torch.manual_seed(spec.seed)
         # What trains is kept in float32 and what is frozen in the compute dtype, as FSDP2's mixed
         # precision does on GPUs: it casts each unit's parameters to `compute` for the forward and
@@ -111,7 +113,7 @@ class Rank:
         # the weight are not rounded away. A LoRA run's base is frozen: it stays in `compute`.
         stored = compute if config.lora else torch.float32
         # on the meta device: no rank reads a tensor before FSDP2 has said which rows it holds
-        skeleton = Skeleton.from_checkpoint(spec.model.path, stored)
+        skeleton = Skeleton.from_checkpoint(spec.folder, stored)
         base, self.base_format = skeleton.model, skeleton.base_format
         self.packed_attention = config.attention == "packed" and use_packed_attention(base)
         if config.gradient_checkpointing:

@@ -14,7 +14,7 @@ from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_regi
 from torch import nn
 
 from rlvr.models.checkpoint_files import CheckpointFiles
-from rlvr.models.folder import as_model_folder
+from rlvr.models.folder import ModelFolder, read_model_folder
 from rlvr.models.moe import MoELayer
 from rlvr.quant.checkpoint import dequantized_view
 from rlvr.quant.formats import is_quantized_checkpoint
@@ -41,11 +41,10 @@ def build_rank_model(config, qkv_bias: bool, dtype: torch.dtype) -> tuple[gpt.De
 class MegatronPolicy(nn.Module):
     """forward: (logprobs [T], entropy [T]) of a packed row's scored tokens, as TokenLogprobs's."""
 
-    def __init__(self, path: str, dtype: torch.dtype, logits_chunk_mb: float):
+    def __init__(self, folder: ModelFolder, dtype: torch.dtype, logits_chunk_mb: float):
         super().__init__()
-        folder = as_model_folder(path)
         if is_quantized_checkpoint(folder):
-            folder = as_model_folder(dequantized_view(folder))
+            folder = read_model_folder(dequantized_view(folder))
         files = CheckpointFiles(folder)
         config = folder.transformers_config()
         self.shape, self.gpt = build_rank_model(config, "model.layers.0.self_attn.q_proj.bias" in files, dtype)

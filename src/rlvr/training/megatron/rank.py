@@ -55,14 +55,14 @@ class MegatronRank(Rank):
             raise ValueError(
                 "trainer.gradient_checkpointing: the Megatron rank does not recompute blocks yet; set it false"
             )
-        compute = compute_dtype(spec.model.dtype, self.device.type).torch
+        compute = compute_dtype(spec.dtype, self.device.type).torch
         start_model_parallel(config.megatron, use_cuda)
         # PEFT's factors for this seed, drawn as an FSDP2 rank draws them, on a base never read
         torch.manual_seed(spec.seed)
-        skeleton = Skeleton.from_checkpoint(spec.model.path, compute)
+        skeleton = Skeleton.from_checkpoint(spec.folder, compute)
         peft, factors = peft_factors(skeleton.model, config.lora)
         self.peft_config = lora_config(peft)
-        self.megatron = MegatronPolicy(spec.model.path, compute, config.logits_chunk_mb)
+        self.megatron = MegatronPolicy(spec.folder, compute, config.logits_chunk_mb)
         for p in self.megatron.parameters():
             p.requires_grad_(False)
         attach_lora(self.megatron.gpt, factors, self.megatron.shape, scaling=config.lora.alpha / config.lora.rank)
