@@ -234,6 +234,6 @@ def test_the_seed_headers_megatron_figures_are_the_plans():
         "node 6 GPU 0 needs ~197.1 GB (base shard 174.7, activations 20.0, trainable 0.9), over placement.gpu_memory_gb=186"
     )
     assert "Megatron TP 4 x EP 2            197.1  base 174.7" in header
-    fsdp2 = make_plan(load_config(seed, ["trainer.shard_ranks=null"]))
+    fsdp2 = make_plan(sections(seed, ["trainer.shard_ranks=null"]))
     trainer = [device.total for device in fsdp2.devices if device.trainer_rank is not None]
     assert f"{max(trainer) / 1e9:.1f}" == "92.4" and "FSDP2 over all 8                 92.4" in header

@@ -306,6 +306,19 @@ def _refuse(error: UserError) -> JSONResponse:
     return JSONResponse({"detail": str(error)}, status_code=status, headers=headers)
 
 
+def _route_template(app: FastAPI, scope) -> str | None:
+    """The route a request is for, as its template (samplers/{sampler_id}), not the id; also for
+    one refused before routing (a missing key), which starlette never matched."""
+    from starlette.routing import Match
+
+    if scope.get("route") is not None:
+        return scope["route"].path
+    for route in app.router.routes:
+        if route.matches(scope)[0] == Match.FULL:
+            return getattr(route, "path", None)
+    return None
+
+
 def build_app(server: TinkerServer) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_):
