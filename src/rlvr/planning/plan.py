@@ -311,11 +311,11 @@ def _note_megatron(cfg: PlanSections, arch: Architecture, notes: list[str]) -> N
             f"{ranks // m.pipeline_parallel} apart); activations counted for all {arch.num_layers} layers, as the first "
             f"stage of a 1F1B schedule holds {m.pipeline_parallel} micro-batches in flight"
         )
-    missing = [what for what, there in (("MLA", arch.mla), ("MoE", arch.experts)) if there]
-    if missing:
+    latent = [what for what, there in (("MLA", arch.mla), ("MoE", arch.experts)) if there]
+    if latent and m.tensor_parallel > 1:
         notes.append(
-            f"trainer.backend megatron: its rank converts dense HF folders only today ({', '.join(missing)} not "
-            f"built); this is the layout megatron-core would hold"
+            f"trainer.backend megatron: its rank splits an {' + '.join(latent)} model by expert parallel alone "
+            f"(tensor_parallel 1); this is the layout megatron-core would hold"
         )
     if arch.nvfp4:
         notes.append(
