@@ -417,7 +417,9 @@ def main() -> None:
     traceback and exit code 1; `--debug` (anywhere on the line) shows tracebacks instead."""
     import traceback
 
-    from rlvr.errors import user_error_line
+    from rich.text import Text
+
+    from rlvr.errors import command_exit
 
     debug = "--debug" in sys.argv
     if debug:
@@ -427,28 +429,15 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as error:
-        # typer 0.29 raises its vendored click's exceptions (typer._click), not click's own
-        kinds = {kind.__name__ for kind in type(error).__mro__}
-        if "Abort" in kinds:
-            sys.exit(130)
-        if "ClickException" in kinds:  # a bad subcommand, option or argument: click's message, one line
-            errors.print(
-                f"[red]error:[/red] {error.format_message()} (rlvr --help lists the commands)", highlight=False
-            )
-            sys.exit(error.exit_code)
-        if debug:
+        code, line = command_exit(error)
+        if debug and line is not None and not line.command_line_error:
             traceback.print_exc()
             print(getattr(error, "details", ""), file=sys.stderr)
-        line = user_error_line(error)
         if line is not None:
-            errors.print(f"[red]error:[/red] {line}", highlight=False)
-            sys.exit(2)
-        errors.print(
-            f"[red]internal error:[/red] {type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
-            f"{'' if debug else ' (rerun with --debug for the traceback; a run also has it in RUN_DIR/logs/run.log)'}",
-            highlight=False,
-        )
-        sys.exit(1)
+            hint = " (rerun with --debug for the traceback; a run also has it in RUN_DIR/logs/run.log)"
+            text = line.text + (hint if code == 1 and not debug else "")
+            errors.print(Text.assemble((f"{line.label}:", "red"), f" {text}"), highlight=False)
+        sys.exit(code)
     sys.exit(code if isinstance(code, int) else 0)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+from dataclasses import dataclass
 
 # Causes a user fixes on their side: space, permissions, a read-only or missing path.
 USER_OS_ERRORS = {
@@ -49,6 +50,32 @@ def user_error_line(error: BaseException) -> str | None:
         if found and int(found.group(1)) in USER_OS_ERRORS:
             return f"{os.strerror(int(found.group(1)))} ({type(cause).__name__}: {str(cause).splitlines()[0]})"
     return None
+
+
+@dataclass(frozen=True)
+class ExitLine:
+    """The line a failed command ends with on stderr: `label: text`."""
+
+    label: str  # "error" (the user's to fix) or "internal error" (a bug)
+    text: str
+    command_line_error: bool = False  # a bad subcommand, option or argument: no traceback to show
+
+
+def command_exit(error: Exception) -> tuple[int, ExitLine | None]:
+    """(exit code, the one line to print) for an exception that ended a command: an abort 130 and
+    silent, a bad command line click's own code and message, a user error 2, anything else 1."""
+    # typer 0.29 raises its vendored click's exceptions (typer._click), not click's own: match by name
+    kinds = {kind.__name__ for kind in type(error).__mro__}
+    if "Abort" in kinds:
+        return 130, None
+    if "ClickException" in kinds:
+        message = f"{error.format_message()} (rlvr --help lists the commands)"  # type: ignore[attr-defined]
+        return error.exit_code, ExitLine("error", message, command_line_error=True)  # type: ignore[attr-defined]
+    line = user_error_line(error)
+    if line is not None:
+        return 2, ExitLine("error", line)
+    first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return 1, ExitLine("internal error", f"{type(error).__name__}: {first}")
 
 
 def _chain(error: BaseException):
