@@ -107,7 +107,7 @@ def test_a_run_says_once_that_its_cores_are_oversubscribed_and_pins_nothing_unsp
     cores = allowed_cores()
     cfg = load_config(DEMO, ["rollout.mode=async", "rollout.max_staleness=2", f"trainer.ranks={len(cores)}"])
     with ExitStack() as stack:
-        place_on_cores(cfg, stack, said.append)
+        place_on_cores(cfg, None, stack, said.append)
         assert process_cores() == before
     assert len(said) == 1 and said[0].startswith("warning: cores oversubscribed: ")
 

@@ -94,7 +94,9 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     timer = StepTimer()
     checkpoints = RunCheckpoints(cfg, timer, log)
     resume_from = checkpoints.resumable() if resume else None
-    cores = place_on_cores(cfg, stack, log)  # before anything starts: what it starts inherits the controller's cores
+    cores = place_on_cores(
+        cfg, folder, stack, log
+    )  # before anything starts: what it starts inherits the controller's cores
     pool = stack.enter_context(build_scoring_pool(cfg, log))  # first: a bad reward.options fails before the slow starts
     trainer = stack.enter_context(build_trainer(cfg, folder, cores))  # its ranks load while the engine starts
     engine = stack.enter_context(build_engine(cfg, folder, log, cores))
@@ -194,14 +196,14 @@ def build_stream(
     )
 
 
-def place_on_cores(cfg: RunConfig, stack: ExitStack, log=print) -> CpuSplit | None:
+def place_on_cores(cfg: RunConfig, folder: ModelFolder | None, stack: ExitStack, log=print) -> CpuSplit | None:
     """On a CPU machine, the run's cores (rlvr.planning.cpu_split): its warning said once, and
     with placement.engine_cpus this process (the controller, with its engine) pinned to its cores
     until `stack` closes. None on GPUs."""
 
     if cfg.placement.gpus_per_node or torch.cuda.is_available():
         return None
-    cores = cpu_split(PlanSections.of(cfg), allowed_cores())
+    cores = cpu_split(PlanSections.of(cfg, folder), allowed_cores())
     if cores.warning:
         log(f"warning: {cores.warning}")
     if cores.split:

@@ -31,16 +31,15 @@ Full fine-tuning trains every tensor at the model's dtype.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 from rlvr.config import LoraConfig, ModelConfig, PlacementConfig
 from rlvr.engines.lora_targets import engine_lora_targets
 from rlvr.hardware import ComputeDtype, compute_dtype, local_device
 from rlvr.planning.params import LINEAR_SPLIT, ParamShape, Unit
 from rlvr.planning.sections import PlanSections
+from rlvr.quant.formats import FORMAT_NAME
 from rlvr.training.logits_memory import working_bytes
 
 GB = 1e9
@@ -358,27 +357,16 @@ def _mla_from_config(text: dict) -> LatentAttention | None:
 
 
 def read_architecture(cfg: PlanSections) -> Architecture:
-    """From model.path's config (config.json, or Mistral's params.json) when it exists, else from
-    model.estimate."""
-    path = Path(cfg.model.path)
-    config_path, raw = path / "config.json", None
-    if config_path.is_file():
-        raw = json.loads(config_path.read_text())
-    elif (path / "params.json").is_file():
-        from rlvr.models.folder import config_file, model_config_dict  # only here: it brings torch
-        from rlvr.models.mistral_layout import is_mistral_folder
-
-        if is_mistral_folder(path):  # read as vLLM reads it
-            config_path, raw = config_file(path), model_config_dict(path)
-    if raw is not None:
+    """From the model folder's config (config.json, or Mistral's params.json read as vLLM reads it)
+    where there is a folder, else from model.estimate."""
+    if cfg.folder is not None:
+        raw, source = cfg.folder.config_dict, cfg.folder.config_file
         text = raw.get("text_config") or raw  # multimodal checkpoints keep the decoder's sizes there
         quant = raw.get("quantization_config") or {}
         if quant:
-            from rlvr.quant.formats import FORMAT_NAME  # imported only here: it brings torch
-
             if quant.get("format") != FORMAT_NAME:
                 kind = quant.get("format") or quant.get("quant_method")
-                raise NoArchitecture(f"{config_path}: quantization {kind!r} is not estimated")
+                raise NoArchitecture(f"{source}: quantization {kind!r} is not estimated")
         heads = text["num_attention_heads"]
         return Architecture(
             hidden=text["hidden_size"],
@@ -390,14 +378,14 @@ def read_architecture(cfg: PlanSections) -> Architecture:
             vocab_size=text["vocab_size"],
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
             nvfp4=bool(quant),
-            source=str(config_path),
+            source=str(source),
             experts=_experts_from_config(text),
             mla=_mla_from_config(text),
             softcapped_logits=bool(text.get("final_logit_softcapping")),
         )
     e = cfg.model.estimate
     if e is None:
-        raise NoArchitecture(f"no {config_path} and no model.estimate in the config")
+        raise NoArchitecture(f"no model folder at {cfg.model.path} and no model.estimate in the config")
     experts = None
     if e.num_experts:
         experts = Experts(

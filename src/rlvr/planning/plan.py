@@ -82,7 +82,7 @@ from dataclasses import dataclass, field
 from rlvr.affinity import allowed_cores
 from rlvr.engines.replicas import unplaceable
 from rlvr.hardware import CpuRates
-from rlvr.models.multimodal import encoder_weight_bytes, max_positions, modalities, read_model_config
+from rlvr.models.multimodal import encoder_weight_bytes
 from rlvr.planning.architecture import (
     GB,
     Architecture,
@@ -211,7 +211,7 @@ def _check_lengths(cfg: PlanSections) -> None:
     micro-batch must hold. A served model's sequences are its clients', each at most
     engine.max_model_len (none given: as long as the engine makes them)."""
 
-    steps, positions = cfg.steps, max_positions(cfg.model.path)
+    steps, positions = cfg.steps, cfg.folder.max_positions if cfg.folder is not None else None
     try:
         if steps is None:
             check_max_model_len(cfg.engine.max_model_len, positions, cfg.model.path)
@@ -349,7 +349,7 @@ def _note_experts(cfg: PlanSections, arch: Architecture, notes: list[str]) -> No
 def _note_encoders(cfg: PlanSections, notes: list[str]) -> None:
     """A multimodal checkpoint runs text-only: its encoders are loaded by neither side, so counted on neither."""
 
-    found = modalities(read_model_config(cfg.model.path))
+    found = cfg.folder.modalities if cfg.folder is not None else ()
     if found:
         tensors, size = encoder_weight_bytes(cfg.model.path)
         notes.append(

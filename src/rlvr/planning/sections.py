@@ -1,5 +1,6 @@
 """What a plan reads of a run: `PlanSections`, the model, engine, trainer and placement sections,
-and the shape of a step where the run has its own data.
+the model folder's record where there is a folder, and the shape of a step where the run has its
+own data.
 
     sections = PlanSections.of(cfg)     # `rlvr train` (its --dry-run) and the run's builders
     plan = make_plan(sections)
@@ -12,6 +13,7 @@ no step shape.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from rlvr.config import (
     AlgorithmConfig,
@@ -23,6 +25,7 @@ from rlvr.config import (
     RunConfig,
     TrainerConfig,
 )
+from rlvr.models.folder import ModelFolder, config_file, read_model_folder
 
 
 @dataclass(frozen=True)
@@ -45,13 +48,22 @@ class PlanSections:
     trainer: TrainerConfig
     placement: PlacementConfig
     steps: StepShape | None  # None: a served model, whose clients bring their own sequences
+    folder: ModelFolder | None = None  # model.path's record; None: no folder there (the plan reads model.estimate)
 
     @classmethod
-    def of(cls, cfg: RunConfig) -> PlanSections:
+    def of(cls, cfg: RunConfig, folder: ModelFolder | None = None) -> PlanSections:
+        """`folder`: model.path's record where the caller has read it, else read here if there is one."""
         return cls(
             model=cfg.model,
             engine=cfg.engine,
             trainer=cfg.trainer,
             placement=cfg.placement,
             steps=StepShape(cfg.data.max_prompt_tokens, cfg.rollout, cfg.env, cfg.algorithm),
+            folder=folder or folder_at(cfg.model.path),
         )
+
+
+def folder_at(path: str | Path) -> ModelFolder | None:
+    """The record of the model folder at `path`, or None where there is none (a plan of a model not
+    at hand, from model.estimate)."""
+    return read_model_folder(path) if config_file(path).is_file() else None

@@ -24,6 +24,7 @@ from rlvr.algorithms.sum_losses import DEFAULT_CLIP_THRESHOLDS, SUM_LOSS_INPUTS,
 from rlvr.checkpoint.peft_files import save_adapter
 from rlvr.config import LoraConfig, ModelConfig, PlacementConfig, ServeConfig
 from rlvr.errors import UserError
+from rlvr.models.folder import ModelFolder, as_model_folder
 from rlvr.planning.lora import with_engine_lora_targets
 from rlvr.planning.plan import PlanError, adapter_bytes, all_devices_bytes, make_plan
 from rlvr.planning.sections import PlanSections
@@ -40,7 +41,7 @@ class CheckedBatch:
     loss_inputs: list[dict[str, torch.Tensor]]  # the loss's per-token inputs, float32
 
 
-def served_sections(folder: str, rank: int, cfg: ServeConfig, log=print) -> PlanSections:
+def served_sections(folder: ModelFolder | str, rank: int, cfg: ServeConfig, log=print) -> PlanSections:
     """The sections a served model's trainer and engine run with, as a plan reads them: `cfg`'s on
     the model `folder` (placed as a run is by default), LoRA of the requested rank on the targets
     a run would train (resolved against what the engine applies, as `rlvr train` resolves them).
@@ -49,13 +50,15 @@ def served_sections(folder: str, rank: int, cfg: ServeConfig, log=print) -> Plan
         lora = LoraConfig.model_validate({**(cfg.trainer.lora or LoraConfig()).model_dump(), "rank": rank})
     except ValueError as error:
         raise UserError(f"lora_config.rank={rank}: {error.errors()[0]['msg']}") from None
-    model = ModelConfig(path=folder)
+    record = as_model_folder(folder)
+    model = ModelConfig(path=str(record.path))
     return PlanSections(
         model=model,
         engine=cfg.engine,
         trainer=with_engine_lora_targets(model, cfg.trainer.model_copy(update={"lora": lora}), log),
         placement=PlacementConfig(),
         steps=None,
+        folder=record,
     )
 
 

@@ -98,7 +98,7 @@ class TinkerServer:
         """Claim the model's memory now (a request meanwhile counts it as held) and queue its build,
         whose future answers with `then(model_id)` once it is built."""
         folder = self.catalog_folder(base_model)
-        sections = served_sections(folder, lora_rank, self.cfg)
+        sections = served_sections(self.folders[base_model], lora_rank, self.cfg)
         model_id = f"{session_id}:train:{model_seq_id}"
         key = HostKey(folder, lora_rank, seed)
         self.registry.claim(tenant, model_id, sections, key)
