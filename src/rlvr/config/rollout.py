@@ -132,7 +132,8 @@ class RolloutConfig(Section):
         4,
         ge=1,
         description="dynamic sampling: generate rounds per step at most; short of groups after them, the step "
-        "trains on what it found and says so",
+        "trains on what it found and says so. 1: drop the uninformative groups and refill none, which halves the "
+        "train step where half the groups are uninformative, for the same gradient direction (without a KL term)",
     )
 
     @model_validator(mode="after")

@@ -120,7 +120,8 @@ class RolloutCollector:
             kept += [g for g in groups if g.informative or not self.rollout.dynamic_sampling][:missing]
             if len(kept) == target:
                 break
-        if len(kept) < target:
+        # one round is a choice (drop the uninformative groups, refill none): said only when nothing is left
+        if len(kept) < target and (rounds > 1 or not kept):
             trained = "those" if kept else "the last round's groups (no gradient but the KL term's)"
             self.log(
                 f"step {step}: dynamic sampling found {len(kept)} of {target} informative groups in {rounds} rounds "
