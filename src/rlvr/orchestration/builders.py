@@ -94,9 +94,8 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
     timer = StepTimer()
     checkpoints = RunCheckpoints(cfg, timer, log)
     resume_from = checkpoints.resumable() if resume else None
-    cores = place_on_cores(
-        cfg, folder, stack, log
-    )  # before anything starts: what it starts inherits the controller's cores
+    # before anything starts: what it starts inherits the controller's cores
+    cores = place_on_cores(cfg, folder, stack, log)
     pool = stack.enter_context(build_scoring_pool(cfg, log))  # first: a bad reward.options fails before the slow starts
     trainer = stack.enter_context(build_trainer(cfg, folder, cores))  # its ranks load while the engine starts
     engine = stack.enter_context(build_engine(cfg, folder, log, cores))
