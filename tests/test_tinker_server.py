@@ -156,15 +156,16 @@ def server(tmp_path_factory, model_dir):
 @pytest.fixture(scope="module")
 def training(server):
     url, model, *_ = server
-    service = tinker.ServiceClient(base_url=url, api_key=ALICE)
-    return service.create_lora_training_client(base_model=model, rank=4, seed=0).result()
+    # closed before the server stops: an open session's heartbeat would log connection errors after it
+    with tinker.ServiceClient(base_url=url, api_key=ALICE) as service:
+        yield service.create_lora_training_client(base_model=model, rank=4, seed=0).result()
 
 
 @pytest.fixture(scope="module")
 def bob_training(server):
     """Bob's model, on the same base as alice's."""
-    service = tinker.ServiceClient(base_url=server[0], api_key=BOB)
-    return service.create_lora_training_client(base_model=server[1], rank=8, seed=1).result()
+    with tinker.ServiceClient(base_url=server[0], api_key=BOB) as service:
+        yield service.create_lora_training_client(base_model=server[1], rank=8, seed=1).result()
 
 
 def _datum(tokens: list[int], **inputs) -> types.Datum:
