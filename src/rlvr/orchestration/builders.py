@@ -84,7 +84,7 @@ def build_run(cfg: RunConfig, stack: ExitStack, progress=None, log=print, resume
         load_prompt_set(cfg.data, cfg.data.test, tokenizer, limit=cfg.eval.max_problems) if cfg.data.test else None
     )
     cfg = sized_engine(cfg, [train_set, *([test_set] if test_set else [])], folder.max_positions)
-    cfg = cfg.model_copy(update={"trainer": with_engine_lora_targets(cfg.model, cfg.trainer, log)})
+    cfg = cfg.model_copy(update={"trainer": with_engine_lora_targets(cfg.model, cfg.trainer, folder, log)})
     shared = test_set.shared_with(train_set) if test_set is not None else 0
     if test_set is not None and shared:
         log(

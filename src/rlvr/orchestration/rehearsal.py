@@ -155,7 +155,7 @@ def compare_bytes(cfg: RunConfig) -> list[dict]:
     ranks, sections = rehearsed_ranks(cfg.trainer.ranks), PlanSections.of(cfg)
     # the trainer's LoRA as the run resolves it (the plan counts it so): not kv_b_proj on MLA
     resolved = cfg.model_copy(
-        update={"trainer": with_engine_lora_targets(cfg.model, cfg.trainer, log=lambda line: None)}
+        update={"trainer": with_engine_lora_targets(cfg.model, cfg.trainer, sections.folder, log=lambda line: None)}
     )
     if cfg.trainer.backend == "megatron":
         why = unbuilt(cfg)  # a layout or model the Megatron rank does not build: planned, not measured

@@ -55,7 +55,7 @@ def served_sections(folder: ModelFolder | str, rank: int, cfg: ServeConfig, log=
     return PlanSections(
         model=model,
         engine=cfg.engine,
-        trainer=with_engine_lora_targets(model, cfg.trainer.model_copy(update={"lora": lora}), log),
+        trainer=with_engine_lora_targets(model, cfg.trainer.model_copy(update={"lora": lora}), record, log),
         placement=PlacementConfig(),
         steps=None,
         folder=record,
