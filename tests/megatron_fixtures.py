@@ -1,4 +1,4 @@
-"""What the Megatron tests share: tiny dense and DeepSeek-V3 folders whose norms and biases are
+"""What the Megatron tests share: tiny dense and MLA + MoE folders whose norms and biases are
 random too (a freshly built model has unit norms and zero biases, which hide a misplaced one),
 and ranks run as spawned processes over gloo."""
 
@@ -30,12 +30,13 @@ def dense_folder(out_dir: Path, arch: str, tied: bool = True) -> Path:
     return path
 
 
-def moe_folder(out_dir: Path) -> Path:
-    """A tiny DeepSeek-V3: MLA, layer 0 dense, then two MoE layers of 8 routed experts (top 2 of
-    the best of 2 groups) and a shared expert. Its routers' weights are large enough that no two
-    experts' scores are within rounding of each other (the two backends' float32 sums must choose
-    alike), and their correction biases random, so that they change some choices."""
-    path = build_tiny_model(out_dir, "deepseek_v3", hidden_size=64, num_heads=4, num_layers=3, intermediate_size=128)
+def moe_folder(out_dir: Path, arch: str = "deepseek_v3", **extras) -> Path:
+    """A tiny MLA + MoE model (`arch`: deepseek_v3 or mistral4; `extras`: config.json overrides):
+    layer 0 dense, then two MoE layers of 8 routed experts and a shared expert (DeepSeek-V3: top 2
+    of the best of 2 groups). Its routers' weights are large enough that no two experts' scores
+    are within rounding of each other (the two backends' float32 sums must choose alike), and
+    DeepSeek-V3's correction biases random, so that they change some choices."""
+    path = build_tiny_model(out_dir, arch, hidden_size=64, num_heads=4, num_layers=3, intermediate_size=128, **extras)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():

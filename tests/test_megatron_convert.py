@@ -19,7 +19,12 @@ SEQUENCES = [[5, 17, 33, 90, 41, 7, 66], [12, 3, 88, 45, 9]]
 
 
 def _megatron_logits(
-    rank: int, world_size: int, path: str, adapter: dict | None = None, split: str = "tensor_parallel"
+    rank: int,
+    world_size: int,
+    path: str,
+    adapter: dict | None = None,
+    split: str = "tensor_parallel",
+    sequences: list[list[int]] = SEQUENCES,
 ) -> torch.Tensor:
     from rlvr.config import MegatronConfig
     from rlvr.models.folder import read_model_folder
@@ -32,9 +37,9 @@ def _megatron_logits(
         policy = MegatronPolicy(read_model_folder(path), torch.float32, logits_chunk_mb=64)
         if adapter is not None:
             attach_lora(policy.gpt, adapter, policy.shape, scaling=ALPHA / RANK)
-        ids = torch.tensor([sum(SEQUENCES, [])])
-        positions = torch.tensor([[p for s in SEQUENCES for p in range(len(s))]])
-        layout = PackedLayout.build([Segment(0, len(SEQUENCES[0])), Segment(len(SEQUENCES[0]), len(SEQUENCES[1]))])
+        ids = torch.tensor([sum(sequences, [])])
+        positions = torch.tensor([[p for s in sequences for p in range(len(s))]])
+        layout = PackedLayout.build([Segment(0, len(sequences[0])), Segment(len(sequences[0]), len(sequences[1]))])
         with torch.no_grad():
             return policy.logits(policy.hidden(ids, positions, layout))
     finally:
@@ -67,7 +72,7 @@ def test_a_peft_adapter_on_megatron_layers_gives_peft_logits(tmp_path):
             assert error < 1e-5, (ranks, rank, float(error))
 
 
-def _peft_logits(path, targets: list[str]) -> tuple[torch.Tensor, dict]:
+def _peft_logits(path, targets: list[str], sequences: list[list[int]] = SEQUENCES) -> tuple[torch.Tensor, dict]:
     """peft's logits of the sequences with a random adapter (B too: one that changes the output)
     on `targets`, and that adapter's tensors by name."""
     from peft import LoraConfig, get_peft_model
@@ -82,30 +87,81 @@ def _peft_logits(path, targets: list[str]) -> tuple[torch.Tensor, dict]:
         for param in peft.parameters():
             if param.requires_grad:
                 param.copy_(0.3 * torch.randn(param.shape, generator=generator))
-        want = torch.cat([peft(torch.tensor([s])).logits[0] for s in SEQUENCES])
+        want = torch.cat([peft(torch.tensor([s])).logits[0] for s in sequences])
     return want, {n.replace(".default.", "."): p.detach() for n, p in peft.named_parameters() if p.requires_grad}
 
 
-@pytest.mark.slow
-def test_a_deepseek_v3_by_expert_parallel_gives_transformers_logits(tmp_path):
-    """MLA (interleaved rotary dimensions, position ids restarting per packed sequence), the dense
-    first layer, group-limited sigmoid routing with correction bias and scaling, the shared
-    expert; each rank holding 4 of the 8 routed experts; and a PEFT adapter on every MLA
-    projection, the dense MLP and the shared experts."""
-    path = moe_folder(tmp_path / "deepseek_v3")
+def _hf_logits(path, sequences: list[list[int]] = SEQUENCES) -> torch.Tensor:
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
-        want = torch.cat([hf(torch.tensor([s])).logits[0] for s in SEQUENCES])
+        return torch.cat([hf(torch.tensor([s])).logits[0] for s in sequences])
+
+
+MLA_TARGETS = ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+# past the tiny mistral4's original 16 positions twice: YaRN's stretched angles and llama-4's
+# query scale (1 + 0.1 log(1 + floor(p / 16))) take three values in each sequence
+LONG_SEQUENCES = [[(7 * i) % 300 + 4 for i in range(41)], [(11 * i) % 300 + 4 for i in range(35)]]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("arch", "sequences"), [("deepseek_v3", SEQUENCES), ("mistral4", LONG_SEQUENCES)], ids=["deepseek_v3", "mistral4"]
+)
+def test_an_mla_moe_model_by_expert_parallel_gives_transformers_logits(tmp_path, arch, sequences):
+    """MLA (interleaved rotary dimensions, position ids restarting per packed sequence), the dense
+    first layer, the shared expert, each rank holding 4 of the 8 routed experts; and a PEFT
+    adapter on every MLA projection, the dense MLP and the shared experts. DeepSeek-V3 routes by
+    group-limited sigmoid scores with correction bias and scaling; mistral4 (Mistral Large 3's
+    and Small 4's model) by a softmax over every expert, with YaRN angles and llama-4's query
+    scale by position."""
+    path = moe_folder(tmp_path / arch, arch)
+    want = _hf_logits(path, sequences)
     for ranks in (1, 2):
-        for rank, got in run_ranks(_megatron_logits, ranks, str(path), None, "expert_parallel").items():
+        for rank, got in run_ranks(_megatron_logits, ranks, str(path), None, "expert_parallel", sequences).items():
             error = (got - want).abs().max() / want.abs().max()
             assert error < 1e-5, (ranks, rank, float(error))
-    targets = ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    want, adapter = _peft_logits(path, targets)
+    want, adapter = _peft_logits(path, MLA_TARGETS, sequences)
     assert any(".shared_experts." in name for name in adapter)
-    for rank, got in run_ranks(_megatron_logits, 2, str(path), adapter, "expert_parallel").items():
+    for rank, got in run_ranks(_megatron_logits, 2, str(path), adapter, "expert_parallel", sequences).items():
         error = (got - want).abs().max() / want.abs().max()
         assert error < 1e-5, (rank, float(error))
+
+
+@pytest.mark.slow
+def test_a_deepseek_v3_with_yarn_gives_transformers_logits(tmp_path):
+    """DeepSeek-V3's own YaRN settings' kind (mscale and mscale_all_dim given, no attention_factor):
+    the angles' factor and the softmax scale's both differ from 1, and megatron-core's take
+    transformers' values."""
+    rope = {
+        "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 16,
+        "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 0.5,
+    }  # fmt: skip
+    path = moe_folder(tmp_path / "deepseek_v3", rope_parameters=rope)
+    want = _hf_logits(path, LONG_SEQUENCES)
+    got = run_ranks(_megatron_logits, 1, str(path), None, "expert_parallel", LONG_SEQUENCES)[0]
+    assert (got - want).abs().max() / want.abs().max() < 1e-5
+
+
+@pytest.mark.slow
+def test_mistral_large_3s_own_layout_reads_as_its_transformers_model(tmp_path):
+    """params.json, consolidated.safetensors under Mistral's names: what Mistral publishes Mistral
+    Large 3 as. The Megatron ranks read it through the same model folder record as the FSDP2 ones
+    and give the logits of transformers' `mistral4` built from it."""
+    from rlvr.models.tiny import build_tiny_mistral_folder
+    from rlvr.quant.skeleton import Skeleton
+
+    path = build_tiny_mistral_folder(
+        tmp_path / "model", hidden_size=64, num_heads=4, num_layers=3, intermediate_size=128
+    )
+    assert (path / "params.json").exists() and not (path / "config.json").exists()
+    skeleton = Skeleton.from_checkpoint(path, torch.float32)
+    skeleton.keep_initialized(skeleton.model)
+    skeleton.fill(skeleton.model, "cpu")
+    sequences = [[t % 250 + 3 for t in s] for s in LONG_SEQUENCES]
+    with torch.no_grad():
+        want = torch.cat([skeleton.model.eval()(torch.tensor([s])).logits[0] for s in sequences])
+    for rank, got in run_ranks(_megatron_logits, 2, str(path), None, "expert_parallel", sequences).items():
+        assert (got - want).abs().max() / want.abs().max() < 1e-5, rank
 
 
 @pytest.mark.slow
@@ -129,10 +185,13 @@ def test_an_nvfp4_deepseek_v3_is_read_dequantized(tmp_path):
         ({"rope_interleave": False}, "rope_interleave: true"),
         ({"num_experts_per_tok": 4, "topk_group": 1}, "top 2 experts"),
         ({"norm_topk_prob": False}, "normalises the chosen experts' weights"),
-        ({"model_type_override": "mistral4"}, "converts MLA models of deepseek_v3"),
+        ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}}, "no 'linear' rotary"),
+        ({"model_type_override": "mistral4", "n_group": 2, "topk_group": 1}, "one expert group"),
+        ({"model_type_override": "mistral4", "rope_parameters": {"rope_type": "default", "rope_theta": 1e4}}, "YaRN"),
+        ({"model_type_override": "qwen3_moe"}, "converts MLA models of deepseek_v3, mistral4"),
     ],
 )
-def test_a_deepseek_v3_megatron_would_compute_otherwise_is_refused_in_one_line(change, refusal):
+def test_an_mla_model_megatron_would_compute_otherwise_is_refused_in_one_line(change, refusal):
     """What megatron-core's MLA and router do differently from transformers' model is refused at
     the rank's start, naming the config.json key, rather than trained as another model."""
     from rlvr.models.tiny import tiny_config

@@ -1,21 +1,31 @@
-"""A DeepSeek-V3 HF config.json as megatron-core's GPTModel: multi-latent attention (MLA), the first
-layers dense, then routed experts chosen by group-limited sigmoid scores (plus a correction bias
-that only chooses, and a scaling of the chosen weights) beside shared experts; built with
-megatron-core's local layer spec (no TransformerEngine), the routed experts split by expert
-parallel, and rlvr's packed attention in place of its core attention.
+"""An MLA + MoE HF config.json (DeepSeek-V3, and `mistral4`: Mistral Large 3 and Small 4) as
+megatron-core's GPTModel: multi-latent attention (MLA), the first layers dense, then routed experts
+beside shared experts; built with megatron-core's local layer spec (no TransformerEngine), the
+routed experts split by expert parallel, and rlvr's packed attention in place of its core attention.
 
-Two things match transformers' model exactly rather than by default:
+The two families route differently: DeepSeek-V3 chooses by group-limited sigmoid scores plus a
+correction bias that only chooses; `mistral4` by a softmax over every expert. Both normalise the
+chosen weights and scale them. `mistral4` also scales each query by its position (llama-4's
+`1 + beta log(1 + floor(position / original))`), and both may stretch their rotary angles by YaRN.
+
+What matches transformers' model exactly rather than by default:
 
 - rotary positions: megatron-core's MLA reads its rotary dimensions as interleaved pairs, as
   DeepSeek stores them (transformers' `rope_interleave: true`), but it rotates positions 0..L-1
   of the row; each MLA layer's rotary embedding here takes the row's position ids instead
   (restarting at each packed sequence, continuing from a shared prompt), as the dense path does;
+- YaRN: megatron-core multiplies the angles' cos/sin by mscale(mscale) / mscale(mscale_all_dim)
+  and the softmax scale by mscale(mscale_all_dim)^2; transformers by its `attention_factor` and the
+  same square. `mscale_all_dim` is passed as it is and `mscale` is solved for so that the first
+  ratio is transformers' attention factor, whichever way the config gives it;
 - routing: a group's score is the sum of its top topk/topk_group experts' scores in megatron-core,
-  of its top 2 in transformers, so only models where the two agree are converted; the router's
-  logits are computed in float32, as transformers computes them."""
+  of its top 2 in transformers, so only models where the two agree are converted; DeepSeek-V3's
+  router logits are computed in float32, `mistral4`'s in the compute dtype, as transformers
+  computes each."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -35,7 +45,62 @@ from rlvr.training.attention import PackedLayout
 from rlvr.training.megatron.attention import PackedCoreAttention
 from rlvr.training.megatron.gpt import decoder_settings
 
-LATENT = ("deepseek_v3",)
+LATENT = ("deepseek_v3", "mistral4")
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention-temperature term, as transformers and megatron-core both define it."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+@dataclass(frozen=True)
+class Yarn:
+    """YaRN's rotary stretch (Peng et al. 2023, "YaRN: Efficient Context Window Extension of Large
+    Language Models") as transformers reads it from `rope_parameters`."""
+
+    factor: float
+    original_max_positions: int
+    beta_fast: float
+    beta_slow: float
+    attention_factor: float  # the angles' cos and sin are multiplied by it
+    mscale_all_dim: float  # the softmax scale is multiplied by yarn_mscale(factor, mscale_all_dim)^2
+
+    @classmethod
+    def of(cls, rope: dict, max_positions: int) -> Yarn:
+        original = rope["original_max_position_embeddings"]
+        factor = rope.get("factor") or max_positions / original
+        mscale, mscale_all_dim = rope.get("mscale"), rope.get("mscale_all_dim")
+        attention_factor = rope.get("attention_factor")
+        if attention_factor is None:
+            attention_factor = (
+                yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+                if mscale and mscale_all_dim
+                else yarn_mscale(factor)
+            )
+        return cls(
+            factor=factor,
+            original_max_positions=original,
+            beta_fast=rope.get("beta_fast") or 32.0,
+            beta_slow=rope.get("beta_slow") or 1.0,
+            attention_factor=attention_factor,
+            mscale_all_dim=mscale_all_dim or 0.0,
+        )
+
+    def megatron_settings(self) -> dict:
+        """MLATransformerConfig's YaRN fields giving transformers' angles and softmax scale."""
+        # megatron-core's cos/sin factor is yarn_mscale(f, mscale) / yarn_mscale(f, mscale_all_dim):
+        # solve for the mscale that makes it the attention factor (LatentShape.of refuses a factor <= 1)
+        all_dims = yarn_mscale(self.factor, self.mscale_all_dim)
+        mscale = (self.attention_factor * all_dims - 1.0) / (0.1 * math.log(self.factor))
+        return dict(
+            rope_type="yarn",
+            rotary_scaling_factor=self.factor,
+            original_max_position_embeddings=self.original_max_positions,
+            beta_fast=self.beta_fast,
+            beta_slow=self.beta_slow,
+            mscale=mscale,
+            mscale_all_dim=self.mscale_all_dim,
+        )
 
 
 @dataclass(frozen=True)
@@ -61,8 +126,11 @@ class LatentShape:
     expert_ffn_size: int
     shared_ffn_size: int
     scaling: float
+    softmax_routing: bool  # mistral4: a softmax over every expert; DeepSeek-V3: sigmoid + correction bias
     norm_eps: float
     rope_theta: float
+    yarn: Yarn | None
+    query_scale_beta: float | None  # mistral4's llama-4 query scaling by position
     max_positions: int
     tied: bool
 
@@ -72,12 +140,21 @@ class LatentShape:
         if config.model_type not in LATENT:
             raise ValueError(f"{where}: trainer.backend=megatron converts MLA models of {', '.join(LATENT)}")
         rope = config.rope_parameters or {"rope_type": "default"}
+        rope_type = rope.get("rope_type", "default")
+        softmax_routing = config.model_type == "mistral4"
+        yarn = Yarn.of(rope, config.max_position_embeddings) if rope_type == "yarn" else None
         refusals = {
-            rope.get("rope_type", "default") != "default": f"no {rope.get('rope_type')!r} rotary scaling",
+            rope_type not in ("default", "yarn"): f"no {rope_type!r} rotary scaling",
+            yarn is not None and yarn.factor <= 1: "reads YaRN with a factor above 1 only",
+            rope_type == "yarn" and rope.get("truncate") is False: (
+                "rounds YaRN's correction range to whole dimensions (rope_parameters.truncate: true) only"
+            ),
+            softmax_routing and rope_type != "yarn": "converts mistral4 models with YaRN rotary scaling only",
             not config.rope_interleave: "reads MLA's rotary dimensions interleaved (rope_interleave: true) only",
             bool(config.attention_bias): "converts unbiased MLA projections only",
             config.hidden_act != "silu": "converts SwiGLU MLPs only",
             not config.norm_topk_prob and config.num_experts_per_tok > 1: "normalises the chosen experts' weights",
+            softmax_routing and config.n_group > 1: "routes softmax scores over one expert group (n_group: 1) only",
             config.n_group > 1 and config.num_experts_per_tok // config.topk_group != 2: (
                 "scores an expert group by its top 2 experts, as transformers does, only where megatron-core's "
                 "num_experts_per_tok / topk_group is 2"
@@ -106,8 +183,11 @@ class LatentShape:
             expert_ffn_size=config.moe_intermediate_size,
             shared_ffn_size=config.moe_intermediate_size * (config.n_shared_experts or 0),
             scaling=config.routed_scaling_factor,
+            softmax_routing=softmax_routing,
             norm_eps=config.rms_norm_eps,
             rope_theta=rope.get("rope_theta", 10000.0),
+            yarn=yarn,
+            query_scale_beta=rope.get("llama_4_scaling_beta") if softmax_routing else None,
             max_positions=config.max_position_embeddings,
             tied=bool(config.tie_word_embeddings),
         )
@@ -136,8 +216,8 @@ def transformer_config(
         qk_pos_emb_head_dim=shape.rope_dim,
         v_head_dim=shape.v_dim,
         qk_layernorm=True,  # the norms of the query and key/value latents
-        rope_type="rope",
         rotary_base=shape.rope_theta,
+        **(shape.yarn.megatron_settings() if shape.yarn else {"rope_type": "rope"}),
         num_moe_experts=shape.experts,
         moe_layer_freq=[0] * shape.dense_layers + [1] * (shape.layers - shape.dense_layers),
         moe_ffn_hidden_size=shape.expert_ffn_size,
@@ -145,11 +225,12 @@ def transformer_config(
         moe_router_topk=shape.top_k,
         moe_router_num_groups=shape.groups if shape.groups > 1 else None,
         moe_router_group_topk=shape.top_groups if shape.groups > 1 else None,
-        moe_router_score_function="sigmoid",
-        moe_router_enable_expert_bias=True,
+        # softmax over the chosen experts' logits alone is the normalised softmax over all of them
+        moe_router_score_function="softmax" if shape.softmax_routing else "sigmoid",
+        moe_router_enable_expert_bias=not shape.softmax_routing,
         moe_router_bias_update_rate=0.0,  # the correction bias is the checkpoint's, not trained here
         moe_router_topk_scaling_factor=shape.scaling,
-        moe_router_dtype="fp32",
+        moe_router_dtype=None if shape.softmax_routing else "fp32",
         moe_router_load_balancing_type="none",
         moe_aux_loss_coeff=0.0,
         # alltoall sends each token to its experts' rank alone, but makes a CUDA stream at build;
@@ -171,9 +252,26 @@ class PositionedRotary(nn.Module):
     def get_rotary_seq_len(self, *args, **kwargs) -> int:
         return self.rotary.get_rotary_seq_len(*args, **kwargs)
 
-    def forward(self, seq_len: int, packed_seq: bool = False) -> torch.Tensor:
+    def forward(self, seq_len: int, packed_seq: bool = False):
         at = self.positions.ids
-        return self.rotary(int(at.max()) + 1).index_select(0, at)  # [L, 1, 1, rope_dim]
+        angles = self.rotary(int(at.max()) + 1)  # YaRN's: (angles, its cos/sin factor)
+        if isinstance(angles, tuple):
+            return angles[0].index_select(0, at), angles[1]
+        return angles.index_select(0, at)  # [L, 1, 1, rope_dim]
+
+
+class PositionScaledQuery(nn.Module):
+    """llama-4's query scaling (transformers' `mistral4`): each query times
+    `1 + beta log(1 + floor(position / original))` at the row's position ids, ahead of the core
+    attention it wraps, so long contexts keep their attention sharp past the original length."""
+
+    def __init__(self, attention: nn.Module, positions: RowPositions, beta: float, original: int):
+        super().__init__()
+        self.attention, self.positions, self.beta, self.original = attention, positions, beta, original
+
+    def forward(self, query, *args, **kwargs):
+        scale = 1 + self.beta * torch.log(1 + torch.floor(self.positions.ids / self.original))
+        return self.attention(query * scale.to(query.dtype)[:, None, None, None], *args, **kwargs)
 
 
 class EvenAllGatherDispatcher(MoEAllGatherTokenDispatcher):
@@ -225,6 +323,11 @@ def build_gpt(shape: LatentShape, tensor_parallel: int, expert_parallel: int, dt
     for block in gpt.decoder.layers:
         attention = block.self_attention
         attention.rotary_pos_emb = PositionedRotary(attention.rotary_pos_emb, gpt.row_positions)
+        if shape.query_scale_beta is not None:
+            assert shape.yarn is not None  # LatentShape.of: mistral4 comes with YaRN
+            attention.core_attention = PositionScaledQuery(
+                attention.core_attention, gpt.row_positions, shape.query_scale_beta, shape.yarn.original_max_positions
+            )
         dispatcher = getattr(block.mlp, "token_dispatcher", None)
         if type(dispatcher) is MoEAllGatherTokenDispatcher:
             dispatcher.__class__ = EvenAllGatherDispatcher
