@@ -82,13 +82,21 @@ def _peft_logits(path, targets: list[str], sequences: list[list[int]] = SEQUENCE
     config = LoraConfig(r=RANK, lora_alpha=ALPHA, target_modules=targets)
     with peft_targets_as_given():  # gate/up/down_proj: the dense MLP's and shared experts', not the routed ones
         peft = get_peft_model(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), config)
-    generator = torch.Generator().manual_seed(2)
+    return _random_adapter_logits(peft, sequences, seed=2)
+
+
+def _random_adapter_logits(peft, sequences, seed: int) -> tuple[torch.Tensor, dict]:
+    """`peft`'s factors drawn at random (B too: an adapter that changes the output): its logits of
+    `sequences`, and the adapter by PEFT's public names."""
+    from rlvr.training.rank_weights import public_name
+
+    generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for param in peft.parameters():
             if param.requires_grad:
                 param.copy_(0.3 * torch.randn(param.shape, generator=generator))
         want = torch.cat([peft(torch.tensor([s])).logits[0] for s in sequences])
-    return want, {n.replace(".default.", "."): p.detach() for n, p in peft.named_parameters() if p.requires_grad}
+    return want, {public_name(n): p.detach() for n, p in peft.named_parameters() if p.requires_grad}
 
 
 def _hf_logits(path, sequences: list[list[int]] = SEQUENCES) -> torch.Tensor:
@@ -125,6 +133,23 @@ def test_an_mla_moe_model_by_expert_parallel_gives_transformers_logits(tmp_path,
     for rank, got in run_ranks(_megatron_logits, 2, str(path), adapter, "expert_parallel", sequences).items():
         error = (got - want).abs().max() / want.abs().max()
         assert error < 1e-5, (rank, float(error))
+    want, adapter = _trainer_logits_with_expert_lora(path, sequences)
+    for rank, got in run_ranks(_megatron_logits, 2, str(path), adapter, "expert_parallel", sequences).items():
+        error = (got - want).abs().max() / want.abs().max()
+        assert error < 1e-5, ("routed experts' LoRA", rank, float(error))
+
+
+def _trainer_logits_with_expert_lora(path, sequences) -> tuple[torch.Tensor, dict]:
+    """An FSDP2 rank's model with `lora.target_experts` (rlvr.quant.experts.ExpertsLora: one pair
+    per routed expert and projection, in peft's target_parameters layout) and the MLA targets, every
+    factor random: its logits, and its adapter by PEFT's names."""
+    from rlvr.training.policy import apply_lora
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    peft = apply_lora(model, RANK, ALPHA, 0.0, MLA_TARGETS, target_experts=True)
+    want, adapter = _random_adapter_logits(peft, sequences, seed=3)
+    assert any(".mlp.experts.base_layer.lora_A." in name for name in adapter)
+    return want, adapter
 
 
 @pytest.mark.slow

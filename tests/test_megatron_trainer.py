@@ -2,7 +2,8 @@
 two ranks and Megatron (tensor parallel 2; and two data-parallel replicas) give equal sequence
 logprobs, for the base and with the adapter a train step made, the same step metrics, and the
 same adapter in PEFT's names and config; a saved Megatron rank resumes where it stopped. On a tiny
-DeepSeek-V3, Megatron's expert parallel 2 does the same as FSDP2, routing replayed."""
+DeepSeek-V3, Megatron's expert parallel 2 does the same as FSDP2, routing replayed and the routed
+experts adapted too."""
 
 from __future__ import annotations
 
@@ -65,7 +66,8 @@ def test_megatron_trains_like_fsdp2(tmp_path):
 def test_megatron_expert_parallel_trains_a_deepseek_v3_like_fsdp2(tmp_path):
     """The engine's routes (random here, so that replay visibly differs from the trainer's own
     choices) are replayed by both backends' routers; the adapter covers every MLA projection, the
-    dense MLP and the shared experts."""
+    dense MLP, the shared experts and each routed expert (`lora.target_experts`: each
+    expert-parallel rank trains its own experts' pairs, gathered back into PEFT's layout)."""
     model = moe_folder(tmp_path / "deepseek_v3")
     batch = random_train_batch()
     sequences = [p + c for p, c in zip(batch.prompt_ids, batch.completion_ids)]
@@ -80,8 +82,9 @@ def test_megatron_expert_parallel_trains_a_deepseek_v3_like_fsdp2(tmp_path):
         "fsdp2": {},
         "megatron ep2": dict(backend="megatron", megatron={"expert_parallel": 2}),
     }.items():
+        lora = LORA | {"target_experts": True}
         spec = rank_spec(
-            model, lr=1e-2, lora=LORA, ranks=2, micro_batch_tokens=14, total_steps=2, routing_replay=True, **backend
+            model, lr=1e-2, lora=lora, ranks=2, micro_batch_tokens=14, total_steps=2, routing_replay=True, **backend
         )
         with Trainer(spec) as trainer:
             base = trainer.logprobs(sequences, prompt_lens)
@@ -93,6 +96,10 @@ def test_megatron_expert_parallel_trains_a_deepseek_v3_like_fsdp2(tmp_path):
     assert any(".shared_experts." in t for t in want_adapter.tensors) and any(
         ".q_a_proj." in t for t in adapter.tensors
     )
+    assert {t for t in want_adapter.tensors if ".mlp.experts." in t} == {
+        f"base_model.model.model.layers.{layer}.mlp.experts.{nest}lora_{factor}.weight"
+        for layer in (1, 2) for nest in ("", "base_layer.") for factor in "AB"
+    }  # fmt: skip
     assert metrics["moe/routing_agreement"] < 0.5  # the routes are not the routers' own
     assert_close_scaled(sum(base, []), sum(want_base, []), msg="base")
     assert_close_scaled(sum(trained, []), sum(want_trained, []), msg="trained")

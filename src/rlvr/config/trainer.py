@@ -24,8 +24,8 @@ class LoraConfig(Section):
     target_experts: bool = Field(
         False,
         description="MoE: also train a LoRA pair per routed expert (gate/up and down), in peft's target_parameters "
-        "layout; attention, MLA and shared experts are covered by target_modules. Needs dropout 0 and backend: fsdp2 "
-        "(backend: megatron adapts target_modules only)",
+        "layout; attention, MLA and shared experts are covered by target_modules. Needs dropout 0; with backend: "
+        "megatron each expert-parallel rank trains its own experts' pairs",
     )
 
 
@@ -155,6 +155,4 @@ class TrainerConfig(Section):
                 "lora.dropout must be 0 with backend: megatron: each tensor-parallel rank would drop its own "
                 "inputs of the factors it shares"
             )
-        if self.lora.target_experts:
-            raise ValueError("lora.target_experts is built for backend: fsdp2 only")
         return self

@@ -244,19 +244,19 @@ class Architecture:
             moe = [
                 ParamShape(e.count, h, b, full),  # the router's gate
                 ParamShape(
-                    e.count, 2 * e.width * h, weight, full, "row_elements", True
+                    e.count, 2 * e.width * h, weight, full, "row_elements", "rows"
                 ),  # gate/up: [E, 2 x width, hidden]
-                ParamShape(e.count, h * e.width, weight, full, "row_elements", True),
+                ParamShape(e.count, h * e.width, weight, full, "row_elements", "rows"),
             ]  # down: [E, hidden, width]
             if e.shared_width:
                 moe += linears(self.mlp_linears(e.shared_width))
             if lora and lora.target_experts:
-                pairs = lora.rank * e.count
+                pairs = lora.rank * e.count  # lora_A [r x E, in], lora_B [out, r x E] of gate/up, then down
                 moe += [
-                    ParamShape(pairs, h, b, True),
-                    ParamShape(2 * e.width, pairs, b, True),
-                    ParamShape(pairs, e.width, b, True),
-                    ParamShape(h, pairs, b, True),
+                    ParamShape(pairs, h, b, True, experts="rows"),
+                    ParamShape(2 * e.width, pairs, b, True, experts="row_elements"),
+                    ParamShape(pairs, e.width, b, True, experts="rows"),
+                    ParamShape(h, pairs, b, True, experts="row_elements"),
                 ]
             units.append(Unit("MoE block", self.moe_layers, tuple(attention + moe)))
         vocab = [ParamShape(self.vocab_size, self.hidden, b, full, "rows", stage=s) for s in ("first", "last")]

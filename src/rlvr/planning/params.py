@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-# which axis of a ParamShape Megatron's tensor parallel splits: its rows (dim 0) or each row's elements
+# which axis of a ParamShape Megatron's tensor (or expert) parallel splits: its rows (dim 0) or
+# each row's elements
 TensorSplit = Literal["rows", "row_elements"] | None
 
 # a Linear by its HF name: column-parallel (output rows split), row-parallel (input columns), or whole
@@ -45,7 +46,7 @@ class ParamShape:
     element_bytes: float
     trainable: bool = False
     tensor_split: TensorSplit = None
-    experts: bool = False
+    experts: TensorSplit = None
     stage: Literal["first", "last"] | None = None
 
     @property

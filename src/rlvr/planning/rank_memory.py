@@ -76,11 +76,12 @@ def megatron_rank_bytes(cfg: PlanSections, rank: int, arch: Architecture | None 
             count = (stage == 0) + (arch.tie_word_embeddings and pp > 1 and last)
         else:
             count = last
-        rows = shard_rows(param.rows, ep, expert) if param.experts else param.rows
+        rows = shard_rows(param.rows, ep, expert) if param.experts == "rows" else param.rows
+        elements = shard_rows(param.row_elements, ep, expert) if param.experts == "row_elements" else param.row_elements
         if param.tensor_split == "rows":
-            return count * shard_rows(rows, tp, tensor) * param.row_elements
+            return count * shard_rows(rows, tp, tensor) * elements
         split = param.tensor_split == "row_elements"
-        return count * rows * (shard_rows(param.row_elements, tp, tensor) if split else param.row_elements)
+        return count * rows * (shard_rows(elements, tp, tensor) if split else elements)
 
     return _walk(cfg, arch, held)
 

@@ -7,6 +7,13 @@ whole on every rank and its B holds the rank's rows of that target's output; on 
 layer (its input split) A holds the rank's input columns and B is whole, the ranks' partial
 products summed (Megatron's own split of a matrix product). The factors are PEFT's, drawn for
 the same seed as an FSDP2 rank draws them (rlvr.training.megatron.rank), so both start equal.
+
+Routed experts (`lora.target_experts`) carry PEFT's `target_parameters` pairs
+(rlvr.quant.experts.ExpertsLora): per projection one `lora_A` `[r x E, in]` and one `lora_B`
+`[out, r x E]`, expert e's pair being A's rows `e*r:(e+1)*r` and B's columns `e::E`. Each
+expert-parallel rank puts its own experts' pairs on their `linear_fc1` (gate/up) and `linear_fc2`
+(down), whole (an MoE model runs at tensor parallel 1), and gathers the others' to give PEFT's
+tensors back.
 """
 
 from __future__ import annotations
@@ -45,6 +52,11 @@ FUSED = {
     "mlp.shared_experts.linear_fc1": ("mlp.shared_experts", ("gate_proj", "up_proj"), "column"),
     "mlp.shared_experts.linear_fc2": ("mlp.shared_experts", ("down_proj",), "row"),
 }
+
+# a routed expert's Megatron linear -> its PEFT projection, and the PEFT nesting of that
+# projection's pair: the input side innermost (rlvr.quant.experts.add_experts_lora)
+EXPERT_PAIRS = {"linear_fc1": ("gate_up_proj", "base_layer."), "linear_fc2": ("down_proj", "")}
+PEFT_EXPERTS = "base_model.model.model.layers.{layer}.mlp.experts.{nest}lora_{factor}.weight"
 
 Fuse = Callable[[list[torch.Tensor]], torch.Tensor]  # each target's output rows -> the fused layer's
 
@@ -127,8 +139,37 @@ def attach_lora(gpt: GPTModel, peft: dict[str, torch.Tensor], shape, scaling: fl
                 rows, fuse = {t: base.get_parameter("weight").shape[0] // len(targets) for t in targets}, _concat
             owner, attr = block.get_submodule(path.rsplit(".", 1)[0]), path.rsplit(".", 1)[1]
             setattr(owner, attr, LoraLinear(base, split == "row", factors, rows, fuse, scaling))
+        unplaced -= _attach_expert_lora(layer, block, peft, scaling)
     if unplaced:
         raise ValueError(f"trainer.lora.target_modules: no Megatron layer holds {sorted(unplaced)[0]}")
+
+
+def _attach_expert_lora(layer: int, block: nn.Module, peft: dict[str, torch.Tensor], scaling: float) -> set[str]:
+    """Put each of this rank's routed experts' PEFT pairs on its linears; returns the names placed."""
+    experts = getattr(getattr(block, "mlp", None), "experts", None)
+    placed: set[str] = set()
+    if experts is None:
+        return placed
+    local = experts.local_experts
+    first = parallel_state.get_expert_model_parallel_rank() * len(local)
+    for linear, (projection, nest) in EXPERT_PAIRS.items():
+        name = PEFT_EXPERTS.format(layer=layer, nest=nest, factor="{}")
+        if name.format("A") not in peft:
+            continue
+        a, b = peft[name.format("A")], peft[name.format("B")]
+        placed |= {name.format("A"), name.format("B")}
+        count = experts.config.num_moe_experts
+        a_per, b_per = a.view(count, -1, a.shape[1]), b.view(b.shape[0], -1, count)
+        for index, expert in enumerate(local):
+            base = getattr(expert, linear)
+            pair = (a_per[first + index].clone(), b_per[:, :, first + index].clone())
+            lora = LoraLinear(base, False, {projection: pair}, {projection: b.shape[0]}, _concat, scaling)
+            for param in (*lora.lora_A.values(), *lora.lora_B.values()):
+                param.data = param.data.to(a.dtype)  # the model's dtype, as an FSDP2 rank's ExpertsLora
+                param.tensor_model_parallel = False  # whole on the rank
+                param.allreduce = False  # this expert-parallel rank's own expert's (megatron-core's mark)
+            setattr(expert, linear, lora)
+    return placed
 
 
 def _linear(block: nn.Module, path: str) -> nn.Module | None:
@@ -168,6 +209,25 @@ def peft_tensors(gpt: GPTModel) -> dict[str, torch.Tensor]:
                 else:
                     b = _gathered(b, 0, group)
                 out[name.format("A")], out[name.format("B")] = a.cpu(), b.cpu()
+        out |= _expert_tensors(layer, block)
+    return out
+
+
+def _expert_tensors(layer: int, block: nn.Module) -> dict[str, torch.Tensor]:
+    """A block's routed-expert pairs in PEFT's layout, every expert-parallel rank's experts gathered."""
+    experts = getattr(getattr(block, "mlp", None), "experts", None)
+    out: dict[str, torch.Tensor] = {}
+    if experts is None or not isinstance(getattr(experts.local_experts[0], "linear_fc1", None), LoraLinear):
+        return out
+    group = parallel_state.get_expert_model_parallel_group()
+    for linear, (projection, nest) in EXPERT_PAIRS.items():
+        pairs = [getattr(expert, linear) for expert in experts.local_experts]
+        if not isinstance(pairs[0], LoraLinear):
+            continue
+        a = _gathered(torch.stack([p.lora_A[projection].detach() for p in pairs]), 0, group)  # [E, r, in]
+        b = _gathered(torch.stack([p.lora_B[projection].detach() for p in pairs], dim=-1), 2, group)  # [out, r, E]
+        name = PEFT_EXPERTS.format(layer=layer, nest=nest, factor="{}")
+        out[name.format("A")], out[name.format("B")] = a.flatten(0, 1).cpu(), b.flatten(1, 2).cpu()
     return out
 
 

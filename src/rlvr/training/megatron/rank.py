@@ -146,15 +146,27 @@ class MegatronRank(Rank):
 
     def _clip_gradients(self, max_grad_norm: float) -> float:
         """Sum the gradients over the data-parallel replicas, then clip them to the global norm:
-        a factor split over the tensor-parallel ranks counts each rank's part, a whole one once."""
+        a factor split over the tensor-parallel ranks counts each rank's part, a routed expert's
+        each expert-parallel rank's own experts, a whole one once. A routed expert's replicas are
+        the ranks holding the same experts (megatron-core's expert data-parallel group)."""
         grads = [(p, p.grad) for _, p in self.trainable if p.grad is not None]
-        if parallel_state.get_data_parallel_world_size() > 1:
-            for _, g in grads:
-                dist.all_reduce(g, group=parallel_state.get_data_parallel_group())
-        split = torch.stack([g.float().square().sum() for p, g in grads if _split(p)]).sum()
+        for p, g in grads:
+            group = (
+                parallel_state.get_data_parallel_group()
+                if _replicated(p)
+                else parallel_state.get_expert_data_parallel_group()
+            )
+            if dist.get_world_size(group) > 1:
+                dist.all_reduce(g, group=group)
+
+        def squares(kind: str) -> torch.Tensor:
+            parts = [g.float().square().sum() for p, g in grads if _kind(p) == kind]
+            return torch.stack(parts).sum() if parts else torch.zeros((), device=self.device)
+
+        split, expert, whole = squares("split"), squares("expert"), squares("whole")
         dist.all_reduce(split, group=self.tensor_group)
-        whole = torch.stack([g.float().square().sum() for p, g in grads if not _split(p)] or [split * 0]).sum()
-        norm = float((split + whole).sqrt())
+        dist.all_reduce(expert, group=parallel_state.get_expert_model_parallel_group())
+        norm = float((split + expert + whole).sqrt())
         factor = min(1.0, max_grad_norm / (norm + 1e-6))  # torch's clip_grad_norm_; a non-finite norm skips the update
         for _, g in grads:
             g.mul_(factor)
@@ -168,14 +180,21 @@ def _split(p: torch.Tensor) -> bool:
     return bool(getattr(p, "tensor_model_parallel", False))
 
 
+def _kind(p: torch.Tensor) -> str:
+    return "split" if _split(p) else "whole" if _replicated(p) else "expert"
+
+
+def _replicated(p: torch.Tensor) -> bool:
+    """Held by every data-parallel replica, not a routed expert's (megatron-core's `allreduce=False`)."""
+    return bool(getattr(p, "allreduce", True))
+
+
 def _global_numel(params) -> int:
     """Elements of the whole model: a split tensor's parts added up over the tensor-parallel ranks,
     a routed expert's over the expert-parallel ones (megatron-core marks those `allreduce=False`)."""
     ranks = parallel_state.get_tensor_model_parallel_world_size()
     experts = parallel_state.get_expert_model_parallel_world_size()
-    return sum(
-        p.numel() * (ranks if _split(p) else 1) * (1 if getattr(p, "allreduce", True) else experts) for p in params
-    )
+    return sum(p.numel() * (ranks if _split(p) else 1) * (1 if _replicated(p) else experts) for p in params)
 
 
 def _unsummed(report: TrainReport) -> TrainReport:
