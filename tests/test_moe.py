@@ -238,6 +238,17 @@ def test_lora_goes_where_its_targets_say_where_peft_alone_would_move_it_to_the_r
     assert mlps <= _lora_targets(ours) and not any(".experts" in name for name in _lora_targets(ours))
 
 
+def test_measuring_an_adapter_draws_no_expert_pairs(tmp_path):
+    """`apply_lora(..., shapes_only=True)` (the rehearsals' measurement) leaves every factor on the
+    meta device, the routed experts' pairs too: at the seed's size those are 3.2 billion values."""
+    from rlvr.quant.skeleton import Skeleton
+
+    skeleton = Skeleton.from_checkpoint(build_tiny_model(tmp_path, "deepseek_v3", **SIZES), torch.bfloat16)
+    peft = apply_lora(skeleton.model, 4, 8.0, 0.0, ["q_a_proj"], target_experts=True, shapes_only=True)
+    factors = {n: p.device.type for n, p in peft.named_parameters() if p.requires_grad}
+    assert any(".mlp.experts." in n for n in factors) and set(factors.values()) == {"meta"}
+
+
 def _lora_targets(peft_model) -> set[str]:
     """Model names of the modules holding a LoRA pair."""
     names = {n.rsplit(".lora_A.", 1)[0] for n, _ in peft_model.named_parameters() if ".lora_A." in n}

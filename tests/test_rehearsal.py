@@ -96,8 +96,9 @@ def test_a_megatron_run_is_rehearsed_on_megatrons_module_tree():
 @pytest.mark.slow
 def test_the_seeds_mla_moe_model_is_rehearsed_on_megatrons_module_tree_split_by_expert_parallel():
     """The seed's Mistral Large 3 (MLA + MoE, 673B) with expert parallel 8: each rehearsed rank's
-    part of megatron-core's MLA/MoE model (its 16 of the 128 routed experts per layer, the rest
-    whole, its NVFP4 base read dequantized) holds what megatron_rank_bytes plans. Tensor parallel 4
+    part of megatron-core's MLA/MoE model (its 16 of the 128 routed experts per layer and their
+    LoRA pairs, the rest whole, its NVFP4 base read dequantized) holds what megatron_rank_bytes
+    plans. Tensor parallel 4
     x expert parallel 2 is a split the rank refuses for MLA/MoE: planned, and the record says why
     it was not measured."""
     from rlvr.orchestration.rehearsal import compare_bytes
@@ -105,7 +106,7 @@ def test_the_seeds_mla_moe_model_is_rehearsed_on_megatrons_module_tree_split_by_
     from rlvr.planning.sections import PlanSections
 
     megatron = ["trainer.backend=megatron", "trainer.shard_ranks=null", "trainer.routing_replay=false"]
-    cfg = load_config(SEED, [*megatron, "trainer.megatron.expert_parallel=8"])
+    cfg = load_config(SEED, [*megatron, "trainer.megatron.expert_parallel=8", "trainer.lora.target_experts=true"])
     rows = compare_bytes(cfg)
     assert [row["rank"] for row in rows] == [0, 4, 7]
     assert all(row["planned"] == megatron_rank_bytes(PlanSections.of(cfg), row["rank"]) for row in rows)

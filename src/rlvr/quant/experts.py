@@ -214,9 +214,11 @@ class ExpertsLora(ParamWrapper):
         )
 
 
-def add_experts_lora(peft_model: nn.Module, adapter_name: str = "default") -> list[str]:
+def add_experts_lora(peft_model: nn.Module, adapter_name: str = "default", shapes_only: bool = False) -> list[str]:
     """Wrap every experts module of a peft model in `ExpertsLora` for both its projections,
     nested as peft nests them (the input-side projection innermost); returns the wrapped names.
+    `shapes_only`: each pair goes to the meta device as soon as it is built (peft draws it on
+    the CPU), so measuring a model's adapter never holds more than one layer's pairs.
 
     The experts must dispatch through `experts_forward` (`use_rlvr_experts`).
     """
@@ -231,6 +233,9 @@ def add_experts_lora(peft_model: nn.Module, adapter_name: str = "default") -> li
             module = ExpertsLora(
                 module, adapter_name, parameter_name=projection, config=config, r=config.r, lora_alpha=config.lora_alpha
             )
+            if shapes_only:
+                module.lora_A.to("meta")
+                module.lora_B.to("meta")
             targeted.add(projection)
         setattr(peft_model.get_submodule(parent_name), child, module)
         wrapped.append(name)

@@ -152,7 +152,7 @@ def apply_lora(
     with peft_targets_as_given(), _adapters_built_off_meta():
         peft_model = get_peft_model(model, prepare_lora_config(config, model), low_cpu_mem_usage=shapes_only)
         if target_experts:
-            add_experts_lora(peft_model)
+            add_experts_lora(peft_model, shapes_only=shapes_only)
     return peft_model
 
 
