@@ -32,6 +32,7 @@ the experts hit, on packed weights.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 from dataclasses import dataclass
 
@@ -51,6 +52,8 @@ PACKED_SUFFIXES = ("weight_packed", "weight_scale", "weight_global_scale", "inpu
 # (id(experts module), projection) -> [(A [E, r, in], B [E, out, r], scaling)], set by the
 # ExpertsLora wrappers around the experts call they wrap
 _ACTIVE_LORA: contextvars.ContextVar[dict] = contextvars.ContextVar("rlvr_expert_lora", default={})
+# set while add_experts_lora builds pairs only to be measured: they stay on a meta base's device
+_SHAPES_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("rlvr_expert_lora_shapes_only", default=False)
 
 
 @dataclass(frozen=True)
@@ -189,7 +192,7 @@ class ExpertsLora(ParamWrapper):
             if not param.is_meta:
                 return param
             shape, dtype, device = param.shape, param.dtype, param.device
-        device = torch.device("cpu") if device.type == "meta" else device
+        device = torch.device("cpu") if device.type == "meta" and not _SHAPES_ONLY.get() else device
         return torch.zeros((), dtype=dtype, device=device).expand(shape)
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
@@ -217,8 +220,8 @@ class ExpertsLora(ParamWrapper):
 def add_experts_lora(peft_model: nn.Module, adapter_name: str = "default", shapes_only: bool = False) -> list[str]:
     """Wrap every experts module of a peft model in `ExpertsLora` for both its projections,
     nested as peft nests them (the input-side projection innermost); returns the wrapped names.
-    `shapes_only`: each pair goes to the meta device as soon as it is built (peft draws it on
-    the CPU), so measuring a model's adapter never holds more than one layer's pairs.
+    `shapes_only`: the pairs are built on the meta device, never drawn, for measuring a model
+    (at the seed's 673B size they are 3.2 billion values).
 
     The experts must dispatch through `experts_forward` (`use_rlvr_experts`).
     """
@@ -230,12 +233,22 @@ def add_experts_lora(peft_model: nn.Module, adapter_name: str = "default", shape
         parent_name, _, child = name.rpartition(".")
         module = experts
         for projection in expert_projections(experts):
-            module = ExpertsLora(
-                module, adapter_name, parameter_name=projection, config=config, r=config.r, lora_alpha=config.lora_alpha
-            )
-            if shapes_only:
-                module.lora_A.to("meta")
-                module.lora_B.to("meta")
+            token = _SHAPES_ONLY.set(shapes_only)
+            try:
+                with torch.device("meta") if shapes_only else contextlib.nullcontext():
+                    module = ExpertsLora(
+                        module,
+                        adapter_name,
+                        parameter_name=projection,
+                        config=config,
+                        r=config.r,
+                        lora_alpha=config.lora_alpha,
+                    )
+            finally:
+                _SHAPES_ONLY.reset(token)
+            if shapes_only:  # the model's dtype, as peft's move to a real device would cast them
+                module.lora_A.to(module.get_param().dtype)
+                module.lora_B.to(module.get_param().dtype)
             targeted.add(projection)
         setattr(peft_model.get_submodule(parent_name), child, module)
         wrapped.append(name)
