@@ -52,8 +52,6 @@ PACKED_SUFFIXES = ("weight_packed", "weight_scale", "weight_global_scale", "inpu
 # (id(experts module), projection) -> [(A [E, r, in], B [E, out, r], scaling)], set by the
 # ExpertsLora wrappers around the experts call they wrap
 _ACTIVE_LORA: contextvars.ContextVar[dict] = contextvars.ContextVar("rlvr_expert_lora", default={})
-# set while add_experts_lora builds pairs only to be measured: they stay on a meta base's device
-_SHAPES_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("rlvr_expert_lora_shapes_only", default=False)
 
 
 @dataclass(frozen=True)
@@ -192,7 +190,9 @@ class ExpertsLora(ParamWrapper):
             if not param.is_meta:
                 return param
             shape, dtype, device = param.shape, param.dtype, param.device
-        device = torch.device("cpu") if device.type == "meta" and not _SHAPES_ONLY.get() else device
+        # on the CPU, unless the pairs are being built on meta to be measured (add_experts_lora)
+        measuring = torch.get_default_device().type == "meta"
+        device = torch.device("cpu") if device.type == "meta" and not measuring else device
         return torch.zeros((), dtype=dtype, device=device).expand(shape)
 
     def forward(self, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
@@ -233,19 +233,15 @@ def add_experts_lora(peft_model: nn.Module, adapter_name: str = "default", shape
         parent_name, _, child = name.rpartition(".")
         module = experts
         for projection in expert_projections(experts):
-            token = _SHAPES_ONLY.set(shapes_only)
-            try:
-                with torch.device("meta") if shapes_only else contextlib.nullcontext():
-                    module = ExpertsLora(
-                        module,
-                        adapter_name,
-                        parameter_name=projection,
-                        config=config,
-                        r=config.r,
-                        lora_alpha=config.lora_alpha,
-                    )
-            finally:
-                _SHAPES_ONLY.reset(token)
+            with torch.device("meta") if shapes_only else contextlib.nullcontext():
+                module = ExpertsLora(
+                    module,
+                    adapter_name,
+                    parameter_name=projection,
+                    config=config,
+                    r=config.r,
+                    lora_alpha=config.lora_alpha,
+                )
             if shapes_only:  # the model's dtype, as peft's move to a real device would cast them
                 module.lora_A.to(module.get_param().dtype)
                 module.lora_B.to(module.get_param().dtype)

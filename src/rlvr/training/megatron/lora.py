@@ -26,6 +26,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.models.gpt import GPTModel
 from megatron.core.tensor_parallel import copy_to_tensor_model_parallel_region, reduce_from_tensor_model_parallel_region
+from megatron.core.transformer.moe.experts import SequentialMLP
 from torch import nn
 
 from rlvr.config import LoraConfig
@@ -146,7 +147,7 @@ def attach_lora(gpt: GPTModel, peft: dict[str, torch.Tensor], shape, scaling: fl
 
 def _attach_expert_lora(layer: int, block: nn.Module, peft: dict[str, torch.Tensor], scaling: float) -> set[str]:
     """Put each of this rank's routed experts' PEFT pairs on its linears; returns the names placed."""
-    experts = getattr(getattr(block, "mlp", None), "experts", None)
+    experts = _routed_experts(block)
     placed: set[str] = set()
     if experts is None:
         return placed
@@ -170,6 +171,12 @@ def _attach_expert_lora(layer: int, block: nn.Module, peft: dict[str, torch.Tens
                 param.allreduce = False  # this expert-parallel rank's own expert's (megatron-core's mark)
             setattr(expert, linear, lora)
     return placed
+
+
+def _routed_experts(block: nn.Module) -> SequentialMLP | None:
+    """A block's routed experts (megatron-core's SequentialMLP, the local spec's), None in a dense block."""
+    experts = getattr(getattr(block, "mlp", None), "experts", None)
+    return experts if isinstance(experts, SequentialMLP) else None
 
 
 def _linear(block: nn.Module, path: str) -> nn.Module | None:
@@ -215,7 +222,7 @@ def peft_tensors(gpt: GPTModel) -> dict[str, torch.Tensor]:
 
 def _expert_tensors(layer: int, block: nn.Module) -> dict[str, torch.Tensor]:
     """A block's routed-expert pairs in PEFT's layout, every expert-parallel rank's experts gathered."""
-    experts = getattr(getattr(block, "mlp", None), "experts", None)
+    experts = _routed_experts(block)
     out: dict[str, torch.Tensor] = {}
     if experts is None or not isinstance(getattr(experts.local_experts[0], "linear_fc1", None), LoraLinear):
         return out
