@@ -18,8 +18,9 @@ from rlvr.models.tiny import build_tiny_model
 SIZES = dict(hidden_size=64, num_heads=4, num_kv_heads=2, num_layers=2, intermediate_size=128)
 
 
-def dense_folder(out_dir: Path, arch: str, tied: bool = True) -> Path:
-    path = build_tiny_model(out_dir, arch, tie_word_embeddings=tied, **SIZES)
+def dense_folder(out_dir: Path, arch: str, tied: bool = True, **extras) -> Path:
+    """A tiny dense model (`extras`: config.json overrides)."""
+    path = build_tiny_model(out_dir, arch, tie_word_embeddings=tied, **SIZES, **extras)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():

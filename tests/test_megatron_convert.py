@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import pytest
 import torch
-from megatron_fixtures import dense_folder, moe_folder, run_ranks
+from megatron_fixtures import SIZES, dense_folder, moe_folder, run_ranks
 from transformers import AutoModelForCausalLM
 
 from rlvr.training.attention import PackedLayout, Segment
 
 RANK, ALPHA = 4, 8.0
 SEQUENCES = [[5, 17, 33, 90, 41, 7, 66], [12, 3, 88, 45, 9]]
+# past an original length of 16 positions twice (a scaled rotary embedding's, llama-4's query
+# scale's: 1 + 0.1 log(1 + floor(p / 16)) takes three values in each sequence)
+LONG_SEQUENCES = [[(7 * i) % 300 + 4 for i in range(41)], [(11 * i) % 300 + 4 for i in range(35)]]
 
 
 def _megatron_logits(
@@ -46,6 +49,12 @@ def _megatron_logits(
         stop_model_parallel()
 
 
+def _hf_logits(path, sequences: list[list[int]] = SEQUENCES) -> torch.Tensor:
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():
+        return torch.cat([hf(torch.tensor([s])).logits[0] for s in sequences])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("arch", "tied"), [("qwen2", True), ("llama", False), ("mistral", True)])
 def test_converted_logits_equal_transformers(tmp_path, arch, tied):
@@ -58,6 +67,41 @@ def test_converted_logits_equal_transformers(tmp_path, arch, tied):
         for rank, got in run_ranks(_megatron_logits, ranks, str(path)).items():
             error = (got - want).abs().max() / scale
             assert error < 1e-5, (arch, ranks, rank, float(error))
+
+
+ROTARY_SCALINGS = {
+    "llama3": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+    "yarn": {"factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0},
+    "linear": {"factor": 2.0},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("arch", "rope_type"), [("llama", "llama3"), ("qwen2", "yarn"), ("mistral", "linear")])
+def test_a_scaled_rotary_embedding_converts(tmp_path, arch, rope_type):
+    """A dense model whose config.json scales its rotary embedding (Llama 3.x's llama3, YaRN with
+    its attention factor, linear) rotates by transformers' angles, over sequences that run past
+    the original length of 16 the scaling is measured from."""
+    rope = {"rope_type": rope_type, "rope_theta": 500.0, "original_max_position_embeddings": 16}
+    path = dense_folder(tmp_path / arch, arch, rope_parameters=rope | ROTARY_SCALINGS[rope_type])
+    want = _hf_logits(path, LONG_SEQUENCES)
+    got = run_ranks(_megatron_logits, 1, str(path), None, "tensor_parallel", LONG_SEQUENCES)[0]
+    error = (got - want).abs().max() / want.abs().max()
+    assert error < 1e-5, float(error)
+
+
+@pytest.mark.parametrize("rope_type", ["dynamic", "longrope"])
+def test_a_rotary_scaling_that_follows_the_length_is_refused_in_one_line(rope_type):
+    from rlvr.models.tiny import tiny_config
+    from rlvr.training.megatron.gpt import DenseShape
+
+    rope = {"rope_type": rope_type, "rope_theta": 1e4, "factor": 2.0, "original_max_position_embeddings": 16}
+    if rope_type == "longrope":
+        rope |= {"short_factor": [1.0] * 8, "long_factor": [2.0] * 8}
+    config = tiny_config("llama", vocab_size=128, **SIZES, rope_parameters=rope)
+    with pytest.raises(ValueError, match=f"no '{rope_type}' rotary scaling") as error:
+        DenseShape.of(config, qkv_bias=False)
+    assert "\n" not in str(error.value) and "config.json" in str(error.value)
 
 
 @pytest.mark.slow
@@ -99,16 +143,7 @@ def _random_adapter_logits(peft, sequences, seed: int) -> tuple[torch.Tensor, di
     return want, {public_name(n): p.detach() for n, p in peft.named_parameters() if p.requires_grad}
 
 
-def _hf_logits(path, sequences: list[list[int]] = SEQUENCES) -> torch.Tensor:
-    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    with torch.no_grad():
-        return torch.cat([hf(torch.tensor([s])).logits[0] for s in sequences])
-
-
 MLA_TARGETS = ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-# past the tiny mistral4's original 16 positions twice: YaRN's stretched angles and llama-4's
-# query scale (1 + 0.1 log(1 + floor(p / 16))) take three values in each sequence
-LONG_SEQUENCES = [[(7 * i) % 300 + 4 for i in range(41)], [(11 * i) % 300 + 4 for i in range(35)]]
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """A dense decoder's HF config.json as megatron-core's GPTModel: Llama, Qwen2 and Mistral (grouped
-query attention, rotary positions, SwiGLU, RMSNorm; Qwen2's biased q/k/v), built with megatron-core's
-local layer spec (no TransformerEngine) and rlvr's packed attention in place of its core attention."""
+query attention, rotary positions with the config's scaling, SwiGLU, RMSNorm; Qwen2's biased
+q/k/v), built with megatron-core's local layer spec (no TransformerEngine) and rlvr's packed
+attention in place of its core attention."""
 
 from __future__ import annotations
 
@@ -11,11 +12,15 @@ import torch.nn.functional as F
 from megatron.core.models.gpt import GPTModel
 from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 from megatron.core.transformer import TransformerConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from rlvr.training.attention import PackedLayout
 from rlvr.training.megatron.attention import PackedCoreAttention
 
 DENSE = ("llama", "qwen2", "mistral")
+# transformers recomputes these types' frequencies from each forward's length; megatron-core's
+# rotary embedding holds one set
+LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,11 @@ class DenseShape:
     ffn_size: int
     norm_eps: float
     rope_theta: float
+    # a scaled rotary embedding (llama3, yarn, linear, ...), as transformers computes it from the
+    # config: its inverse frequencies (None: rope_theta's own), and the factor its cos and sin
+    # carry, which scales each attention logit by its square
+    inv_freq: tuple[float, ...] | None
+    attention_factor: float
     max_positions: int
     tied: bool
     qkv_bias: bool
@@ -43,13 +53,25 @@ class DenseShape:
         if config.model_type not in DENSE:
             raise ValueError(f"{where}: trainer.backend=megatron converts {', '.join(DENSE)} models")
         rope = getattr(config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": config.rope_theta}
-        if rope.get("rope_type", "default") != "default":
-            raise ValueError(f"{where}: trainer.backend=megatron has no {rope['rope_type']!r} rotary scaling")
+        rope_type = rope.get("rope_type", "default")
+        if rope_type in LENGTH_DEPENDENT_ROPE:
+            raise ValueError(
+                f"{where}: trainer.backend=megatron has no {rope_type!r} rotary scaling (its frequencies change "
+                "with the sequence's length)"
+            )
+        inv_freq, attention_factor = None, 1.0
+        if rope_type != "default":
+            # transformers' own function for the type, so the angles are the ones its model rotates by
+            freqs, attention_factor = ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
+            inv_freq = tuple(freqs.tolist())
         if getattr(config, "use_sliding_window", False) or getattr(config, "sliding_window", None):
             raise ValueError(f"{where}: trainer.backend=megatron has no sliding-window attention")
         if config.hidden_act != "silu" or getattr(config, "mlp_bias", False):
             raise ValueError(f"{where}: trainer.backend=megatron converts an unbiased SwiGLU MLP")
         heads = config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        if inv_freq is not None and 2 * len(inv_freq) != head_dim:
+            raise ValueError(f"{where}: trainer.backend=megatron rotates every dimension of a head (no partial rotary)")
         return cls(
             model_type=config.model_type,
             vocab_size=config.vocab_size,
@@ -57,10 +79,12 @@ class DenseShape:
             layers=config.num_hidden_layers,
             heads=heads,
             groups=config.num_key_value_heads or heads,
-            head_dim=getattr(config, "head_dim", None) or config.hidden_size // heads,
+            head_dim=head_dim,
             ffn_size=config.intermediate_size,
             norm_eps=config.rms_norm_eps,
             rope_theta=rope["rope_theta"],
+            inv_freq=inv_freq,
+            attention_factor=float(attention_factor),
             max_positions=config.max_position_embeddings,
             tied=bool(config.tie_word_embeddings),
             qkv_bias=qkv_bias,
@@ -115,6 +139,7 @@ def transformer_config(shape: DenseShape, tensor_parallel: int, dtype: torch.dty
         num_query_groups=shape.groups,
         kv_channels=shape.head_dim,
         add_qkv_bias=shape.qkv_bias,
+        softmax_scale=shape.attention_factor**2 * shape.head_dim**-0.5,
     )
 
 
@@ -123,7 +148,7 @@ def build_gpt(shape: DenseShape, tensor_parallel: int, dtype: torch.dtype) -> GP
     shape.check_split(tensor_parallel)
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     spec.submodules.self_attention.submodules.core_attention = PackedCoreAttention
-    return GPTModel(
+    model = GPTModel(
         transformer_config(shape, tensor_parallel, dtype),
         spec,
         vocab_size=shape.vocab_size,
@@ -132,6 +157,9 @@ def build_gpt(shape: DenseShape, tensor_parallel: int, dtype: torch.dtype) -> GP
         rotary_base=shape.rope_theta,  # type: ignore[arg-type]  # annotated int; used as a float
         share_embeddings_and_output_weights=shape.tied,
     )
+    if shape.inv_freq is not None:
+        model.rotary_pos_emb.inv_freq = torch.tensor(shape.inv_freq, dtype=torch.float32)
+    return model
 
 
 def final_hidden(
