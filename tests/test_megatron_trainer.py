@@ -113,12 +113,22 @@ def test_megatron_expert_parallel_trains_a_deepseek_v3_like_fsdp2(tmp_path):
 
 
 @pytest.mark.slow
-def test_megatron_refuses_recompute_it_does_not_do(tmp_path):
-    """gradient_checkpointing is planned for a Megatron layout, but its rank does not recompute yet:
-    the run stops at start, saying so, rather than holding every block's activations unasked."""
+@pytest.mark.parametrize(
+    ("layout", "refusal"),
+    [
+        ({"ranks": 1, "gradient_checkpointing": True}, "does not recompute blocks yet"),
+        ({"ranks": 2, "megatron": {"pipeline_parallel": 2}}, "pipeline_parallel=2: the Megatron rank does not build"),
+        ({"ranks": 2, "megatron": {"tensor_parallel": 2, "sequence_parallel": True}}, "does not split tokens"),
+    ],
+    ids=["recompute", "pipeline", "sequence"],
+)
+def test_megatron_refuses_what_it_plans_but_does_not_build(tmp_path, layout, refusal):
+    """Recompute, pipeline stages and sequence parallel are planned for a Megatron layout, but its
+    rank builds none of them yet: the run stops at start, saying so, rather than training every
+    block whole on every rank unasked."""
     model = dense_folder(tmp_path / "qwen2", "qwen2")
-    spec = rank_spec(model, lora=LORA, ranks=1, backend="megatron", gradient_checkpointing=True)
-    trainer = Trainer(spec)
-    with pytest.raises(TrainerError, match="does not recompute blocks yet"):
+    trainer = Trainer(rank_spec(model, lora=LORA, backend="megatron", **layout))
+    with pytest.raises(TrainerError, match=refusal) as error:
         trainer.wait_started()
+    assert "\n" not in str(error.value)
     trainer.close()

@@ -39,11 +39,16 @@ class MegatronConfig(Section):
     expert_parallel: int = Field(
         1, ge=1, description="MoE: ranks the routed experts are divided between, each rank holding its own experts"
     )
-    pipeline_parallel: int = Field(1, ge=1, description="stages the decoder blocks are cut into (needs GPUs)")
+    pipeline_parallel: int = Field(
+        1,
+        ge=1,
+        description="stages the decoder blocks are cut into: planned by --dry-run and rlvr rehearse; a run refuses "
+        "more than 1 (the Megatron rank builds no stages yet)",
+    )
     sequence_parallel: bool = Field(
         False,
-        description="split the norms' and dropouts' tokens over the tensor-parallel ranks too (needs GPUs and "
-        "tensor_parallel > 1)",
+        description="split the norms' and dropouts' tokens over the tensor-parallel ranks too (tensor_parallel > 1): "
+        "planned by --dry-run and rlvr rehearse; a run refuses it (the Megatron rank does not split tokens yet)",
     )
 
     @model_validator(mode="after")

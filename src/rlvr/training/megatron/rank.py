@@ -55,6 +55,18 @@ class MegatronRank(Rank):
             raise ValueError(
                 "trainer.gradient_checkpointing: the Megatron rank does not recompute blocks yet; set it false"
             )
+        # planned (--dry-run, rlvr rehearse) but not built: every rank would hold the whole decoder
+        # and every token, and train as if the layout were tensor and expert parallel alone
+        if config.megatron.pipeline_parallel > 1:
+            raise ValueError(
+                f"trainer.megatron.pipeline_parallel={config.megatron.pipeline_parallel}: the Megatron rank does not "
+                "build pipeline stages yet (--dry-run and rlvr rehearse plan them); set it 1"
+            )
+        if config.megatron.sequence_parallel:
+            raise ValueError(
+                "trainer.megatron.sequence_parallel: the Megatron rank does not split tokens over the tensor-parallel "
+                "ranks yet (--dry-run and rlvr rehearse plan it); set it false"
+            )
         compute = compute_dtype(spec.dtype, self.device.type).torch
         start_model_parallel(config.megatron, use_cuda)
         # PEFT's factors for this seed, drawn as an FSDP2 rank draws them, on a base never read
