@@ -186,8 +186,13 @@ def run_trl(
             conn.send(("step", {"step": state.global_step, "seconds": seconds, "lengths": list(lengths)}))
             lengths.clear()
 
+    from rlvr.hardware import compute_dtype
+
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-    model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=getattr(torch, cfg.model.dtype))
+    # the dtype rlvr's rank computes in (model.dtype: auto is bfloat16 on a CPU with native bf16);
+    # peft keeps the LoRA factors in float32 either way, as rlvr's rank does
+    dtype = compute_dtype(cfg.model.dtype, "cpu").torch
+    model = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=dtype)
     lora = cfg.trainer.lora
     peft_config = LoraConfig(
         r=lora.rank,

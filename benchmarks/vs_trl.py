@@ -4,15 +4,22 @@
     flock /tmp/rlvr-heavy.lock .venv/bin/python benchmarks/vs_trl.py --workload longtail --out runs/vs_trl_longtail.json
     flock /tmp/rlvr-heavy.lock .venv/bin/python benchmarks/vs_trl.py --workload longtail --seeds 0 1 2 --out runs/vs_trl_longtail_seeds.json
 
-Two workloads (`--workload`), each a task and the demo's tiny Qwen2 warm-started on it:
+Three workloads (`--workload`). Two are a synthetic task and the demo's tiny Qwen2 warm-started
+on it (model and task built here once, from configs/demo.yaml's `demo:` section):
 - demo: the demo's arithmetic (1-2 digit sums worked column by column): ~26-token completions
   of nearly equal length, up to 256 tokens;
 - longtail: s+a*b counted up step by step (rlvr.data.synthetic.counting_problems), the step
   count b long-tailed: completions of ~20 to ~400 tokens, most short, up to 512 tokens, as
   reasoning traces are. The JSON records their length distribution.
+The third is a real model on a real benchmark:
+- gsm8k_qwen: configs/gsm8k_qwen_coder_0.5b_cpu.yaml's GSM8K recipe on Qwen2.5-Coder-0.5B-Instruct
+  (`make qwen` builds it), every group trained (no dynamic sampling: TRL has none), held out the
+  first --held-out problems of GSM8K's test split.
 
-What is compared (model and task built here once, from configs/demo.yaml's `demo:` section,
-on a float base so both frameworks train the same weights):
+    flock /tmp/rlvr-heavy.lock .venv/bin/python benchmarks/vs_trl.py --workload gsm8k_qwen --steps 2 --eval-every 2 --prompts 8 --out runs/vs_trl_gsm8k_qwen.json
+
+What is compared (on a float base, so both frameworks train the same weights, in the dtype
+model.dtype gives this machine):
 - one GRPO step each: prompts_per_step x samples_per_prompt completions of up to max_tokens,
   each ending at the model's own EOS; group-normalised advantages, PPO clip, token-mean loss,
   no KL, one AdamW step per batch, the same lr and LoRA (r, alpha, all linear layers); the same
@@ -65,7 +72,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the spawned TRL proc
 from _ledger import append_line, provenance, write_result  # noqa: E402
 from _trl_side import GENERATIONS, run_trl  # noqa: E402
 
+from rlvr.config import load_config  # noqa: E402
+
 DEMO_CONFIG = "configs/demo.yaml"
+GSM8K_CONFIG = "configs/gsm8k_qwen_coder_0.5b_cpu.yaml"
 PROMPT_TOKENS = 128  # demo.yaml's data.max_prompt_tokens
 # Room for the longest completions of the scaling runs; rope has no weights, so the built model
 # is the demo's (same seed, same weights) except for this limit.
@@ -76,12 +86,32 @@ MAX_POSITIONS = 2048
 class Workload:
     """A task, and the defaults the side-by-side runs it with."""
 
-    task: str  # "arithmetic" (the demo's) or "counting"
-    assets: str  # where its float model and task files are built
+    task: str  # "arithmetic" (the demo's), "counting", or a built-in set's ("gsm8k")
+    assets: str  # where its float model and task files are built (a real model: `make qwen`'s folder)
     run_dir: str
     max_tokens: int  # completion cap; completions end at the model's EOS
     held_out: int  # held-out problems evaluated
-    overrides: tuple[str, ...] = ()  # on top of demo.yaml (the warm start the task needs)
+    overrides: tuple[str, ...] = ()  # on top of `config` (the warm start the task needs)
+    config: str = DEMO_CONFIG  # the rlvr config it starts from
+
+    @property
+    def synthetic(self) -> bool:
+        """A task drawn here, on the demo's model warm-started on it (rather than a real model)."""
+        return self.task in ("arithmetic", "counting")
+
+    def model_overrides(self, assets: str, max_tokens: int) -> list[str]:
+        """Where the float model and the training problems are, and the engine's context."""
+        if not self.synthetic:
+            prompt_tokens = load_config(self.config).data.max_prompt_tokens
+            return [f"model.path={assets}/hf", "data.test=null", f"engine.max_model_len={prompt_tokens + max_tokens}"]
+        return [
+            f"model.path={assets}/model",
+            f"data.train={assets}/task/train.jsonl",
+            "data.test=null",
+            "demo.base_format=hf",
+            f"demo.model.max_position_embeddings={MAX_POSITIONS}",
+            f"engine.max_model_len={PROMPT_TOKENS + max_tokens}",
+        ]
 
     def draw(self, cfg, test_size: int) -> tuple[list, list]:
         """(train, test) problems, drawn by cfg.seed; the same train split for any test_size."""
@@ -114,6 +144,17 @@ WORKLOADS = {
             "demo.warm_start.check.every=250",
             "demo.warm_start.check.rows=32",
         ),
+    ),
+    "gsm8k_qwen": Workload(
+        "gsm8k",
+        "artifacts/qwen2.5-coder-0.5b",
+        "runs/vs_trl_gsm8k_qwen",
+        max_tokens=400,
+        # 8 answers to each of 50 problems take ~10 minutes a model on 2 cores
+        held_out=50,
+        # TRL trains every group, so rlvr does too; the benchmark reports avg@8
+        overrides=("rollout.dynamic_sampling=false", "eval.n=8", "eval.k=[1,8]"),
+        config=GSM8K_CONFIG,
     ),
 }
 
@@ -219,8 +260,9 @@ def bench_overrides(
     max_tokens: int,
     eval_every: int,
     extra: list[str],
+    workload: Workload = WORKLOADS["demo"],
 ) -> list[str]:
-    """demo.yaml, retargeted: a float copy of the demo model under `assets`, completions up to
+    """The workload's config, retargeted: its float model under `assets`, completions up to
     `max_tokens`, no eval inside the run (the benchmark evaluates both sides itself), and a
     kept checkpoint (with its adapter) at every evaluated step. The float model fits one rank,
     so its two ranks keep a replica each (trainer.shard_ranks=1, HSDP) instead of sharding it:
@@ -229,12 +271,7 @@ def bench_overrides(
     return [
         f"run_dir={run_dir}",
         f"steps={steps}",
-        f"model.path={assets}/model",
-        f"data.train={assets}/task/train.jsonl",
-        "data.test=null",
-        "demo.base_format=hf",
-        f"demo.model.max_position_embeddings={MAX_POSITIONS}",
-        f"engine.max_model_len={PROMPT_TOKENS + max_tokens}",
+        *workload.model_overrides(assets, max_tokens),
         f"rollout.prompts_per_step={prompts}",
         f"rollout.samples_per_prompt={samples}",
         f"rollout.sampling.max_tokens={max_tokens}",
@@ -461,7 +498,6 @@ def run_scaling(args, log) -> dict:
     """rlvr's step time as prompts, samples and completion length double, on the demo model's
     architecture with random weights: such a model rarely emits EOS, so completions run to
     max_tokens and the length axis doubles the tokens really generated and trained on."""
-    from rlvr.config import load_config
     from rlvr.models.tiny import build_tiny_model
     from rlvr.orchestration.loop import train
 
@@ -573,10 +609,11 @@ def main() -> None:
             setattr(args, name, getattr(workload, name))
     if not args.scaling and (args.eval_every < 1 or args.steps % args.eval_every):
         parser.error("--steps must be a multiple of --eval-every, so that the last step is evaluated")
+    if args.scaling and not workload.synthetic:
+        parser.error("--scaling runs the synthetic workloads only")
 
     from rich.console import Console
 
-    from rlvr.config import load_config
     from rlvr.demo import ensure_demo_assets
 
     console = Console()
@@ -590,11 +627,19 @@ def main() -> None:
         args.max_tokens,
         args.eval_every,
         [*workload.overrides, *args.rlvr],
+        workload,
     )
-    build_cfg = load_config(DEMO_CONFIG, overrides + [f"data.test={args.assets}/task/test.jsonl"])
-    ensure_task(build_cfg, workload)
-    warm_start = ensure_demo_assets(build_cfg, console)
-    test_file = held_out_file(load_config(DEMO_CONFIG, overrides), args.held_out, workload)
+    if workload.synthetic:
+        build_cfg = load_config(workload.config, overrides + [f"data.test={args.assets}/task/test.jsonl"])
+        ensure_task(build_cfg, workload)
+        warm_start = ensure_demo_assets(build_cfg, console)
+        test_file = held_out_file(load_config(workload.config, overrides), args.held_out, workload)
+    else:
+        if not (Path(args.assets) / "hf" / "config.json").is_file():
+            raise SystemExit(f"{args.assets}/hf: no model folder; build it first with `make qwen`")
+        warm_start = None
+        test_file = load_config(workload.config).data.test  # a built-in set: its first --held-out problems
+        args.eval_problems = args.eval_problems or args.held_out
     if args.scaling:
         result = run_scaling(args, log) | _provenance(args)
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -602,7 +647,7 @@ def main() -> None:
         log(json.dumps(result["scaling"], indent=1))
         return
     if args.seeds is None:
-        result = compare(load_config(DEMO_CONFIG, overrides), args, overrides, test_file, log)
+        result = compare(load_config(workload.config, overrides), args, overrides, test_file, log)
         result |= _provenance(args) | {"warm_start": warm_start}
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2))
@@ -616,7 +661,7 @@ def main() -> None:
             log(f"seed {seed}: reusing {kept}")
         else:
             seed_overrides = seed_run_overrides(overrides, args.run_dir, seed)
-            result = compare(load_config(DEMO_CONFIG, seed_overrides), args, seed_overrides, test_file, log)
+            result = compare(load_config(workload.config, seed_overrides), args, seed_overrides, test_file, log)
             kept.write_text(json.dumps(result, indent=2))
         per_seed[seed] = json.loads(kept.read_text())
     result = seed_summary(per_seed, args.target)

@@ -263,3 +263,21 @@ def test_accuracy_by_count_buckets_held_out_samples_by_steps(tmp_path):
     )
     table = vs_trl.accuracy_by_count(str(tmp_path / "test.jsonl"), tmp_path, ["run"])
     assert table == {"run": {"b=1": 1.0, "b=2": 0.5, "b=3-4": 0.0, "b=5-8": 0.5, "b=17-32": 0.0}}  # no b in 9-16
+
+
+def test_the_real_model_workload_starts_from_the_gsm8k_recipe(tmp_path):
+    """gsm8k_qwen: the recipe's model, data and sampling, its float folder, every group trained
+    (TRL has no dynamic sampling), evaluated by avg@8; TRL gets the same step."""
+    workload = vs_trl.WORKLOADS["gsm8k_qwen"]
+    overrides = vs_trl.bench_overrides(
+        str(tmp_path), str(tmp_path / "run"), 2, 8, 8, 400, 2, list(workload.overrides), workload
+    )
+    cfg = load_config(ROOT / workload.config, overrides)
+    recipe = load_config(ROOT / workload.config)
+    assert cfg.model.path == f"{tmp_path}/hf" and cfg.data.train == recipe.data.train == "gsm8k_train"
+    assert cfg.data.test is None and recipe.data.test == "gsm8k"
+    assert cfg.engine.max_model_len == recipe.data.max_prompt_tokens + 400
+    assert not cfg.rollout.dynamic_sampling and cfg.eval.n == 8 and 8 in cfg.eval.k
+    args = trl_config_kwargs(cfg, steps=2, output_dir=str(tmp_path / "trl"), threads=2, generation="vllm")
+    assert args["temperature"] == recipe.rollout.sampling.temperature == 0.7
+    assert args["learning_rate"] == recipe.trainer.lr and args["per_device_train_batch_size"] == 64
