@@ -58,8 +58,12 @@ def seed_colocate_vllm(seed: int) -> None:
     vllm_generation.LLM = seeded
 
 
-def trl_config_kwargs(cfg, steps: int, output_dir: str, threads: int, generation: str) -> dict:
+def trl_config_kwargs(
+    cfg, steps: int, output_dir: str, threads: int, generation: str, micro_batch: int | None = None
+) -> dict:
     """GRPOConfig arguments that make TRL run the same GRPO step as rlvr's `cfg` (a RunConfig).
+    `micro_batch`: completions per forward/backward, their gradients accumulated into the step's one
+    optimizer step (None: the whole step at once; a real vocabulary's logits need it smaller).
 
     Each line maps one rlvr setting; TRL's defaults that differ from rlvr's are set explicitly
     even where they match today, so a change of default upstream cannot shift the comparison."""
@@ -73,6 +77,9 @@ def trl_config_kwargs(cfg, steps: int, output_dir: str, threads: int, generation
     if generation not in GENERATIONS:
         raise ValueError(f"TRL generation {generation!r}: choose one of {GENERATIONS}")
     completions = r.prompts_per_step * r.samples_per_prompt
+    micro_batch = micro_batch or completions
+    if completions % micro_batch:
+        raise ValueError(f"a TRL micro-batch of {micro_batch} completions must divide the step's {completions}")
     return dict(
         output_dir=output_dir,
         seed=cfg.seed,
@@ -95,9 +102,10 @@ def trl_config_kwargs(cfg, steps: int, output_dir: str, threads: int, generation
         disable_tqdm=True,
         # batch: prompts_per_step x samples_per_prompt completions, one optimizer step, one generation
         num_generations=r.samples_per_prompt,
-        per_device_train_batch_size=completions,  # TRL counts completions, not prompts
-        gradient_accumulation_steps=1,
-        steps_per_generation=1,  # so generation_batch_size = the whole step's completions
+        per_device_train_batch_size=micro_batch,  # TRL counts completions, not prompts
+        gradient_accumulation_steps=completions // micro_batch,
+        # so generation_batch_size = the whole step's completions, generated at once
+        steps_per_generation=completions // micro_batch,
         num_iterations=1,  # rlvr takes one optimizer step per batch
         shuffle_dataset=False,  # the dataset is given in rlvr's prompt order
         # sampling
@@ -136,6 +144,7 @@ def run_trl(
     save_steps: list[int],
     threads: int,
     generation: str,
+    micro_batch: int | None,
     conn,
 ) -> None:
     """Build GRPOTrainer on cfg's model with a peft LoRA, then train `steps` steps on the pipe's cue."""
@@ -205,7 +214,7 @@ def run_trl(
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=reward,
-        args=GRPOConfig(**trl_config_kwargs(cfg, steps, output_dir, threads, generation)),
+        args=GRPOConfig(**trl_config_kwargs(cfg, steps, output_dir, threads, generation, micro_batch)),
         train_dataset=Dataset.from_list(prompts_in_order),
         processing_class=tokenizer,
         peft_config=peft_config,

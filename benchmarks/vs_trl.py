@@ -93,6 +93,7 @@ class Workload:
     held_out: int  # held-out problems evaluated
     overrides: tuple[str, ...] = ()  # on top of `config` (the warm start the task needs)
     config: str = DEMO_CONFIG  # the rlvr config it starts from
+    trl_micro_batch: int | None = None  # completions per TRL forward/backward (None: the whole step)
 
     @property
     def synthetic(self) -> bool:
@@ -155,6 +156,9 @@ WORKLOADS = {
         # TRL trains every group, so rlvr does too; the benchmark reports avg@8
         overrides=("rollout.dynamic_sampling=false", "eval.n=8", "eval.k=[1,8]"),
         config=GSM8K_CONFIG,
+        # 64 completions of ~700 tokens at once over a 151,936-token vocabulary: ~14 GB of bf16
+        # logits, over this machine's memory beside two engines; rlvr's rank packs 2,048 tokens
+        trl_micro_batch=8,
     ),
 }
 
@@ -311,7 +315,14 @@ def prompt_rows(cfg, tokenizer, steps: int) -> list[dict]:
 
 
 def run_side_by_side(
-    cfg, steps: int, eval_steps: list[int], trl_dir: Path, threads: int, trl_generation: str, log
+    cfg,
+    steps: int,
+    eval_steps: list[int],
+    trl_dir: Path,
+    threads: int,
+    trl_generation: str,
+    trl_micro_batch: int | None,
+    log,
 ) -> dict:
     """rlvr in this process and TRL in a child, steps alternating; returns both step-time lists."""
     from transformers import AutoTokenizer
@@ -324,7 +335,17 @@ def run_side_by_side(
     parent, child = ctx.Pipe()
     trl = ctx.Process(
         target=run_trl,
-        args=(cfg.model_dump_json(), steps, rows, str(trl_dir), eval_steps, threads, trl_generation, child),
+        args=(
+            cfg.model_dump_json(),
+            steps,
+            rows,
+            str(trl_dir),
+            eval_steps,
+            threads,
+            trl_generation,
+            trl_micro_batch,
+            child,
+        ),
         daemon=True,
     )
     trl.start()
@@ -700,7 +721,8 @@ def compare(cfg, args, overrides: list[str], test_file: str, log) -> dict:
 
     started = time.time()
     eval_steps = list(range(args.eval_every, cfg.steps + 1, args.eval_every))
-    runs = run_side_by_side(cfg, cfg.steps, eval_steps, trl_dir, args.threads, args.trl_generation, log)
+    micro_batch = WORKLOADS[args.workload].trl_micro_batch
+    runs = run_side_by_side(cfg, cfg.steps, eval_steps, trl_dir, args.threads, args.trl_generation, micro_batch, log)
     adapters: dict[str, Path | None] = {"base": None}
     for step in eval_steps:
         adapters[f"rlvr_step{step}"] = run_dir / "checkpoints" / f"step_{step:06d}" / "adapter"
@@ -769,6 +791,7 @@ def compare(cfg, args, overrides: list[str], test_file: str, log) -> dict:
             "eval_every": args.eval_every,
             "trl_threads": args.threads,
             "trl_generation": args.trl_generation,
+            "trl_micro_batch": micro_batch,
             "seed": cfg.seed,
             "trl_vllm_seed": runs["trl_engine_seed"],
             "rlvr_overrides": overrides,

@@ -278,6 +278,13 @@ def test_the_real_model_workload_starts_from_the_gsm8k_recipe(tmp_path):
     assert cfg.data.test is None and recipe.data.test == "gsm8k"
     assert cfg.engine.max_model_len == recipe.data.max_prompt_tokens + 400
     assert not cfg.rollout.dynamic_sampling and cfg.eval.n == 8 and 8 in cfg.eval.k
-    args = trl_config_kwargs(cfg, steps=2, output_dir=str(tmp_path / "trl"), threads=2, generation="vllm")
-    assert args["temperature"] == recipe.rollout.sampling.temperature == 0.7
-    assert args["learning_rate"] == recipe.trainer.lr and args["per_device_train_batch_size"] == 64
+    args = trl_config_kwargs(cfg, 2, str(tmp_path / "trl"), 2, "vllm", micro_batch=workload.trl_micro_batch)
+    assert (
+        args["temperature"] == recipe.rollout.sampling.temperature == 0.7 and args["learning_rate"] == recipe.trainer.lr
+    )
+    # 64 completions generated at once, trained 8 at a time into one optimizer step
+    assert args["per_device_train_batch_size"] == 8 and args["gradient_accumulation_steps"] == 8
+    assert args["steps_per_generation"] == 8
+    from trl import GRPOConfig
+
+    assert GRPOConfig(**args).generation_batch_size == 64
