@@ -156,9 +156,11 @@ WORKLOADS = {
         # TRL trains every group, so rlvr does too; the benchmark reports avg@8
         overrides=("rollout.dynamic_sampling=false", "eval.n=8", "eval.k=[1,8]"),
         config=GSM8K_CONFIG,
-        # 64 completions of ~700 tokens at once over a 151,936-token vocabulary: ~14 GB of bf16
-        # logits, over this machine's memory beside two engines; rlvr's rank packs 2,048 tokens
-        trl_micro_batch=8,
+        # 64 completions of ~700 tokens at once over a 151,936-token vocabulary would be ~14 GB of
+        # bf16 logits; at 8 a micro-batch TRL's process was killed for memory at 12 GB beside
+        # rlvr's idle engine and rank on this 24 GB machine (rlvr's rank scores 2,048 tokens at a
+        # time, its LM head in chunks)
+        trl_micro_batch=4,
     ),
 }
 
