@@ -157,10 +157,10 @@ WORKLOADS = {
         overrides=("rollout.dynamic_sampling=false", "eval.n=8", "eval.k=[1,8]"),
         config=GSM8K_CONFIG,
         # 64 completions of ~700 tokens at once over a 151,936-token vocabulary would be ~14 GB of
-        # bf16 logits; at 8 a micro-batch TRL's process was killed for memory at 12 GB beside
-        # rlvr's idle engine and rank on this 24 GB machine (rlvr's rank scores 2,048 tokens at a
-        # time, its LM head in chunks)
-        trl_micro_batch=4,
+        # bf16 logits; at 8 and at 4 a micro-batch TRL's process was killed for memory at 12 GB
+        # beside rlvr's idle engine and rank on this 24 GB machine. 2 completions are ~1,400
+        # tokens, near the 2,048 rlvr's rank scores at a time (its LM head in chunks)
+        trl_micro_batch=2,
     ),
 }
 
