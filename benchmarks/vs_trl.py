@@ -16,7 +16,7 @@ The third is a real model on a real benchmark:
   (`make qwen` builds it), every group trained (no dynamic sampling: TRL has none), held out the
   first --held-out problems of GSM8K's test split.
 
-    flock /tmp/rlvr-heavy.lock .venv/bin/python benchmarks/vs_trl.py --workload gsm8k_qwen --steps 2 --eval-every 2 --prompts 8 --out runs/vs_trl_gsm8k_qwen.json
+    flock /tmp/rlvr-heavy.lock .venv/bin/python benchmarks/vs_trl.py --workload gsm8k_qwen --steps 1 --eval-every 1 --prompts 8 --held-out 10 --out runs/vs_trl_gsm8k_qwen.json
 
 What is compared (on a float base, so both frameworks train the same weights, in the dtype
 model.dtype gives this machine):
