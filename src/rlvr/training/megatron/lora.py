@@ -151,7 +151,7 @@ def _attach_expert_lora(layer: int, block: nn.Module, peft: dict[str, torch.Tens
     placed: set[str] = set()
     if experts is None:
         return placed
-    local = experts.local_experts
+    local, count = experts.local_experts, experts.config.num_moe_experts
     first = parallel_state.get_expert_model_parallel_rank() * len(local)
     for linear, (projection, nest) in EXPERT_PAIRS.items():
         name = PEFT_EXPERTS.format(layer=layer, nest=nest, factor="{}")
@@ -159,7 +159,6 @@ def _attach_expert_lora(layer: int, block: nn.Module, peft: dict[str, torch.Tens
             continue
         a, b = peft[name.format("A")], peft[name.format("B")]
         placed |= {name.format("A"), name.format("B")}
-        count = experts.config.num_moe_experts
         a_per, b_per = a.view(count, -1, a.shape[1]), b.view(b.shape[0], -1, count)
         for index, expert in enumerate(local):
             base = getattr(expert, linear)
@@ -224,7 +223,7 @@ def _expert_tensors(layer: int, block: nn.Module) -> dict[str, torch.Tensor]:
     """A block's routed-expert pairs in PEFT's layout, every expert-parallel rank's experts gathered."""
     experts = _routed_experts(block)
     out: dict[str, torch.Tensor] = {}
-    if experts is None or not isinstance(getattr(experts.local_experts[0], "linear_fc1", None), LoraLinear):
+    if experts is None:
         return out
     group = parallel_state.get_expert_model_parallel_group()
     for linear, (projection, nest) in EXPERT_PAIRS.items():
