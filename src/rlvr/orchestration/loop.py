@@ -123,7 +123,10 @@ def _train(run: Run, current: StepRollouts, step: int, stop_signal: list) -> dic
         run.engine.sleep()
     run.trainer.start_train_step(current.batch, temperature=cfg.rollout.sampling.temperature)
     training_start = time.perf_counter()
-    if run.source.generates_ahead and step < cfg.steps and not stop_signal:
+    # A stop request skips the work ahead only where the resumed run redoes it exactly; otherwise
+    # whether the next step's rollouts saw this step's push would depend on when the signal landed.
+    skip_ahead = bool(stop_signal) and not run.source.checkpoints_generated_ahead
+    if run.source.generates_ahead and step < cfg.steps and not skip_ahead:
         run.source.generate_ahead(step + 1)  # the engine works while the ranks train
     generated_ahead = time.perf_counter() - training_start
     metrics = run.trainer.finish_train_step()

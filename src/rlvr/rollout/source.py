@@ -50,6 +50,9 @@ class RolloutSource(Protocol):
     push_checked_by_next_step: (
         bool  # the next step trains on samples of the policy pushed last: its gap checks the push
     )
+    # What it generated ahead goes into a checkpoint as data, so a stopping run still generates it,
+    # as the uninterrupted run does; a source that regenerates it on resume may skip it then.
+    checkpoints_generated_ahead: bool
 
     def next(self, step: int) -> StepRollouts: ...
 
@@ -77,6 +80,7 @@ class Synchronous:
 
     generates_ahead = False
     push_checked_by_next_step = True  # the next step trains on this push's samples: its sampler gap checks it
+    checkpoints_generated_ahead = False
 
     def __init__(self, collector: RolloutCollector, engine: Engine):
         self.collector, self.engine = collector, engine
@@ -144,6 +148,10 @@ class OneStepAhead(Synchronous):
 class Streaming(OneStepAhead):
     """Fully asynchronous: the stream keeps the engine generating across steps, and each push
     goes through it, to be served from its next engine step under the samples still running."""
+
+    # Which version sampled each token of the groups taken ahead depends on where the pushes fell
+    # among engine steps: a resumed run cannot sample them again, so it finds them saved.
+    checkpoints_generated_ahead = True
 
     def __init__(self, collector: RolloutCollector, stream: AsyncGroups, timer: StepTimer):
         super().__init__(collector, stream.engine)
