@@ -1,15 +1,17 @@
 """What a trainer rank's update trains one micro-batch on: the completion tokens the loss covers,
-the sampler's logprobs of them, the policy loss with its off-policy corrections and KL term, and
-the micro-batch's share of the update's loss."""
+the sampler's logprobs of them, the policy loss with its off-policy corrections and KL term, the
+micro-batch's share of the update's loss, and what it adds to the rank's report."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
 from rlvr.algorithms import (
     aggregate,
+    importance_ratios,
     kl_penalty,
     masked_is_weights,
     off_policy_keep_mask,
@@ -19,6 +21,14 @@ from rlvr.algorithms import (
 from rlvr.config import AlgorithmConfig
 from rlvr.training.commands import MiniBatch, StepInput
 from rlvr.training.packing import MicroBatch
+from rlvr.training.report import TrainReport
+
+
+class MicroBatchLoss(NamedTuple):
+    loss: torch.Tensor  # aggregated as algorithm.agg says, before the micro-batch's share
+    metrics: dict[str, torch.Tensor]  # the loss's own (rlvr.algorithms.losses), and "kl" with the KL term
+    is_weights: torch.Tensor | None  # π_old / π_sampler, truncated or masked (None: no correction)
+    kept: torch.Tensor  # the tokens it trained on: the loss mask less those rejected as too far off policy
 
 
 def padded(rows: list[torch.Tensor]) -> torch.Tensor:
@@ -48,10 +58,9 @@ def micro_batch_loss(
     mask: torch.Tensor,
     max_len: int,
     reference: Callable[[], torch.Tensor],
-) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor | None, torch.Tensor]:
+) -> MicroBatchLoss:
     """The policy loss of one micro-batch (plus the KL term against `reference()`, the reference
-    model's logprobs, read only when the KL term is on), its metrics, the IS weights and the tokens
-    it trained on (`mask` less those rejected as too far off policy)."""
+    model's logprobs, read only when the KL term is on)."""
     # The tokens were drawn by the sampler (policy versions behind under max_staleness, each
     # token's logprob from the version that drew it), not by π_old: IS reweights them by
     # π_old / π_sampler, truncated or masked (Yao et al. 2025; AReaL's decoupled PPO: the clip
@@ -87,7 +96,40 @@ def micro_batch_loss(
         kl = aggregate(kl_penalty(algo.kl, lp, reference()), mask, algo.agg, max_len)
         loss = loss + algo.kl_coef * kl
         metrics = {**metrics, "kl": kl.detach()}  # read as float(metrics["kl"]), as the loss's own
-    return loss, metrics, is_weights, mask
+    return MicroBatchLoss(loss, metrics, is_weights, mask)
+
+
+def record_micro_batch(
+    report: TrainReport,
+    algo: AlgorithmConfig,
+    trained: MicroBatchLoss,
+    share: tuple[float, float],
+    mask: torch.Tensor,
+    entropy: torch.Tensor,
+    old: torch.Tensor,
+    sampler: torch.Tensor,
+) -> None:
+    """Add a trained micro-batch to the rank's report: its share of the update's loss (`update_share`'s
+    weight and denominator), and the
+    per-token sums over the completion tokens of `mask` (rejected ones included: the entropy, the
+    π_old/sampler gap and the corrections say what the policy did on every sampled token)."""
+    tokens, (weight, denominator) = mask.sum().item(), share
+    report.loss += trained.loss.item() * weight / denominator
+    report.tokens += tokens
+    report.entropy_sum += float((entropy * mask).sum())
+    report.sampler_gap_sum += ((old - sampler).abs() * mask).sum().item()
+    for key in ("clip_fraction", "approx_kl", "ratio_mean", "kl"):
+        if key in trained.metrics:
+            report.add_policy(key, float(trained.metrics[key]) * tokens)
+    if trained.is_weights is not None:
+        report.add_policy("is_weight", float(torch.where(mask, trained.is_weights, 0.0).sum()))
+        # how often the correction acts: tokens whose weight it capped (TIS) or zeroed (masked IS)
+        level = algo.masked_is.level if algo.masked_is else algo.tis_level
+        report.add_policy(
+            "is_corrected", float((mask & (trained.is_weights != importance_ratios(old, sampler, mask, level))).sum())
+        )
+    if algo.rejection is not None:
+        report.add_policy("rejected", float((mask & ~trained.kept).sum()))
 
 
 def update_share(agg: str, mask: torch.Tensor, mb: MicroBatch, mini: MiniBatch) -> tuple[float, float]:

@@ -23,7 +23,6 @@ from functools import partial
 import torch
 
 from rlvr.affinity import process_cores
-from rlvr.algorithms import importance_ratios
 from rlvr.algorithms.sum_losses import sum_loss
 from rlvr.config import AlgorithmConfig, TrainerConfig
 from rlvr.hardware import compute_dtype
@@ -52,7 +51,15 @@ from rlvr.training.commands import (
 from rlvr.training.packing import MicroBatch, unpack
 from rlvr.training.policy import TokenLogprobs, apply_lora, shard_and_load
 from rlvr.training.rank_checkpoint import load_rank, load_rank_weights, save_rank
-from rlvr.training.rank_loss import k3_sum, loss_mask, micro_batch_loss, padded, sampler_logprobs, update_share
+from rlvr.training.rank_loss import (
+    k3_sum,
+    loss_mask,
+    micro_batch_loss,
+    padded,
+    record_micro_batch,
+    sampler_logprobs,
+    update_share,
+)
 from rlvr.training.rank_routing import RankRouting
 from rlvr.training.rank_weights import adapter_part, full_weights, lora_config
 from rlvr.training.report import ForwardBackwardReport, OptimizerUpdate, TrainReport
@@ -301,7 +308,7 @@ class Rank:
                 old_lp = lp.detach() if old is None else padded([old[i] for i in mb.sequences])
                 sampler = sampler_logprobs(mb, step, lp.dtype, self.device)
                 adv = torch.tensor([step.advantages[i] for i in mb.sequences], dtype=lp.dtype, device=self.device)
-                loss, metrics, is_weights, kept = micro_batch_loss(
+                trained = micro_batch_loss(
                     self.spec.algorithm,
                     lp,
                     old_lp,
@@ -311,35 +318,19 @@ class Rank:
                     step.max_len,
                     partial(self._reference_logprobs, mb, step.temperature),
                 )
-                weight, denominator = update_share(self.spec.algorithm.agg, kept, mb, mini)
+                weight, denominator = update_share(self.spec.algorithm.agg, trained.kept, mb, mini)
                 # gradients add up over the ranks (loss_scale), so the update's loss is normalised
                 # once, by the mini-batch's global denominator
-                (loss * (weight / denominator) * self.loss_scale).backward()
+                (trained.loss * (weight / denominator) * self.loss_scale).backward()
         if measure and routing is not None:
             self.routing.measure(
                 lambda: self._forward(mb, step.temperature)[0], mb, step, routing, logprobs.detach(), report
             )
-        if mb.is_empty:
-            return
-        tokens = mask.sum().item()
-        report.loss += loss.item() * weight / denominator
-        report.tokens += tokens
-        report.entropy_sum += float((padded(unpack(entropy, mb)) * mask).sum())
-        report.sampler_gap_sum += ((old_lp - sampler).abs() * mask).sum().item()
-        for key in ("clip_fraction", "approx_kl", "ratio_mean", "kl"):
-            if key in metrics:
-                report.add_policy(key, float(metrics[key]) * tokens)
-        if is_weights is not None:
-            report.add_policy("is_weight", float(torch.where(mask, is_weights, 0.0).sum()))
-            # how often the correction acts: tokens whose weight it capped (TIS) or zeroed (masked IS)
-            level = (
-                self.spec.algorithm.masked_is.level if self.spec.algorithm.masked_is else self.spec.algorithm.tis_level
+        if not mb.is_empty:
+            entropy = padded(unpack(entropy, mb))
+            record_micro_batch(
+                report, self.spec.algorithm, trained, (weight, denominator), mask, entropy, old_lp, sampler
             )
-            report.add_policy(
-                "is_corrected", float((mask & (is_weights != importance_ratios(old_lp, sampler, mask, level))).sum())
-            )
-        if self.spec.algorithm.rejection is not None:
-            report.add_policy("rejected", float((mask & ~kept).sum()))
 
     def _step_logprobs(self, step: StepInput, measure: TrainReport | None = None) -> dict[int, torch.Tensor]:
         """The current policy's logprob of every completion token of the step (no gradient);
