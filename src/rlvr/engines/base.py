@@ -8,6 +8,7 @@ own modules and subclass this protocol so that they inherit the context-manager 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import replace
 from typing import Protocol
 
 import torch
@@ -43,17 +44,35 @@ class Engine(Protocol):
         n: int,
         sampling: Sampling | Sequence[Sampling],
         *,
+        ignore_eos: bool = False,
         progress: Callable[[int], None] | None = None,
     ) -> list[Rollout]:
         """Sample `n` completions per prompt (`sampling`: one, or one per prompt); `len(prompts) * n`
         rollouts, by prompt then sample.
 
-        `progress`, if given, is called with the number of samples finished, as they finish."""
-        ...
+        A seed makes the call reproducible: prompt i, sample j draws with seed `seed + i * n + j`,
+        so equal prompts still get different samples. `ignore_eos` (benchmarks) makes every sample
+        run to its max_tokens. `progress`, if given, is called with the number of samples
+        finished, as they finish. Unless an engine batches otherwise, these are the requests
+        `submit` and `poll` make, all at once."""
+        samplings = per_prompt(sampling, len(prompts))
+        requests = [
+            Request(i, prompt, n, s if s.seed is None else replace(s, seed=s.seed + i * n))
+            for i, (prompt, s) in enumerate(zip(prompts, samplings))
+        ]
+        self.submit(requests, ignore_eos=ignore_eos)
+        finished: dict[Hashable, list[Rollout]] = {}
+        while len(finished) < len(prompts):
+            for key, rollouts in self.poll():
+                finished[key] = rollouts
+                if progress is not None:
+                    progress(len(rollouts))
+        return [replace(r, prompt_index=i) for i, request in enumerate(requests) for r in finished[request.key]]
 
-    def submit(self, requests: Sequence[Request]) -> None:
-        """Queue requests; `poll` hands them back as they finish. Requests may be submitted between
-        polls, so a multi-turn rollout sends a trajectory's next turn as soon as it is known."""
+    def submit(self, requests: Sequence[Request], *, ignore_eos: bool = False) -> None:
+        """Queue requests (each `n` samples of its prompt, the j-th seeded by its sampling's seed +
+        j); `poll` hands them back as they finish. Requests may be submitted between polls, so a
+        multi-turn rollout sends a trajectory's next turn as soon as it is known."""
         ...
 
     def poll(self) -> list[tuple[Hashable, list[Rollout]]]:
@@ -106,6 +125,14 @@ class Engine(Protocol):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def per_prompt(sampling: Sampling | Sequence[Sampling], prompts: int) -> list[Sampling]:
+    """`generate`'s sampling, one per prompt."""
+    samplings = [sampling] * prompts if isinstance(sampling, Sampling) else list(sampling)
+    if len(samplings) != prompts:
+        raise ValueError(f"got {len(samplings)} samplings for {prompts} prompts")
+    return samplings
 
 
 def push_policy(engine: Engine, policy: LoraAdapter | Weights) -> None:

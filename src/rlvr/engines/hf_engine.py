@@ -18,7 +18,7 @@ import torch
 
 from rlvr.affinity import allowed_cores
 from rlvr.config import EngineConfig
-from rlvr.engines.base import Engine, completion_logprobs, cpu_threads
+from rlvr.engines.base import Engine, completion_logprobs, cpu_threads, per_prompt
 from rlvr.hardware import compute_dtype
 from rlvr.models.folder import ModelFolder
 from rlvr.models.moe import moe_layers
@@ -74,9 +74,7 @@ class HFEngine(Engine):
         string is kept in the text, as the vLLM engine does. `progress` is called with each
         finished batch's row count.
         """
-        samplings = [sampling] * len(prompts) if isinstance(sampling, Sampling) else list(sampling)
-        if len(samplings) != len(prompts):
-            raise ValueError(f"got {len(samplings)} samplings for {len(prompts)} prompts")
+        samplings = per_prompt(sampling, len(prompts))
         if len({replace(s, max_tokens=0) for s in samplings}) > 1:
             raise ValueError("the HF engine needs one temperature, top_p, top_k, stops and seed per generate call")
         rows = [(i, prompt, samplings[i].max_tokens) for i, prompt in enumerate(prompts) for _ in range(n)]

@@ -1,4 +1,5 @@
-"""Requests in flight across an update (rlvr.engines.vllm_engine). Preempted in place, each
+"""Requests in flight across an update (rlvr.engines.vllm_engine), as `InFlight` keeps them for
+the engine. Preempted in place, each
 sample's tokens keep the version that sampled them (`Preempted`). Aborted mid-sequence ("abort and
 continue"): the records the vLLM engine keeps for what runs and what it stitches, the continuation
 each unfinished sample is resubmitted as, and the sample rebuilt from its tokens before the update
@@ -9,7 +10,8 @@ and its continuation's. Nothing here calls vLLM: the engine reads what its outpu
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
+import itertools
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
@@ -86,6 +88,52 @@ class Preempted:
         """The request is done."""
         self.sampled_before.pop(request_id, None)
         self.finished_under.pop(request_id, None)
+
+
+class InFlight:
+    """What a vLLM engine runs, by vLLM request id: each request's `Flight`, the `Stitch` of each
+    submitted request an update aborted, and the tags of the samples updates preempted in place."""
+
+    def __init__(self) -> None:
+        self.flights: dict[str, Flight] = {}  # running, not yet returned by the engine's poll
+        self.stitches: dict[str, Stitch] = {}  # by the id they were submitted under
+        self.preempted = Preempted()
+        self._ids = itertools.count()
+
+    def new_id(self) -> str:
+        return f"rlvr-{next(self._ids)}"
+
+    @property
+    def requests(self) -> int:
+        """Requests submitted and not yet returned (one an update aborted counts once, whatever runs for it)."""
+        return sum(flight.origin is None for flight in self.flights.values()) + len(self.stitches)
+
+    def adapters(self) -> set[int | None]:
+        """The adapter versions the requests running sample with (None: the policy)."""
+        return {flight.request.adapter for flight in self.flights.values()}
+
+    def take_policy_flights(self) -> dict[str, Flight]:
+        """Remove the requests that sample with the policy (they name no adapter), which an update
+        of it aborts, and return them."""
+        taken = {key: flight for key, flight in self.flights.items() if flight.request.adapter is None}
+        self.flights = {key: flight for key, flight in self.flights.items() if key not in taken}
+        return taken
+
+    def finish(
+        self, request_id: str, flight: Flight, rollouts: list[Rollout], decode: Decode
+    ) -> tuple[Hashable, list[Rollout]] | None:
+        """vLLM's request `request_id` (`flight`, taken out of `flights`) ended with `rollouts`: the
+        request as submitted, (its key, its rollouts), once every sample of it has ended."""
+        self.preempted.forget(request_id)
+        origin, prefix = flight.origin, flight.prefix
+        if origin is None or prefix is None:  # a request as submitted (a continuation has both)
+            return flight.request.key, rollouts
+        stitch = self.stitches[origin]
+        stitch.finished[flight.index] = stitched(stitch.request, prefix, rollouts[0], decode)
+        if len(stitch.finished) < stitch.request.n:
+            return None
+        del self.stitches[origin]
+        return stitch.request.key, [stitch.finished[i] for i in range(stitch.request.n)]
 
 
 def continuation_seed(seed: int, version: int) -> int:

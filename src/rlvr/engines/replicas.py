@@ -26,7 +26,7 @@ from threading import Lock
 import torch
 
 from rlvr.config import EngineConfig
-from rlvr.engines.base import Engine
+from rlvr.engines.base import Engine, per_prompt
 from rlvr.records import LoraAdapter, Request, Rollout, Sampling
 
 
@@ -100,9 +100,7 @@ class ReplicatedEngine(Engine):
     ) -> list[Rollout]:
         """As one engine's generate: the prompts in contiguous runs, one per replica, each run's
         seeds shifted by its offset x n; rollouts by prompt then sample, `prompt_index` global."""
-        samplings = [sampling] * len(prompts) if isinstance(sampling, Sampling) else list(sampling)
-        if len(samplings) != len(prompts):
-            raise ValueError(f"got {len(samplings)} samplings for {len(prompts)} prompts")
+        samplings = per_prompt(sampling, len(prompts))
         self._settle("generate")
         report = None if progress is None else one_at_a_time(progress)  # the replicas report from their threads
 

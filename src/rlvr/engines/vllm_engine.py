@@ -31,10 +31,7 @@ weights' exactly. Two mechanisms, by where the engine core runs:
 
 from __future__ import annotations
 
-import itertools
-from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -42,8 +39,9 @@ import torch
 from rlvr.affinity import allowed_cores
 from rlvr.config import EngineConfig
 from rlvr.engines.base import Engine, cpu_threads
-from rlvr.engines.inflight import Flight, Preempted, Stitch, aborted, stitched
+from rlvr.engines.inflight import Flight, InFlight, aborted
 from rlvr.engines.lora_merge import MergedAdapters
+from rlvr.engines.lora_slots import LoraSlots
 from rlvr.engines.lora_targets import engine_uses_mla
 from rlvr.engines.vllm_core import T, call_engine, watch_engine_core
 from rlvr.engines.vllm_options import configure_cpu_threads, llm_options, moe_shape, on_gpu, start_llm, stop_llm
@@ -59,7 +57,7 @@ from rlvr.engines.vllm_replies import (
 )
 from rlvr.hardware import compute_dtype
 from rlvr.models.folder import ModelFolder
-from rlvr.records import LoraAdapter, Request, Rollout, Sampling
+from rlvr.records import LoraAdapter, Request, Rollout
 
 if TYPE_CHECKING:
     from vllm import LLM
@@ -106,12 +104,9 @@ class VLLMEngine(Engine):
         self.merge_lora = self.enable_lora and ((not gpu) if engine.merge_lora is None else engine.merge_lora)
         self.sleep_supported = sleep_mode and gpu
         self.lora_slots = max_loras if self.enable_lora and not self.merge_lora else 0
-        self._lora_request: LoRARequest | None = None  # the policy: what a request naming no adapter samples
-        self._loras: OrderedDict[int, LoRARequest] = OrderedDict()  # by version, least recently used first
-        self._request_ids = itertools.count()
-        self._pending: dict[str, Flight] = {}  # by vLLM request id: running, not yet returned by poll
-        self._stitches: dict[str, Stitch] = {}  # by the vLLM id they were submitted under: aborted by an update
-        self._preempted = Preempted()  # requests in flight across an update that preempted them in place
+        self._policy_is_lora = False  # a request naming no adapter samples the policy's (policy_version's) slot
+        self._slots: LoraSlots[LoRARequest] = LoraSlots(self.lora_slots)
+        self._in_flight = InFlight()
         self.policy_version = 0  # what samples now: 0 the weights loaded, then each update's version
         self._llm: LLM | None = None  # None once closed
         if not gpu:
@@ -145,49 +140,14 @@ class VLLMEngine(Engine):
 
     # -- generation -------------------------------------------------------------------------
 
-    def generate(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        sampling: Sampling | Sequence[Sampling],
-        *,
-        ignore_eos: bool = False,
-        progress: Callable[[int], None] | None = None,
-    ) -> list[Rollout]:
-        """Sample `n` completions per prompt (see `Engine` for the logprob convention).
-
-        `sampling` may be one per prompt (e.g. each with its own max_tokens). A seed makes the
-        call reproducible: prompt i, sample j draws with seed `seed + i * n + j`, so equal
-        prompts still get different samples. Completion text keeps a matched stop string, so
-        that `text` is exactly the decoded `completion_ids`. `ignore_eos` (benchmarks) makes
-        every sample run to its max_tokens. `progress` is called with `n` as each prompt's
-        samples finish. The same requests as `submit` and `poll` make, all at once.
-        """
-        samplings = [sampling] * len(prompts) if isinstance(sampling, Sampling) else list(sampling)
-        if len(samplings) != len(prompts):
-            raise ValueError(f"got {len(samplings)} samplings for {len(prompts)} prompts")
-        requests = [
-            Request(i, prompt, n, s if s.seed is None else replace(s, seed=s.seed + i * n))
-            for i, (prompt, s) in enumerate(zip(prompts, samplings))
-        ]
-        self.submit(requests, ignore_eos=ignore_eos)
-        finished: dict[Hashable, list[Rollout]] = {}
-        while len(finished) < len(prompts):
-            for key, rollouts in self.poll():
-                finished[key] = rollouts
-                if progress is not None:
-                    progress(len(rollouts))
-        return [replace(r, prompt_index=i) for i, request in enumerate(requests) for r in finished[request.key]]
-
     def submit(self, requests: Sequence[Request], *, ignore_eos: bool = False) -> None:
-        """Queue requests (each `n` samples of its prompt, seeded by its sampling's seed, the j-th
-        sample with seed + j); `poll` returns them as they finish, while more may be submitted
-        between polls (a multi-turn rollout's next turn, as soon as its environment answered)."""
+        """Queue requests; a matched stop string stays in a completion's text, so that `text` is
+        exactly the decoded `completion_ids`."""
         for request in requests:
             self._add(Flight(request, ignore_eos))
 
     def _add(self, flight: Flight) -> None:
-        request_id = f"rlvr-{next(self._request_ids)}"
+        request_id = self._in_flight.new_id()
         params = sampling_params(flight.request.sampling, flight.request.n, flight.ignore_eos)
         lora = self._lora_of(flight.request.adapter)
         self._call(
@@ -196,19 +156,18 @@ class VLLMEngine(Engine):
                 request_id, {"prompt_token_ids": list(flight.request.prompt)}, params, lora_request=lora
             ),
         )
-        self._pending[request_id] = flight
+        self._in_flight.flights[request_id] = flight
 
     def _lora_of(self, adapter: int | None) -> LoRARequest | None:
         """What a request naming `adapter` (None: the policy) samples with; it must be in a slot,
         since vLLM would otherwise try to load it from its (placeholder) path."""
-        request = self._lora_request if adapter is None else self._loras.get(adapter)
-        version = self.policy_version if adapter is None else adapter
-        if adapter is None and request is None:  # no adapter pushed: the model as loaded
+        if adapter is None and not self._policy_is_lora:  # no adapter pushed: the model as loaded
             return None
-        if version not in self._loras:
+        version = self.policy_version if adapter is None else adapter
+        request = self._slots.use(version)
+        if request is None:
             what = "the policy served" if adapter is None else "a request's adapter"
             raise RuntimeError(f"{what} (version {version}) is in no LoRA slot: add_lora it (again) first")
-        self._loras.move_to_end(version)  # used: the last to give up its slot
         return request
 
     def _version_of(self, flight: Flight) -> int:
@@ -218,33 +177,27 @@ class VLLMEngine(Engine):
     def poll(self) -> list[tuple[Hashable, list[Rollout]]]:
         """Run the engine until at least one submitted request finishes; (key, its n rollouts) of each."""
         done: list[tuple[Hashable, list[Rollout]]] = []
-        while self._pending and not done:
+        in_flight = self._in_flight
+        while in_flight.flights and not done:
             for output in self._call("generate", lambda llm: llm.llm_engine.step()):
                 if not output.finished:
                     continue
-                flight = self._pending.pop(output.request_id)
-                rollouts = self._reader.rollouts(flight.request, output, self._preempted, self._version_of(flight))
-                self._preempted.forget(output.request_id)
-                origin, prefix = flight.origin, flight.prefix
-                if origin is None or prefix is None:  # a request as submitted (a continuation has both)
-                    done.append((flight.request.key, rollouts))
-                    continue
-                stitch = self._stitches[origin]
-                stitch.finished[flight.index] = stitched(stitch.request, prefix, rollouts[0], self._decode)
-                if len(stitch.finished) == stitch.request.n:
-                    del self._stitches[origin]
-                    done.append((stitch.request.key, [stitch.finished[i] for i in range(stitch.request.n)]))
+                flight = in_flight.flights.pop(output.request_id)
+                rollouts = self._reader.rollouts(flight.request, output, in_flight.preempted, self._version_of(flight))
+                finished = in_flight.finish(output.request_id, flight, rollouts, self._decode)
+                if finished is not None:
+                    done.append(finished)
         return done
 
     @property
     def pending(self) -> int:
         """Requests submitted and not yet returned (one aborted by an update counts once, whatever runs for it)."""
-        return sum(flight.origin is None for flight in self._pending.values()) + len(self._stitches)
+        return self._in_flight.requests
 
     def score(self, sequences: list[list[int]], prompt_lens: list[int]) -> list[list[float]]:
         """Raw logprobs of the tokens after each prompt, from vLLM's prompt_logprobs."""
-        if self._pending:  # vLLM's LLM.generate would run them to the end, and keep their outputs
-            raise RuntimeError(f"score with {len(self._pending)} requests in flight: poll them first")
+        if self._in_flight.flights:  # vLLM's LLM.generate would run them to the end, and keep their outputs
+            raise RuntimeError(f"score with {len(self._in_flight.flights)} requests in flight: poll them first")
         params = scoring_params()
         # vLLM applies an adapter's logits to prompt tokens with the per-request LoRA mapping
         # (vllm-project/vllm#16668): with several requests in a batch the shapes clash in
@@ -270,12 +223,12 @@ class VLLMEngine(Engine):
             self._reload("update_lora", self._merged.merged(adapter), adapter.version)
             self._merged.version = adapter.version
             return
-        if self._lora_request is not None and adapter.version == self.policy_version:
+        if self._policy_is_lora and adapter.version == self.policy_version:
             raise ValueError(f"LoRA version {adapter.version} is already loaded: each sync needs a new version")
         # vLLM's LoRA layers keep serving a running request the adapter it started with
         continuations = self._abort_in_flight("update_lora", adapter.version)
-        self._lora_request = self._hold("update_lora", adapter)
-        self.policy_version = adapter.version
+        self._hold("update_lora", adapter)
+        self._policy_is_lora, self.policy_version = True, adapter.version
         for flight in continuations:
             self._add(flight)
 
@@ -287,32 +240,25 @@ class VLLMEngine(Engine):
             raise RuntimeError("add_lora needs vLLM's LoRA layers (a LoRA rank, merge_lora false)")
         self._hold("add_lora", adapter)
 
-    def _hold(self, operation: str, adapter: LoraAdapter) -> LoRARequest:
-        """`adapter`'s LoRA request, registered from memory unless a slot holds it (then the most
-        recently used)."""
-        held = self._loras.get(adapter.version)
-        if held is not None:
-            self._loras.move_to_end(adapter.version)
-            return held
+    def _hold(self, operation: str, adapter: LoraAdapter) -> None:
+        """Put `adapter` in a LoRA slot, registered from memory, unless a slot holds it (then it is
+        the most recently used)."""
+        if self._slots.use(adapter.version) is not None:
+            return
         from vllm.lora.request import LoRARequest
 
         from rlvr.engines.vllm_worker import lora_payload, shipped
 
-        needed = {flight.request.adapter for flight in self._pending.values()}
-        if self._lora_request is not None and None in needed:
+        needed = self._in_flight.adapters()
+        if self._policy_is_lora and None in needed:
             needed.add(self.policy_version)
-        while len(self._loras) >= self.lora_slots:
-            evicted = next((version for version in self._loras if version not in needed), None)
-            if evicted is None:
-                raise RuntimeError(f"{operation}: all {self.lora_slots} LoRA slots hold adapters of requests in flight")
-            lora_id = self._loras.pop(evicted).lora_int_id
-            self._call(operation, lambda llm: llm.llm_engine.remove_lora(lora_id))
+        for evicted in self._slots.make_room({v for v in needed if v is not None}, operation):
+            self._call(operation, lambda llm: llm.llm_engine.remove_lora(evicted.lora_int_id))
         lora_id = adapter.version + 1  # vLLM ids start at 1; versions start at 0
         named, config = lora_payload(adapter, copy=self.in_process)
         with shipped(named, self.in_process) as tensors:
             self._call(operation, lambda llm: llm.collective_rpc("rlvr_add_lora", args=(lora_id, tensors, config)))
-        held = self._loras[adapter.version] = LoRARequest(f"rlvr-v{adapter.version}", lora_id, IN_MEMORY_LORA_PATH)
-        return held
+        self._slots.add(adapter.version, LoRARequest(f"rlvr-v{adapter.version}", lora_id, IN_MEMORY_LORA_PATH))
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int | None = None) -> None:
         """Load full weights (transformers names) in place; clears the prefix cache.
@@ -361,29 +307,29 @@ class VLLMEngine(Engine):
     def _tag_in_flight(self, operation: str) -> None:
         """Before an update that preempts the requests in flight: tag the tokens each sample has sampled
         so far with the version that sampled them (exact only where vLLM steps inside `poll` alone)."""
-        sampled = sampled_so_far(self._call(operation, lambda llm: llm.llm_engine.output_processor), self._pending)
-        self._preempted.tag(sampled, self._pending, self.policy_version)
+        flights = self._in_flight.flights
+        sampled = sampled_so_far(self._call(operation, lambda llm: llm.llm_engine.output_processor), flights)
+        self._in_flight.preempted.tag(sampled, flights, self.policy_version)
 
     def _abort_in_flight(self, operation: str, version: int) -> list[Flight]:
         """Before an update that cannot preempt the requests in flight in place: keep what each of their
         samples has sampled as far as this process saw (vLLM's output processor), abort them in vLLM
         (dropping whatever its core drew past that), and return each unfinished sample's continuation
         under `version`, to submit once that version serves. Requests that name their adapter go on as they were."""
-        flights = {key: flight for key, flight in self._pending.items() if flight.request.adapter is None}
+        flights = self._in_flight.take_policy_flights()
         if not flights:
             return []
         processor = self._call(operation, lambda llm: llm.llm_engine.output_processor)
         running, finished = running_samples(processor, flights), finished_samples(processor, flights)
-        self._pending = {key: flight for key, flight in self._pending.items() if key not in flights}
         self._call(operation, lambda llm: llm.llm_engine.abort_request(list(flights)))
         done = {
             (request_id, index): self._reader.rollout(
-                flights[request_id].request, request_id, sample, self._preempted, self.policy_version
+                flights[request_id].request, request_id, sample, self._in_flight.preempted, self.policy_version
             )
             for (request_id, index), sample in finished.items()
         }
         so_far = {key: seen(flights[key[0]], state, self.policy_version) for key, state in running.items()}
-        return aborted(flights, self._stitches, done, so_far, version)
+        return aborted(flights, self._in_flight.stitches, done, so_far, version)
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
