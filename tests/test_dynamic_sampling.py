@@ -96,8 +96,15 @@ def test_dynamic_sampling_says_in_one_line_when_it_cannot_fill_the_step(runner, 
     assert rollouts.metrics["rollout/informative_groups"] == 0 and rollouts.metrics["rollout/sampling_rounds"] == 2
     assert lines == [
         f"step 1: dynamic sampling found 0 of {PROMPTS} informative groups in 2 rounds ({2 * PROMPTS} prompts "
-        "drawn); training on the last round's groups (no gradient but the KL term's); raise "
+        "drawn); training on one group of the last round (all advantages 0: no gradient); raise "
         "rollout.max_sampling_rounds for more"
     ]
-    # the step still trains: on the last round's groups, whose advantages are all 0
+    # the step still trains, on one group: with no KL term its gradient is 0 whatever it trains on
+    assert len(rollouts.batch.completion_ids) == 4 and not rollouts.batch.advantages.any()
+    # with a KL term, which has a gradient of its own, on all of the last round's groups
+    kl = AlgorithmConfig(kl="k3", kl_coef=0.1)
+    (rollouts,), lines = _collect(
+        runner, tmp_path, "def always_one(response, answer):\n    return 1.0\n", steps=1, rounds=2, algorithm=kl
+    )
+    assert "training on the last round's groups (no gradient but the KL term's)" in lines[0]
     assert len(rollouts.batch.completion_ids) == PROMPTS * 4 and not rollouts.batch.advantages.any()

@@ -141,6 +141,11 @@ class AlgorithmConfig(Section):
         None, description="DAPO's soft length penalty on the reward (null: none)"
     )
 
+    @property
+    def kl_term(self) -> bool:
+        """Whether the loss has a KL term: the one part of its gradient that does not scale with the advantages."""
+        return self.kl is not None and self.kl_coef > 0
+
     @model_validator(mode="after")
     def _dppo_threshold(self) -> AlgorithmConfig:
         if self.loss.startswith("dppo") and self.dppo_delta is None:

@@ -132,7 +132,7 @@ class RolloutConfig(Section):
         4,
         ge=1,
         description="dynamic sampling: generate rounds per step at most; short of groups after them, the step "
-        "trains on what it found and says so. 1: drop the uninformative groups and refill none, which halves the "
+        "trains on what it found and says so (none: one group, all of the last round's with a KL term). 1: drop the uninformative groups and refill none, which halves the "
         "train step where half the groups are uninformative, for the same gradient direction (without a KL term)",
     )
 

@@ -121,7 +121,7 @@ def step_time(cfg: PlanSections, arch: Architecture, cpu_rates: Callable[[int], 
     )
     if engine_device.cpu:
         generate *= engines  # the replicas take turns on the cores
-    kl = steps.algorithm.kl_coef > 0
+    kl = steps.algorithm.kl_term
     compute, communication = _train(cfg, arch, trainer_device, b, multiplied, sequences, prompt + response, kl)
     train = compute + communication if trainer_device.cpu else max(compute, communication)
     sync, loaded = _sync(cfg, arch, engine_device, b, engines)

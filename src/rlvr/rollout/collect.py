@@ -122,12 +122,21 @@ class RolloutCollector:
                 break
         # one round is a choice (drop the uninformative groups, refill none): said only when nothing is left
         if len(kept) < target and (rounds > 1 or not kept):
-            trained = "those" if kept else "the last round's groups (no gradient but the KL term's)"
+            found, trained = len(kept), "those"
+            if not kept:
+                # With none informative every advantage is 0, so the step's gradient is the KL term's
+                # alone: without one, a single group gives the same (zero) gradient and optimizer step as
+                # all of them, at a fraction of the train step's cost.
+                kept = groups if self.algorithm.kl_term else groups[:1]
+                trained = (
+                    "the last round's groups (no gradient but the KL term's)"
+                    if self.algorithm.kl_term
+                    else "one group of the last round (all advantages 0: no gradient)"
+                )
             self.log(
-                f"step {step}: dynamic sampling found {len(kept)} of {target} informative groups in {rounds} rounds "
+                f"step {step}: dynamic sampling found {found} of {target} informative groups in {rounds} rounds "
                 f"({len(sampled)} prompts drawn); training on {trained}; raise rollout.max_sampling_rounds for more"
             )
-            kept = kept or groups
         metrics = self._metrics(sampled) | {
             "rollout/informative_groups": sum(g.informative for g in kept),
             "rollout/sampled_groups": len(sampled),

@@ -92,7 +92,7 @@ def micro_batch_loss(
         max_len=max_len,
         is_weights=is_weights,
     )
-    if algo.kl and algo.kl_coef > 0:
+    if algo.kl and algo.kl_coef > 0:  # algo.kl_term, spelled out for the type checker
         kl = aggregate(kl_penalty(algo.kl, lp, reference()), mask, algo.agg, max_len)
         loss = loss + algo.kl_coef * kl
         metrics = {**metrics, "kl": kl.detach()}  # read as float(metrics["kl"]), as the loss's own
