@@ -125,8 +125,9 @@ class RolloutCollector:
             found, trained = len(kept), "those"
             if not kept:
                 # With none informative every advantage is 0, so the step's gradient is the KL term's
-                # alone: without one, a single group gives the same (zero) gradient and optimizer step as
-                # all of them, at a fraction of the train step's cost.
+                # alone: without one, a single group gives the same zero gradient as all of them, at a
+                # fraction of the train step's cost. The optimizer still steps on it (once, where
+                # trainer.mini_batches > 1 would have stepped once per mini-batch).
                 kept = groups if self.algorithm.kl_term else groups[:1]
                 trained = (
                     "the last round's groups (no gradient but the KL term's)"
