@@ -108,9 +108,11 @@ class InFlight:
         """Requests submitted and not yet returned (one an update aborted counts once, whatever runs for it)."""
         return sum(flight.origin is None for flight in self.flights.values()) + len(self.stitches)
 
-    def adapters(self) -> set[int | None]:
-        """The adapter versions the requests running sample with (None: the policy)."""
-        return {flight.request.adapter for flight in self.flights.values()}
+    def adapters(self, policy: int | None) -> set[int]:
+        """The adapter versions the requests running sample with; one that names none samples the
+        `policy`'s (None: the policy is the model as loaded, no adapter)."""
+        versions = (policy if f.request.adapter is None else f.request.adapter for f in self.flights.values())
+        return {version for version in versions if version is not None}
 
     def take_policy_flights(self) -> dict[str, Flight]:
         """Remove the requests that sample with the policy (they name no adapter), which an update

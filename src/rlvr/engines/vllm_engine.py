@@ -249,10 +249,8 @@ class VLLMEngine(Engine):
 
         from rlvr.engines.vllm_worker import lora_payload, shipped
 
-        needed = self._in_flight.adapters()
-        if self._policy_is_lora and None in needed:
-            needed.add(self.policy_version)
-        for evicted in self._slots.make_room({v for v in needed if v is not None}, operation):
+        needed = self._in_flight.adapters(self.policy_version if self._policy_is_lora else None)
+        for evicted in self._slots.make_room(needed, operation):
             self._call(operation, lambda llm: llm.llm_engine.remove_lora(evicted.lora_int_id))
         lora_id = adapter.version + 1  # vLLM ids start at 1; versions start at 0
         named, config = lora_payload(adapter, copy=self.in_process)

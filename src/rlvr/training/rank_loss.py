@@ -110,10 +110,11 @@ def record_micro_batch(
     sampler: torch.Tensor,
 ) -> None:
     """Add a trained micro-batch to the rank's report: its share of the update's loss (`update_share`'s
-    weight and denominator), and the
-    per-token sums over the completion tokens of `mask` (rejected ones included: the entropy, the
-    π_old/sampler gap and the corrections say what the policy did on every sampled token)."""
-    tokens, (weight, denominator) = mask.sum().item(), share
+    weight and denominator), and the per-token sums over the completion tokens of `mask` (rejected
+    ones included: the entropy, the π_old/sampler gap and the corrections say what the policy did on
+    every sampled token)."""
+    weight, denominator = share
+    tokens = mask.sum().item()
     report.loss += trained.loss.item() * weight / denominator
     report.tokens += tokens
     report.entropy_sum += float((entropy * mask).sum())
